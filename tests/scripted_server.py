@@ -1,0 +1,127 @@
+"""A scripted OpenAI-compatible chat-completions server on loopback, for tests and the benchmark.
+
+It plays a list of canned replies in order and records every request it gets.
+A canned reply is either a string (the assistant's content) or a dict:
+  {"content": ..., "tool_calls": [...], "usage": {...} or None,
+   "status": 429, "headers": {...}, "body": "raw text" or a JSON value,
+   "delay": seconds before answering, "drop": true to close without replying}
+When the script runs out, the last reply is repeated (a model that never finishes).
+
+Run it by hand: python tests/scripted_server.py replies.json [port]
+"""
+import json
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, List, Union
+
+Canned = Union[str, dict]
+
+
+def completion(content: Any = None, tool_calls: Any = None, usage: Any = "default") -> dict:
+    """A chat-completions body with one choice."""
+    message = {"role": "assistant", "content": content}
+    if tool_calls:
+        message["tool_calls"] = tool_calls
+    body = {"id": "chatcmpl-test", "object": "chat.completion", "model": "scripted",
+            "choices": [{"index": 0, "message": message, "finish_reason": "stop"}]}
+    if usage == "default":
+        usage = {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}
+    if usage is not None:
+        body["usage"] = usage
+    return body
+
+
+class _QuietServer(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request, client_address):
+        if not isinstance(sys.exc_info()[1], (BrokenPipeError, ConnectionResetError)):
+            super().handle_error(request, client_address)  # a client that gave up is expected
+
+
+class ScriptedServer:
+    """Serves canned replies in order; `requests` holds what each request carried."""
+
+    def __init__(self, replies: List[Canned], port: int = 0):
+        self.replies = list(replies)
+        self.requests: List[dict] = []
+        self.connections = 0
+        self._lock = threading.Lock()
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"  # keep-alive, so connection reuse is visible
+
+            def setup(self):
+                super().setup()
+                with server._lock:
+                    server.connections += 1
+
+            def log_message(self, *args):
+                pass
+
+            def do_POST(self):
+                length = int(self.headers.get("Content-Length") or 0)
+                raw = self.rfile.read(length)
+                with server._lock:
+                    index = len(server.requests)
+                    try:
+                        body = json.loads(raw)
+                    except ValueError:
+                        body = raw.decode("utf-8", "replace")
+                    server.requests.append({"path": self.path, "headers": dict(self.headers),
+                                            "body": body, "time": time.monotonic()})
+                    canned = server.replies[min(index, len(server.replies) - 1)] if server.replies else ""
+                server._answer(self, canned)
+
+        self.httpd = _QuietServer(("127.0.0.1", port), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
+        self._thread = threading.Thread(target=self.httpd.serve_forever, args=(0.05,), daemon=True)
+
+    def _answer(self, handler: BaseHTTPRequestHandler, canned: Canned) -> None:
+        spec = {"content": canned} if isinstance(canned, str) else dict(canned)
+        if spec.get("delay"):
+            time.sleep(spec["delay"])
+        if spec.get("drop"):
+            handler.close_connection = True
+            handler.connection.shutdown(2)
+            return
+        if "body" in spec:
+            body = spec["body"]
+            data = (body if isinstance(body, str) else json.dumps(body)).encode("utf-8")
+        else:
+            data = json.dumps(completion(spec.get("content"), spec.get("tool_calls"),
+                                         spec.get("usage", "default"))).encode("utf-8")
+        handler.send_response(spec.get("status", 200))
+        handler.send_header("Content-Type", "application/json")
+        handler.send_header("Content-Length", str(len(data)))
+        for name, value in spec.get("headers", {}).items():
+            handler.send_header(name, value)
+        handler.end_headers()
+        handler.wfile.write(data)
+
+    def __enter__(self) -> "ScriptedServer":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+    def sent_messages(self, index: int) -> List[dict]:
+        """The messages of request number index (0-based)."""
+        return self.requests[index]["body"]["messages"]
+
+
+if __name__ == "__main__":
+    with open(sys.argv[1], encoding="utf-8") as script:
+        replies = json.load(script)
+    with ScriptedServer(replies, port=int(sys.argv[2]) if len(sys.argv) > 2 else 0) as scripted:
+        print(f"LLM_API_URL={scripted.url}", flush=True)
+        try:
+            while True:
+                time.sleep(3600)
+        except KeyboardInterrupt:
+            pass

@@ -1,0 +1,253 @@
+"""The command line as a user meets it: the real main() against a scripted server on loopback."""
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from agent_demo import main
+from scripted_server import ScriptedServer
+
+ROOT = Path(__file__).resolve().parent.parent
+KEY = "sk-live-DO-NOT-LEAK-0123456789"
+TASK = "compute (12 + 500) * 3 and look up order A1002"
+
+
+def act(tool, **args):
+    return json.dumps({"tool": tool, "args": args}, ensure_ascii=False)
+
+
+GOOD_RUN = [act("calculator", expression="12 + 500"), act("calculator", expression="512 * 3"),
+            act("get_order_status", order_id="A1002"), act("finish", result="1536; A1002 is 待支付")]
+
+
+@pytest.fixture(autouse=True)
+def clean_environment(monkeypatch, tmp_path):
+    for name in list(os.environ):
+        if name.startswith(("LLM_", "AGENT_")):
+            monkeypatch.delenv(name)
+    monkeypatch.chdir(tmp_path)
+
+
+def start(replies, monkeypatch, key=KEY):
+    server = ScriptedServer(replies).__enter__()
+    monkeypatch.setenv("LLM_API_URL", server.url)
+    if key:
+        monkeypatch.setenv("LLM_API_KEY", key)
+    return server
+
+
+@pytest.fixture
+def serve(monkeypatch):
+    servers = []
+
+    def _serve(replies, key=KEY):
+        servers.append(start(replies, monkeypatch, key))
+        return servers[-1]
+    yield _serve
+    for server in servers:
+        server.__exit__(None, None, None)
+
+
+def free_port():
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def test_a_good_run_prints_the_trace_and_the_result_and_exits_0(serve, capsys):
+    server = serve(GOOD_RUN)
+    assert main([TASK]) == 0
+    out, err = capsys.readouterr()
+    assert "--- round 1/6 ---" in out and "action: calculator" in out
+    assert 'result: {"ok": true, "data": 1536}' in out
+    assert out.rstrip().endswith("1536; A1002 is 待支付")
+    assert err == ""
+    assert len(server.requests) == 4
+    assert server.connections == 1, "one session: the connection is reused"
+    assert server.requests[0]["headers"]["Authorization"] == f"Bearer {KEY}"
+    assert server.requests[0]["path"] == "/v1/chat/completions"
+
+
+def test_json_prints_exactly_one_object_and_the_trace_on_stderr(serve, capsys):
+    serve(GOOD_RUN)
+    assert main(["--json", TASK]) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out) == {"status": "finished", "result": "1536; A1002 is 待支付", "rounds": 4,
+                               "usage": {"prompt_tokens": 40, "completion_tokens": 20, "total_tokens": 60}}
+    assert "--- round 4/6 ---" in err
+
+
+def test_quiet_prints_only_the_result(serve, capsys):
+    serve(GOOD_RUN)
+    assert main(["--quiet", TASK]) == 0
+    assert capsys.readouterr() == ("1536; A1002 is 待支付\n", "")
+
+
+def test_messy_replies_still_work(serve, capsys):
+    serve(["<think>I should use {calculator} first</think>\n```json\n" + act("calculator", expression="12+500")
+           + "\n```\nLet me know!", "Okay, I am done.", "Sure:\n" + act("finish", result={"value": 512})])
+    assert main(["--json", "add"]) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out)["result"] == {"value": 512}
+    assert "format error: no JSON object found" in err
+
+
+def test_a_model_that_gives_up_exits_1_with_its_reason(serve, capsys):
+    serve([act("fail", reason="order A9999 does not exist")])
+    assert main(["--quiet", "look up A9999"]) == 1
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err.strip() == ("agent-demo: not completed: the model gave up after 1 round(s): "
+                           "order A9999 does not exist")
+
+
+def test_a_model_that_never_finishes_stops_at_max_rounds_with_exit_1(serve, capsys):
+    server = serve([act("calculator", expression="1 + 1")])
+    assert main(["--json", "--max-rounds", "3", "loop"]) == 1
+    assert json.loads(capsys.readouterr().out)["status"] == "max_rounds"
+    assert len(server.requests) == 3
+
+
+def test_max_rounds_comes_from_the_environment(serve, monkeypatch):
+    server = serve([act("calculator", expression="1 + 1")])
+    monkeypatch.setenv("AGENT_MAX_ROUNDS", "2")
+    assert main(["--quiet", "loop"]) == 1
+    assert len(server.requests) == 2
+
+
+def test_a_bad_key_exits_3_with_one_line_and_never_shows_the_key(serve, capsys, tmp_path):
+    serve([{"status": 401, "body": {"error": {"message": f"Incorrect API key provided: {KEY}"}}}])
+    trace = tmp_path / "t.jsonl"
+    assert main(["--trace", str(trace), "hi"]) == 3
+    out, err = capsys.readouterr()
+    assert err.strip().splitlines() == [
+        "agent-demo: error: authentication failed (HTTP 401): Incorrect API key provided: [redacted]"
+        " - check LLM_API_KEY"]
+    assert "Traceback" not in err
+    for text in (out, err, trace.read_text()):
+        assert KEY not in text
+
+
+def test_debug_shows_the_traceback(serve, capsys):
+    serve([{"status": 401, "body": {"error": {"message": "nope"}}}])
+    assert main(["--debug", "hi"]) == 3
+    assert "Traceback" in capsys.readouterr().err
+
+
+def test_a_429_with_retry_after_is_waited_for_then_the_run_goes_on(serve, capsys):
+    server = serve([{"status": 429, "headers": {"Retry-After": "1"}, "body": {"error": {"message": "slow"}}},
+                    act("finish", result="ok")])
+    assert main(["--quiet", "hi"]) == 0
+    assert server.requests[1]["time"] - server.requests[0]["time"] >= 0.9
+
+
+def test_a_429_that_never_ends_exits_3_after_the_retries(serve, capsys):
+    server = serve([{"status": 429, "headers": {"Retry-After": "0"}, "body": {"error": {"message": "quota"}}}])
+    assert main(["--retries", "2", "hi"]) == 3
+    assert capsys.readouterr().err.strip() == "agent-demo: error: HTTP 429 after 2 retries: quota"
+    assert len(server.requests) == 3
+
+
+def test_a_dropped_connection_is_retried(serve, capsys):
+    server = serve([{"drop": True}, act("finish", result="ok")])
+    assert main(["--quiet", "hi"]) == 0
+    assert len(server.requests) == 2
+
+
+def test_a_read_timeout_is_retried_then_reported(serve, capsys):
+    server = serve([{"delay": 1.5, "content": act("finish", result="late")}])
+    assert main(["--timeout", "0.3", "--retries", "1", "hi"]) == 3
+    assert "no reply within 0.3 s" in capsys.readouterr().err
+    assert len(server.requests) == 2
+
+
+def test_a_dead_endpoint_exits_3(monkeypatch, capsys):
+    monkeypatch.setenv("LLM_API_URL", f"http://127.0.0.1:{free_port()}/v1")
+    assert main(["--retries", "1", "hi"]) == 3
+    err = capsys.readouterr().err
+    assert "connection refused (after 1 retries)" in err and "Traceback" not in err
+
+
+def test_a_garbage_body_exits_3(serve, capsys):
+    serve([{"body": "<html>oops</html>"}])
+    assert main(["hi"]) == 3
+    assert capsys.readouterr().err.strip() == "agent-demo: error: the endpoint's reply is not JSON: <html>oops</html>"
+
+
+def test_json_reports_errors_as_one_object_too(serve, capsys):
+    serve([{"status": 404, "body": {"error": {"message": "model 'nope' not found"}}}])
+    assert main(["--json", "hi"]) == 3
+    out = json.loads(capsys.readouterr().out)
+    assert out["status"] == "error" and "model 'nope' not found" in out["error"]
+
+
+def test_missing_key_for_openai_is_a_configuration_error_before_any_request(monkeypatch, capsys):
+    assert main(["hi"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "agent-demo: error: LLM_API_KEY is not set, and api.openai.com needs one (see .env.example)")
+
+
+def test_no_key_for_a_local_server_sends_no_authorization(serve, capsys):
+    server = serve([act("finish", result="ok")], key=None)
+    assert main(["--quiet", "hi"]) == 0
+    assert "Authorization" not in server.requests[0]["headers"]
+
+
+def test_settings_come_from_dotenv_but_the_environment_wins(serve, monkeypatch, tmp_path):
+    server = serve([act("finish", result="ok")], key=None)
+    (tmp_path / ".env").write_text(f"LLM_API_URL=http://127.0.0.1:1/v1\nLLM_MODEL=from-dotenv\n"
+                                   f"LLM_API_KEY=sk-from-dotenv\n")
+    assert main(["--quiet", "hi"]) == 0
+    sent = server.requests[0]
+    assert sent["body"]["model"] == "from-dotenv"
+    assert sent["headers"]["Authorization"] == "Bearer sk-from-dotenv"
+
+
+@pytest.mark.parametrize("argv", [[], [""], ["   "], ["--max-rounds", "0", "x"], ["--timeout", "0", "x"]])
+def test_usage_errors_exit_2(argv, monkeypatch, capsys):
+    monkeypatch.setenv("LLM_API_URL", "http://127.0.0.1:1/v1")
+    with pytest.raises(SystemExit) as raised:
+        sys.exit(main(argv))
+    assert raised.value.code == 2
+    assert "Traceback" not in capsys.readouterr().err
+
+
+def test_an_unwritable_trace_file_is_a_configuration_error(serve, capsys, tmp_path):
+    serve([act("finish", result="ok")])
+    assert main(["--trace", str(tmp_path / "missing-dir" / "t.jsonl"), "hi"]) == 2
+    assert "cannot open the trace file" in capsys.readouterr().err
+
+
+def run_cli(*args, env_extra=None, **popen):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("LLM_", "AGENT_"))}
+    env.update(env_extra or {})
+    return subprocess.Popen([sys.executable, str(ROOT / "agent_demo.py"), *args], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen)
+
+
+def test_ctrl_c_exits_130_and_writes_the_end_record(tmp_path):
+    trace = tmp_path / "t.jsonl"
+    with ScriptedServer([act("calculator", expression="1 + 1"), {"delay": 30, "content": "{}"}]) as server:
+        process = run_cli("--trace", str(trace), "hi", env_extra={"LLM_API_URL": server.url})
+        deadline = time.monotonic() + 20
+        while len(server.requests) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        process.send_signal(signal.SIGINT)
+        out, err = process.communicate(timeout=20)
+    assert process.returncode == 130
+    assert "Traceback" not in err
+    assert "interrupted after 1 completed round(s)" in out
+    assert json.loads(trace.read_text().splitlines()[-1])["status"] == "interrupted"
+
+
+def test_the_help_lists_flags_environment_and_exit_codes():
+    out, _ = run_cli("--help").communicate(timeout=20)
+    for word in ["--max-rounds", "--timeout", "--trace", "--json", "--quiet", "LLM_API_KEY", "LLM_API_URL",
+                 "LLM_MODEL", "AGENT_MAX_ROUNDS", "130 interrupted"]:
+        assert word in out

@@ -1,0 +1,132 @@
+import json
+
+import pytest
+import requests
+import responses
+
+from agent_demo import CappedRetry, EndpointError, ModelClient, Settings
+
+URL = "https://llm.example.test/v1/chat/completions"
+MESSAGES = [{"role": "user", "content": "hi"}]
+
+
+def body(content="ok", **message_extra):
+    return {"choices": [{"message": {"role": "assistant", "content": content, **message_extra}}],
+            "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}}
+
+
+def client(**overrides):
+    settings = Settings(url="https://llm.example.test/v1", model="m1", api_key="sk-test-secret",
+                        retries=2, backoff_factor=0, **overrides)
+    return ModelClient(settings)
+
+
+@responses.activate
+def test_request_carries_model_messages_and_bearer_key():
+    responses.post(URL, json=body("hello"))
+    reply = client().ask(MESSAGES)
+    assert reply.content == "hello"
+    assert reply.usage == {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}
+    sent = responses.calls[0].request
+    assert json.loads(sent.body) == {"model": "m1", "messages": MESSAGES}
+    assert sent.headers["Authorization"] == "Bearer sk-test-secret"
+
+
+@responses.activate
+def test_no_key_sends_no_authorization_header():
+    responses.post("http://127.0.0.1:8080/v1/chat/completions", json=body())
+    ModelClient(Settings(url="http://127.0.0.1:8080/v1")).ask(MESSAGES)
+    assert "Authorization" not in responses.calls[0].request.headers
+
+
+@responses.activate
+def test_429_and_5xx_are_retried_then_answered():
+    responses.post(URL, status=429, headers={"Retry-After": "0"}, json={"error": {"message": "slow down"}})
+    responses.post(URL, status=503, body="upstream busy")
+    responses.post(URL, json=body("finally"))
+    assert client().ask(MESSAGES).content == "finally"
+    assert len(responses.calls) == 3
+
+
+@responses.activate
+def test_retries_spent_report_the_status_and_the_server_message():
+    responses.post(URL, status=429, json={"error": {"message": "Rate limit reached for m1"}})
+    with pytest.raises(EndpointError) as raised:
+        client().ask(MESSAGES)
+    assert str(raised.value) == "HTTP 429 after 2 retries: Rate limit reached for m1"
+    assert len(responses.calls) == 3
+
+
+@pytest.mark.parametrize("status, expected", [
+    (400, "request rejected (HTTP 400): bad thing"),
+    (401, "authentication failed (HTTP 401): bad thing - check LLM_API_KEY"),
+    (403, "authentication failed (HTTP 403): bad thing - check LLM_API_KEY"),
+    (404, "not found (HTTP 404): bad thing - check LLM_MODEL (m1) and LLM_API_URL"),
+])
+@responses.activate
+def test_client_errors_are_not_retried_and_quote_the_server(status, expected):
+    responses.post(URL, status=status, json={"error": {"message": "bad thing", "type": "x"}})
+    with pytest.raises(EndpointError) as raised:
+        client().ask(MESSAGES)
+    assert str(raised.value) == expected
+    assert len(responses.calls) == 1
+
+
+@responses.activate
+def test_a_server_echoing_the_key_does_not_leak_it_into_the_message():
+    responses.post(URL, status=401, json={"error": {"message": "Incorrect API key provided: sk-test-secret"}})
+    with pytest.raises(EndpointError) as raised:
+        client().ask(MESSAGES)
+    assert str(raised.value) == ("authentication failed (HTTP 401): Incorrect API key provided: "
+                                 "[redacted] - check LLM_API_KEY")
+
+
+@responses.activate
+def test_timeouts_become_an_endpoint_error_naming_the_timeout():
+    responses.post(URL, body=requests.exceptions.ReadTimeout("Read timed out."))
+    with pytest.raises(EndpointError) as raised:
+        client(timeout=7).ask(MESSAGES)
+    assert "no reply within 7 s" in str(raised.value)
+
+
+@pytest.mark.parametrize("payload, problem", [
+    ("<html>502 Bad Gateway</html>", "reply is not JSON: <html>502 Bad Gateway</html>"),
+    ("", "reply is not JSON: (empty body)"),
+    (json.dumps({"object": "list"}), "reply has no choices"),
+    (json.dumps({"error": {"message": "model overloaded"}}), "reply has no choices: model overloaded"),
+    (json.dumps({"choices": []}), "reply has no choices"),
+    (json.dumps({"choices": [{"index": 0}]}), "has no message"),
+    (json.dumps({"choices": [{"message": {"content": None}, "finish_reason": "length"}]}),
+     "no content and no tool calls (finish_reason: length)"),
+    (json.dumps([1, 2]), "reply has no choices"),
+])
+@responses.activate
+def test_unusable_bodies_are_endpoint_errors(payload, problem):
+    responses.post(URL, body=payload, status=200)
+    with pytest.raises(EndpointError) as raised:
+        client().ask(MESSAGES)
+    assert problem in str(raised.value)
+
+
+@responses.activate
+def test_extra_fields_and_missing_usage_are_fine():
+    payload = body("{}", reasoning_content="long thoughts")
+    del payload["usage"]
+    payload["system_fingerprint"] = "fp"
+    responses.post(URL, json=payload)
+    reply = client().ask(MESSAGES)
+    assert reply.content == "{}" and reply.usage is None
+
+
+@responses.activate
+def test_native_tool_calls_with_empty_content_are_kept():
+    call = {"id": "c1", "type": "function", "function": {"name": "calculator", "arguments": "{}"}}
+    responses.post(URL, json=body(None, tool_calls=[call]))
+    assert client().ask(MESSAGES).tool_calls == [call]
+
+
+def test_retry_after_is_capped():
+    class FakeResponse:
+        headers = {"Retry-After": "3600"}
+    retry = type("R", (CappedRetry,), {"retry_after_cap": 12.0})(total=1)
+    assert retry.get_retry_after(FakeResponse()) == 12.0

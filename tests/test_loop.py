@@ -1,0 +1,136 @@
+import json
+
+import pytest
+
+import prompts
+from agent_demo import EndpointError, Reply, RunLog, Settings, run
+from tools import REGISTRY
+
+
+class ScriptedModel:
+    """Plays replies in order and keeps a copy of the messages of each request."""
+
+    def __init__(self, *replies):
+        self.replies = list(replies)
+        self.requests = []
+
+    def __call__(self, messages, **extra):
+        self.requests.append([dict(m) for m in messages])
+        reply = self.replies[min(len(self.requests), len(self.replies)) - 1]
+        if isinstance(reply, BaseException):
+            raise reply
+        return reply if isinstance(reply, Reply) else Reply(content=reply, usage={"total_tokens": 10})
+
+
+def act(tool, **args):
+    return json.dumps({"tool": tool, "args": args})
+
+
+def run_scripted(model, max_rounds=6, **kwargs):
+    return run("compute (12 + 500) * 3", Settings(max_rounds=max_rounds), model, **kwargs)
+
+
+def test_a_run_computes_and_finishes_feeding_each_result_back():
+    model = ScriptedModel(act("calculator", expression="12 + 500"),
+                          act("calculator", expression="512 * 3"),
+                          act("finish", result=1536))
+    outcome = run_scripted(model)
+    assert (outcome.status, outcome.result, outcome.rounds, outcome.exit_code) == ("finished", 1536, 3, 0)
+    assert outcome.usage == {"total_tokens": 30}
+    first, last = model.requests[0], model.requests[2]
+    assert [m["role"] for m in first] == ["system", "user"]
+    assert first[1]["content"] == "Task: compute (12 + 500) * 3"
+    assert last[2] == {"role": "assistant", "content": act("calculator", expression="12 + 500")}
+    assert last[3]["role"] == "user"
+    assert json.loads(last[3]["content"].split("\n", 1)[1]) == {
+        "tool": "calculator", "args": {"expression": "12 + 500"}, "result": {"ok": True, "data": 512}}
+    assert json.loads(last[5]["content"].split("\n", 1)[1])["result"] == {"ok": True, "data": 1536}
+
+
+def test_the_system_prompt_lists_every_tool_from_the_registry():
+    model = ScriptedModel(act("finish", result="x"))
+    run_scripted(model)
+    system = model.requests[0][0]["content"]
+    for name in [*REGISTRY, "finish", "fail"]:
+        assert f"- {name}:" in system
+    assert '{"tool": "calculator", "args": {"expression": "12 + 500"}}' in system
+
+
+def test_a_format_error_is_fed_back_with_the_format_and_tool_names():
+    model = ScriptedModel("The answer is 1536.", act("finish", result=1536))
+    outcome = run_scripted(model)
+    assert (outcome.status, outcome.rounds) == ("finished", 2)
+    fed_back = model.requests[1][3]["content"]
+    assert fed_back == prompts.render_format_error(
+        "no JSON object found", ["calculator", "get_order_status", "finish", "fail"])
+    assert '{"tool": "<name>", "args": {...}}' in fed_back and "get_order_status" in fed_back
+
+
+def test_two_actions_run_the_first_and_ask_for_one_at_a_time():
+    model = ScriptedModel(act("calculator", expression="1 + 1") + act("calculator", expression="2 + 2"),
+                          act("finish", result=2))
+    run_scripted(model)
+    fed_back = model.requests[1][3]["content"]
+    assert '"data": 2' in fed_back and '"data": 4' not in fed_back
+    assert "only the first was run" in fed_back
+
+
+def test_an_unknown_tool_is_fed_back_with_the_list_and_the_loop_goes_on():
+    model = ScriptedModel(act("weather", city="Paris"), act("fail", reason="no weather tool"))
+    outcome = run_scripted(model)
+    assert '"available_tools": ["calculator", "get_order_status", "fail", "finish"]' in model.requests[1][3]["content"]
+    assert (outcome.status, outcome.result, outcome.exit_code) == ("failed", "no weather tool", 1)
+
+
+def test_finish_without_a_result_is_sent_back_not_accepted():
+    model = ScriptedModel(act("finish"), act("finish", result={"total": 1536}))
+    outcome = run_scripted(model)
+    assert "missing result" in model.requests[1][3]["content"]
+    assert outcome.result == {"total": 1536}
+
+
+def test_a_model_that_never_finishes_stops_at_the_round_limit():
+    model = ScriptedModel(act("calculator", expression="1 + 1"))
+    outcome = run_scripted(model, max_rounds=4)
+    assert (outcome.status, outcome.rounds, outcome.exit_code) == ("max_rounds", 4, 1)
+    assert len(model.requests) == 4
+
+
+def test_native_tool_call_with_empty_content_is_the_action():
+    call = {"id": "c1", "type": "function",
+            "function": {"name": "calculator", "arguments": '{"expression": "6 * 7"}'}}
+    model = ScriptedModel(Reply(content="", tool_calls=[call]), act("finish", result=42))
+    run_scripted(model)
+    assert model.requests[1][2] == {"role": "assistant", "content": act("calculator", expression="6 * 7")}
+    assert '"data": 42' in model.requests[1][3]["content"]
+
+
+@pytest.mark.parametrize("raised, status, code", [
+    (EndpointError("HTTP 401"), "error", 3),
+    (KeyboardInterrupt(), "interrupted", 130),
+])
+def test_a_stop_ends_the_run_with_its_status_and_writes_the_end_record(tmp_path, raised, status, code):
+    trace = tmp_path / "run.jsonl"
+    log = RunLog(trace_path=str(trace))
+    outcome = run_scripted(ScriptedModel(act("calculator", expression="1 + 1"), raised), log=log)
+    log.close()
+    assert (outcome.status, outcome.rounds, outcome.exit_code) == (status, 1, code)
+    records = [json.loads(line) for line in trace.read_text().splitlines()]
+    assert [r["event"] for r in records] == ["start", "round", "end"]
+    assert records[-1]["status"] == status
+
+
+def test_the_trace_file_has_start_rounds_and_end(tmp_path):
+    trace = tmp_path / "run.jsonl"
+    log = RunLog(trace_path=str(trace))
+    run_scripted(ScriptedModel("<think>{}</think>" + act("calculator", expression="2 * 3"),
+                               act("finish", result="6")), log=log)
+    log.close()
+    start, first, second, end = [json.loads(line) for line in trace.read_text().splitlines()]
+    assert start["event"] == "start" and start["task"] == "compute (12 + 500) * 3"
+    assert {"model", "url", "max_rounds", "ts"} <= set(start)
+    assert first["model_output"].startswith("<think>{}</think>")
+    assert first["action"] == {"tool": "calculator", "args": {"expression": "2 * 3"}}
+    assert first["result"] == {"ok": True, "data": 6}
+    assert {"latency_ms", "usage"} <= set(first)
+    assert end == {"event": "end", "status": "finished", "result": "6", "rounds": 2, "usage": {"total_tokens": 20}}

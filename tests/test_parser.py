@@ -1,0 +1,82 @@
+import pytest
+from hypothesis import given, strategies as st
+
+from agent_demo import Reply, parse_actions, parse_reply
+
+CALC = {"tool": "calculator", "args": {"expression": "12 + 500"}}
+CALC_JSON = '{"tool": "calculator", "args": {"expression": "12 + 500"}}'
+
+
+@pytest.mark.parametrize("reply", [
+    CALC_JSON,
+    f"```json\n{CALC_JSON}\n```",
+    f"```\n{CALC_JSON}\n```",
+    f"<think>The user wants {{12 + 500}}; maybe {{\"tool\": \"finish\"}}?</think>\n{CALC_JSON}",
+    f"<think>\nlet me think {{ unbalanced\n</think>\n\n```json\n{CALC_JSON}\n```",
+    f"Sure! I'll compute that.\n{CALC_JSON}\nThen I'll look up the order {{next}}.",
+    f"I think {{braces}} and [1, 2] are fine. {CALC_JSON}",
+    f'{{"note": "not an action"}} {CALC_JSON}',
+    f"reasoning the server left without its opening tag {{x}}</think>{CALC_JSON}",
+    f"<THINK>shouting {{}}</THINK>{CALC_JSON}",
+    f"[{CALC_JSON}]",
+    f"{CALC_JSON}}}}}",
+])
+def test_the_first_action_is_found_in_what_models_write(reply):
+    assert parse_actions(reply).actions[0] == CALC
+
+
+def test_two_actions_in_one_reply_are_both_found_in_order():
+    second = '{"tool": "get_order_status", "args": {"order_id": "A1002"}}'
+    parsed = parse_actions(f"{CALC_JSON}\n{second}")
+    assert [a["tool"] for a in parsed.actions] == ["calculator", "get_order_status"]
+
+
+def test_an_action_nested_inside_another_json_value_is_not_picked_out():
+    parsed = parse_actions('{"response": {"tool": "calculator", "args": {}}}')
+    assert parsed.actions == [] and "no action object" in parsed.problem
+
+
+def test_missing_args_default_to_an_empty_object():
+    assert parse_actions('{"tool": "finish"}').actions == [{"tool": "finish", "args": {}}]
+
+
+@pytest.mark.parametrize("reply, problem", [
+    ("The answer is 512.", "no JSON object found"),
+    ("", "no JSON object found"),
+    ('{"answer": 512}', "no action object"),
+    ('[1, 2, 3]', "no action object"),
+    ('{"tool": 5, "args": {}}', "no action object"),
+    ('{"tool": "calculator", "args": "12 + 500"}', '"args" of calculator must be a JSON object'),
+    ("{'tool': 'calculator', 'args': {}}", "no action object"),
+    (f"<think>{CALC_JSON}</think>No action here.", "no JSON object found"),
+    (f"<think>still thinking {CALC_JSON}", "no JSON object found"),
+])
+def test_replies_without_a_usable_action_are_format_errors(reply, problem):
+    parsed = parse_actions(reply)
+    assert parsed.actions == []
+    assert problem in parsed.problem
+
+
+def test_native_tool_calls_are_read_when_the_content_is_empty():
+    reply = Reply(content="", tool_calls=[
+        {"id": "call_1", "type": "function",
+         "function": {"name": "calculator", "arguments": '{"expression": "12 + 500"}'}},
+        {"id": "call_2", "type": "function", "function": {"name": "finish", "arguments": "{}"}}])
+    assert parse_reply(reply).actions[0] == CALC
+
+
+def test_native_tool_call_with_broken_arguments_is_a_format_error():
+    reply = Reply(content="", tool_calls=[{"function": {"name": "calculator", "arguments": "{oops"}}])
+    assert "not valid JSON" in parse_reply(reply).problem
+
+
+@given(st.text(max_size=200))
+def test_the_parser_never_raises(text):
+    parsed = parse_actions(text)
+    assert bool(parsed.actions) != bool(parsed.problem)
+
+
+@given(st.text(alphabet=st.characters(blacklist_characters="{}[]<>"), max_size=80),
+       st.text(alphabet=st.characters(blacklist_characters="{}[]<>"), max_size=80))
+def test_an_action_surrounded_by_prose_is_always_found(before, after):
+    assert parse_actions(before + CALC_JSON + after).actions[0] == CALC
