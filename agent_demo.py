@@ -5,6 +5,7 @@ action parser, the run log, the loop, the command line.
 """
 import argparse
 import json
+import math
 import os
 import re
 import sys
@@ -12,7 +13,7 @@ import time
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, TextIO
+from typing import Any, Callable, Dict, List, Optional, TextIO, Tuple
 from urllib.parse import urlsplit
 
 import requests
@@ -21,7 +22,9 @@ from requests.adapters import HTTPAdapter
 from urllib3.util.retry import Retry
 
 import prompts
-from tools import CONTROL_ACTIONS, FAIL, FINISH, REGISTRY, Tool, call_tool, check_args, failure
+from context import build_messages, digest_line, request_size, strip_think, truncate_result
+from runlog import RunLog, load_trace, redact
+from tools import CONTROL_ACTIONS, FINISH, REGISTRY, Tool, call_tool, check_args, failure
 
 DEFAULT_URL = "https://api.openai.com/v1/chat/completions"
 DEFAULT_MODEL = "gpt-4o-mini"
@@ -44,6 +47,10 @@ class Settings:
     retries: int = 3
     backoff_factor: float = 0.5  # waits 0, 1, 2, 4 ... seconds between retries
     retry_after_cap: float = 30.0  # a server asking for longer is not waited for that long
+    max_tokens: Optional[int] = None  # the run's token budget; None for no cap
+    max_context: int = 24_000  # characters a request may carry
+    max_result_chars: int = 4_000  # a longer tool result is cut to head and tail
+    keep_recent: int = 4  # rounds that stay verbatim when older ones are folded
 
 
 def chat_completions_url(url: str) -> str:
@@ -106,8 +113,7 @@ class ModelClient:
         self.url = chat_completions_url(settings.url)
         retry_class = type("Retry", (CappedRetry,), {"retry_after_cap": settings.retry_after_cap})
         retry = retry_class(total=settings.retries, backoff_factor=settings.backoff_factor,
-                            backoff_max=settings.retry_after_cap, status_forcelist=RETRY_STATUSES,
-                            allowed_methods=None, raise_on_status=False)
+                            status_forcelist=RETRY_STATUSES, allowed_methods=None, raise_on_status=False)
         self.session = requests.Session()
         adapter = HTTPAdapter(max_retries=retry)
         self.session.mount("http://", adapter)
@@ -122,9 +128,11 @@ class ModelClient:
         try:
             response = self.session.post(self.url, json=body,
                                          timeout=(min(10.0, self.settings.timeout), self.settings.timeout))
-        except requests.RequestException as error:
+        except (requests.ConnectionError, requests.Timeout) as error:
             raise EndpointError(f"cannot reach {self.url}: {describe_network_error(error, self.settings)}"
                                 f" (after {self.settings.retries} retries)") from None
+        except requests.RequestException as error:
+            raise EndpointError(f"request to {self.url} failed: {type(error).__name__}") from None
         latency_ms = int((time.monotonic() - started) * 1000)
         if response.status_code >= 400:
             raise EndpointError(describe_http_error(response, self.settings))
@@ -134,11 +142,6 @@ class ModelClient:
 
     def close(self) -> None:
         self.session.close()
-
-
-def redact(text: str, secret: Optional[str]) -> str:
-    """Remove the API key from anything about to leave the process."""
-    return text.replace(secret, "[redacted]") if secret else text
 
 
 def describe_network_error(error: Exception, settings: Settings) -> str:
@@ -210,29 +213,38 @@ def read_reply(response: requests.Response) -> Reply:
 
 # --- parsing the action -----------------------------------------------------------
 
-_THINK_BLOCK = re.compile(r"<(think|thinking)>.*?</\1>", re.S | re.I)
-_JSON_START = re.compile(r"[\[{]")
+# Where an object or an array of objects may start; "{{{{" and "[[[[" in prose are not tried.
+_JSON_START = re.compile(r"\{\s*[\"}]|\[\s*\{")
+MAX_PARSED_CHARS = 100_000  # an action further into a reply than this is not looked for
 
 
-def strip_think(text: str) -> str:
-    """Drop reasoning blocks, including an unclosed one and a lone closing tag."""
-    text = _THINK_BLOCK.sub("", text)
-    text = re.split(r"</think(?:ing)?>", text, flags=re.I)[-1]  # opening tag eaten by the server
-    return re.split(r"<think(?:ing)?>", text, flags=re.I)[0]  # cut off mid-thought
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if math.isinf(value):
+        raise ValueError(f"{text} is out of range")
+    return value
+
+
+def _no_constants(name: str):
+    raise ValueError(f"{name} is not JSON")
+
+
+# strict=False: models (and constrained decoders) put raw newlines inside strings.
+_DECODER = json.JSONDecoder(strict=False, parse_float=_finite_float, parse_constant=_no_constants)
 
 
 def json_values(text: str):
     """Yield each top-level JSON object or array in text, left to right."""
-    decoder = json.JSONDecoder()
+    text = text[:MAX_PARSED_CHARS]
     position = 0
     while True:
         match = _JSON_START.search(text, position)
         if not match:
             return
         try:
-            value, position = decoder.raw_decode(text, match.start())
+            value, position = _DECODER.raw_decode(text, match.start())
             yield value
-        except json.JSONDecodeError:
+        except (ValueError, RecursionError):  # not JSON, too deep, NaN, or a 5,000-digit number
             position = match.start() + 1
 
 
@@ -261,10 +273,9 @@ def parse_actions(text: str) -> Parsed:
     if not actions:
         return Parsed([], "found JSON, but no action object with a string \"tool\"" if saw_json
                       else "no JSON object found")
-    for action in actions:
-        action.setdefault("args", {})
-        if not isinstance(action["args"], dict):
-            return Parsed([], f"\"args\" of {action['tool']} must be a JSON object")
+    actions = [{**action, "args": action.get("args", {})} for action in actions]
+    if not isinstance(actions[0]["args"], dict):
+        return Parsed([], f"\"args\" of {actions[0]['tool']} must be a JSON object")
     return Parsed(actions)
 
 
@@ -275,8 +286,8 @@ def parse_tool_calls(tool_calls: List[dict]) -> Parsed:
         function = call.get("function") or {}
         arguments = function.get("arguments") or "{}"
         try:
-            args = json.loads(arguments) if isinstance(arguments, str) else arguments
-        except json.JSONDecodeError:
+            args = _DECODER.decode(arguments) if isinstance(arguments, str) else arguments
+        except (ValueError, RecursionError):
             return Parsed([], f"the arguments of tool call {function.get('name')!r} are not valid JSON")
         if not isinstance(function.get("name"), str) or not isinstance(args, dict):
             return Parsed([], "a tool call needs a function name and an arguments object")
@@ -291,72 +302,23 @@ def parse_reply(reply: Reply) -> Parsed:
     return parse_tool_calls(reply.tool_calls)
 
 
-# --- the run log: the trace people read and the JSON Lines file ------------------------
-
-def display(value: Any) -> str:
-    """A result as people read it: text as is, anything else as JSON."""
-    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, indent=2)
-
-
-class RunLog:
-    """Writes each event to the human trace (a stream or nothing) and the trace file."""
-
-    def __init__(self, human: Optional[TextIO] = None, trace_path: Optional[str] = None,
-                 secret: Optional[str] = None):
-        self.human, self.secret = human, secret
-        self.trace_file = open(trace_path, "a", encoding="utf-8") if trace_path else None
-
-    def say(self, text: str) -> None:
-        if self.human:
-            print(redact(text, self.secret), file=self.human, flush=True)
-
-    def record(self, event: str, **fields: Any) -> None:
-        if self.trace_file:
-            line = json.dumps({"event": event, **fields}, ensure_ascii=False, default=str)
-            self.trace_file.write(redact(line, self.secret) + "\n")
-            self.trace_file.flush()  # a crash loses at most the round in flight
-
-    def start(self, task: str, settings: Settings) -> None:
-        self.say(f"task: {task}\nmodel: {settings.model} at {chat_completions_url(settings.url)}")
-        self.record("start", task=task, model=settings.model, url=chat_completions_url(settings.url),
-                    max_rounds=settings.max_rounds, ts=time.time())
-
-    def round(self, number: int, max_rounds: int, reply: Reply, action: Optional[dict],
-              result: dict) -> None:
-        self.say(f"\n--- round {number}/{max_rounds} ---")
-        self.say("model: " + (reply.content.strip() or prompts.to_json(reply.tool_calls)))
-        if action:
-            self.say(f"action: {action['tool']} {prompts.to_json(action['args'])}")
-        if not (action and action["tool"] in CONTROL_ACTIONS):
-            self.say(f"result: {prompts.to_json(result)}")
-        self.record("round", round=number, model_output=reply.content, action=action, result=result,
-                    latency_ms=reply.latency_ms, usage=reply.usage)
-
-    def end(self, outcome: "RunResult") -> None:
-        self.say(f"\n=== {outcome.summary()} ===")
-        self.record("end", status=outcome.status, result=outcome.result, rounds=outcome.rounds,
-                    usage=outcome.usage, **({"error": outcome.error} if outcome.error else {}))
-
-    def close(self) -> None:
-        if self.trace_file:
-            self.trace_file.close()
-
-
 # --- the loop --------------------------------------------------------------------------
 
-EXIT_CODES = {"finished": 0, "failed": 1, "max_rounds": 1, "interrupted": 130}
+EXIT_CODES = {"finished": 0, "failed": 1, "max_rounds": 1, "budget": 1, "stuck": 1, "interrupted": 130}
+FORMAT_ERRORS_BEFORE_STUCK = 3
 
 
 @dataclass
 class RunResult:
     """How a run ended; the command line only formats this."""
 
-    status: str  # finished, failed, max_rounds, error, interrupted
+    status: str  # finished, failed, max_rounds, budget, stuck, error, interrupted
     result: Any = None
     rounds: int = 0
-    usage: Dict[str, int] = field(default_factory=dict)
+    usage: Dict[str, Any] = field(default_factory=dict)
     error: Optional[str] = None
     exception: Optional[BaseException] = field(default=None, repr=False)
+    progress: List[str] = field(default_factory=list)  # one line per round: its calls and results
 
     @property
     def exit_code(self) -> int:
@@ -367,10 +329,14 @@ class RunResult:
     def summary(self) -> str:
         """One line on how the run ended, for people."""
         tokens = f", {self.usage['total_tokens']} tokens" if "total_tokens" in self.usage else ""
+        if self.usage.get("estimated"):
+            tokens += " (partly estimated)"
         return {
             "finished": f"finished after {self.rounds} round(s){tokens}",
             "failed": f"not completed: the model gave up after {self.rounds} round(s): {self.result}",
-            "max_rounds": f"not completed: round limit reached after {self.rounds} round(s)",
+            "max_rounds": f"not completed: round limit reached after {self.rounds} round(s){tokens}",
+            "budget": f"not completed: token budget spent after {self.rounds} round(s){tokens}",
+            "stuck": f"not completed: the model is stuck repeating itself (round {self.rounds})",
             "interrupted": f"interrupted after {self.rounds} completed round(s)",
         }.get(self.status, f"error after {self.rounds} round(s): {self.error}")
 
@@ -380,78 +346,163 @@ class RunResult:
                 "usage": self.usage, **extra}
 
 
-@dataclass
-class Outcome:
-    """What executing one reply produced: the result to feed back, or the end of the run."""
+class Watchdog:
+    """Notices a model going in circles: the same call again and again, or no action at all."""
 
-    action: Optional[dict]
-    result: dict
-    ends_run: Optional[str] = None  # "finished" or "failed"
-    note: Optional[str] = None
+    def __init__(self) -> None:
+        self.calls: Dict[str, dict] = {}  # canonical call -> {"rounds": [...], "result": first result}
+        self.format_errors_in_a_row = 0
+
+    @staticmethod
+    def key(action: dict) -> str:
+        return json.dumps([action["tool"], action["args"]], sort_keys=True, ensure_ascii=False)
+
+    def earlier(self, action: dict) -> Optional[dict]:
+        """What this run already knows about an identical call, or None."""
+        return self.calls.get(self.key(action))
+
+    def remember(self, number: int, call: dict) -> None:
+        known = self.calls.setdefault(self.key(call), {"rounds": [], "result": call["result"]})
+        known["rounds"].append(number)
+
+    def replay(self, records: List[dict]) -> "Watchdog":
+        """Rebuild the state of a resumed run from its round records."""
+        for record in records:
+            self.format_errors_in_a_row = 0 if record["calls"] else self.format_errors_in_a_row + 1
+            for call in record["calls"]:
+                if call["tool"] not in CONTROL_ACTIONS:
+                    self.remember(record["round"], call)
+        return self
 
 
-def execute(parsed: Parsed, registry: Dict[str, Tool]) -> Outcome:
-    """Run the reply's first action; finish and fail end the run, anything else is a tool call."""
-    names = [*registry, *CONTROL_ACTIONS]
-    if parsed.problem:
-        return Outcome(None, failure("format error: " + parsed.problem),
-                       note=prompts.render_format_error(parsed.problem, names))
-    action = parsed.actions[0]
-    note = prompts.ONE_ACTION_AT_A_TIME.format(count=len(parsed.actions)) if len(parsed.actions) > 1 else None
+def execute_call(action: dict, registry: Dict[str, Tool], watchdog: Watchdog, number: int) -> dict:
+    """Run one action: finish and fail end the run; a repeated call is cached, refused, then stuck."""
+    call = {"tool": action["tool"], "args": action["args"]}
+    if not isinstance(action["args"], dict):
+        return {**call, "result": failure(f"\"args\" of {action['tool']} must be a JSON object")}
     control = CONTROL_ACTIONS.get(action["tool"])
     if control:
         problem = check_args(control, action["args"])
         if problem:
-            return Outcome(action, failure(f"bad arguments for {control.name}: {problem}",
-                                           example=control.example()), note=note)
+            return {**call, "result": failure(f"bad arguments for {control.name}: {problem}",
+                                              example=control.example())}
         value = action["args"]["result" if control is FINISH else "reason"]
-        return Outcome(action, {"ok": True, "data": value}, ends_run="finished" if control is FINISH else "failed")
-    return Outcome(action, call_tool(action["tool"], action["args"], registry), note=note)
-
-
-def feed_back(reply: Reply, outcome: Outcome) -> List[dict]:
-    """The messages that carry this round into the next request."""
-    said = reply.content if reply.content.strip() else prompts.to_json(outcome.action)
-    if outcome.action is None:
-        answer = outcome.note
+        return {**call, "result": {"ok": True, "data": value},
+                "ends_run": "finished" if control is FINISH else "failed"}
+    earlier = watchdog.earlier(action)
+    times = len(earlier["rounds"]) if earlier else 0
+    if times == 0:
+        call["result"] = call_tool(action["tool"], action["args"], registry)
+    elif times == 1:
+        call.update(result=earlier["result"], watchdog="cached",
+                    note=prompts.render_cached_note(earlier["rounds"][0]))
+    elif times == 2:
+        call.update(result=failure(prompts.render_refusal(earlier["rounds"])), watchdog="refused")
     else:
-        answer = prompts.render_result(outcome.action, outcome.result)
-        if outcome.note:
-            answer += "\n" + outcome.note
-    return [{"role": "assistant", "content": said}, {"role": "user", "content": answer}]
+        call.update(result=failure(f"stuck: this exact call was already made {times} times"),
+                    watchdog="stuck", ends_run="stuck")
+    watchdog.remember(number, call)
+    return call
 
 
-def add_usage(total: Dict[str, int], usage: Optional[dict]) -> None:
-    """Add the endpoint's token counts for one request to the run's totals."""
+def execute(parsed: Parsed, registry: Dict[str, Tool], watchdog: Watchdog, number: int) -> List[dict]:
+    """Run the reply's first action (more than one: the model is told to send one at a time)."""
+    if parsed.problem:
+        watchdog.format_errors_in_a_row += 1
+        return []
+    watchdog.format_errors_in_a_row = 0
+    return [execute_call(action, registry, watchdog, number) for action in parsed.actions[:1]]
+
+
+def feed_back(parsed: Parsed, calls: List[dict], registry: Dict[str, Tool], settings: Settings) -> List[dict]:
+    """The messages that answer this round: each result (cut to size) and what the model should know."""
+    if parsed.problem:
+        return [{"role": "user", "content": prompts.render_format_error(parsed.problem, [*registry, *CONTROL_ACTIONS])}]
+    parts = []
+    for call in calls:
+        parts.append(prompts.render_result(call, truncate_result(call["result"], settings.max_result_chars)))
+        if call.get("note"):
+            parts.append(call["note"])
+    if len(parsed.actions) > 1:
+        parts.append(prompts.ONE_ACTION_AT_A_TIME.format(count=len(parsed.actions)))
+    return [{"role": "user", "content": "\n".join(parts)}]
+
+
+def count_usage(reply: Reply, messages: List[dict]) -> Tuple[dict, bool]:
+    """The round's token counts: the endpoint's, or an estimate (about 4 characters a token)."""
+    usage = reply.usage or {}
+    prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
+    if isinstance(usage.get("total_tokens"), int):
+        return usage, False
+    if isinstance(prompt, int) and isinstance(completion, int):
+        return {**usage, "total_tokens": prompt + completion}, False
+    prompt = request_size(messages) // 4
+    completion = (len(reply.content) + (len(prompts.to_json(reply.tool_calls)) if reply.tool_calls else 0)) // 4
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}, True
+
+
+def add_usage(total: Dict[str, Any], record: dict) -> None:
+    """Add one round's token counts to the run's totals."""
     for key in ("prompt_tokens", "completion_tokens", "total_tokens"):
-        value = (usage or {}).get(key)
+        value = (record.get("usage") or {}).get(key)
         if isinstance(value, int):
             total[key] = total.get(key, 0) + value
+    if record.get("usage_estimated"):
+        total["estimated"] = True
 
 
 def run(task: str, settings: Settings, ask_model: Callable[[List[dict]], Reply],
-        registry: Dict[str, Tool] = REGISTRY, log: Optional[RunLog] = None) -> RunResult:
-    """Ask, parse, execute, feed back, until finish, fail, the round limit or a stop."""
+        registry: Dict[str, Tool] = REGISTRY, log: Optional[RunLog] = None,
+        history: List[dict] = ()) -> RunResult:
+    """Ask, parse, execute, feed back, until finish, fail, a limit or a stop; history resumes a run."""
     log = log or RunLog()
-    messages = [{"role": "system", "content": prompts.render_system_prompt(registry)},
-                {"role": "user", "content": prompts.render_task(task)}]
-    outcome = RunResult("max_rounds")
-    log.start(task, settings)
+    pinned = [{"role": "system", "content": prompts.render_system_prompt(registry)},
+              {"role": "user", "content": prompts.render_task(task)}]
+    records, watchdog = list(history), Watchdog().replay(history)
+    outcome = RunResult("max_rounds", rounds=len(records))
+    for record in records:
+        add_usage(outcome.usage, record)
+    url = chat_completions_url(settings.url)
+    if history:
+        log.resume(task, settings.model, url, len(records))
+    else:
+        log.start(task, settings.model, url, settings.max_rounds)
     try:
-        for number in range(1, settings.max_rounds + 1):
-            reply = ask_model(messages)
-            add_usage(outcome.usage, reply.usage)
-            executed = execute(parse_reply(reply), registry)
-            outcome.rounds = number
-            log.round(number, settings.max_rounds, reply, executed.action, executed.result)
-            if executed.ends_run:
-                outcome.status, outcome.result = executed.ends_run, executed.result["data"]
+        if request_size(pinned) > settings.max_context // 2:
+            raise ConfigError(f"--max-context {settings.max_context} is too small: the system prompt and"
+                              f" task alone take {request_size(pinned)} characters")
+        for number in range(len(records) + 1, settings.max_rounds + 1):
+            if settings.max_tokens is not None and outcome.usage.get("total_tokens", 0) >= settings.max_tokens:
+                outcome.status = "budget"
                 break
-            messages += feed_back(reply, executed)
+            messages = build_messages(pinned, records, settings.max_context, settings.keep_recent)
+            reply = ask_model(messages)
+            parsed = parse_reply(reply)
+            calls = execute(parsed, registry, watchdog, number)
+            usage, estimated = count_usage(reply, messages)
+            record = {"round": number, "model_output": reply.content,
+                      "action": {"tool": calls[0]["tool"], "args": calls[0]["args"]} if calls else None,
+                      "result": calls[0]["result"] if calls else failure("format error: " + parsed.problem),
+                      "calls": calls, "feedback": feed_back(parsed, calls, registry, settings),
+                      "latency_ms": reply.latency_ms, "usage": usage, "usage_estimated": estimated}
+            records.append(record)
+            outcome.rounds = number
+            add_usage(outcome.usage, record)
+            log.round(record, settings.max_rounds)
+            ending = next((call for call in calls if call.get("ends_run")), None)
+            if watchdog.format_errors_in_a_row >= FORMAT_ERRORS_BEFORE_STUCK:
+                outcome.status = "stuck"
+                break
+            if ending:
+                outcome.status = ending["ends_run"]
+                outcome.result = ending["result"]["data"] if outcome.status != "stuck" else None
+                break
     except AgentStop as stop:
         outcome.status, outcome.error, outcome.exception = stop.status, str(stop), stop
     except KeyboardInterrupt:
         outcome.status = "interrupted"
+    if outcome.status != "finished":
+        outcome.progress = [digest_line(record, 200) for record in records]
     log.end(outcome)
     return outcome
 
@@ -459,15 +510,18 @@ def run(task: str, settings: Settings, ask_model: Callable[[List[dict]], Reply],
 # --- the command line ------------------------------------------------------------------
 
 ENVIRONMENT_HELP = f"""environment (also read from ./.env; the real environment wins):
-  LLM_API_KEY        bearer key; optional for local servers (no Authorization header then)
-  LLM_API_URL        chat-completions URL or base URL ending in /v1 (default {DEFAULT_URL})
-  LLM_MODEL          model name (default {DEFAULT_MODEL})
-  AGENT_MAX_ROUNDS   default for --max-rounds (6)
-  AGENT_RETRIES      default for --retries (3)
-  AGENT_DEBUG=1      same as --debug
+  LLM_API_KEY             bearer key; optional for local servers (no Authorization header then)
+  LLM_API_URL             chat-completions URL or base URL ending in /v1 (default {DEFAULT_URL})
+  LLM_MODEL               model name (default {DEFAULT_MODEL})
+  AGENT_MAX_ROUNDS        default for --max-rounds (6)
+  AGENT_MAX_TOKENS        default for --max-tokens (no cap)
+  AGENT_MAX_CONTEXT       default for --max-context (24000)
+  AGENT_MAX_RESULT_CHARS  a longer tool result is cut to head and tail (4000)
+  AGENT_RETRIES           default for --retries (3)
+  AGENT_DEBUG=1           same as --debug
 
-exit codes: 0 finished, 1 not completed (gave up or round limit), 2 usage or
-configuration error, 3 endpoint failed, 130 interrupted"""
+exit codes: 0 finished; 1 not completed (gave up, round limit, token budget,
+stuck); 2 usage or configuration error; 3 endpoint failed; 130 interrupted"""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -475,12 +529,19 @@ def build_parser() -> argparse.ArgumentParser:
         prog="agent-demo", description="Run a task with a tool-calling LLM agent loop.",
         epilog=ENVIRONMENT_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("task", nargs="*", help='what to do, e.g. "compute (12 + 500) * 3"')
-    parser.add_argument("--max-rounds", type=int, metavar="N", help="model requests at most (default 6)")
+    parser.add_argument("--max-rounds", type=int, metavar="N",
+                        help="model requests at most, across resumes (default 6)")
+    parser.add_argument("--max-tokens", type=int, metavar="N",
+                        help="stop before the next request once the run has used N tokens (default: no cap)")
+    parser.add_argument("--max-context", type=int, metavar="CHARS",
+                        help="fold the oldest rounds into a digest to keep each request under CHARS (default 24000)")
     parser.add_argument("--timeout", type=float, default=30.0, metavar="SECONDS",
                         help="per model request (default 30)")
     parser.add_argument("--retries", type=int, metavar="N",
                         help="retries on 429, 5xx, dropped connections and timeouts (default 3)")
     parser.add_argument("--trace", metavar="FILE", help="append a JSON Lines record of the run to FILE")
+    parser.add_argument("--resume", metavar="TRACE",
+                        help="continue the unfinished run recorded in TRACE, appending to it")
     parser.add_argument("--json", action="store_true",
                         help="print one JSON object with status, result, rounds, usage; trace to stderr")
     parser.add_argument("--quiet", action="store_true", help="no round-by-round trace; only the result")
@@ -488,7 +549,10 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def env_int(environment: Dict[str, str], name: str, default: int) -> int:
+def setting(flag: Optional[int], environment: Dict[str, str], name: str, default: Optional[int]) -> Optional[int]:
+    """A whole-number setting: the flag, else the environment variable, else the default."""
+    if flag is not None:
+        return flag
     value = environment.get(name)
     try:
         return int(value) if value not in (None, "") else default
@@ -501,10 +565,13 @@ def load_settings(args: argparse.Namespace, environment: Dict[str, str]) -> Sett
     settings = Settings(
         url=environment.get("LLM_API_URL") or DEFAULT_URL,
         model=environment.get("LLM_MODEL") or DEFAULT_MODEL,
-        api_key=environment.get("LLM_API_KEY") or None,
-        max_rounds=args.max_rounds if args.max_rounds is not None else env_int(environment, "AGENT_MAX_ROUNDS", 6),
+        api_key=(environment.get("LLM_API_KEY") or "").strip() or None,  # a CRLF .env leaves a \r
+        max_rounds=setting(args.max_rounds, environment, "AGENT_MAX_ROUNDS", 6),
         timeout=args.timeout,
-        retries=args.retries if args.retries is not None else env_int(environment, "AGENT_RETRIES", 3),
+        retries=setting(args.retries, environment, "AGENT_RETRIES", 3),
+        max_tokens=setting(args.max_tokens, environment, "AGENT_MAX_TOKENS", None),
+        max_context=setting(args.max_context, environment, "AGENT_MAX_CONTEXT", 24_000),
+        max_result_chars=setting(None, environment, "AGENT_MAX_RESULT_CHARS", 4_000),
     )
     if settings.max_rounds < 1:
         raise ConfigError("--max-rounds must be at least 1")
@@ -512,9 +579,19 @@ def load_settings(args: argparse.Namespace, environment: Dict[str, str]) -> Sett
         raise ConfigError("--timeout must be more than 0 seconds")
     if settings.retries < 0:
         raise ConfigError("--retries must be 0 or more")
+    if settings.max_tokens is not None and settings.max_tokens < 1:
+        raise ConfigError("--max-tokens must be at least 1")
+    if settings.max_result_chars < 200:
+        raise ConfigError("AGENT_MAX_RESULT_CHARS must be at least 200")
+    if settings.max_context < 4 * settings.max_result_chars:
+        raise ConfigError(f"--max-context must be at least 4 x AGENT_MAX_RESULT_CHARS"
+                          f" ({4 * settings.max_result_chars}), got {settings.max_context}")
     host = urlsplit(chat_completions_url(settings.url)).hostname
     if not host or urlsplit(settings.url).scheme not in ("http", "https"):
         raise ConfigError(f"LLM_API_URL must be an http(s) URL, got {settings.url!r}")
+    if settings.api_key and not re.fullmatch(r"[\x21-\x7e]+", settings.api_key):
+        raise ConfigError("LLM_API_KEY holds spaces or characters that cannot go in an HTTP header;"
+                          " check for a stray quote, zero-width space or non-ASCII character")
     if not settings.api_key and host in HOSTS_NEEDING_A_KEY:
         raise ConfigError(f"LLM_API_KEY is not set, and {host} needs one (see .env.example)")
     return settings
@@ -525,6 +602,22 @@ def read_environment() -> Dict[str, str]:
     dotenv_file = Path.cwd() / ".env"
     from_file = {k: v for k, v in dotenv_values(dotenv_file).items() if v is not None} if dotenv_file.is_file() else {}
     return {**from_file, **os.environ}
+
+
+def prepare(args: argparse.Namespace, task: str, environment: Dict[str, str]) -> Tuple[Settings, str, List[dict], str]:
+    """Settings, the task, the rounds already done and the trace path, or ConfigError."""
+    settings = load_settings(args, environment)
+    if not args.resume:
+        return settings, task, [], args.trace
+    if task:
+        raise ConfigError("--resume continues the task recorded in the trace; give no task with it")
+    if args.trace and os.path.abspath(args.trace) != os.path.abspath(args.resume):
+        raise ConfigError("--resume appends to its own trace file; --trace cannot name another one")
+    try:
+        start, rounds = load_trace(args.resume)
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
+    return settings, start["task"], rounds, args.resume
 
 
 def open_log(human: Optional[TextIO], trace_path: Optional[str], secret: Optional[str]) -> RunLog:
@@ -539,21 +632,21 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     task = " ".join(args.task).strip()
-    if not task:
+    if not task and not args.resume:
         parser.error("the task is empty: say what the agent should do")
     environment = read_environment()
     debug = args.debug or environment.get("AGENT_DEBUG", "") not in ("", "0")
     human = None if args.quiet else (sys.stderr if args.json else sys.stdout)
-    secret = environment.get("LLM_API_KEY") or None
+    secret = (environment.get("LLM_API_KEY") or "").strip() or None
     try:
-        settings = load_settings(args, environment)
-        log = open_log(human, args.trace, secret)
+        settings, task, history, trace_path = prepare(args, task, environment)
+        log = open_log(human, trace_path, secret)
     except ConfigError as error:
         outcome = RunResult("error", error=str(error), exception=error)
     else:
         client = ModelClient(settings)
         try:
-            outcome = run(task, settings, client.ask, log=log)
+            outcome = run(task, settings, client.ask, log=log, history=history)
         finally:
             client.close()
             log.close()
@@ -570,9 +663,14 @@ def report(outcome: RunResult, args: argparse.Namespace, secret: Optional[str]) 
         print(redact(display(outcome.result), secret))
     if outcome.status == "error":
         print(redact(f"agent-demo: error: {outcome.error}", secret), file=sys.stderr)
-    elif outcome.status != "finished" and (args.quiet or args.json):
+    elif outcome.status != "finished" and args.quiet:  # otherwise the trace ended with it
         print(redact(f"agent-demo: {outcome.summary()}", secret), file=sys.stderr)
     return outcome.exit_code
+
+
+def display(value: Any) -> str:
+    """A result as people read it: text as is, anything else as JSON."""
+    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, indent=2)
 
 
 if __name__ == "__main__":

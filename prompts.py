@@ -1,6 +1,6 @@
 """Every text the model sees, rendered from explicit parameters."""
 import json
-from typing import Any, Dict, Iterable
+from typing import Any, Dict, Iterable, List
 
 from tools import CONTROL_ACTIONS, Tool
 
@@ -54,3 +54,25 @@ def render_result(action: dict, result: dict) -> str:
 
 ONE_ACTION_AT_A_TIME = ("Note: your reply held {count} actions; only the first was run. "
                         "Send one action per reply.")
+
+TRUNCATED = "[truncated {count} chars]"
+
+
+def render_digest(lines: List[str], dropped: int = 0) -> str:
+    """Older rounds folded to save context: every call and its result, without the prose."""
+    header = "Earlier rounds, folded to save space (each call and its result):"
+    if dropped:
+        header += f"\n({dropped} older round(s) omitted; repeat a call if you need its result again)"
+    return "\n".join([header, *lines])
+
+
+def render_cached_note(first_round: int) -> str:
+    """Said when a repeated call is answered from its earlier result."""
+    return (f"Note: you already made this exact call in round {first_round}; this is its earlier result, "
+            "the tool was not run again. Do not repeat calls.")
+
+
+def render_refusal(rounds: List[int]) -> str:
+    """Said when the model makes the same call a third time."""
+    return (f"refused: this exact call was already made in rounds {', '.join(map(str, rounds))}. "
+            "Change your approach, or finish, or fail.")

@@ -6,7 +6,7 @@ adding a tool is one edit here (see README, "Adding a tool").
 """
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Dict, Optional
 
 
@@ -51,13 +51,13 @@ def failure(error: str, **details: Any) -> dict:
 # --- calculator ---------------------------------------------------------------
 
 _NUMBER = r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?"
-_EXPRESSION = re.compile(rf"\s*({_NUMBER})\s*([-+*/])\s*({_NUMBER})\s*")
+_EXPRESSION = re.compile(rf"\s*({_NUMBER})\s*([-+*/])\s*({_NUMBER})\s*", re.ASCII)
 _MAX_EXPRESSION_CHARS = 200
 _CALCULATOR_HINT = "write exactly: number operator number, e.g. 12 + 500 (operators: + - * /)"
 
 
 def _to_number(text: str):
-    if re.fullmatch(r"[+-]?\d+", text):
+    if re.fullmatch(r"[+-]?\d+", text, re.ASCII):
         return int(text)
     value = float(text)
     if not math.isfinite(value):
@@ -82,7 +82,7 @@ def calculate(expression: str):
     if isinstance(value, float):
         if not math.isfinite(value):
             raise ToolError("the result is too large to represent; use smaller numbers")
-        if value.is_integer():
+        if value.is_integer() and abs(value) < 2 ** 53:  # beyond that an int would claim false precision
             return int(value)
     return value
 

@@ -19,6 +19,11 @@ from typing import Any, List, Union
 Canned = Union[str, dict]
 
 
+def action(tool: str, **args: Any) -> str:
+    """An action as a model writes it."""
+    return json.dumps({"tool": tool, "args": args}, ensure_ascii=False)
+
+
 def completion(content: Any = None, tool_calls: Any = None, usage: Any = "default") -> dict:
     """A chat-completions body with one choice."""
     message = {"role": "assistant", "content": content}

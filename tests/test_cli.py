@@ -11,47 +11,13 @@ from pathlib import Path
 import pytest
 
 from agent_demo import main
-from scripted_server import ScriptedServer
+from conftest import KEY
+from scripted_server import ScriptedServer, action as act
 
 ROOT = Path(__file__).resolve().parent.parent
-KEY = "sk-live-DO-NOT-LEAK-0123456789"
 TASK = "compute (12 + 500) * 3 and look up order A1002"
-
-
-def act(tool, **args):
-    return json.dumps({"tool": tool, "args": args}, ensure_ascii=False)
-
-
 GOOD_RUN = [act("calculator", expression="12 + 500"), act("calculator", expression="512 * 3"),
             act("get_order_status", order_id="A1002"), act("finish", result="1536; A1002 is 待支付")]
-
-
-@pytest.fixture(autouse=True)
-def clean_environment(monkeypatch, tmp_path):
-    for name in list(os.environ):
-        if name.startswith(("LLM_", "AGENT_")):
-            monkeypatch.delenv(name)
-    monkeypatch.chdir(tmp_path)
-
-
-def start(replies, monkeypatch, key=KEY):
-    server = ScriptedServer(replies).__enter__()
-    monkeypatch.setenv("LLM_API_URL", server.url)
-    if key:
-        monkeypatch.setenv("LLM_API_KEY", key)
-    return server
-
-
-@pytest.fixture
-def serve(monkeypatch):
-    servers = []
-
-    def _serve(replies, key=KEY):
-        servers.append(start(replies, monkeypatch, key))
-        return servers[-1]
-    yield _serve
-    for server in servers:
-        server.__exit__(None, None, None)
 
 
 def free_port():
@@ -201,7 +167,7 @@ def test_no_key_for_a_local_server_sends_no_authorization(serve, capsys):
 
 def test_settings_come_from_dotenv_but_the_environment_wins(serve, monkeypatch, tmp_path):
     server = serve([act("finish", result="ok")], key=None)
-    (tmp_path / ".env").write_text(f"LLM_API_URL=http://127.0.0.1:1/v1\nLLM_MODEL=from-dotenv\n"
+    (tmp_path / ".env").write_text("LLM_API_URL=http://127.0.0.1:1/v1\nLLM_MODEL=from-dotenv\n"
                                    f"LLM_API_KEY=sk-from-dotenv\n")
     assert main(["--quiet", "hi"]) == 0
     sent = server.requests[0]
@@ -251,3 +217,34 @@ def test_the_help_lists_flags_environment_and_exit_codes():
     for word in ["--max-rounds", "--timeout", "--trace", "--json", "--quiet", "LLM_API_KEY", "LLM_API_URL",
                  "LLM_MODEL", "AGENT_MAX_ROUNDS", "130 interrupted"]:
         assert word in out
+
+
+def test_a_key_with_a_trailing_carriage_return_from_a_crlf_env_file_works(serve, tmp_path):
+    server = serve([act("finish", result="ok")], key=None)
+    (tmp_path / ".env").write_bytes(b"LLM_API_KEY=sk-crlf-key-123\r\n")
+    assert main(["--quiet", "hi"]) == 0
+    assert server.requests[0]["headers"]["Authorization"] == "Bearer sk-crlf-key-123"
+
+
+@pytest.mark.parametrize("bad_key", ["sk-zero\u200bwidth-key", "sk-has space-key", "sk-ünïcode-key"])
+def test_a_key_that_cannot_be_a_header_is_a_configuration_error_that_does_not_show_it(
+        serve, capsys, monkeypatch, bad_key):
+    server = serve([act("finish", result="ok")], key=None)
+    monkeypatch.setenv("LLM_API_KEY", bad_key)
+    assert main(["--json", "hi"]) == 2
+    out, err = capsys.readouterr()
+    assert "LLM_API_KEY holds spaces or characters" in err
+    assert bad_key not in out + err and server.requests == []
+
+
+def test_a_short_placeholder_key_does_not_garble_the_output(serve, capsys):
+    serve([act("finish", result=1536)], key="5")
+    assert main(["--quiet", "hi"]) == 0
+    assert capsys.readouterr().out == "1536\n"
+
+
+def test_with_json_an_error_is_one_line_on_stderr(serve, capsys):
+    serve([{"status": 401, "body": {"error": {"message": "bad key"}}}])
+    assert main(["--json", "hi"]) == 3
+    err_lines = [line for line in capsys.readouterr().err.splitlines() if "bad key" in line]
+    assert err_lines == ["agent-demo: error: authentication failed (HTTP 401): bad key - check LLM_API_KEY"]

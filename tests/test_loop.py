@@ -90,7 +90,7 @@ def test_finish_without_a_result_is_sent_back_not_accepted():
 
 
 def test_a_model_that_never_finishes_stops_at_the_round_limit():
-    model = ScriptedModel(act("calculator", expression="1 + 1"))
+    model = ScriptedModel(*[act("calculator", expression=f"{n} + 1") for n in range(10)])
     outcome = run_scripted(model, max_rounds=4)
     assert (outcome.status, outcome.rounds, outcome.exit_code) == ("max_rounds", 4, 1)
     assert len(model.requests) == 4

@@ -44,10 +44,16 @@ def test_missing_args_default_to_an_empty_object():
     ("The answer is 512.", "no JSON object found"),
     ("", "no JSON object found"),
     ('{"answer": 512}', "no action object"),
-    ('[1, 2, 3]', "no action object"),
+    ('[1, 2, 3]', "no JSON object found"),
     ('{"tool": 5, "args": {}}', "no action object"),
     ('{"tool": "calculator", "args": "12 + 500"}', '"args" of calculator must be a JSON object'),
     ("{'tool': 'calculator', 'args': {}}", "no action object"),
+    ('{"tool": "finish", "args": {"result": NaN}}', "no JSON object found"),
+    ('{"tool": "finish", "args": {"result": Infinity}}', "no JSON object found"),
+    ('{"tool": "finish", "args": {"result": 1e999}}', "no JSON object found"),
+    ('{"tool": "finish", "args": {"result": ' + "1" * 5000 + "}}", "no JSON object found"),
+    ("[" * 1500, "no JSON object found"),
+    ('{"a":' * 1500, "no JSON object found"),
     (f"<think>{CALC_JSON}</think>No action here.", "no JSON object found"),
     (f"<think>still thinking {CALC_JSON}", "no JSON object found"),
 ])
@@ -80,3 +86,26 @@ def test_the_parser_never_raises(text):
        st.text(alphabet=st.characters(blacklist_characters="{}[]<>"), max_size=80))
 def test_an_action_surrounded_by_prose_is_always_found(before, after):
     assert parse_actions(before + CALC_JSON + after).actions[0] == CALC
+
+
+def test_raw_newlines_inside_strings_are_accepted():
+    parsed = parse_actions('{"tool": "finish", "args": {"result": "line one\nline two"}}')
+    assert parsed.actions == [{"tool": "finish", "args": {"result": "line one\nline two"}}]
+
+
+def test_an_action_quoted_inside_the_finish_result_is_not_run_instead():
+    reply = ('{"tool": "finish", "args": {"result": "Steps:\n1. add",'
+             ' "calls": [{"tool": "calculator", "args": {"expression": "1 + 1"}}]}}')
+    assert parse_actions(reply).actions[0]["tool"] == "finish"
+
+
+def test_a_later_action_with_bad_args_does_not_spoil_the_first():
+    parsed = parse_actions(CALC_JSON + '{"tool": "finish", "args": "done"}')
+    assert parsed.problem is None and parsed.actions[0] == CALC
+
+
+@pytest.mark.parametrize("hostile", [
+    "{" * 200_000, "<think>" * 30_000, "<thinking>a" * 20_000, '"{' * 100_000, "[{" * 50_000,
+], ids=["braces", "think-tags", "thinking-tags", "quote-braces", "bracket-braces"])
+def test_hostile_replies_are_format_errors_not_crashes(hostile):
+    assert parse_actions(hostile).problem == "no JSON object found"

@@ -17,6 +17,7 @@ from tools import REGISTRY, Arg, Tool, call_tool, calculate
     ("0.1 + 0.2", 0.1 + 0.2),
     ("12345678901234567890 * 10", 123456789012345678900),
     ("12345678901234567890 / 10", 1234567890123456789),
+    ("1e20 / 4", 2.5e19),
 ])
 def test_calculator_computes_three_tokens(expression, expected):
     result = call_tool("calculator", {"expression": expression}, REGISTRY)
@@ -37,6 +38,8 @@ def test_calculator_computes_three_tokens(expression, expected):
     ("", "number operator number"),
     ("(12 + 500)", "number operator number"),
     ("1" * 300 + " + 1", "longer than"),
+    ("١٢ + ٥", "number operator number"),
+    ("１２+５００", "number operator number"),
 ])
 def test_calculator_rejects_anything_else_with_a_hint(expression, hint):
     result = call_tool("calculator", {"expression": expression}, REGISTRY)

@@ -1,0 +1,116 @@
+"""What is re-sent each round: the pinned goal, recent rounds verbatim, older rounds as a digest.
+
+The conversation is rebuilt for every request from the round records (the same
+records the trace file holds), so a resumed run sends what the original would have.
+"""
+import json
+import re
+from typing import List
+
+import prompts
+
+_THINK_TAG = re.compile(r"<(/?)think(?:ing)?>", re.I)
+
+
+def strip_think(text: str) -> str:
+    """Drop reasoning blocks, an unclosed one, and all before a lone closing tag (linear time)."""
+    kept, position, inside = [], 0, False
+    for tag in _THINK_TAG.finditer(text):
+        closing = tag.group(1) == "/"
+        if closing and not inside:  # the server ate the opening tag: all so far was reasoning
+            kept, position = [], tag.end()
+        elif closing:
+            inside, position = False, tag.end()
+        elif not inside:
+            kept.append(text[position:tag.start()])
+            inside = True
+    if not inside:  # a block never closed was cut off mid-thought: drop it
+        kept.append(text[position:])
+    return "".join(kept)
+
+
+def request_size(messages: List[dict]) -> int:
+    """Characters the messages take on the wire (JSON, non-ASCII escaped as requests sends it)."""
+    return len(json.dumps(messages))
+
+
+def _cut(text: str, keep: int) -> str:
+    """Head and tail of text with a marker saying how much was dropped in between."""
+    if len(text) <= keep:
+        return text
+    head, tail = keep * 2 // 3, keep // 3
+    return f"{text[:head]} ...{prompts.TRUNCATED.format(count=len(text) - head - tail)}... {text[len(text) - tail:]}"
+
+
+def truncate_result(result: dict, max_chars: int) -> dict:
+    """A result whose JSON is longer than max_chars, cut to head and tail and marked truncated."""
+    if len(prompts.to_json(result)) <= max_chars:
+        return result
+    key = "data" if "data" in result else "error"
+    value = result.get(key)
+    text = value if isinstance(value, str) else prompts.to_json(value)
+    return {"ok": result.get("ok"), key: _cut(text, max_chars), "truncated": True,
+            "original_chars": len(text)}
+
+
+def assistant_message(record: dict) -> dict:
+    """The model's turn as it is re-sent: without think blocks, never empty."""
+    text = strip_think(record.get("model_output") or "").strip()
+    if not text and record.get("action"):
+        text = prompts.to_json(record["action"])
+    message = {"role": "assistant", "content": text or "(empty reply)"}
+    if record.get("tool_calls"):
+        message["tool_calls"] = record["tool_calls"]
+    return message
+
+
+def round_messages(record: dict) -> List[dict]:
+    """The messages one completed round adds to the conversation."""
+    return [assistant_message(record), *record["feedback"]]
+
+
+def digest_line(record: dict, result_chars: int) -> str:
+    """One folded round: each call and its result, without the model's prose."""
+    calls = record.get("calls") or []
+    if not calls:
+        return f"round {record['round']}: no valid action ({record['result'].get('error')})"
+    return f"round {record['round']}: " + "; ".join(_call_summary(call, result_chars) for call in calls)
+
+
+def _call_summary(call: dict, result_chars: int) -> str:
+    args = call["args"]
+    shown_args = str(next(iter(args.values()))) if len(args) == 1 else prompts.to_json(args)
+    result = call["result"]
+    if result.get("ok"):
+        value = result.get("data")
+        shown = value if isinstance(value, str) else prompts.to_json(value)
+    else:
+        shown = "error: " + str(result.get("error"))
+    return f"{call['tool']}({shown_args}) -> {_cut(shown, result_chars)}"
+
+
+def build_messages(pinned: List[dict], records: List[dict], max_chars: int, keep_recent: int = 4,
+                   digest_result_chars: int = 400) -> List[dict]:
+    """The messages for the next request, folding the oldest rounds until they fit max_chars."""
+    turns = [round_messages(record) for record in records]
+    turn_sizes = [request_size(turn) for turn in turns]
+    lines = [digest_line(record, digest_result_chars) for record in records]
+    base = request_size(pinned)
+    if base + sum(turn_sizes) <= max_chars:
+        return [*pinned, *(m for turn in turns for m in turn)]
+    # Over budget: fold all but the last keep_recent rounds, and more only if even that is too big.
+    folded = max(1, len(turns) - keep_recent)
+    while folded < len(turns) and base + _digest_size(lines[:folded]) + sum(turn_sizes[folded:]) > max_chars:
+        folded += 1
+    # Last resort for a budget too small for the whole digest: drop its oldest lines, saying so.
+    room = max_chars - base - sum(turn_sizes[folded:])
+    kept, dropped = lines[:folded], 0
+    while kept and _digest_size(kept, dropped) > room:
+        kept, dropped = kept[1:], dropped + 1
+    digest = {"role": "user", "content": prompts.render_digest(kept, dropped)}
+    return [*pinned, digest, *(m for turn in turns[folded:] for m in turn)]
+
+
+def _digest_size(lines: List[str], dropped: int = 0) -> int:
+    """What the digest message adds to the request (its brackets stand for the ", " before it)."""
+    return request_size([{"role": "user", "content": prompts.render_digest(lines, dropped)}])

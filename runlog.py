@@ -1,0 +1,111 @@
+"""The run log: the trace people read, the JSON Lines trace file, and reading it back to resume.
+
+A round record holds everything needed to rebuild the conversation (the model's
+output, its calls and results, the exact feedback sent), so `--resume` replays
+the file instead of guessing.
+"""
+import json
+import re
+import time
+from typing import Any, List, Optional, TextIO
+
+import prompts
+
+RESUMABLE = {"max_rounds", "budget", "stuck", "error", "interrupted"}  # not finished, not failed
+
+
+def redact(text: str, secret: Optional[str]) -> str:
+    """Remove the API key from anything about to leave the process.
+
+    Only where it stands as a whole token, so a placeholder key such as "5" does
+    not turn the result 1536 into 1[redacted]36.
+    """
+    if not secret:
+        return text
+    return re.sub(rf"(?<![A-Za-z0-9]){re.escape(secret)}(?![A-Za-z0-9])", "[redacted]", text)
+
+
+class RunLog:
+    """Writes each event to the human trace (a stream or nothing) and the trace file."""
+
+    def __init__(self, human: Optional[TextIO] = None, trace_path: Optional[str] = None,
+                 secret: Optional[str] = None):
+        self.human, self.secret = human, secret
+        self.trace_file = open(trace_path, "a", encoding="utf-8") if trace_path else None
+        if self.trace_file and self.trace_file.tell() > 0:
+            with open(trace_path, "rb") as existing:
+                existing.seek(-1, 2)
+                if existing.read(1) != b"\n":
+                    self.trace_file.write("\n")  # end a line torn by a crash; readers skip it
+
+    def say(self, text: str) -> None:
+        if self.human:
+            print(redact(text, self.secret), file=self.human, flush=True)
+
+    def record(self, event: str, **fields: Any) -> None:
+        if self.trace_file:
+            line = json.dumps({"event": event, **fields}, ensure_ascii=False, default=str)
+            self.trace_file.write(redact(line, self.secret) + "\n")
+            self.trace_file.flush()  # a crash loses at most the round in flight
+
+    def start(self, task: str, model: str, url: str, max_rounds: int) -> None:
+        self.say(f"task: {task}\nmodel: {model} at {url}")
+        self.record("start", task=task, model=model, url=url, max_rounds=max_rounds, ts=time.time())
+
+    def resume(self, task: str, model: str, url: str, done_rounds: int) -> None:
+        self.say(f"resuming after round {done_rounds}: {task}\nmodel: {model} at {url}")
+        self.record("resume", model=model, url=url, after_round=done_rounds, ts=time.time())
+
+    def round(self, record: dict, max_rounds: int) -> None:
+        self.say(f"\n--- round {record['round']}/{max_rounds} ---")
+        self.say("model: " + (record["model_output"].strip() or prompts.to_json(record.get("tool_calls"))))
+        for call in record["calls"]:
+            self.say(f"action: {call['tool']} {prompts.to_json(call['args'])}")
+            if call.get("watchdog"):
+                self.say(f"watchdog: {call['watchdog']}")
+            if not call.get("ends_run"):
+                self.say(f"result: {prompts.to_json(call['result'])}")
+        if not record["calls"]:
+            self.say(f"result: {prompts.to_json(record['result'])}")
+        self.record("round", **record)
+
+    def end(self, outcome: Any) -> None:
+        if outcome.status != "error":  # an error is one line on stderr, said by the CLI
+            self.say(f"\n=== {outcome.summary()} ===")
+        for line in outcome.progress:
+            self.say(f"  {line}")
+        self.record("end", **{k: v for k, v in outcome.to_json().items() if k != "progress"})
+
+    def close(self) -> None:
+        if self.trace_file:
+            self.trace_file.close()
+
+
+def load_trace(path: str) -> tuple:
+    """The start record and the completed rounds of an unfinished run, or ValueError saying why not."""
+    try:
+        with open(path, encoding="utf-8") as trace:
+            lines = trace.read().splitlines()
+    except (OSError, UnicodeDecodeError) as error:
+        raise ValueError(f"cannot read the trace file {path}: {error}") from None
+    records = []
+    for line in lines:
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # a line torn by a crash: its round is redone
+        if isinstance(record, dict):
+            records.append(record)
+    if not records or records[0].get("event") != "start" or "task" not in records[0]:
+        raise ValueError(f"{path} is not an agent-demo trace (it must begin with a start record)")
+    rounds: List[dict] = []
+    for record in records:
+        if record.get("event") == "round" and record.get("round") == len(rounds) + 1:
+            rounds.append(record)
+    ends = [record for record in records if record.get("event") == "end"]
+    if ends and ends[-1].get("status") not in RESUMABLE:
+        raise ValueError(f"{path} holds a run that already ended with status {ends[-1].get('status')!r};"
+                         " only an unfinished run can be resumed")
+    if rounds and any("feedback" not in record for record in rounds):
+        raise ValueError(f"{path} was written by an older version without feedback records; cannot resume")
+    return records[0], rounds

@@ -1,0 +1,182 @@
+"""Long tasks: token budget, what is re-sent each round, the loop watchdog."""
+import json
+
+import pytest
+
+from agent_demo import Reply, RunLog, Settings, main, run
+from context import request_size
+from scripted_server import action as act
+from tools import REGISTRY, Arg, Tool
+
+
+class ScriptedModel:
+    """Plays replies in order (the last one forever) and keeps the messages of each request."""
+
+    def __init__(self, *replies, usage=None):
+        self.replies, self.usage, self.requests = list(replies), usage, []
+
+    def __call__(self, messages, **extra):
+        self.requests.append(messages)
+        reply = self.replies[min(len(self.requests), len(self.replies)) - 1]
+        if isinstance(reply, BaseException):
+            raise reply
+        return Reply(content=reply, usage=self.usage)
+
+
+def sums(count, think=""):
+    """Replies computing n + 1 for n in 0..count-1, each a distinct call."""
+    return [f"<think>{think}</think>" + act("calculator", expression=f"{n} + 1") for n in range(count)]
+
+
+def play(model, registry=REGISTRY, log=None, **settings):
+    return run("keep adding", Settings(**{"max_rounds": 50, **settings}), model, registry=registry, log=log)
+
+
+# --- token budget ---------------------------------------------------------------------
+
+def test_token_budget_stops_before_the_next_request():
+    model = ScriptedModel(*sums(10), usage={"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15})
+    outcome = play(model, max_tokens=40)
+    assert (outcome.status, outcome.rounds, outcome.exit_code) == ("budget", 3, 1)
+    assert len(model.requests) == 3
+    assert outcome.usage == {"prompt_tokens": 30, "completion_tokens": 15, "total_tokens": 45}
+    assert outcome.progress == ["round 1: calculator(0 + 1) -> 1", "round 2: calculator(1 + 1) -> 2",
+                                "round 3: calculator(2 + 1) -> 3"]
+
+
+def test_missing_usage_is_estimated_from_characters_and_marked(tmp_path):
+    trace = tmp_path / "t.jsonl"
+    log = RunLog(trace_path=str(trace))
+    model = ScriptedModel(act("finish", result="x" * 400), usage=None)
+    outcome = play(model, log=log)
+    log.close()
+    record = [json.loads(line) for line in trace.read_text().splitlines()][1]
+    expected_prompt = request_size(model.requests[0]) // 4
+    assert record["usage_estimated"] is True
+    assert record["usage"]["prompt_tokens"] == expected_prompt
+    assert record["usage"]["completion_tokens"] == len(act("finish", result="x" * 400)) // 4
+    assert outcome.usage["estimated"] is True
+    assert outcome.usage["total_tokens"] == record["usage"]["total_tokens"]
+
+
+def test_budget_from_the_command_line_prints_what_was_done(serve, capsys):
+    serve(sums(10))  # the scripted server reports 15 tokens a request
+    assert main(["--max-tokens", "30", "keep adding"]) == 1
+    out = capsys.readouterr().out
+    assert "=== not completed: token budget spent after 2 round(s), 30 tokens ===" in out
+    assert "  round 2: calculator(1 + 1) -> 2" in out
+
+
+# --- what is re-sent ---------------------------------------------------------------------
+
+def test_think_blocks_are_not_re_sent_but_the_goal_always_is():
+    model = ScriptedModel(*sums(3, think="secret reasoning " * 10), act("finish", result="done"))
+    play(model)
+    last = model.requests[-1]
+    assert last[0]["role"] == "system" and last[1]["content"] == "Task: keep adding"
+    assistant_turns = [m["content"] for m in last if m["role"] == "assistant"]
+    assert assistant_turns == [act("calculator", expression=f"{n} + 1") for n in range(3)]
+    assert "secret reasoning" not in json.dumps(last)
+
+
+def big_registry(size=10_000):
+    def dump(name):
+        return "A" * (size // 2) + "MIDDLE" + "Z" * (size // 2)
+    return {**REGISTRY, "dump": Tool("dump", "Return a big blob.", {"name": Arg("string", "a name", "x")}, dump)}
+
+
+def test_a_long_tool_result_is_cut_to_head_and_tail_with_a_marker():
+    model = ScriptedModel(act("dump", name="x"), act("finish", result="ok"))
+    play(model, registry=big_registry(), max_result_chars=1000)
+    fed = json.loads(model.requests[1][3]["content"].split("\n", 1)[1])["result"]
+    assert fed["truncated"] is True and fed["original_chars"] == 10_006
+    assert fed["data"].startswith("AAAA") and fed["data"].endswith("ZZZZ")
+    assert "MIDDLE" not in fed["data"]
+    assert "[truncated 9007 chars]" in fed["data"]
+    assert len(json.dumps(fed, ensure_ascii=False)) < 1200
+
+
+def test_over_budget_the_oldest_rounds_fold_into_a_digest_and_the_last_four_stay():
+    model = ScriptedModel(*sums(12, think="x" * 2000), act("finish", result="done"))
+    play(model, max_context=4000, max_result_chars=1000)
+    last = model.requests[-1]
+    digest = [m["content"] for m in last if m["content"].startswith("Earlier rounds")]
+    assert len(digest) == 1
+    assert "round 1: calculator(0 + 1) -> 1" in digest[0]
+    assert "round 8: calculator(7 + 1) -> 8" in digest[0]
+    verbatim = [m["content"] for m in last if m["role"] == "assistant"]
+    assert verbatim == [act("calculator", expression=f"{n} + 1") for n in range(8, 12)]
+    assert request_size(last) <= 4000
+
+
+def test_a_200_round_run_with_long_think_blocks_stays_under_budget_and_loses_no_result():
+    model = ScriptedModel(*sums(199, think="t" * 2000), act("finish", result="done"))
+    outcome = play(model, max_rounds=200, max_context=24_000)
+    assert (outcome.status, outcome.rounds) == ("finished", 200)
+    sizes = [request_size(messages) for messages in model.requests]
+    assert max(sizes) <= 24_000
+    final = "\n".join(message["content"] for message in model.requests[-1])
+    for n in range(199):
+        folded = f"calculator({n} + 1) -> {n + 1}"
+        verbatim = f'"args": {{"expression": "{n} + 1"}}, "result": {{"ok": true, "data": {n + 1}}}'
+        assert folded in final or verbatim in final
+
+
+def test_a_budget_too_small_for_the_task_is_a_configuration_error():
+    outcome = run("x" * 20_000, Settings(), ScriptedModel(act("finish", result=1)))
+    assert (outcome.status, outcome.exit_code) == ("error", 2)
+    assert "--max-context 24000 is too small" in outcome.error
+
+
+# --- the watchdog -------------------------------------------------------------------------
+
+def counting_registry(calls):
+    def count(n):
+        calls.append(n)
+        return len(calls)
+    return {**REGISTRY, "count": Tool("count", "Count.", {"n": Arg("number", "any", 1)}, count)}
+
+
+def test_a_repeated_call_is_cached_then_refused_then_stuck(tmp_path):
+    calls, trace = [], tmp_path / "t.jsonl"
+    log = RunLog(trace_path=str(trace))
+    model = ScriptedModel('{"tool": "count", "args": {"n": 1}}')
+    outcome = play(model, registry=counting_registry(calls), log=log)
+    log.close()
+    assert (outcome.status, outcome.rounds, outcome.exit_code) == ("stuck", 4, 1)
+    assert calls == [1], "the tool ran once"
+    second, third = model.requests[2][-1]["content"], model.requests[3][-1]["content"]
+    assert '"result": {"ok": true, "data": 1}' in second and "already made this exact call in round 1" in second
+    assert "refused: this exact call was already made in rounds 1, 2" in third
+    rounds = [json.loads(line) for line in trace.read_text().splitlines() if '"round"' in line][:4]
+    assert [r["calls"][0].get("watchdog") for r in rounds] == [None, "cached", "refused", "stuck"]
+    assert json.loads(trace.read_text().splitlines()[-1])["status"] == "stuck"
+
+
+def test_calls_are_identical_whatever_the_order_of_their_arguments():
+    calls = []
+    registry = {**counting_registry(calls), "pair": Tool("pair", "Pair.", {
+        "a": Arg("number", "a", 1), "b": Arg("number", "b", 2)}, lambda a, b: calls.append((a, b)))}
+    model = ScriptedModel('{"tool": "pair", "args": {"a": 1, "b": 2}}',
+                          '{"tool": "pair", "args": {"b": 2, "a": 1}}', act("finish", result=1))
+    play(model, registry=registry)
+    assert calls == [(1, 2)]
+
+
+def test_three_format_errors_in_a_row_end_the_run_as_stuck():
+    model = ScriptedModel("hmm", "let me think", "I am not sure", act("finish", result=1))
+    outcome = play(model)
+    assert (outcome.status, outcome.rounds, outcome.exit_code) == ("stuck", 3, 1)
+
+
+def test_format_errors_that_are_not_in_a_row_are_tolerated():
+    model = ScriptedModel("hmm", "hmm", act("calculator", expression="1 + 1"), "hmm", "hmm",
+                          act("finish", result=2))
+    assert play(model).status == "finished"
+
+
+def test_stuck_shows_in_the_json_output(serve, capsys):
+    serve([act("calculator", expression="1 + 1")])
+    assert main(["--json", "--max-rounds", "9", "loop"]) == 1
+    out = json.loads(capsys.readouterr().out)
+    assert (out["status"], out["rounds"]) == ("stuck", 4)

@@ -1,0 +1,144 @@
+"""--resume: continue an unfinished run from its trace, with nothing lost or repeated."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from agent_demo import Reply, RunLog, Settings, main, run
+from scripted_server import ScriptedServer, action as act
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def records(trace):
+    """The whole records of a trace file, skipping a line torn by a crash."""
+    whole = []
+    for line in Path(trace).read_text().splitlines():
+        try:
+            whole.append(json.loads(line))
+        except json.JSONDecodeError:
+            pass
+    return whole
+
+
+def round_numbers(trace):
+    return [r["round"] for r in records(trace) if r["event"] == "round"]
+
+
+def interrupted_run(trace, replies, stop_at, max_rounds=6):
+    """Run in-process until request number stop_at raises Ctrl-C; return what each request carried."""
+    sent = []
+
+    def model(messages, **extra):
+        sent.append(messages)
+        if len(sent) == stop_at:
+            raise KeyboardInterrupt
+        return Reply(content=replies[len(sent) - 1], usage={"total_tokens": 15})
+    log = RunLog(trace_path=str(trace))
+    outcome = run("add things up", Settings(max_rounds=max_rounds), model, log=log)
+    log.close()
+    assert outcome.status == "interrupted"
+    return sent
+
+
+def test_resume_after_ctrl_c_sends_the_same_conversation_and_finishes(serve, tmp_path, capsys):
+    trace = tmp_path / "run.jsonl"
+    sent = interrupted_run(trace, [act("calculator", expression="1 + 1"),
+                                   act("calculator", expression="2 + 2")], stop_at=3)
+    server = serve([act("finish", result=6)], key=None)
+    assert main(["--resume", str(trace), "--quiet"]) == 0
+    assert capsys.readouterr().out == "6\n"
+    assert server.sent_messages(0) == sent[2], "the redone request carries the same conversation"
+    assert round_numbers(trace) == [1, 2, 3]
+    events = [r["event"] for r in records(trace)]
+    assert events == ["start", "round", "round", "end", "resume", "round", "end"]
+    assert records(trace)[-1]["status"] == "finished" and records(trace)[-1]["rounds"] == 3
+
+
+def test_the_round_limit_and_token_budget_count_the_whole_run(serve, tmp_path, capsys):
+    trace = tmp_path / "run.jsonl"
+    interrupted_run(trace, [act("calculator", expression="1 + 1"), act("calculator", expression="2 + 2")],
+                    stop_at=3)
+    server = serve([act("calculator", expression="3 + 3")], key=None)
+    assert main(["--resume", str(trace), "--max-rounds", "3", "--json"]) == 1
+    out = json.loads(capsys.readouterr().out)
+    assert (out["status"], out["rounds"], out["usage"]["total_tokens"]) == ("max_rounds", 3, 45)
+    assert len(server.requests) == 1
+    assert main(["--resume", str(trace), "--max-rounds", "9", "--max-tokens", "45", "--json"]) == 1
+    assert json.loads(capsys.readouterr().out)["status"] == "budget"
+    assert len(server.requests) == 1
+
+
+def test_a_resumed_run_remembers_earlier_calls(serve, tmp_path):
+    trace = tmp_path / "run.jsonl"
+    interrupted_run(trace, [act("calculator", expression="1 + 1")], stop_at=2)
+    server = serve([act("calculator", expression="1 + 1"), act("finish", result=2)], key=None)
+    assert main(["--resume", str(trace), "--quiet"]) == 0
+    assert "already made this exact call in round 1" in server.sent_messages(1)[-1]["content"]
+
+
+def test_a_torn_last_line_is_ignored_and_its_round_redone(serve, tmp_path):
+    trace = tmp_path / "run.jsonl"
+    interrupted_run(trace, [act("calculator", expression="1 + 1")], stop_at=2)
+    lines = trace.read_text().splitlines()[:-1]  # drop the end record, as kill -9 would
+    trace.write_text("\n".join(lines) + '\n{"event": "round", "round": 2, "model_out')
+    serve([act("finish", result=2)], key=None)
+    assert main(["--resume", str(trace), "--quiet"]) == 0
+    assert round_numbers(trace) == [1, 2]
+    assert [r["event"] for r in records(trace)][-3:] == ["resume", "round", "end"], "nothing glued to the torn line"
+    assert records(trace)[-1]["status"] == "finished"
+
+
+@pytest.mark.parametrize("content, message", [
+    (None, "cannot read the trace file"),
+    ("hello\n", "is not an agent-demo trace"),
+    ('{"event": "round", "round": 1}\n', "is not an agent-demo trace"),
+    ('{"event": "start", "task": "t"}\n{"event": "end", "status": "finished"}\n', "already ended with status 'finished'"),
+    ('{"event": "start", "task": "t"}\n{"event": "end", "status": "failed"}\n', "already ended with status 'failed'"),
+])
+def test_what_cannot_be_resumed_is_a_clear_error_with_exit_2(tmp_path, capsys, monkeypatch, content, message):
+    monkeypatch.setenv("LLM_API_URL", "http://127.0.0.1:9/v1")
+    trace = tmp_path / "run.jsonl"
+    if content is not None:
+        trace.write_text(content)
+    assert main(["--resume", str(trace)]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
+
+
+def test_resume_takes_no_task(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("LLM_API_URL", "http://127.0.0.1:9/v1")
+    (tmp_path / "run.jsonl").write_text('{"event": "start", "task": "t"}\n')
+    assert main(["--resume", str(tmp_path / "run.jsonl"), "another task"]) == 2
+    assert "give no task" in capsys.readouterr().err
+
+
+def test_kill_9_in_the_middle_of_a_request_then_resume_loses_and_repeats_nothing(tmp_path):
+    trace = tmp_path / "run.jsonl"
+    replies = [act("calculator", expression="1 + 1"), act("calculator", expression="2 + 2"),
+               {"delay": 60, "content": act("calculator", expression="never answered")},
+               act("calculator", expression="3 + 3"), act("finish", result=12)]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("LLM_", "AGENT_"))}
+    cli = [sys.executable, str(ROOT / "agent_demo.py")]
+    with ScriptedServer(replies) as server:
+        env["LLM_API_URL"] = server.url
+        process = subprocess.Popen([*cli, "--trace", str(trace), "--max-rounds", "9", "add"], env=env,
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=tmp_path)
+        deadline = time.monotonic() + 30
+        while len(server.requests) < 3 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        os.kill(process.pid, signal.SIGKILL)
+        process.wait(timeout=10)
+        assert round_numbers(trace) == [1, 2] and records(trace)[-1]["event"] == "round"
+        resumed = subprocess.run([*cli, "--resume", str(trace), "--max-rounds", "9", "--quiet"], env=env,
+                                 capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert (resumed.returncode, resumed.stdout, resumed.stderr) == (0, "12\n", "")
+    assert server.sent_messages(3) == server.sent_messages(2), "the unfinished round is redone as it was"
+    assert round_numbers(trace) == [1, 2, 3, 4]
+    end = records(trace)[-1]
+    assert (end["event"], end["status"], end["rounds"]) == ("end", "finished", 4)
