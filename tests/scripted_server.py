@@ -10,6 +10,7 @@ When the script runs out, the last reply is repeated (a model that never finishe
 Run it by hand: python tests/scripted_server.py replies.json [port]
 """
 import json
+import socket
 import sys
 import threading
 import time
@@ -61,6 +62,9 @@ class ScriptedServer:
 
             def setup(self):
                 super().setup()
+                # Headers and body go out in two writes; without this, Nagle's algorithm
+                # and delayed ACKs add ~40 ms to every reply.
+                self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                 with server._lock:
                     server.connections += 1
 
