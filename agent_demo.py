@@ -51,6 +51,10 @@ class Settings:
     max_context: int = 24_000  # characters a request may carry
     max_result_chars: int = 4_000  # a longer tool result is cut to head and tail
     keep_recent: int = 4  # rounds that stay verbatim when older ones are folded
+    mode: str = "json"  # json, schema or tools: how actions are asked for
+    max_calls: int = 8  # actions run per reply at most
+    approve: bool = False  # ask before every tool call
+    yes: bool = False  # never ask, even for tools with side effects
 
 
 def chat_completions_url(url: str) -> str:
@@ -78,6 +82,17 @@ class EndpointError(AgentStop):
     """The endpoint refused, failed or answered with something unusable."""
 
     exit_code = 3
+
+    def __init__(self, message: str, http_status: Optional[int] = None, server_said: str = ""):
+        super().__init__(message)
+        self.http_status, self.server_said = http_status, server_said
+
+    def rejects_request_options(self) -> bool:
+        """Did the endpoint refuse response_format or tools (as opposed to failing outright)?"""
+        if self.http_status in (400, 422):
+            return True
+        fields = ("response_format", "json_schema", "tools", "tool_choice")
+        return bool(self.http_status and self.http_status >= 500 and any(f in self.server_said for f in fields))
 
 
 # --- the HTTP client -------------------------------------------------------------
@@ -135,7 +150,8 @@ class ModelClient:
             raise EndpointError(f"request to {self.url} failed: {type(error).__name__}") from None
         latency_ms = int((time.monotonic() - started) * 1000)
         if response.status_code >= 400:
-            raise EndpointError(describe_http_error(response, self.settings))
+            raise EndpointError(describe_http_error(response, self.settings), response.status_code,
+                                redact(server_message(response), self.settings.api_key))
         reply = read_reply(response)
         reply.latency_ms = latency_ms
         return reply
@@ -259,13 +275,16 @@ class Parsed:
 
     actions: List[dict]
     problem: Optional[str] = None
+    native: bool = False  # the actions came from the reply's tool_calls
 
 
 def parse_actions(text: str) -> Parsed:
-    """Find the actions in a model's text: objects with a string "tool", or arrays of them."""
+    """Find the actions in a model's text: action objects, arrays of them, or {"actions": [...]}."""
     actions, saw_json = [], False
     for value in json_values(strip_think(text)):
         saw_json = True
+        if isinstance(value, dict) and isinstance(value.get("actions"), list):
+            value = value["actions"]  # schema mode's envelope
         if is_action(value):
             actions.append(value)
         elif isinstance(value, list) and value and all(is_action(item) for item in value):
@@ -273,32 +292,35 @@ def parse_actions(text: str) -> Parsed:
     if not actions:
         return Parsed([], "found JSON, but no action object with a string \"tool\"" if saw_json
                       else "no JSON object found")
-    actions = [{**action, "args": action.get("args", {})} for action in actions]
+    actions = [{"tool": action["tool"], "args": action.get("args", {})} for action in actions]
     if not isinstance(actions[0]["args"], dict):
         return Parsed([], f"\"args\" of {actions[0]['tool']} must be a JSON object")
     return Parsed(actions)
 
 
 def parse_tool_calls(tool_calls: List[dict]) -> Parsed:
-    """Read native tool_calls as actions; their arguments arrive as a JSON string."""
+    """Read native tool_calls as actions; arguments arrive as a JSON string, ids are kept."""
     actions = []
-    for call in tool_calls:
-        function = call.get("function") or {}
+    for number, call in enumerate(tool_calls, 1):
+        function = call.get("function") if isinstance(call.get("function"), dict) else {}
+        action = {"tool": str(function.get("name") or ""), "args": {},
+                  "id": str(call.get("id") or f"call_{number}")}
         arguments = function.get("arguments") or "{}"
         try:
-            args = _DECODER.decode(arguments) if isinstance(arguments, str) else arguments
+            action["args"] = _DECODER.decode(arguments) if isinstance(arguments, str) else arguments
         except (ValueError, RecursionError):
-            return Parsed([], f"the arguments of tool call {function.get('name')!r} are not valid JSON")
-        if not isinstance(function.get("name"), str) or not isinstance(args, dict):
-            return Parsed([], "a tool call needs a function name and an arguments object")
-        actions.append({"tool": function["name"], "args": args})
-    return Parsed(actions)
+            action["problem"] = f"the arguments of {action['tool']} are not valid JSON"
+        actions.append(action)
+    return Parsed(actions, native=True)
 
 
-def parse_reply(reply: Reply) -> Parsed:
-    """The actions of a reply: from its text, or from native tool calls when the text is empty."""
-    if reply.content.strip() or not reply.tool_calls:
-        return parse_actions(reply.content)
+def parse_reply(reply: Reply, mode: str = "json") -> Parsed:
+    """The actions of a reply: native tool calls first in tools mode, else the text, else its tool calls."""
+    if reply.tool_calls and mode == "tools":
+        return parse_tool_calls(reply.tool_calls)
+    parsed = parse_actions(reply.content)
+    if parsed.actions or not reply.tool_calls:
+        return parsed
     return parse_tool_calls(reply.tool_calls)
 
 
@@ -306,6 +328,7 @@ def parse_reply(reply: Reply) -> Parsed:
 
 EXIT_CODES = {"finished": 0, "failed": 1, "max_rounds": 1, "budget": 1, "stuck": 1, "interrupted": 130}
 FORMAT_ERRORS_BEFORE_STUCK = 3
+MODES = ("json", "schema", "tools")
 
 
 @dataclass
@@ -318,6 +341,7 @@ class RunResult:
     usage: Dict[str, Any] = field(default_factory=dict)
     error: Optional[str] = None
     exception: Optional[BaseException] = field(default=None, repr=False)
+    calls: List[dict] = field(default_factory=list)  # every call of the run, with its round and result
     progress: List[str] = field(default_factory=list)  # one line per round: its calls and results
 
     @property
@@ -343,7 +367,7 @@ class RunResult:
     def to_json(self) -> dict:
         extra = {"error": self.error} if self.error else {}
         return {"status": self.status, "result": self.result, "rounds": self.rounds,
-                "usage": self.usage, **extra}
+                "usage": self.usage, **extra, "calls": self.calls}
 
 
 class Watchdog:
@@ -370,16 +394,20 @@ class Watchdog:
         for record in records:
             self.format_errors_in_a_row = 0 if record["calls"] else self.format_errors_in_a_row + 1
             for call in record["calls"]:
-                if call["tool"] not in CONTROL_ACTIONS:
+                if call.get("watched"):
                     self.remember(record["round"], call)
         return self
 
 
-def execute_call(action: dict, registry: Dict[str, Tool], watchdog: Watchdog, number: int) -> dict:
+Approver = Callable[[dict], bool]  # asks the user about one call; True runs it
+
+
+def execute_call(action: dict, registry: Dict[str, Tool], watchdog: Watchdog, number: int,
+                 approve: Optional[Approver], settings: Settings) -> dict:
     """Run one action: finish and fail end the run; a repeated call is cached, refused, then stuck."""
     call = {"tool": action["tool"], "args": action["args"]}
-    if not isinstance(action["args"], dict):
-        return {**call, "result": failure(f"\"args\" of {action['tool']} must be a JSON object")}
+    if action.get("problem") or not isinstance(action["args"], dict):
+        return {**call, "result": failure(action.get("problem") or f"\"args\" of {action['tool']} must be a JSON object")}
     control = CONTROL_ACTIONS.get(action["tool"])
     if control:
         problem = check_args(control, action["args"])
@@ -391,8 +419,9 @@ def execute_call(action: dict, registry: Dict[str, Tool], watchdog: Watchdog, nu
                 "ends_run": "finished" if control is FINISH else "failed"}
     earlier = watchdog.earlier(action)
     times = len(earlier["rounds"]) if earlier else 0
+    call["watched"] = True
     if times == 0:
-        call["result"] = call_tool(action["tool"], action["args"], registry)
+        call["result"] = run_tool(call, registry, approve, settings)
     elif times == 1:
         call.update(result=earlier["result"], watchdog="cached",
                     note=prompts.render_cached_note(earlier["rounds"][0]))
@@ -405,27 +434,55 @@ def execute_call(action: dict, registry: Dict[str, Tool], watchdog: Watchdog, nu
     return call
 
 
-def execute(parsed: Parsed, registry: Dict[str, Tool], watchdog: Watchdog, number: int) -> List[dict]:
-    """Run the reply's first action (more than one: the model is told to send one at a time)."""
+def run_tool(call: dict, registry: Dict[str, Tool], approve: Optional[Approver], settings: Settings) -> dict:
+    """Call the tool, first asking the user when --approve or the tool's side effects say so."""
+    tool = registry.get(call["tool"])
+    if tool and (settings.approve or tool.side_effects) and not settings.yes:
+        if approve is None:
+            return failure(prompts.NO_TERMINAL, cancelled=True)
+        if not approve({"tool": call["tool"], "args": call["args"]}):
+            return failure(prompts.CANCELLED, cancelled=True)
+    return call_tool(call["tool"], call["args"], registry)
+
+
+def execute(parsed: Parsed, registry: Dict[str, Tool], watchdog: Watchdog, number: int,
+            approve: Optional[Approver], settings: Settings) -> List[dict]:
+    """Run a reply's actions in order; finish or fail count only last and after calls that all succeeded."""
     if parsed.problem:
         watchdog.format_errors_in_a_row += 1
         return []
     watchdog.format_errors_in_a_row = 0
-    return [execute_call(action, registry, watchdog, number) for action in parsed.actions[:1]]
+    calls: List[dict] = []
+    for index, action in enumerate(parsed.actions):
+        ids = {"id": action["id"]} if "id" in action else {}
+        failed = next((n for n, done in enumerate(calls, 1) if not done["result"].get("ok")), None)
+        if index >= settings.max_calls:
+            calls.append({"tool": action["tool"], "args": action["args"], **ids,
+                          "result": failure(prompts.OVER_CAP.format(cap=settings.max_calls))})
+        elif action["tool"] in CONTROL_ACTIONS and index < len(parsed.actions) - 1:
+            calls.append({"tool": action["tool"], "args": action["args"], **ids,
+                          "result": failure(prompts.NOT_LAST.format(tool=action["tool"]))})
+        elif action["tool"] in CONTROL_ACTIONS and failed:
+            calls.append({"tool": action["tool"], "args": action["args"], **ids,
+                          "result": failure(prompts.AFTER_FAILURE.format(number=failed, tool=calls[failed - 1]["tool"]))})
+        else:
+            calls.append({**execute_call(action, registry, watchdog, number, approve, settings), **ids})
+        if calls[-1].get("ends_run") == "stuck":
+            break
+    return calls
 
 
-def feed_back(parsed: Parsed, calls: List[dict], registry: Dict[str, Tool], settings: Settings) -> List[dict]:
-    """The messages that answer this round: each result (cut to size) and what the model should know."""
+def feed_back(parsed: Parsed, calls: List[dict], registry: Dict[str, Tool], settings: Settings,
+              mode: str) -> List[dict]:
+    """The messages that answer this round: each result, cut to size, labelled with its call."""
     if parsed.problem:
-        return [{"role": "user", "content": prompts.render_format_error(parsed.problem, [*registry, *CONTROL_ACTIONS])}]
-    parts = []
-    for call in calls:
-        parts.append(prompts.render_result(call, truncate_result(call["result"], settings.max_result_chars)))
-        if call.get("note"):
-            parts.append(call["note"])
-    if len(parsed.actions) > 1:
-        parts.append(prompts.ONE_ACTION_AT_A_TIME.format(count=len(parsed.actions)))
-    return [{"role": "user", "content": "\n".join(parts)}]
+        names = [*registry, *CONTROL_ACTIONS]
+        return [{"role": "user", "content": prompts.render_format_error(parsed.problem, names, mode)}]
+    lines = [prompts.render_call_result(n, call, truncate_result(call["result"], settings.max_result_chars))
+             for n, call in enumerate(calls, 1)]
+    if parsed.native and mode == "tools":  # every tool_call id gets its own answer
+        return [{"role": "tool", "tool_call_id": call["id"], "content": line} for call, line in zip(calls, lines)]
+    return [{"role": "user", "content": prompts.render_results(lines)}]
 
 
 def count_usage(reply: Reply, messages: List[dict]) -> Tuple[dict, bool]:
@@ -451,13 +508,47 @@ def add_usage(total: Dict[str, Any], record: dict) -> None:
         total["estimated"] = True
 
 
-def run(task: str, settings: Settings, ask_model: Callable[[List[dict]], Reply],
+@dataclass
+class Conversation:
+    """What every request is built from: the pinned goal, the mode, the rounds so far."""
+
+    task: str
+    registry: Dict[str, Tool]
+    settings: Settings
+    mode: str = "json"
+
+    def messages(self, records: List[dict]) -> List[dict]:
+        pinned = [{"role": "system", "content": prompts.render_system_prompt(
+                      self.registry, self.mode, self.settings.max_calls)},
+                  {"role": "user", "content": prompts.render_task(self.task)}]
+        return build_messages(pinned, records, self.settings.max_context, self.settings.keep_recent,
+                              native_tools=self.mode == "tools")
+
+    def options(self) -> dict:
+        return prompts.request_options(self.mode, self.registry, self.settings.max_calls)
+
+
+def ask(ask_model: Callable[..., Reply], conversation: Conversation, records: List[dict],
+        log: RunLog) -> Tuple[Reply, List[dict]]:
+    """Send the conversation; if the endpoint rejects this mode's schema or tools, fall back to json once."""
+    messages = conversation.messages(records)
+    try:
+        return ask_model(messages, **conversation.options()), messages
+    except EndpointError as error:
+        if conversation.mode == "json" or not error.rejects_request_options():
+            raise
+        log.fallback(conversation.mode, "json", str(error))
+        conversation.mode = "json"
+        messages = conversation.messages(records)
+        return ask_model(messages), messages
+
+
+def run(task: str, settings: Settings, ask_model: Callable[..., Reply],
         registry: Dict[str, Tool] = REGISTRY, log: Optional[RunLog] = None,
-        history: List[dict] = ()) -> RunResult:
+        history: List[dict] = (), approve: Optional[Approver] = None) -> RunResult:
     """Ask, parse, execute, feed back, until finish, fail, a limit or a stop; history resumes a run."""
     log = log or RunLog()
-    pinned = [{"role": "system", "content": prompts.render_system_prompt(registry)},
-              {"role": "user", "content": prompts.render_task(task)}]
+    conversation = Conversation(task, registry, settings, settings.mode)
     records, watchdog = list(history), Watchdog().replay(history)
     outcome = RunResult("max_rounds", rounds=len(records))
     for record in records:
@@ -466,45 +557,58 @@ def run(task: str, settings: Settings, ask_model: Callable[[List[dict]], Reply],
     if history:
         log.resume(task, settings.model, url, len(records))
     else:
-        log.start(task, settings.model, url, settings.max_rounds)
+        log.start(task, settings.model, url, settings.max_rounds, settings.mode)
+    if settings.approve and not settings.yes and approve is None:
+        log.note("--approve: there is no terminal to ask, so every tool call will be refused")
     try:
-        if request_size(pinned) > settings.max_context // 2:
+        if request_size(conversation.messages([])) > settings.max_context // 2:
             raise ConfigError(f"--max-context {settings.max_context} is too small: the system prompt and"
-                              f" task alone take {request_size(pinned)} characters")
+                              f" task alone take {request_size(conversation.messages([]))} characters")
         for number in range(len(records) + 1, settings.max_rounds + 1):
             if settings.max_tokens is not None and outcome.usage.get("total_tokens", 0) >= settings.max_tokens:
                 outcome.status = "budget"
                 break
-            messages = build_messages(pinned, records, settings.max_context, settings.keep_recent)
-            reply = ask_model(messages)
-            parsed = parse_reply(reply)
-            calls = execute(parsed, registry, watchdog, number)
-            usage, estimated = count_usage(reply, messages)
-            record = {"round": number, "model_output": reply.content,
-                      "action": {"tool": calls[0]["tool"], "args": calls[0]["args"]} if calls else None,
-                      "result": calls[0]["result"] if calls else failure("format error: " + parsed.problem),
-                      "calls": calls, "feedback": feed_back(parsed, calls, registry, settings),
-                      "latency_ms": reply.latency_ms, "usage": usage, "usage_estimated": estimated}
+            reply, messages = ask(ask_model, conversation, records, log)
+            parsed = parse_reply(reply, conversation.mode)
+            calls = execute(parsed, registry, watchdog, number, approve, settings)
+            record = make_record(number, reply, messages, parsed, calls,
+                                 feed_back(parsed, calls, registry, settings, conversation.mode), conversation.mode)
             records.append(record)
             outcome.rounds = number
             add_usage(outcome.usage, record)
             log.round(record, settings.max_rounds)
             ending = next((call for call in calls if call.get("ends_run")), None)
-            if watchdog.format_errors_in_a_row >= FORMAT_ERRORS_BEFORE_STUCK:
+            if watchdog.format_errors_in_a_row >= FORMAT_ERRORS_BEFORE_STUCK or (ending and ending["ends_run"] == "stuck"):
                 outcome.status = "stuck"
                 break
             if ending:
-                outcome.status = ending["ends_run"]
-                outcome.result = ending["result"]["data"] if outcome.status != "stuck" else None
+                outcome.status, outcome.result = ending["ends_run"], ending["result"]["data"]
                 break
     except AgentStop as stop:
         outcome.status, outcome.error, outcome.exception = stop.status, str(stop), stop
     except KeyboardInterrupt:
         outcome.status = "interrupted"
+    outcome.calls = [{"round": record["round"], "tool": call["tool"], "args": call["args"], "result": call["result"]}
+                     for record in records for call in record["calls"]]
     if outcome.status != "finished":
         outcome.progress = [digest_line(record, 200) for record in records]
     log.end(outcome)
     return outcome
+
+
+def make_record(number: int, reply: Reply, messages: List[dict], parsed: Parsed, calls: List[dict],
+                feedback: List[dict], mode: str) -> dict:
+    """One round as the trace file keeps it: enough to show it, and to rebuild the conversation."""
+    usage, estimated = count_usage(reply, messages)
+    record = {"round": number, "model_output": reply.content,
+              "action": {"tool": calls[0]["tool"], "args": calls[0]["args"]} if calls else None,
+              "result": calls[0]["result"] if calls else failure("format error: " + parsed.problem),
+              "calls": calls, "feedback": feedback, "mode": mode,
+              "latency_ms": reply.latency_ms, "usage": usage, "usage_estimated": estimated}
+    if parsed.native and mode == "tools":
+        record["tool_calls"] = [{"id": call["id"], "type": "function", "function": {
+            "name": call["tool"], "arguments": prompts.to_json(call["args"])}} for call in calls]
+    return record
 
 
 # --- the command line ------------------------------------------------------------------
@@ -517,6 +621,8 @@ ENVIRONMENT_HELP = f"""environment (also read from ./.env; the real environment 
   AGENT_MAX_TOKENS        default for --max-tokens (no cap)
   AGENT_MAX_CONTEXT       default for --max-context (24000)
   AGENT_MAX_RESULT_CHARS  a longer tool result is cut to head and tail (4000)
+  AGENT_MODE              default for --mode (json)
+  AGENT_MAX_CALLS         default for --max-calls (8)
   AGENT_RETRIES           default for --retries (3)
   AGENT_DEBUG=1           same as --debug
 
@@ -535,6 +641,15 @@ def build_parser() -> argparse.ArgumentParser:
                         help="stop before the next request once the run has used N tokens (default: no cap)")
     parser.add_argument("--max-context", type=int, metavar="CHARS",
                         help="fold the oldest rounds into a digest to keep each request under CHARS (default 24000)")
+    parser.add_argument("--mode", choices=MODES,
+                        help="how actions are asked for: json in the text, json constrained by a schema,"
+                             " or native tool calls (default json)")
+    parser.add_argument("--max-calls", type=int, metavar="N", help="actions run per reply at most (default 8)")
+    parser.add_argument("--tools", metavar="NAME,NAME",
+                        help=f"expose only these tools (available: {', '.join(REGISTRY)}); finish and fail always")
+    parser.add_argument("--approve", action="store_true", help="ask y/N on the terminal before each tool call")
+    parser.add_argument("--yes", action="store_true",
+                        help="run every call without asking, even tools marked as having side effects")
     parser.add_argument("--timeout", type=float, default=30.0, metavar="SECONDS",
                         help="per model request (default 30)")
     parser.add_argument("--retries", type=int, metavar="N",
@@ -572,7 +687,14 @@ def load_settings(args: argparse.Namespace, environment: Dict[str, str]) -> Sett
         max_tokens=setting(args.max_tokens, environment, "AGENT_MAX_TOKENS", None),
         max_context=setting(args.max_context, environment, "AGENT_MAX_CONTEXT", 24_000),
         max_result_chars=setting(None, environment, "AGENT_MAX_RESULT_CHARS", 4_000),
+        mode=args.mode or environment.get("AGENT_MODE") or "json",
+        max_calls=setting(args.max_calls, environment, "AGENT_MAX_CALLS", 8),
+        approve=args.approve, yes=args.yes,
     )
+    if settings.mode not in MODES:
+        raise ConfigError(f"AGENT_MODE must be one of {', '.join(MODES)}, got {settings.mode!r}")
+    if settings.max_calls < 1:
+        raise ConfigError("--max-calls must be at least 1")
     if settings.max_rounds < 1:
         raise ConfigError("--max-rounds must be at least 1")
     if settings.timeout <= 0:
@@ -602,6 +724,24 @@ def read_environment() -> Dict[str, str]:
     dotenv_file = Path.cwd() / ".env"
     from_file = {k: v for k, v in dotenv_values(dotenv_file).items() if v is not None} if dotenv_file.is_file() else {}
     return {**from_file, **os.environ}
+
+
+def allowed_tools(names: Optional[str]) -> Dict[str, Tool]:
+    """The registry cut down to --tools NAME,NAME; an unknown name is a usage error."""
+    if names is None:
+        return REGISTRY
+    wanted = [name.strip() for name in names.split(",") if name.strip()]
+    unknown = [name for name in wanted if name not in REGISTRY and name not in CONTROL_ACTIONS]
+    if unknown:
+        raise ConfigError(f"--tools: unknown tool {', '.join(unknown)} (available: {', '.join(REGISTRY)})")
+    return {name: tool for name, tool in REGISTRY.items() if name in wanted}
+
+
+def ask_on_terminal(call: dict) -> bool:
+    """Ask y/N about one call on the terminal; anything but yes is no."""
+    print(f"approve {call['tool']} {prompts.to_json(call['args'])}? [y/N] ", end="", file=sys.stderr, flush=True)
+    answer = sys.stdin.readline()
+    return answer.strip().lower() in ("y", "yes")
 
 
 def prepare(args: argparse.Namespace, task: str, environment: Dict[str, str]) -> Tuple[Settings, str, List[dict], str]:
@@ -640,13 +780,16 @@ def main(argv: Optional[List[str]] = None) -> int:
     secret = (environment.get("LLM_API_KEY") or "").strip() or None
     try:
         settings, task, history, trace_path = prepare(args, task, environment)
+        registry = allowed_tools(args.tools)
         log = open_log(human, trace_path, secret)
     except ConfigError as error:
         outcome = RunResult("error", error=str(error), exception=error)
     else:
         client = ModelClient(settings)
+        approve = ask_on_terminal if sys.stdin is not None and sys.stdin.isatty() else None
         try:
-            outcome = run(task, settings, client.ask, log=log, history=history)
+            outcome = run(task, settings, client.ask, registry=registry, log=log, history=history,
+                          approve=approve)
         finally:
             client.close()
             log.close()

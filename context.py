@@ -53,20 +53,24 @@ def truncate_result(result: dict, max_chars: int) -> dict:
             "original_chars": len(text)}
 
 
-def assistant_message(record: dict) -> dict:
+def assistant_message(record: dict, native_tools: bool = False) -> dict:
     """The model's turn as it is re-sent: without think blocks, never empty."""
     text = strip_think(record.get("model_output") or "").strip()
-    if not text and record.get("action"):
-        text = prompts.to_json(record["action"])
-    message = {"role": "assistant", "content": text or "(empty reply)"}
-    if record.get("tool_calls"):
-        message["tool_calls"] = record["tool_calls"]
-    return message
+    if native_tools and record.get("tool_calls"):
+        return {"role": "assistant", "content": text, "tool_calls": record["tool_calls"]}
+    if not text and record.get("calls"):
+        actions = [{"tool": call["tool"], "args": call["args"]} for call in record["calls"]]
+        text = prompts.to_json(actions[0] if len(actions) == 1 else actions)
+    return {"role": "assistant", "content": text or "(empty reply)"}
 
 
-def round_messages(record: dict) -> List[dict]:
+def round_messages(record: dict, native_tools: bool = False) -> List[dict]:
     """The messages one completed round adds to the conversation."""
-    return [assistant_message(record), *record["feedback"]]
+    feedback = record["feedback"]
+    if not native_tools and any(message["role"] == "tool" for message in feedback):
+        # A tools-mode round re-sent without function calling (after a fallback or a resume).
+        feedback = [{"role": "user", "content": prompts.render_results([m["content"] for m in feedback])}]
+    return [assistant_message(record, native_tools), *feedback]
 
 
 def digest_line(record: dict, result_chars: int) -> str:
@@ -90,9 +94,9 @@ def _call_summary(call: dict, result_chars: int) -> str:
 
 
 def build_messages(pinned: List[dict], records: List[dict], max_chars: int, keep_recent: int = 4,
-                   digest_result_chars: int = 400) -> List[dict]:
+                   digest_result_chars: int = 400, native_tools: bool = False) -> List[dict]:
     """The messages for the next request, folding the oldest rounds until they fit max_chars."""
-    turns = [round_messages(record) for record in records]
+    turns = [round_messages(record, native_tools) for record in records]
     turn_sizes = [request_size(turn) for turn in turns]
     lines = [digest_line(record, digest_result_chars) for record in records]
     base = request_size(pinned)

@@ -48,9 +48,17 @@ class RunLog:
             self.trace_file.write(redact(line, self.secret) + "\n")
             self.trace_file.flush()  # a crash loses at most the round in flight
 
-    def start(self, task: str, model: str, url: str, max_rounds: int) -> None:
-        self.say(f"task: {task}\nmodel: {model} at {url}")
-        self.record("start", task=task, model=model, url=url, max_rounds=max_rounds, ts=time.time())
+    def start(self, task: str, model: str, url: str, max_rounds: int, mode: str = "json") -> None:
+        self.say(f"task: {task}\nmodel: {model} at {url} ({mode} mode)")
+        self.record("start", task=task, model=model, url=url, max_rounds=max_rounds, mode=mode, ts=time.time())
+
+    def fallback(self, from_mode: str, to_mode: str, error: str) -> None:
+        self.say(f"note: the endpoint rejected {from_mode} mode ({error}); falling back to {to_mode} mode")
+        self.record("fallback", from_mode=from_mode, to_mode=to_mode, error=error, ts=time.time())
+
+    def note(self, text: str) -> None:
+        self.say(f"note: {text}")
+        self.record("note", text=text, ts=time.time())
 
     def resume(self, task: str, model: str, url: str, done_rounds: int) -> None:
         self.say(f"resuming after round {done_rounds}: {task}\nmodel: {model} at {url}")
@@ -59,8 +67,10 @@ class RunLog:
     def round(self, record: dict, max_rounds: int) -> None:
         self.say(f"\n--- round {record['round']}/{max_rounds} ---")
         self.say("model: " + (record["model_output"].strip() or prompts.to_json(record.get("tool_calls"))))
-        for call in record["calls"]:
-            self.say(f"action: {call['tool']} {prompts.to_json(call['args'])}")
+        calls = record["calls"]
+        for number, call in enumerate(calls, 1):
+            label = f"action {number}/{len(calls)}" if len(calls) > 1 else "action"
+            self.say(f"{label}: {call['tool']} {prompts.to_json(call['args'])}")
             if call.get("watchdog"):
                 self.say(f"watchdog: {call['watchdog']}")
             if not call.get("ends_run"):
@@ -74,7 +84,7 @@ class RunLog:
             self.say(f"\n=== {outcome.summary()} ===")
         for line in outcome.progress:
             self.say(f"  {line}")
-        self.record("end", **{k: v for k, v in outcome.to_json().items() if k != "progress"})
+        self.record("end", **{k: v for k, v in outcome.to_json().items() if k != "calls"})
 
     def close(self) -> None:
         if self.trace_file:

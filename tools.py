@@ -130,6 +130,14 @@ _JSON_TYPES = {"string": str, "number": (int, float), "integer": int,
                "boolean": bool, "object": dict, "array": list}
 
 
+def parameters_schema(tool: Tool) -> dict:
+    """The JSON schema of a tool's arguments, for constrained decoding and function calling."""
+    properties = {name: {"description": arg.description, **({} if arg.type == "any" else {"type": arg.type})}
+                  for name, arg in tool.args.items()}
+    return {"type": "object", "properties": properties, "required": list(tool.args),
+            "additionalProperties": False}
+
+
 def check_args(tool: Tool, args: dict) -> Optional[str]:
     """Say what is wrong with args for tool, or None when they fit its spec."""
     missing = [name for name in tool.args if name not in args]

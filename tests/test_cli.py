@@ -44,8 +44,11 @@ def test_json_prints_exactly_one_object_and_the_trace_on_stderr(serve, capsys):
     serve(GOOD_RUN)
     assert main(["--json", TASK]) == 0
     out, err = capsys.readouterr()
-    assert json.loads(out) == {"status": "finished", "result": "1536; A1002 is 待支付", "rounds": 4,
-                               "usage": {"prompt_tokens": 40, "completion_tokens": 20, "total_tokens": 60}}
+    printed = json.loads(out)
+    assert printed.pop("calls")[2] == {"round": 3, "tool": "get_order_status", "args": {"order_id": "A1002"},
+                                       "result": {"ok": True, "data": {"order_id": "A1002", "status": "待支付"}}}
+    assert printed == {"status": "finished", "result": "1536; A1002 is 待支付", "rounds": 4,
+                       "usage": {"prompt_tokens": 40, "completion_tokens": 20, "total_tokens": 60}}
     assert "--- round 4/6 ---" in err
 
 
@@ -168,7 +171,7 @@ def test_no_key_for_a_local_server_sends_no_authorization(serve, capsys):
 def test_settings_come_from_dotenv_but_the_environment_wins(serve, monkeypatch, tmp_path):
     server = serve([act("finish", result="ok")], key=None)
     (tmp_path / ".env").write_text("LLM_API_URL=http://127.0.0.1:1/v1\nLLM_MODEL=from-dotenv\n"
-                                   f"LLM_API_KEY=sk-from-dotenv\n")
+                                   "LLM_API_KEY=sk-from-dotenv\n")
     assert main(["--quiet", "hi"]) == 0
     sent = server.requests[0]
     assert sent["body"]["model"] == "from-dotenv"

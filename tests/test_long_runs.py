@@ -1,7 +1,6 @@
 """Long tasks: token budget, what is re-sent each round, the loop watchdog."""
 import json
 
-import pytest
 
 from agent_demo import Reply, RunLog, Settings, main, run
 from context import request_size

@@ -68,12 +68,14 @@ def test_native_tool_calls_are_read_when_the_content_is_empty():
         {"id": "call_1", "type": "function",
          "function": {"name": "calculator", "arguments": '{"expression": "12 + 500"}'}},
         {"id": "call_2", "type": "function", "function": {"name": "finish", "arguments": "{}"}}])
-    assert parse_reply(reply).actions[0] == CALC
+    parsed = parse_reply(reply)
+    assert parsed.native and parsed.actions == [{**CALC, "id": "call_1"},
+                                                {"tool": "finish", "args": {}, "id": "call_2"}]
 
 
-def test_native_tool_call_with_broken_arguments_is_a_format_error():
+def test_native_tool_call_with_broken_arguments_carries_its_problem():
     reply = Reply(content="", tool_calls=[{"function": {"name": "calculator", "arguments": "{oops"}}])
-    assert "not valid JSON" in parse_reply(reply).problem
+    assert parse_reply(reply).actions[0]["problem"] == "the arguments of calculator are not valid JSON"
 
 
 @given(st.text(max_size=200))

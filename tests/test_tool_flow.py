@@ -1,0 +1,292 @@
+"""Tool flow: batches, the three modes, the fallback, the allowlist, approval."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from agent_demo import Reply, RunLog, Settings, main, run
+from scripted_server import ScriptedServer, action as act
+from tools import REGISTRY, Arg, Tool
+
+ROOT = Path(__file__).resolve().parent.parent
+MISSION = "compute (12 + 500) * 3 and look up order A1002"
+
+
+class ScriptedModel:
+    """Plays replies (text or Reply) in order and keeps what each request carried."""
+
+    def __init__(self, *replies):
+        self.replies, self.requests = list(replies), []
+
+    def __call__(self, messages, **options):
+        self.requests.append({"messages": messages, **options})
+        reply = self.replies[min(len(self.requests), len(self.replies)) - 1]
+        return reply if isinstance(reply, Reply) else Reply(content=reply)
+
+
+def batch(*actions):
+    return json.dumps([json.loads(a) for a in actions], ensure_ascii=False)
+
+
+def play(model, registry=REGISTRY, approver=None, log=None, **settings):
+    return run(MISSION, Settings(**settings), model, registry=registry, approve=approver, log=log)
+
+
+def fed_back_lines(model, request_index):
+    """The JSON result lines fed back in the last user message of a request."""
+    return [json.loads(line) for line in model.requests[request_index]["messages"][-1]["content"].splitlines()[1:]]
+
+
+# --- batches -------------------------------------------------------------------------------
+
+def test_a_batching_model_finishes_the_mission_in_3_requests():
+    model = ScriptedModel(batch(act("calculator", expression="12 + 500"), act("get_order_status", order_id="A1002")),
+                          act("calculator", expression="512 * 3"),
+                          act("finish", result="1536; A1002 待支付"))
+    outcome = play(model)
+    assert (outcome.status, outcome.rounds, len(model.requests)) == ("finished", 3, 3)
+    first = fed_back_lines(model, 1)
+    assert [(line["call"], line["tool"], line["result"]["ok"]) for line in first] == [
+        (1, "calculator", True), (2, "get_order_status", True)]
+    assert first[1]["result"]["data"]["status"] == "待支付"
+    assert [(c["round"], c["tool"]) for c in outcome.calls] == [
+        (1, "calculator"), (1, "get_order_status"), (2, "calculator"), (3, "finish")]
+
+
+def test_a_batch_runs_in_order_and_a_failure_does_not_stop_the_rest():
+    model = ScriptedModel(batch(act("calculator", expression="1 + 1"), act("calculator", expression="1 / 0"),
+                                act("get_order_status", order_id="A1003")), act("finish", result="x"))
+    play(model)
+    lines = fed_back_lines(model, 1)
+    assert [line["result"]["ok"] for line in lines] == [True, False, True]
+    assert "division by zero" in lines[1]["result"]["error"]
+
+
+def test_finish_that_is_not_last_is_not_accepted_and_the_run_goes_on():
+    model = ScriptedModel(batch(act("finish", result="too early"), act("calculator", expression="2 + 2")),
+                          act("finish", result=4))
+    outcome = play(model)
+    lines = fed_back_lines(model, 1)
+    assert lines[0]["result"] == {"ok": False, "error": "not accepted: finish may only come last in a reply;"
+                                  " send it alone or after the other calls"}
+    assert lines[1]["result"] == {"ok": True, "data": 4}
+    assert (outcome.status, outcome.result, outcome.rounds) == ("finished", 4, 2)
+
+
+def test_finish_after_a_failed_call_is_not_accepted():
+    model = ScriptedModel(batch(act("calculator", expression="1 / 0"), act("finish", result="guess")),
+                          act("fail", reason="cannot divide by zero"))
+    outcome = play(model)
+    assert fed_back_lines(model, 1)[1]["result"]["error"] == (
+        "not accepted: call 1 (calculator) did not succeed; read its result before ending the run")
+    assert (outcome.status, outcome.result) == ("failed", "cannot divide by zero")
+
+
+def test_finish_last_after_calls_that_succeeded_ends_the_run_in_that_round():
+    model = ScriptedModel(batch(act("calculator", expression="2 + 2"), act("finish", result="4")))
+    outcome = play(model)
+    assert (outcome.status, outcome.result, outcome.rounds) == ("finished", "4", 1)
+
+
+def test_calls_over_the_cap_are_not_run():
+    calls = []
+    registry = {**REGISTRY, "count": Tool("count", "Count.", {"n": Arg("number", "n", 1)}, lambda n: calls.append(n))}
+    model = ScriptedModel(batch(*[json.dumps({"tool": "count", "args": {"n": n}}) for n in range(10)]),
+                          act("finish", result="x"))
+    play(model, registry=registry, max_calls=8)
+    assert calls == list(range(8))
+    lines = fed_back_lines(model, 1)
+    assert len(lines) == 10
+    assert lines[9]["result"]["error"] == "not run: at most 8 calls per reply; send the rest in the next reply"
+
+
+# --- schema and tools modes ------------------------------------------------------------------
+
+def test_schema_mode_sends_the_action_schema_rendered_from_the_registry():
+    model = ScriptedModel('{"actions": [' + act("finish", result="ok") + "]}")
+    outcome = play(model, mode="schema")
+    assert outcome.status == "finished"
+    response_format = model.requests[0]["response_format"]
+    assert response_format["type"] == "json_schema"
+    schema = response_format["json_schema"]["schema"]
+    assert schema["required"] == ["actions"] and schema["properties"]["actions"]["maxItems"] == 8
+    branches = schema["properties"]["actions"]["items"]["anyOf"]
+    assert [b["properties"]["tool"]["enum"] for b in branches] == [
+        ["calculator"], ["get_order_status"], ["finish"], ["fail"]]
+    assert branches[0]["properties"]["args"] == {
+        "type": "object", "properties": {"expression": {"type": "string", "description": "e.g. '12 + 500' or '-3 * 4'"}},
+        "required": ["expression"], "additionalProperties": False}
+    assert '{"actions": [' in model.requests[0]["messages"][0]["content"]
+
+
+def tool_call(call_id, name, **args):
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": json.dumps(args)}}
+
+
+def test_tools_mode_sends_schemas_reads_tool_calls_and_answers_each_id():
+    model = ScriptedModel(
+        Reply(content="<think>two independent calls</think>", tool_calls=[
+            tool_call("c1", "calculator", expression="12 + 500"), tool_call("c2", "get_order_status", order_id="A1002")]),
+        Reply(content="", tool_calls=[tool_call("c3", "finish", result="done")]))
+    outcome = play(model, mode="tools")
+    assert (outcome.status, outcome.result) == ("finished", "done")
+    tools = model.requests[0]["tools"]
+    assert [t["function"]["name"] for t in tools] == ["calculator", "get_order_status", "finish", "fail"]
+    assert tools[1]["function"]["parameters"]["required"] == ["order_id"]
+    assert "response_format" not in model.requests[0]
+    second = model.requests[1]["messages"]
+    assert second[2]["role"] == "assistant" and second[2]["content"] == ""
+    assert [c["id"] for c in second[2]["tool_calls"]] == ["c1", "c2"]
+    assert [(m["role"], m["tool_call_id"]) for m in second[3:]] == [("tool", "c1"), ("tool", "c2")]
+    assert json.loads(second[3]["content"])["result"] == {"ok": True, "data": 512}
+
+
+def test_tools_mode_plain_text_without_calls_is_a_format_error():
+    model = ScriptedModel("I think the answer is 1536.", Reply(content="", tool_calls=[tool_call("c1", "finish", result=1)]))
+    outcome = play(model, mode="tools")
+    assert outcome.status == "finished"
+    said = model.requests[1]["messages"][-1]
+    assert said["role"] == "user" and "no JSON object found" in said["content"]
+    assert "function calling" in said["content"]
+
+
+@pytest.mark.parametrize("mode", ["json", "schema", "tools"])
+def test_the_mission_runs_in_3_requests_in_each_mode_against_the_server(serve, capsys, mode):
+    if mode == "tools":
+        replies = [{"tool_calls": [tool_call("a", "calculator", expression="12 + 500"),
+                                   tool_call("b", "get_order_status", order_id="A1002")]},
+                   {"tool_calls": [tool_call("c", "calculator", expression="512 * 3")]},
+                   {"tool_calls": [tool_call("d", "finish", result="1536; A1002 待支付")]}]
+    else:
+        wrap = (lambda text: '{"actions": [' + text.strip("[]") + "]}") if mode == "schema" else (lambda text: text)
+        replies = [wrap(batch(act("calculator", expression="12 + 500"), act("get_order_status", order_id="A1002"))),
+                   wrap(act("calculator", expression="512 * 3")), wrap(act("finish", result="1536; A1002 待支付"))]
+    server = serve(replies)
+    assert main(["--json", "--mode", mode, MISSION]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert (out["status"], out["rounds"], len(server.requests)) == ("finished", 3, 3)
+    assert [(c["round"], c["tool"]) for c in out["calls"]][:2] == [(1, "calculator"), (1, "get_order_status")]
+    assert ("tools" in server.requests[0]["body"]) == (mode == "tools")
+    assert ("response_format" in server.requests[0]["body"]) == (mode == "schema")
+
+
+# --- falling back to json --------------------------------------------------------------------
+
+@pytest.mark.parametrize("mode, field", [("schema", "response_format"), ("tools", "tools")])
+def test_a_400_for_schema_or_tools_falls_back_to_json_once_and_says_so(serve, capsys, tmp_path, mode, field):
+    server = serve([{"status": 400, "body": {"error": {"message": f"unsupported parameter: {field}"}}},
+                    act("finish", result="ok")])
+    trace = tmp_path / "t.jsonl"
+    assert main(["--mode", mode, "--trace", str(trace), "hi"]) == 0
+    assert field in server.requests[0]["body"]
+    assert field not in server.requests[1]["body"]
+    assert "Reply with one JSON object and nothing else: {\"tool\"" in server.sent_messages(1)[0]["content"]
+    assert f"note: the endpoint rejected {mode} mode" in capsys.readouterr().out
+    fallback = [json.loads(line) for line in trace.read_text().splitlines() if '"fallback"' in line]
+    assert fallback[0]["from_mode"] == mode and fallback[0]["to_mode"] == "json"
+
+
+def test_a_server_error_naming_response_format_also_falls_back(serve, capsys):
+    server = serve([{"status": 500, "body": {"error": {"message": "('body', 'response_format', 'type')"}}},
+                    act("finish", result="ok")])
+    assert main(["--mode", "schema", "--retries", "0", "--quiet", "hi"]) == 0
+    assert len(server.requests) == 2
+
+
+def test_the_fallback_happens_once(serve, capsys):
+    server = serve([{"status": 400, "body": {"error": {"message": "bad request"}}}])
+    assert main(["--mode", "schema", "hi"]) == 3
+    assert len(server.requests) == 2
+    assert "request rejected (HTTP 400): bad request" in capsys.readouterr().err
+
+
+def test_json_mode_does_not_fall_back(serve, capsys):
+    server = serve([{"status": 400, "body": {"error": {"message": "bad request"}}}])
+    assert main(["hi"]) == 3
+    assert len(server.requests) == 1
+
+
+def test_an_unknown_mode_is_a_usage_error(capsys, monkeypatch):
+    monkeypatch.setenv("AGENT_MODE", "xml")
+    monkeypatch.setenv("LLM_API_URL", "http://127.0.0.1:9/v1")
+    assert main(["hi"]) == 2
+    assert "AGENT_MODE must be one of json, schema, tools" in capsys.readouterr().err
+
+
+# --- the allowlist ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("mode", ["json", "schema", "tools"])
+def test_the_allowlist_exposes_only_the_named_tools(serve, capsys, mode):
+    server = serve([act("get_order_status", order_id="A1002"), act("finish", result="x")])
+    assert main(["--tools", "calculator", "--mode", mode, "--quiet", "hi"]) == 0
+    body = json.dumps(server.requests[0]["body"], ensure_ascii=False)
+    assert "calculator" in body and "get_order_status" not in body
+    fed_back = server.sent_messages(1)[-1]["content"]
+    assert "unknown tool 'get_order_status'" in fed_back
+    assert '"available_tools": ["calculator", "fail", "finish"]' in fed_back
+
+
+def test_an_unknown_name_in_the_allowlist_is_a_usage_error(capsys, monkeypatch):
+    monkeypatch.setenv("LLM_API_URL", "http://127.0.0.1:9/v1")
+    assert main(["--tools", "calculator,rm_rf", "hi"]) == 2
+    assert "--tools: unknown tool rm_rf" in capsys.readouterr().err
+
+
+# --- approval --------------------------------------------------------------------------------
+
+def test_approval_yes_runs_the_call_after_asking():
+    asked = []
+    model = ScriptedModel(act("calculator", expression="2 + 2"), act("finish", result=4))
+    play(model, approver=lambda call: asked.append(call) or True, approve=True)
+    assert asked == [{"tool": "calculator", "args": {"expression": "2 + 2"}}]
+    assert fed_back_lines(model, 1)[0]["result"] == {"ok": True, "data": 4}
+
+
+def test_approval_no_feeds_back_a_cancelled_call():
+    model = ScriptedModel(act("calculator", expression="2 + 2"), act("fail", reason="not allowed"))
+    play(model, approver=lambda call: False, approve=True)
+    assert fed_back_lines(model, 1)[0]["result"] == {
+        "ok": False, "error": "cancelled: the user did not approve this call", "cancelled": True}
+
+
+def test_a_tool_with_side_effects_always_asks_unless_yes():
+    sent = []
+    registry = {**REGISTRY, "send_email": Tool("send_email", "Send an email.", {"to": Arg("string", "to", "a@b")},
+                                               lambda to: sent.append(to) or "sent", side_effects=True)}
+    model = ScriptedModel(act("send_email", to="x@y"), act("finish", result="done"))
+    play(model, registry=registry, approver=lambda call: False)
+    assert sent == [] and fed_back_lines(model, 1)[0]["result"]["cancelled"] is True
+    model = ScriptedModel(act("send_email", to="x@y"), act("finish", result="done"))
+    play(model, registry=registry, approver=lambda call: False, yes=True)
+    assert sent == ["x@y"]
+
+
+def test_approve_without_a_terminal_refuses_every_call_and_says_so(serve, capsys, tmp_path):
+    server = serve([act("calculator", expression="2 + 2"), act("fail", reason="refused")])
+    trace = tmp_path / "t.jsonl"
+    assert main(["--approve", "--trace", str(trace), "hi"]) == 1
+    out = capsys.readouterr().out
+    assert "note: --approve: there is no terminal to ask, so every tool call will be refused" in out
+    assert "there is no terminal to ask" in server.sent_messages(1)[-1]["content"]
+    assert [json.loads(line)["event"] for line in trace.read_text().splitlines()][:2] == ["start", "note"]
+
+
+def test_approve_asks_on_a_real_terminal(tmp_path):
+    import pty
+    with ScriptedServer([act("calculator", expression="2 + 2"), act("finish", result="four")]) as server:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("LLM_", "AGENT_"))}
+        env["LLM_API_URL"] = server.url
+        controller, terminal = pty.openpty()
+        process = subprocess.Popen([sys.executable, str(ROOT / "agent_demo.py"), "--approve", "--quiet", "hi"],
+                                   stdin=terminal, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                   env=env, cwd=tmp_path)
+        os.write(controller, b"y\n")
+        out, err = process.communicate(timeout=30)
+        os.close(controller)
+        os.close(terminal)
+    assert process.returncode == 0 and out == b"four\n"
+    assert b'approve calculator {"expression": "2 + 2"}? [y/N]' in err
+    assert '"data": 4' in server.sent_messages(1)[-1]["content"]
