@@ -22,7 +22,7 @@ from requests.adapters import HTTPAdapter
 from urllib3.util.retry import Retry
 
 import prompts
-from context import build_messages, digest_line, request_size, strip_think, truncate_result
+from context import build_messages, digest_line, request_size, shorten_args, strip_think, truncate_result
 from runlog import RunLog, load_trace, redact
 from tools import CONTROL_ACTIONS, FINISH, REGISTRY, Tool, call_tool, check_args, failure
 
@@ -360,7 +360,8 @@ class RunResult:
             "failed": f"not completed: the model gave up after {self.rounds} round(s): {self.result}",
             "max_rounds": f"not completed: round limit reached after {self.rounds} round(s){tokens}",
             "budget": f"not completed: token budget spent after {self.rounds} round(s){tokens}",
-            "stuck": f"not completed: the model is stuck repeating itself (round {self.rounds})",
+            "stuck": f"not completed: the model is stuck, repeating a call or sending no usable action"
+                     f" (round {self.rounds})",
             "interrupted": f"interrupted after {self.rounds} completed round(s)",
         }.get(self.status, f"error after {self.rounds} round(s): {self.error}")
 
@@ -478,7 +479,8 @@ def feed_back(parsed: Parsed, calls: List[dict], registry: Dict[str, Tool], sett
     if parsed.problem:
         names = [*registry, *CONTROL_ACTIONS]
         return [{"role": "user", "content": prompts.render_format_error(parsed.problem, names, mode)}]
-    lines = [prompts.render_call_result(n, call, truncate_result(call["result"], settings.max_result_chars))
+    lines = [prompts.render_call_result(n, {**call, "args": shorten_args(call["args"])},
+                                        truncate_result(call["result"], settings.max_result_chars))
              for n, call in enumerate(calls, 1)]
     if parsed.native and mode == "tools":  # every tool_call id gets its own answer
         return [{"role": "tool", "tool_call_id": call["id"], "content": line} for call, line in zip(calls, lines)]
@@ -518,11 +520,16 @@ class Conversation:
     mode: str = "json"
 
     def messages(self, records: List[dict]) -> List[dict]:
+        """The messages for the next request; with the rest of the body they fit --max-context."""
         pinned = [{"role": "system", "content": prompts.render_system_prompt(
                       self.registry, self.mode, self.settings.max_calls)},
                   {"role": "user", "content": prompts.render_task(self.task)}]
-        return build_messages(pinned, records, self.settings.max_context, self.settings.keep_recent,
-                              native_tools=self.mode == "tools")
+        return build_messages(pinned, records, self.settings.max_context - self.body_size([]),
+                              self.settings.keep_recent, native_tools=self.mode == "tools")
+
+    def body_size(self, messages: List[dict]) -> int:
+        """Characters of the whole request body as it goes on the wire."""
+        return len(json.dumps({"model": self.settings.model, "messages": messages, **self.options()}))
 
     def options(self) -> dict:
         return prompts.request_options(self.mode, self.registry, self.settings.max_calls)
@@ -555,15 +562,16 @@ def run(task: str, settings: Settings, ask_model: Callable[..., Reply],
         add_usage(outcome.usage, record)
     url = chat_completions_url(settings.url)
     if history:
-        log.resume(task, settings.model, url, len(records))
+        log.resume(task, settings.model, url, len(records), settings.max_rounds, settings.mode, settings.max_tokens)
     else:
-        log.start(task, settings.model, url, settings.max_rounds, settings.mode)
+        log.start(task, settings.model, url, settings.max_rounds, settings.mode, settings.max_tokens)
     if settings.approve and not settings.yes and approve is None:
         log.note("--approve: there is no terminal to ask, so every tool call will be refused")
     try:
-        if request_size(conversation.messages([])) > settings.max_context // 2:
-            raise ConfigError(f"--max-context {settings.max_context} is too small: the system prompt and"
-                              f" task alone take {request_size(conversation.messages([]))} characters")
+        bare = conversation.body_size(conversation.messages([]))
+        if bare > settings.max_context // 2:
+            raise ConfigError(f"--max-context {settings.max_context} is too small: the system prompt,"
+                              f" task and tool schemas alone take {bare} characters")
         for number in range(len(records) + 1, settings.max_rounds + 1):
             if settings.max_tokens is not None and outcome.usage.get("total_tokens", 0) >= settings.max_tokens:
                 outcome.status = "budget"
@@ -590,7 +598,7 @@ def run(task: str, settings: Settings, ask_model: Callable[..., Reply],
         outcome.status = "interrupted"
     outcome.calls = [{"round": record["round"], "tool": call["tool"], "args": call["args"], "result": call["result"]}
                      for record in records for call in record["calls"]]
-    if outcome.status != "finished":
+    if outcome.status not in ("finished", "failed"):  # what was done, for a run cut short
         outcome.progress = [digest_line(record, 200) for record in records]
     log.end(outcome)
     return outcome
@@ -757,6 +765,13 @@ def prepare(args: argparse.Namespace, task: str, environment: Dict[str, str]) ->
         start, rounds = load_trace(args.resume)
     except ValueError as error:
         raise ConfigError(str(error)) from None
+    # The run's own limits hold across resumes unless the user sets them again.
+    if args.max_rounds is None and not environment.get("AGENT_MAX_ROUNDS") and isinstance(start.get("max_rounds"), int):
+        settings.max_rounds = start["max_rounds"]
+    if args.max_tokens is None and not environment.get("AGENT_MAX_TOKENS") and isinstance(start.get("max_tokens"), int):
+        settings.max_tokens = start["max_tokens"]
+    if args.mode is None and not environment.get("AGENT_MODE") and start.get("mode") in MODES:
+        settings.mode = start["mode"]
     return settings, start["task"], rounds, args.resume
 
 
@@ -807,7 +822,8 @@ def report(outcome: RunResult, args: argparse.Namespace, secret: Optional[str]) 
     if outcome.status == "error":
         print(redact(f"agent-demo: error: {outcome.error}", secret), file=sys.stderr)
     elif outcome.status != "finished" and args.quiet:  # otherwise the trace ended with it
-        print(redact(f"agent-demo: {outcome.summary()}", secret), file=sys.stderr)
+        lines = [f"agent-demo: {outcome.summary()}", *(f"  {line}" for line in outcome.progress)]
+        print(redact("\n".join(lines), secret), file=sys.stderr)
     return outcome.exit_code
 
 

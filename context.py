@@ -5,7 +5,7 @@ records the trace file holds), so a resumed run sends what the original would ha
 """
 import json
 import re
-from typing import List
+from typing import Any, List
 
 import prompts
 
@@ -49,8 +49,16 @@ def truncate_result(result: dict, max_chars: int) -> dict:
     key = "data" if "data" in result else "error"
     value = result.get(key)
     text = value if isinstance(value, str) else prompts.to_json(value)
-    return {"ok": result.get("ok"), key: _cut(text, max_chars), "truncated": True,
-            "original_chars": len(text)}
+    rest = {name: _cut(prompts.to_json(v), 200) if len(prompts.to_json(v)) > 200 else v
+            for name, v in result.items() if name != key}
+    room = max(100, max_chars - len(prompts.to_json(rest)) - 100)  # 100: the marker and the two new fields
+    return {**rest, key: _cut(text, room), "truncated": True, "original_chars": len(text)}
+
+
+def shorten_args(args: Any, max_chars: int = 200) -> Any:
+    """Arguments as a label: unchanged when short, else their JSON cut to head and tail."""
+    text = prompts.to_json(args)
+    return args if len(text) <= max_chars else _cut(text, max_chars)
 
 
 def assistant_message(record: dict, native_tools: bool = False) -> dict:
@@ -74,23 +82,23 @@ def round_messages(record: dict, native_tools: bool = False) -> List[dict]:
 
 
 def digest_line(record: dict, result_chars: int) -> str:
-    """One folded round: each call and its result, without the model's prose."""
+    """One folded round: each call and its result, without the model's prose; bounded in length."""
     calls = record.get("calls") or []
     if not calls:
-        return f"round {record['round']}: no valid action ({record['result'].get('error')})"
+        return f"round {record['round']}: no valid action ({_cut(str(record['result'].get('error')), result_chars)})"
     return f"round {record['round']}: " + "; ".join(_call_summary(call, result_chars) for call in calls)
+
+
+def _as_text(value: Any) -> str:
+    return value if isinstance(value, str) else prompts.to_json(value)
 
 
 def _call_summary(call: dict, result_chars: int) -> str:
     args = call["args"]
-    shown_args = str(next(iter(args.values()))) if len(args) == 1 else prompts.to_json(args)
+    shown_args = _as_text(next(iter(args.values()))) if isinstance(args, dict) and len(args) == 1 else _as_text(args)
     result = call["result"]
-    if result.get("ok"):
-        value = result.get("data")
-        shown = value if isinstance(value, str) else prompts.to_json(value)
-    else:
-        shown = "error: " + str(result.get("error"))
-    return f"{call['tool']}({shown_args}) -> {_cut(shown, result_chars)}"
+    shown = _as_text(result.get("data")) if result.get("ok") else "error: " + _as_text(result.get("error"))
+    return f"{_cut(call['tool'], 60)}({_cut(shown_args, 120)}) -> {_cut(shown, result_chars)}"
 
 
 def build_messages(pinned: List[dict], records: List[dict], max_chars: int, keep_recent: int = 4,

@@ -48,9 +48,11 @@ class RunLog:
             self.trace_file.write(redact(line, self.secret) + "\n")
             self.trace_file.flush()  # a crash loses at most the round in flight
 
-    def start(self, task: str, model: str, url: str, max_rounds: int, mode: str = "json") -> None:
+    def start(self, task: str, model: str, url: str, max_rounds: int, mode: str = "json",
+              max_tokens: Optional[int] = None) -> None:
         self.say(f"task: {task}\nmodel: {model} at {url} ({mode} mode)")
-        self.record("start", task=task, model=model, url=url, max_rounds=max_rounds, mode=mode, ts=time.time())
+        self.record("start", task=task, model=model, url=url, max_rounds=max_rounds, mode=mode,
+                    max_tokens=max_tokens, ts=time.time())
 
     def fallback(self, from_mode: str, to_mode: str, error: str) -> None:
         self.say(f"note: the endpoint rejected {from_mode} mode ({error}); falling back to {to_mode} mode")
@@ -60,9 +62,11 @@ class RunLog:
         self.say(f"note: {text}")
         self.record("note", text=text, ts=time.time())
 
-    def resume(self, task: str, model: str, url: str, done_rounds: int) -> None:
-        self.say(f"resuming after round {done_rounds}: {task}\nmodel: {model} at {url}")
-        self.record("resume", model=model, url=url, after_round=done_rounds, ts=time.time())
+    def resume(self, task: str, model: str, url: str, done_rounds: int, max_rounds: int, mode: str,
+               max_tokens: Optional[int]) -> None:
+        self.say(f"resuming after round {done_rounds}: {task}\nmodel: {model} at {url} ({mode} mode)")
+        self.record("resume", model=model, url=url, after_round=done_rounds, max_rounds=max_rounds,
+                    mode=mode, max_tokens=max_tokens, ts=time.time())
 
     def round(self, record: dict, max_rounds: int) -> None:
         self.say(f"\n--- round {record['round']}/{max_rounds} ---")
@@ -92,30 +96,38 @@ class RunLog:
 
 
 def load_trace(path: str) -> tuple:
-    """The start record and the completed rounds of an unfinished run, or ValueError saying why not."""
+    """The start record and the completed rounds of the file's last run, or ValueError if it cannot go on."""
     try:
-        with open(path, encoding="utf-8") as trace:
-            lines = trace.read().splitlines()
-    except (OSError, UnicodeDecodeError) as error:
-        raise ValueError(f"cannot read the trace file {path}: {error}") from None
+        with open(path, "rb") as trace:
+            lines = trace.read().split(b"\n")
+    except OSError as error:
+        raise ValueError(f"cannot read the trace file {path}: {error.strerror or error}") from None
     records = []
     for line in lines:
-        try:
-            record = json.loads(line)
+        try:  # a line torn by a crash, even mid-character, is skipped and its round redone
+            record = json.loads(line.decode("utf-8", errors="replace"))
         except json.JSONDecodeError:
-            continue  # a line torn by a crash: its round is redone
+            continue
         if isinstance(record, dict):
             records.append(record)
-    if not records or records[0].get("event") != "start" or "task" not in records[0]:
-        raise ValueError(f"{path} is not an agent-demo trace (it must begin with a start record)")
+    starts = [index for index, record in enumerate(records) if record.get("event") == "start"]
+    if not starts or not isinstance(records[starts[-1]].get("task"), str):
+        raise ValueError(f"{path} is not an agent-demo trace (it holds no start record)")
+    run = records[starts[-1]:]  # a trace file appended to by several runs: the last one
     rounds: List[dict] = []
-    for record in records:
+    for record in run:
         if record.get("event") == "round" and record.get("round") == len(rounds) + 1:
             rounds.append(record)
-    ends = [record for record in records if record.get("event") == "end"]
-    if ends and ends[-1].get("status") not in RESUMABLE:
-        raise ValueError(f"{path} holds a run that already ended with status {ends[-1].get('status')!r};"
+    ends = [record.get("status") for record in run if record.get("event") == "end"]
+    ended_by_model = [call.get("ends_run") for call in rounds[-1].get("calls", [])] if rounds else []
+    status = ends[-1] if ends else next((s for s in ended_by_model if s in ("finished", "failed")), None)
+    if status is not None and status not in RESUMABLE:
+        raise ValueError(f"{path} holds a run that already ended with status {status!r};"
                          " only an unfinished run can be resumed")
-    if rounds and any("feedback" not in record for record in rounds):
+    if any("feedback" not in record or "calls" not in record for record in rounds):
         raise ValueError(f"{path} was written by an older version without feedback records; cannot resume")
-    return records[0], rounds
+    start = dict(run[0])
+    for record in run:  # the limits a later resume set hold for the next one too
+        if record.get("event") == "resume":
+            start.update({key: record[key] for key in ("max_rounds", "max_tokens", "mode") if key in record})
+    return start, rounds

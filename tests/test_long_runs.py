@@ -1,5 +1,6 @@
 """Long tasks: token budget, what is re-sent each round, the loop watchdog."""
 import json
+import re
 
 
 from agent_demo import Reply, RunLog, Settings, main, run
@@ -91,8 +92,10 @@ def test_a_long_tool_result_is_cut_to_head_and_tail_with_a_marker():
     assert fed["truncated"] is True and fed["original_chars"] == 10_006
     assert fed["data"].startswith("AAAA") and fed["data"].endswith("ZZZZ")
     assert "MIDDLE" not in fed["data"]
-    assert "[truncated 9007 chars]" in fed["data"]
-    assert len(json.dumps(fed, ensure_ascii=False)) < 1200
+    dropped = int(re.search(r"\[truncated (\d+) chars\]", fed["data"])[1])
+    kept = len(fed["data"]) - len(f" ...[truncated {dropped} chars]... ")
+    assert dropped + kept == 10_006
+    assert len(json.dumps(fed, ensure_ascii=False)) <= 1000, "the cap holds for the whole result"
 
 
 def test_over_budget_the_oldest_rounds_fold_into_a_digest_and_the_last_four_stay():
@@ -179,3 +182,31 @@ def test_stuck_shows_in_the_json_output(serve, capsys):
     assert main(["--json", "--max-rounds", "9", "loop"]) == 1
     out = json.loads(capsys.readouterr().out)
     assert (out["status"], out["rounds"]) == ("stuck", 4)
+
+
+def test_a_truncated_error_keeps_its_other_fields():
+    from context import truncate_result
+    result = {"ok": False, "error": "x" * 5000, "available_tools": ["calculator", "finish"]}
+    cut = truncate_result(result, 1000)
+    assert cut["available_tools"] == ["calculator", "finish"] and cut["truncated"] is True
+    assert len(json.dumps(cut)) <= 1000
+
+
+def test_one_huge_argument_does_not_wipe_the_earlier_rounds():
+    replies = [act("calculator", expression=f"{n} + 1") for n in range(9)]
+    replies += [act("calculator", expression="1" * 30_000)] + [act("calculator", expression=f"{n} + 2") for n in range(5)]
+    model = ScriptedModel(*replies, act("finish", result="done"))
+    play(model)
+    last = "\n".join(message["content"] for message in model.requests[-1])
+    for n in range(9):
+        assert f"calculator({n} + 1) -> {n + 1}" in last or f'"expression": "{n} + 1"' in last
+    assert "omitted" not in last
+    assert sum(1 for m in model.requests[-1] if m["role"] == "assistant") == 4
+
+
+def test_whole_request_bodies_stay_under_the_budget_schema_and_model_name_included(serve, monkeypatch):
+    server = serve(sums(60, think="t" * 2000) + [act("finish", result="done")])
+    monkeypatch.setenv("LLM_MODEL", "m" * 300)
+    assert main(["--mode", "schema", "--max-rounds", "61", "--max-context", "16000", "--quiet", "x"]) == 0
+    sizes = [len(json.dumps(request["body"])) for request in server.requests]
+    assert max(sizes) <= 16_000 and max(sizes) > 12_000

@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parent.parent
 def records(trace):
     """The whole records of a trace file, skipping a line torn by a crash."""
     whole = []
-    for line in Path(trace).read_text().splitlines():
+    for line in Path(trace).read_bytes().decode("utf-8", errors="replace").splitlines():
         try:
             whole.append(json.loads(line))
         except json.JSONDecodeError:
@@ -142,3 +142,51 @@ def test_kill_9_in_the_middle_of_a_request_then_resume_loses_and_repeats_nothing
     assert round_numbers(trace) == [1, 2, 3, 4]
     end = records(trace)[-1]
     assert (end["event"], end["status"], end["rounds"]) == ("end", "finished", 4)
+
+
+def test_a_file_holding_several_runs_resumes_the_last_one(serve, tmp_path):
+    trace = tmp_path / "run.jsonl"
+    log = RunLog(trace_path=str(trace))
+    run("first task", Settings(), lambda messages, **o: Reply(content=act("finish", result=1)), log=log)
+    log.close()
+    interrupted_run(trace, [act("calculator", expression="1 + 1")], stop_at=2)
+    server = serve([act("finish", result=2)], key=None)
+    assert main(["--resume", str(trace), "--quiet"]) == 0
+    assert server.sent_messages(0)[1]["content"] == "Task: add things up"
+    assert [m["role"] for m in server.sent_messages(0)] == ["system", "user", "assistant", "user"]
+
+
+def test_resume_keeps_the_runs_own_round_limit_and_token_budget(serve, tmp_path, capsys):
+    trace = tmp_path / "run.jsonl"
+    assert interrupted_run(trace, [act("calculator", expression=f"{n} + 1") for n in range(9)], stop_at=4,
+                           max_rounds=9)
+    server = serve([act("calculator", expression=f"7 + {n}") for n in range(9)], key=None)
+    assert main(["--resume", str(trace), "--json"]) == 1
+    assert json.loads(capsys.readouterr().out)["status"] == "max_rounds"
+    assert len(server.requests) == 6, "rounds 4 to 9: the recorded limit of 9, not the default 6"
+    start = records(trace)[0]
+    assert start["max_rounds"] == 9 and "max_tokens" in start
+
+
+def test_a_torn_line_cut_inside_a_character_is_skipped(serve, tmp_path):
+    trace = tmp_path / "run.jsonl"
+    interrupted_run(trace, [act("get_order_status", order_id="A1002")], stop_at=2)
+    data = trace.read_bytes()
+    round_line = data.split(b"\n")[1]
+    cut = round_line.index("待".encode()) + 1
+    trace.write_bytes(b"\n".join(data.split(b"\n")[:1]) + b"\n" + round_line[:cut])
+    server = serve([act("finish", result="ok")], key=None)
+    assert main(["--resume", str(trace), "--quiet"]) == 0
+    assert round_numbers(trace) == [1]
+    assert len(server.requests) == 1
+
+
+def test_a_run_that_finished_but_lost_its_end_record_is_not_resumed(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("LLM_API_URL", "http://127.0.0.1:9/v1")
+    trace = tmp_path / "run.jsonl"
+    log = RunLog(trace_path=str(trace))
+    run("t", Settings(), lambda messages, **o: Reply(content=act("finish", result=1)), log=log)
+    log.close()
+    trace.write_text("\n".join(trace.read_text().splitlines()[:-1]) + "\n")
+    assert main(["--resume", str(trace)]) == 2
+    assert "already ended with status 'finished'" in capsys.readouterr().err
