@@ -185,8 +185,15 @@ def server_message(response: requests.Response) -> str:
         if isinstance(error, dict):
             error = error.get("message") or error
         if error:
-            return error if isinstance(error, str) else prompts.to_json(error)
-    return " ".join(response.text.split())[:300] or "(empty body)"
+            text = error if isinstance(error, str) else prompts.to_json(error)
+            return _one_line(text)
+    return _one_line(response.text) or "(empty body)"
+
+
+def _one_line(text: str, limit: int = 300) -> str:
+    """A server's words fit for a one-line error: whitespace folded, long text cut."""
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def describe_http_error(response: requests.Response, settings: Settings) -> str:

@@ -130,3 +130,13 @@ def test_retry_after_is_capped():
         headers = {"Retry-After": "3600"}
     retry = type("R", (CappedRetry,), {"retry_after_cap": 12.0})(total=1)
     assert retry.get_retry_after(FakeResponse()) == 12.0
+
+
+@responses.activate
+def test_a_long_multi_line_server_message_becomes_one_short_line():
+    responses.post(URL, status=400, json={"error": {"message": "line one\n  line two\n" + "x" * 1000}})
+    with pytest.raises(EndpointError) as raised:
+        client().ask(MESSAGES)
+    message = str(raised.value)
+    assert "\n" not in message and message.startswith("request rejected (HTTP 400): line one line two xxx")
+    assert len(message) < 400
