@@ -21,6 +21,13 @@ def client(**overrides):
     return ModelClient(settings)
 
 
+def endpoint_error(**overrides) -> str:
+    """The message of the EndpointError one request raises."""
+    with pytest.raises(EndpointError) as raised:
+        client(**overrides).ask(MESSAGES)
+    return str(raised.value)
+
+
 @responses.activate
 def test_request_carries_model_messages_and_bearer_key():
     responses.post(URL, json=body("hello"))
@@ -51,9 +58,7 @@ def test_429_and_5xx_are_retried_then_answered():
 @responses.activate
 def test_retries_spent_report_the_status_and_the_server_message():
     responses.post(URL, status=429, json={"error": {"message": "Rate limit reached for m1"}})
-    with pytest.raises(EndpointError) as raised:
-        client().ask(MESSAGES)
-    assert str(raised.value) == "HTTP 429 after 2 retries: Rate limit reached for m1"
+    assert endpoint_error() == "HTTP 429 after 2 retries: Rate limit reached for m1"
     assert len(responses.calls) == 3
 
 
@@ -66,27 +71,21 @@ def test_retries_spent_report_the_status_and_the_server_message():
 @responses.activate
 def test_client_errors_are_not_retried_and_quote_the_server(status, expected):
     responses.post(URL, status=status, json={"error": {"message": "bad thing", "type": "x"}})
-    with pytest.raises(EndpointError) as raised:
-        client().ask(MESSAGES)
-    assert str(raised.value) == expected
+    assert endpoint_error() == expected
     assert len(responses.calls) == 1
 
 
 @responses.activate
 def test_a_server_echoing_the_key_does_not_leak_it_into_the_message():
     responses.post(URL, status=401, json={"error": {"message": "Incorrect API key provided: sk-test-secret"}})
-    with pytest.raises(EndpointError) as raised:
-        client().ask(MESSAGES)
-    assert str(raised.value) == ("authentication failed (HTTP 401): Incorrect API key provided: "
+    assert endpoint_error() == ("authentication failed (HTTP 401): Incorrect API key provided: "
                                  "[redacted] - check LLM_API_KEY")
 
 
 @responses.activate
 def test_timeouts_become_an_endpoint_error_naming_the_timeout():
     responses.post(URL, body=requests.exceptions.ReadTimeout("Read timed out."))
-    with pytest.raises(EndpointError) as raised:
-        client(timeout=7).ask(MESSAGES)
-    assert "no reply within 7 s" in str(raised.value)
+    assert "no reply within 7 s" in endpoint_error(timeout=7)
 
 
 @pytest.mark.parametrize("payload, problem", [
@@ -103,9 +102,7 @@ def test_timeouts_become_an_endpoint_error_naming_the_timeout():
 @responses.activate
 def test_unusable_bodies_are_endpoint_errors(payload, problem):
     responses.post(URL, body=payload, status=200)
-    with pytest.raises(EndpointError) as raised:
-        client().ask(MESSAGES)
-    assert problem in str(raised.value)
+    assert problem in endpoint_error()
 
 
 @responses.activate
@@ -135,8 +132,6 @@ def test_retry_after_is_capped():
 @responses.activate
 def test_a_long_multi_line_server_message_becomes_one_short_line():
     responses.post(URL, status=400, json={"error": {"message": "line one\n  line two\n" + "x" * 1000}})
-    with pytest.raises(EndpointError) as raised:
-        client().ask(MESSAGES)
-    message = str(raised.value)
+    message = endpoint_error()
     assert "\n" not in message and message.startswith("request rejected (HTTP 400): line one line two xxx")
     assert len(message) < 400
