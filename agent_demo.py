@@ -673,7 +673,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--resume", metavar="TRACE",
                         help="continue the unfinished run recorded in TRACE, appending to it")
     parser.add_argument("--json", action="store_true",
-                        help="print one JSON object with status, result, rounds, usage; trace to stderr")
+                        help="print one JSON object with status, result, rounds, usage, calls (and error);"
+                             " the trace goes to stderr")
     parser.add_argument("--quiet", action="store_true", help="no round-by-round trace; only the result")
     parser.add_argument("--debug", action="store_true", help="show tracebacks for errors")
     return parser
@@ -711,7 +712,7 @@ def load_settings(args: argparse.Namespace, environment: Dict[str, str]) -> Sett
     if settings.max_calls < 1:
         raise ConfigError("--max-calls must be at least 1")
     if settings.max_rounds < 1:
-        raise ConfigError("--max-rounds must be at least 1")
+        raise ConfigError("--max-rounds (AGENT_MAX_ROUNDS) must be at least 1")
     if settings.timeout <= 0:
         raise ConfigError("--timeout must be more than 0 seconds")
     if settings.retries < 0:

@@ -62,7 +62,7 @@ def test_a_format_error_is_fed_back_with_the_format_and_tool_names():
     assert (outcome.status, outcome.rounds) == ("finished", 2)
     fed_back = model.requests[1][3]["content"]
     assert fed_back == prompts.render_format_error(
-        "no JSON object found", ["calculator", "get_order_status", "finish", "fail"])
+        "no JSON object found", [*REGISTRY, "finish", "fail"])
     assert '{"tool": "<name>", "args": {...}}' in fed_back and "get_order_status" in fed_back
 
 
@@ -79,7 +79,7 @@ def test_two_actions_in_one_reply_both_run_in_order_and_come_back_together():
 def test_an_unknown_tool_is_fed_back_with_the_list_and_the_loop_goes_on():
     model = ScriptedModel(act("weather", city="Paris"), act("fail", reason="no weather tool"))
     outcome = run_scripted(model)
-    assert '"available_tools": ["calculator", "get_order_status", "fail", "finish"]' in model.requests[1][3]["content"]
+    assert f'"available_tools": {json.dumps(sorted(REGISTRY) + ["fail", "finish"])}' in model.requests[1][3]["content"]
     assert (outcome.status, outcome.result, outcome.exit_code) == ("failed", "no weather tool", 1)
 
 
