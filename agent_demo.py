@@ -87,12 +87,12 @@ class EndpointError(AgentStop):
         super().__init__(message)
         self.http_status, self.server_said = http_status, server_said
 
-    def rejects_request_options(self) -> bool:
-        """Did the endpoint refuse response_format or tools (as opposed to failing outright)?"""
-        if self.http_status in (400, 422):
-            return True
-        fields = ("response_format", "json_schema", "tools", "tool_choice")
-        return bool(self.http_status and self.http_status >= 500 and any(f in self.server_said for f in fields))
+    def rejects_request_options(self, mode_worked_before: bool) -> bool:
+        """Did the endpoint refuse response_format or tools (as opposed to failing for another reason)?"""
+        names_them = any(f in self.server_said for f in ("response_format", "json_schema", "tools", "tool_choice"))
+        if self.http_status in (400, 422):  # a first request refused, or one that says why
+            return names_them or not mode_worked_before
+        return bool(self.http_status and self.http_status >= 500 and names_them)
 
 
 # --- the HTTP client -------------------------------------------------------------
@@ -299,7 +299,10 @@ def parse_actions(text: str) -> Parsed:
     if not actions:
         return Parsed([], "found JSON, but no action object with a string \"tool\"" if saw_json
                       else "no JSON object found")
-    actions = [{"tool": action["tool"], "args": action.get("args", {})} for action in actions]
+    unique = {}  # a model that writes its action twice (in prose, then in a fence) means it once
+    for action in actions:
+        unique.setdefault(json.dumps(action, sort_keys=True), {"tool": action["tool"], "args": action.get("args", {})})
+    actions = list(unique.values())
     if not isinstance(actions[0]["args"], dict):
         return Parsed([], f"\"args\" of {actions[0]['tool']} must be a JSON object")
     return Parsed(actions)
@@ -310,9 +313,9 @@ def parse_tool_calls(tool_calls: List[dict]) -> Parsed:
     actions = []
     for number, call in enumerate(tool_calls, 1):
         function = call.get("function") if isinstance(call.get("function"), dict) else {}
-        action = {"tool": str(function.get("name") or ""), "args": {},
-                  "id": str(call.get("id") or f"call_{number}")}
         arguments = function.get("arguments") or "{}"
+        action = {"tool": str(function.get("name") or ""), "args": {},
+                  "id": str(call.get("id") or f"call_{number}"), "arguments": arguments}
         try:
             action["args"] = _DECODER.decode(arguments) if isinstance(arguments, str) else arguments
         except (ValueError, RecursionError):
@@ -394,8 +397,12 @@ class Watchdog:
         return self.calls.get(self.key(action))
 
     def remember(self, number: int, call: dict) -> None:
+        """Count the call once per round; keep its first real result (a cancelled one can be redone)."""
         known = self.calls.setdefault(self.key(call), {"rounds": [], "result": call["result"]})
-        known["rounds"].append(number)
+        if not known["rounds"] or known["rounds"][-1] != number:
+            known["rounds"].append(number)
+        if known["result"].get("cancelled") and not call["result"].get("cancelled"):
+            known["result"] = call["result"]
 
     def replay(self, records: List[dict]) -> "Watchdog":
         """Rebuild the state of a resumed run from its round records."""
@@ -428,7 +435,9 @@ def execute_call(action: dict, registry: Dict[str, Tool], watchdog: Watchdog, nu
     earlier = watchdog.earlier(action)
     times = len(earlier["rounds"]) if earlier else 0
     call["watched"] = True
-    if times == 0:
+    if earlier and earlier["rounds"][-1] == number:  # the same call twice in one reply: not a loop
+        call.update(result=earlier["result"], watchdog="cached", note=prompts.SAME_REPLY)
+    elif times == 0 or times == 1 and earlier["result"].get("cancelled"):  # the user may say yes this time
         call["result"] = run_tool(call, registry, approve, settings)
     elif times == 1:
         call.update(result=earlier["result"], watchdog="cached",
@@ -463,7 +472,7 @@ def execute(parsed: Parsed, registry: Dict[str, Tool], watchdog: Watchdog, numbe
     calls: List[dict] = []
     for index, action in enumerate(parsed.actions):
         ids = {"id": action["id"]} if "id" in action else {}
-        failed = next((n for n, done in enumerate(calls, 1) if not done["result"].get("ok")), None)
+        failed = [(n, done["tool"]) for n, done in enumerate(calls, 1) if not done["result"].get("ok")]
         if index >= settings.max_calls:
             calls.append({"tool": action["tool"], "args": action["args"], **ids,
                           "result": failure(prompts.OVER_CAP.format(cap=settings.max_calls))})
@@ -472,12 +481,10 @@ def execute(parsed: Parsed, registry: Dict[str, Tool], watchdog: Watchdog, numbe
                           "result": failure(prompts.NOT_LAST.format(tool=action["tool"]))})
         elif action["tool"] in CONTROL_ACTIONS and failed:
             calls.append({"tool": action["tool"], "args": action["args"], **ids,
-                          "result": failure(prompts.AFTER_FAILURE.format(number=failed, tool=calls[failed - 1]["tool"]))})
+                          "result": failure(prompts.render_after_failure(failed))})
         else:
             calls.append({**execute_call(action, registry, watchdog, number, approve, settings), **ids})
-        if calls[-1].get("ends_run") == "stuck":
-            break
-    return calls
+    return calls  # one per action: in tools mode every tool_call id gets its answer
 
 
 def feed_back(parsed: Parsed, calls: List[dict], registry: Dict[str, Tool], settings: Settings,
@@ -525,6 +532,7 @@ class Conversation:
     registry: Dict[str, Tool]
     settings: Settings
     mode: str = "json"
+    mode_worked: bool = False  # the endpoint has answered a request in this mode
 
     def messages(self, records: List[dict]) -> List[dict]:
         """The messages for the next request; with the rest of the body they fit --max-context."""
@@ -547,9 +555,11 @@ def ask(ask_model: Callable[..., Reply], conversation: Conversation, records: Li
     """Send the conversation; if the endpoint rejects this mode's schema or tools, fall back to json once."""
     messages = conversation.messages(records)
     try:
-        return ask_model(messages, **conversation.options()), messages
+        reply = ask_model(messages, **conversation.options())
+        conversation.mode_worked = True
+        return reply, messages
     except EndpointError as error:
-        if conversation.mode == "json" or not error.rejects_request_options():
+        if conversation.mode == "json" or not error.rejects_request_options(conversation.mode_worked):
             raise
         log.fallback(conversation.mode, "json", str(error))
         conversation.mode = "json"
@@ -584,6 +594,7 @@ def run(task: str, settings: Settings, ask_model: Callable[..., Reply],
                 outcome.status = "budget"
                 break
             reply, messages = ask(ask_model, conversation, records, log)
+            log.reply(number, settings.max_rounds, reply)
             parsed = parse_reply(reply, conversation.mode)
             calls = execute(parsed, registry, watchdog, number, approve, settings)
             record = make_record(number, reply, messages, parsed, calls,
@@ -591,7 +602,7 @@ def run(task: str, settings: Settings, ask_model: Callable[..., Reply],
             records.append(record)
             outcome.rounds = number
             add_usage(outcome.usage, record)
-            log.round(record, settings.max_rounds)
+            log.round(record)
             ending = next((call for call in calls if call.get("ends_run")), None)
             if watchdog.format_errors_in_a_row >= FORMAT_ERRORS_BEFORE_STUCK or (ending and ending["ends_run"] == "stuck"):
                 outcome.status = "stuck"
@@ -620,9 +631,10 @@ def make_record(number: int, reply: Reply, messages: List[dict], parsed: Parsed,
               "result": calls[0]["result"] if calls else failure("format error: " + parsed.problem),
               "calls": calls, "feedback": feedback, "mode": mode,
               "latency_ms": reply.latency_ms, "usage": usage, "usage_estimated": estimated}
-    if parsed.native and mode == "tools":
-        record["tool_calls"] = [{"id": call["id"], "type": "function", "function": {
-            "name": call["tool"], "arguments": prompts.to_json(call["args"])}} for call in calls]
+    if parsed.native and mode == "tools":  # re-sent as the model wrote them, broken arguments too
+        record["tool_calls"] = [{"id": action["id"], "type": "function", "function": {
+            "name": action["tool"], "arguments": action["arguments"] if isinstance(action["arguments"], str)
+            else prompts.to_json(action["arguments"])}} for action in parsed.actions]
     return record
 
 
@@ -753,11 +765,23 @@ def allowed_tools(names: Optional[str]) -> Dict[str, Tool]:
     return {name: tool for name, tool in REGISTRY.items() if name in wanted}
 
 
-def ask_on_terminal(call: dict) -> bool:
-    """Ask y/N about one call on the terminal; anything but yes is no."""
-    print(f"approve {call['tool']} {prompts.to_json(call['args'])}? [y/N] ", end="", file=sys.stderr, flush=True)
-    answer = sys.stdin.readline()
-    return answer.strip().lower() in ("y", "yes")
+def terminal_approver(secret: Optional[str]) -> Optional[Approver]:
+    """Ask y/N about each call on the terminal the user types into; None when stdin is no terminal."""
+    if sys.stdin is None or not sys.stdin.isatty():
+        return None
+    try:  # the terminal itself, so the question shows even with stdout and stderr redirected
+        terminal = open(os.ttyname(sys.stdin.fileno()), "w", encoding="utf-8")
+    except OSError:
+        terminal = sys.stderr
+
+    def approve(call: dict) -> bool:
+        terminal.write(redact(f"approve {call['tool']} {prompts.to_json(call['args'])}? [y/N] ", secret))
+        terminal.flush()
+        answer = sys.stdin.readline()
+        if not answer:  # Ctrl-D: end the line the question left open
+            terminal.write("\n")
+        return answer.strip().lower() in ("y", "yes")
+    return approve
 
 
 def prepare(args: argparse.Namespace, task: str, environment: Dict[str, str]) -> Tuple[Settings, str, List[dict], str]:
@@ -809,7 +833,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         outcome = RunResult("error", error=str(error), exception=error)
     else:
         client = ModelClient(settings)
-        approve = ask_on_terminal if sys.stdin is not None and sys.stdin.isatty() else None
+        approve = terminal_approver(secret)
         try:
             outcome = run(task, settings, client.ask, registry=registry, log=log, history=history,
                           approve=approve)

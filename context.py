@@ -119,10 +119,16 @@ def build_messages(pinned: List[dict], records: List[dict], max_chars: int, keep
     kept, dropped = lines[:folded], 0
     while kept and _digest_size(kept, dropped) > room:
         kept, dropped = kept[1:], dropped + 1
-    digest = {"role": "user", "content": prompts.render_digest(kept, dropped)}
-    return [*pinned, digest, *(m for turn in turns[folded:] for m in turn)]
+    # The digest joins the task's message, so user and assistant turns still alternate
+    # (some chat templates refuse two user messages in a row).
+    task = pinned[-1]
+    with_digest = {**task, "content": task["content"] + _DIGEST_SEPARATOR + prompts.render_digest(kept, dropped)}
+    return [*pinned[:-1], with_digest, *(m for turn in turns[folded:] for m in turn)]
+
+
+_DIGEST_SEPARATOR = "\n\n"
 
 
 def _digest_size(lines: List[str], dropped: int = 0) -> int:
-    """What the digest message adds to the request (its brackets stand for the ", " before it)."""
-    return request_size([{"role": "user", "content": prompts.render_digest(lines, dropped)}])
+    """What the digest adds to the request: its text, escaped as JSON, inside the task's message."""
+    return len(json.dumps(_DIGEST_SEPARATOR + prompts.render_digest(lines, dropped))) - 2

@@ -88,7 +88,15 @@ CANCELLED = "cancelled: the user did not approve this call"
 NO_TERMINAL = "cancelled: this call needs the user's approval and there is no terminal to ask"
 OVER_CAP = "not run: at most {cap} calls per reply; send the rest in the next reply"
 NOT_LAST = "not accepted: {tool} may only come last in a reply; send it alone or after the other calls"
-AFTER_FAILURE = "not accepted: call {number} ({tool}) did not succeed; read its result before ending the run"
+SAME_REPLY = "the same call came earlier in this reply; this is its result"
+
+
+def render_after_failure(failed: List[tuple]) -> str:
+    """Why finish or fail was not accepted: the calls before it that did not succeed."""
+    names = ", ".join(f"{number} ({tool})" for number, tool in failed)
+    several = len(failed) > 1
+    return (f"not accepted: call{'s' if several else ''} {names} did not succeed;"
+            f" read {'their results' if several else 'its result'} before ending the run")
 
 
 def render_digest(lines: List[str], dropped: int = 0) -> str:

@@ -68,9 +68,13 @@ class RunLog:
         self.record("resume", model=model, url=url, after_round=done_rounds, max_rounds=max_rounds,
                     mode=mode, max_tokens=max_tokens, ts=time.time())
 
-    def round(self, record: dict, max_rounds: int) -> None:
-        self.say(f"\n--- round {record['round']}/{max_rounds} ---")
-        self.say("model: " + (record["model_output"].strip() or prompts.to_json(record.get("tool_calls"))))
+    def reply(self, number: int, max_rounds: int, reply: Any) -> None:
+        """Show what the model said before its calls run (and before --approve asks about them)."""
+        self.say(f"\n--- round {number}/{max_rounds} ---")
+        self.say("model: " + (reply.content.strip() or prompts.to_json(reply.tool_calls)))
+
+    def round(self, record: dict) -> None:
+        """Show the round's calls and results, and append the round to the trace file."""
         calls = record["calls"]
         for number, call in enumerate(calls, 1):
             label = f"action {number}/{len(calls)}" if len(calls) > 1 else "action"

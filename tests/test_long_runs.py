@@ -102,8 +102,10 @@ def test_over_budget_the_oldest_rounds_fold_into_a_digest_and_the_last_four_stay
     model = ScriptedModel(*sums(12, think="x" * 2000), act("finish", result="done"))
     play(model, max_context=4000, max_result_chars=1000)
     last = model.requests[-1]
-    digest = [m["content"] for m in last if m["content"].startswith("Earlier rounds")]
-    assert len(digest) == 1
+    digest = [m["content"] for m in last if "Earlier rounds" in m["content"]]
+    assert len(digest) == 1 and digest[0].startswith("Task: keep adding\n\nEarlier rounds")
+    roles = [m["role"] for m in last]
+    assert roles == ["system", "user"] + ["assistant", "user"] * 4, "turns still alternate"
     assert "round 1: calculator(0 + 1) -> 1" in digest[0]
     assert "round 8: calculator(7 + 1) -> 8" in digest[0]
     verbatim = [m["content"] for m in last if m["role"] == "assistant"]

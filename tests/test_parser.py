@@ -69,8 +69,9 @@ def test_native_tool_calls_are_read_when_the_content_is_empty():
          "function": {"name": "calculator", "arguments": '{"expression": "12 + 500"}'}},
         {"id": "call_2", "type": "function", "function": {"name": "finish", "arguments": "{}"}}])
     parsed = parse_reply(reply)
-    assert parsed.native and parsed.actions == [{**CALC, "id": "call_1"},
-                                                {"tool": "finish", "args": {}, "id": "call_2"}]
+    assert parsed.native and parsed.actions == [
+        {**CALC, "id": "call_1", "arguments": '{"expression": "12 + 500"}'},
+        {"tool": "finish", "args": {}, "id": "call_2", "arguments": "{}"}]
 
 
 def test_native_tool_call_with_broken_arguments_carries_its_problem():
@@ -111,3 +112,8 @@ def test_a_later_action_with_bad_args_does_not_spoil_the_first():
 ], ids=["braces", "think-tags", "thinking-tags", "quote-braces", "bracket-braces"])
 def test_hostile_replies_are_format_errors_not_crashes(hostile):
     assert parse_actions(hostile).problem == "no JSON object found"
+
+
+def test_an_action_written_twice_in_one_reply_counts_once():
+    reply = f"I will call {CALC_JSON} now:\n```json\n{CALC_JSON}\n```"
+    assert parse_actions(reply).actions == [CALC]

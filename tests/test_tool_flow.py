@@ -202,6 +202,14 @@ def test_the_fallback_happens_once(serve, capsys):
     assert "request rejected (HTTP 400): bad request" in capsys.readouterr().err
 
 
+def test_a_later_400_about_something_else_is_an_error_not_a_fallback(serve, capsys):
+    server = serve([{"tool_calls": [tool_call("a", "calculator", expression="1 + 1")]},
+                    {"status": 400, "body": {"error": {"message": "maximum context length exceeded"}}}])
+    assert main(["--mode", "tools", "hi"]) == 3
+    assert len(server.requests) == 2
+    assert "maximum context length exceeded" in capsys.readouterr().err
+
+
 def test_json_mode_does_not_fall_back(serve, capsys):
     server = serve([{"status": 400, "body": {"error": {"message": "bad request"}}}])
     assert main(["hi"]) == 3
@@ -273,19 +281,54 @@ def test_approve_without_a_terminal_refuses_every_call_and_says_so(serve, capsys
     assert [json.loads(line)["event"] for line in trace.read_text().splitlines()][:2] == ["start", "note"]
 
 
-def test_approve_asks_on_a_real_terminal(tmp_path):
+def test_approve_asks_on_a_real_terminal_even_with_json_and_stderr_redirected(tmp_path):
     import pty
+    import select
     with ScriptedServer([act("calculator", expression="2 + 2"), act("finish", result="four")]) as server:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("LLM_", "AGENT_"))}
         env["LLM_API_URL"] = server.url
         controller, terminal = pty.openpty()
-        process = subprocess.Popen([sys.executable, str(ROOT / "agent_demo.py"), "--approve", "--quiet", "hi"],
-                                   stdin=terminal, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        process = subprocess.Popen([sys.executable, str(ROOT / "agent_demo.py"), "--approve", "--json", "hi"],
+                                   stdin=terminal, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                                    env=env, cwd=tmp_path)
+        shown = b""
+        while b"[y/N]" not in shown and select.select([controller], [], [], 20)[0]:
+            shown += os.read(controller, 1024)
         os.write(controller, b"y\n")
-        out, err = process.communicate(timeout=30)
+        out, _ = process.communicate(timeout=30)
         os.close(controller)
         os.close(terminal)
-    assert process.returncode == 0 and out == b"four\n"
-    assert b'approve calculator {"expression": "2 + 2"}? [y/N]' in err
+    assert b'approve calculator {"expression": "2 + 2"}? [y/N]' in shown
+    assert process.returncode == 0 and json.loads(out)["result"] == "four"
     assert '"data": 4' in server.sent_messages(1)[-1]["content"]
+
+
+def test_the_same_call_several_times_in_one_reply_is_not_a_loop():
+    calls = [tool_call(f"c{n}", "calculator", expression="2 + 2") for n in range(5)]
+    model = ScriptedModel(Reply(content="", tool_calls=calls),
+                          Reply(content="", tool_calls=[tool_call("f", "finish", result=4)]))
+    outcome = play(model, mode="tools")
+    assert (outcome.status, outcome.rounds) == ("finished", 2)
+    answers = [json.loads(m["content"]) for m in model.requests[1]["messages"] if m["role"] == "tool"]
+    assert len(answers) == 5 and all(a["result"] == {"ok": True, "data": 4} for a in answers)
+    assert answers[1]["note"] == "the same call came earlier in this reply; this is its result"
+
+
+def test_a_call_the_user_refused_is_asked_again_when_repeated():
+    answers = iter([False, True])
+    model = ScriptedModel(act("calculator", expression="2 + 2"), act("calculator", expression="2 + 2"),
+                          act("finish", result=4))
+    outcome = play(model, approver=lambda call: next(answers), approve=True)
+    assert outcome.status == "finished"
+    assert fed_back_lines(model, 1)[0]["result"]["cancelled"] is True
+    assert fed_back_lines(model, 2)[0]["result"] == {"ok": True, "data": 4}
+
+
+def test_tools_mode_re_sends_broken_arguments_as_the_model_wrote_them():
+    broken = {"id": "c1", "type": "function", "function": {"name": "calculator", "arguments": '{"expression": "1+'}}
+    model = ScriptedModel(Reply(content="", tool_calls=[broken]),
+                          Reply(content="", tool_calls=[tool_call("f", "fail", reason="x")]))
+    play(model, mode="tools")
+    assistant, answer = model.requests[1]["messages"][2:4]
+    assert assistant["tool_calls"][0]["function"]["arguments"] == '{"expression": "1+'
+    assert json.loads(answer["content"])["result"]["error"] == "the arguments of calculator are not valid JSON"
