@@ -578,10 +578,12 @@ def run(task: str, settings: Settings, ask_model: Callable[..., Reply],
     for record in records:
         add_usage(outcome.usage, record)
     url = chat_completions_url(settings.url)
+    limits = {"max_rounds": settings.max_rounds, "max_tokens": settings.max_tokens, "mode": settings.mode,
+              "max_calls": settings.max_calls, "tools": list(registry), "approve": settings.approve}
     if history:
-        log.resume(task, settings.model, url, len(records), settings.max_rounds, settings.mode, settings.max_tokens)
+        log.resume(task, settings.model, url, len(records), limits)
     else:
-        log.start(task, settings.model, url, settings.max_rounds, settings.mode, settings.max_tokens)
+        log.start(task, settings.model, url, limits)
     if settings.approve and not settings.yes and approve is None:
         log.note("--approve: there is no terminal to ask, so every tool call will be refused")
     try:
@@ -784,11 +786,12 @@ def terminal_approver(secret: Optional[str]) -> Optional[Approver]:
     return approve
 
 
-def prepare(args: argparse.Namespace, task: str, environment: Dict[str, str]) -> Tuple[Settings, str, List[dict], str]:
-    """Settings, the task, the rounds already done and the trace path, or ConfigError."""
-    settings = load_settings(args, environment)
+def prepare(args: argparse.Namespace, task: str,
+            environment: Dict[str, str]) -> Tuple[Settings, Dict[str, Tool], str, List[dict], str]:
+    """Settings, the tools, the task, the rounds already done and the trace path, or ConfigError."""
+    settings, registry = load_settings(args, environment), allowed_tools(args.tools)
     if not args.resume:
-        return settings, task, [], args.trace
+        return settings, registry, task, [], args.trace
     if task:
         raise ConfigError("--resume continues the task recorded in the trace; give no task with it")
     if args.trace and os.path.abspath(args.trace) != os.path.abspath(args.resume):
@@ -797,14 +800,21 @@ def prepare(args: argparse.Namespace, task: str, environment: Dict[str, str]) ->
         start, rounds = load_trace(args.resume)
     except ValueError as error:
         raise ConfigError(str(error)) from None
-    # The run's own limits hold across resumes unless the user sets them again.
-    if args.max_rounds is None and not environment.get("AGENT_MAX_ROUNDS") and isinstance(start.get("max_rounds"), int):
-        settings.max_rounds = start["max_rounds"]
-    if args.max_tokens is None and not environment.get("AGENT_MAX_TOKENS") and isinstance(start.get("max_tokens"), int):
-        settings.max_tokens = start["max_tokens"]
-    if args.mode is None and not environment.get("AGENT_MODE") and start.get("mode") in MODES:
+    # The run's own settings hold across resumes unless the user gives them again.
+    def recorded(flag: Any, variable: str, key: str, valid: Callable[[Any], bool]) -> bool:
+        return flag is None and not environment.get(variable) and valid(start.get(key))
+    whole = lambda value: isinstance(value, int) and not isinstance(value, bool) and value >= 1  # noqa: E731
+    for key, flag, variable in [("max_rounds", args.max_rounds, "AGENT_MAX_ROUNDS"),
+                                ("max_tokens", args.max_tokens, "AGENT_MAX_TOKENS"),
+                                ("max_calls", args.max_calls, "AGENT_MAX_CALLS")]:
+        if recorded(flag, variable, key, whole):
+            setattr(settings, key, start[key])
+    if recorded(args.mode, "AGENT_MODE", "mode", lambda mode: mode in MODES):
         settings.mode = start["mode"]
-    return settings, start["task"], rounds, args.resume
+    if recorded(args.tools, "", "tools", lambda names: isinstance(names, list)):
+        registry = {name: tool for name, tool in REGISTRY.items() if name in start["tools"]}
+    settings.approve = settings.approve or start.get("approve") is True  # resuming never loosens approval
+    return settings, registry, start["task"], rounds, args.resume
 
 
 def open_log(human: Optional[TextIO], trace_path: Optional[str], secret: Optional[str]) -> RunLog:
@@ -826,8 +836,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     human = None if args.quiet else (sys.stderr if args.json else sys.stdout)
     secret = (environment.get("LLM_API_KEY") or "").strip() or None
     try:
-        settings, task, history, trace_path = prepare(args, task, environment)
-        registry = allowed_tools(args.tools)
+        settings, registry, task, history, trace_path = prepare(args, task, environment)
         log = open_log(human, trace_path, secret)
     except ConfigError as error:
         outcome = RunResult("error", error=str(error), exception=error)

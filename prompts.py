@@ -34,15 +34,16 @@ def _every_tool(registry: Dict[str, Tool]) -> List[Tool]:
     return [*registry.values(), *CONTROL_ACTIONS.values()]
 
 
-def _describe(tool: Tool) -> str:
+def _describe(tool: Tool, mode: str) -> str:
     args = ", ".join(f"{name} ({arg.type}): {arg.description}" for name, arg in tool.args.items())
-    return f"- {tool.name}: {tool.description}\n  args: {args}\n  example: {to_json(tool.example())}"
+    example = {"actions": [tool.example()]} if mode == "schema" else tool.example()
+    return f"- {tool.name}: {tool.description}\n  args: {args}\n  example: {to_json(example)}"
 
 
 def render_system_prompt(registry: Dict[str, Tool], mode: str = "json", max_calls: int = 8) -> str:
     """The system prompt: how to reply in this mode and, outside tools mode, the tool list."""
     tool_list = "" if mode == "tools" else (
-        "\n\nTools:\n" + "\n".join(_describe(tool) for tool in _every_tool(registry)))
+        "\n\nTools:\n" + "\n".join(_describe(tool, mode) for tool in _every_tool(registry)))
     return f"""You are an agent that completes the user's task by calling tools.
 
 {FORMATS[mode]}{tool_list}

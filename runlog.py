@@ -48,11 +48,10 @@ class RunLog:
             self.trace_file.write(redact(line, self.secret) + "\n")
             self.trace_file.flush()  # a crash loses at most the round in flight
 
-    def start(self, task: str, model: str, url: str, max_rounds: int, mode: str = "json",
-              max_tokens: Optional[int] = None) -> None:
-        self.say(f"task: {task}\nmodel: {model} at {url} ({mode} mode)")
-        self.record("start", task=task, model=model, url=url, max_rounds=max_rounds, mode=mode,
-                    max_tokens=max_tokens, ts=time.time())
+    def start(self, task: str, model: str, url: str, limits: dict) -> None:
+        """limits: the run's own settings (max_rounds, mode, ...), kept for --resume."""
+        self.say(f"task: {task}\nmodel: {model} at {url} ({limits.get('mode', 'json')} mode)")
+        self.record("start", task=task, model=model, url=url, **limits, ts=time.time())
 
     def fallback(self, from_mode: str, to_mode: str, error: str) -> None:
         self.say(f"note: the endpoint rejected {from_mode} mode ({error}); falling back to {to_mode} mode")
@@ -62,11 +61,10 @@ class RunLog:
         self.say(f"note: {text}")
         self.record("note", text=text, ts=time.time())
 
-    def resume(self, task: str, model: str, url: str, done_rounds: int, max_rounds: int, mode: str,
-               max_tokens: Optional[int]) -> None:
-        self.say(f"resuming after round {done_rounds}: {task}\nmodel: {model} at {url} ({mode} mode)")
-        self.record("resume", model=model, url=url, after_round=done_rounds, max_rounds=max_rounds,
-                    mode=mode, max_tokens=max_tokens, ts=time.time())
+    def resume(self, task: str, model: str, url: str, done_rounds: int, limits: dict) -> None:
+        self.say(f"resuming after round {done_rounds}: {task}\nmodel: {model} at {url}"
+                 f" ({limits.get('mode', 'json')} mode)")
+        self.record("resume", model=model, url=url, after_round=done_rounds, **limits, ts=time.time())
 
     def reply(self, number: int, max_rounds: int, reply: Any) -> None:
         """Show what the model said before its calls run (and before --approve asks about them)."""
@@ -131,7 +129,9 @@ def load_trace(path: str) -> tuple:
     if any("feedback" not in record or "calls" not in record for record in rounds):
         raise ValueError(f"{path} was written by an older version without feedback records; cannot resume")
     start = dict(run[0])
-    for record in run:  # the limits a later resume set hold for the next one too
+    for record in run:  # what a later resume or a fallback set holds for the next resume too
         if record.get("event") == "resume":
-            start.update({key: record[key] for key in ("max_rounds", "max_tokens", "mode") if key in record})
+            start.update({key: value for key, value in record.items() if key not in ("event", "ts", "after_round")})
+        elif record.get("event") == "fallback":
+            start["mode"] = record.get("to_mode")
     return start, rounds

@@ -190,3 +190,29 @@ def test_a_run_that_finished_but_lost_its_end_record_is_not_resumed(tmp_path, ca
     trace.write_text("\n".join(trace.read_text().splitlines()[:-1]) + "\n")
     assert main(["--resume", str(trace)]) == 2
     assert "already ended with status 'finished'" in capsys.readouterr().err
+
+
+def test_resume_keeps_the_allowlist_approval_and_call_cap(serve, tmp_path, capsys):
+    trace = tmp_path / "run.jsonl"
+    serve([act("calculator", expression="1 + 1")], key=None)
+    assert main(["--tools", "calculator", "--approve", "--max-calls", "1", "--max-rounds", "1",
+                 "--trace", str(trace), "--quiet", "hi"]) == 1
+    server = serve([json.dumps([json.loads(act("get_order_status", order_id="A1002")),
+                                json.loads(act("calculator", expression="2 + 2"))]), act("fail", reason="x")], key=None)
+    assert main(["--resume", str(trace), "--max-rounds", "3", "--quiet"]) == 1
+    fed = server.sent_messages(1)[-1]["content"]
+    assert "unknown tool 'get_order_status'" in fed
+    assert "not run: at most 1 calls per reply" in fed
+    assert '"tool": "get_order_status"' not in json.dumps(server.requests[0]["body"]["messages"][0])
+    first_run = [r for r in records(trace) if r["event"] == "round"][0]
+    assert first_run["calls"][0]["result"]["cancelled"] is True, "no terminal under pytest: refused"
+
+
+def test_a_fallback_to_json_holds_across_resumes(serve, tmp_path, capsys):
+    trace = tmp_path / "run.jsonl"
+    serve([{"status": 400, "body": {"error": {"message": "tools are not supported"}}},
+           act("calculator", expression="1 + 1")], key=None)
+    assert main(["--mode", "tools", "--max-rounds", "1", "--trace", str(trace), "--quiet", "hi"]) == 1
+    server = serve([act("finish", result=2)], key=None)
+    assert main(["--resume", str(trace), "--max-rounds", "2", "--quiet"]) == 0
+    assert len(server.requests) == 1 and "tools" not in server.requests[0]["body"]
