@@ -850,7 +850,9 @@ def main(argv: Optional[List[str]] = None) -> int:
             client.close()
             log.close()
     if debug and outcome.exception and str(outcome.exception):
-        traceback.print_exception(type(outcome.exception), outcome.exception, outcome.exception.__traceback__)
+        error = outcome.exception
+        print(redact("".join(traceback.format_exception(type(error), error, error.__traceback__)), secret),
+              file=sys.stderr, end="")
     return report(outcome, args, secret)
 
 
