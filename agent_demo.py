@@ -23,7 +23,7 @@ from urllib3.util.retry import Retry
 
 import prompts
 from context import build_messages, digest_line, request_size, shorten_args, strip_think, truncate_result
-from runlog import RunLog, load_trace, redact
+from runlog import RunLog, TraceWriteError, load_trace, redact
 from tools import CONTROL_ACTIONS, FINISH, REGISTRY, Tool, call_tool, check_args, failure
 
 DEFAULT_URL = "https://api.openai.com/v1/chat/completions"
@@ -141,8 +141,9 @@ class ModelClient:
         body = {"model": self.settings.model, "messages": messages, **extra}
         started = time.monotonic()
         try:
-            response = self.session.post(self.url, json=body,
+            response = self.session.post(self.url, json=body, stream=True,
                                          timeout=(min(10.0, self.settings.timeout), self.settings.timeout))
+            text = read_body(response, self.settings.timeout)
         except (requests.ConnectionError, requests.Timeout) as error:
             raise EndpointError(f"cannot reach {self.url}: {describe_network_error(error, self.settings)}"
                                 f" (after {self.settings.retries} retries)") from None
@@ -150,9 +151,9 @@ class ModelClient:
             raise EndpointError(f"request to {self.url} failed: {type(error).__name__}") from None
         latency_ms = int((time.monotonic() - started) * 1000)
         if response.status_code >= 400:
-            raise EndpointError(describe_http_error(response, self.settings), response.status_code,
-                                redact(server_message(response), self.settings.api_key))
-        reply = read_reply(response)
+            raise EndpointError(describe_http_error(response.status_code, text, self.settings),
+                                response.status_code, redact(server_message(text), self.settings.api_key))
+        reply = read_reply(text)
         reply.latency_ms = latency_ms
         return reply
 
@@ -174,10 +175,25 @@ def describe_network_error(error: Exception, settings: Settings) -> str:
     return re.sub(r"<[^>]*>:?\s*", "", text)[:200]
 
 
-def server_message(response: requests.Response) -> str:
+def read_body(response: requests.Response, seconds: float) -> str:
+    """The whole body, unless it takes longer than `seconds` from sending the request (a trickling server)."""
+    deadline = time.monotonic() - response.elapsed.total_seconds() + seconds
+    read_some = getattr(response.raw, "read1", None)  # what has arrived, without waiting for a full buffer
+    pieces = iter(lambda: read_some(65536), b"") if read_some else response.iter_content(1024)
+    chunks = []
+    for chunk in pieces:
+        chunks.append(chunk)
+        if time.monotonic() > deadline:
+            response.close()
+            raise EndpointError(f"no complete reply within {seconds:g} s (the server is sending too slowly)")
+    response.raw.release_conn()  # the whole body is read: the connection goes back to the pool
+    return b"".join(chunks).decode(response.encoding or "utf-8", errors="replace")
+
+
+def server_message(text: str) -> str:
     """The endpoint's own words about an error, however it shapes them."""
     try:
-        body = response.json()
+        body = json.loads(text)
     except ValueError:
         body = None
     if isinstance(body, dict):
@@ -187,7 +203,7 @@ def server_message(response: requests.Response) -> str:
         if error:
             text = error if isinstance(error, str) else prompts.to_json(error)
             return _one_line(text)
-    return _one_line(response.text) or "(empty body)"
+    return _one_line(text) or "(empty body)"
 
 
 def _one_line(text: str, limit: int = 300) -> str:
@@ -196,9 +212,9 @@ def _one_line(text: str, limit: int = 300) -> str:
     return text if len(text) <= limit else text[:limit] + "..."
 
 
-def describe_http_error(response: requests.Response, settings: Settings) -> str:
+def describe_http_error(status: int, text: str, settings: Settings) -> str:
     """Name the failed status, what the user can do, and what the server said."""
-    status, message = response.status_code, redact(server_message(response), settings.api_key)
+    message = redact(server_message(text), settings.api_key)
     if status in (401, 403):
         return f"authentication failed (HTTP {status}): {message} - check LLM_API_KEY"
     if status == 404:
@@ -208,16 +224,16 @@ def describe_http_error(response: requests.Response, settings: Settings) -> str:
     return f"request rejected (HTTP {status}): {message}"
 
 
-def read_reply(response: requests.Response) -> Reply:
+def read_reply(text: str) -> Reply:
     """Pull the message out of a chat-completions body, or say why it is unusable."""
     try:
-        body = response.json()
+        body = json.loads(text)
     except ValueError:
-        snippet = " ".join(response.text.split())[:200]
+        snippet = " ".join(text.split())[:200]
         raise EndpointError(f"the endpoint's reply is not JSON: {snippet or '(empty body)'}") from None
     choices = body.get("choices") if isinstance(body, dict) else None
     if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
-        detail = f": {server_message(response)}" if isinstance(body, dict) and "error" in body else ""
+        detail = f": {server_message(text)}" if isinstance(body, dict) and "error" in body else ""
         raise EndpointError(f"the endpoint's reply has no choices{detail}")
     message = choices[0].get("message")
     if not isinstance(message, dict):
@@ -226,7 +242,8 @@ def read_reply(response: requests.Response) -> Reply:
     if isinstance(content, list):  # some servers send content as a list of parts
         content = "".join(part.get("text", "") for part in content if isinstance(part, dict))
     content = content if isinstance(content, str) else ""
-    tool_calls = [call for call in message.get("tool_calls") or [] if isinstance(call, dict)]
+    raw_calls = message.get("tool_calls")
+    tool_calls = [call for call in raw_calls if isinstance(call, dict)] if isinstance(raw_calls, list) else []
     if not content.strip() and not tool_calls:
         raise EndpointError("the endpoint's reply has no content and no tool calls"
                             f" (finish_reason: {choices[0].get('finish_reason')})")
@@ -540,7 +557,8 @@ class Conversation:
                       self.registry, self.mode, self.settings.max_calls)},
                   {"role": "user", "content": prompts.render_task(self.task)}]
         return build_messages(pinned, records, self.settings.max_context - self.body_size([]),
-                              self.settings.keep_recent, native_tools=self.mode == "tools")
+                              self.settings.keep_recent, self.settings.max_result_chars,
+                              native_tools=self.mode == "tools")
 
     def body_size(self, messages: List[dict]) -> int:
         """Characters of the whole request body as it goes on the wire."""
@@ -580,13 +598,13 @@ def run(task: str, settings: Settings, ask_model: Callable[..., Reply],
     url = chat_completions_url(settings.url)
     limits = {"max_rounds": settings.max_rounds, "max_tokens": settings.max_tokens, "mode": settings.mode,
               "max_calls": settings.max_calls, "tools": list(registry), "approve": settings.approve}
-    if history:
-        log.resume(task, settings.model, url, len(records), limits)
-    else:
-        log.start(task, settings.model, url, limits)
-    if settings.approve and not settings.yes and approve is None:
-        log.note("--approve: there is no terminal to ask, so every tool call will be refused")
     try:
+        if history:
+            log.resume(task, settings.model, url, len(records), limits)
+        else:
+            log.start(task, settings.model, url, limits)
+        if settings.approve and not settings.yes and approve is None:
+            log.note("--approve: there is no terminal to ask, so every tool call will be refused")
         bare = conversation.body_size(conversation.messages([]))
         if bare > settings.max_context // 2:
             raise ConfigError(f"--max-context {settings.max_context} is too small: the system prompt,"
@@ -612,6 +630,9 @@ def run(task: str, settings: Settings, ask_model: Callable[..., Reply],
             if ending:
                 outcome.status, outcome.result = ending["ends_run"], ending["result"]["data"]
                 break
+    except TraceWriteError as error:  # the user asked for a record the run can no longer keep
+        stop = ConfigError(str(error))
+        outcome.status, outcome.error, outcome.exception = stop.status, str(stop), stop
     except AgentStop as stop:
         outcome.status, outcome.error, outcome.exception = stop.status, str(stop), stop
     except KeyboardInterrupt:
@@ -650,6 +671,7 @@ ENVIRONMENT_HELP = f"""environment (also read from ./.env; the real environment 
   AGENT_MAX_TOKENS        default for --max-tokens (no cap)
   AGENT_MAX_CONTEXT       default for --max-context (24000)
   AGENT_MAX_RESULT_CHARS  a longer tool result is cut to head and tail (4000)
+  AGENT_KEEP_RECENT       rounds kept verbatim when older ones are folded (4)
   AGENT_MODE              default for --mode (json)
   AGENT_MAX_CALLS         default for --max-calls (8)
   AGENT_RETRIES           default for --retries (3)
@@ -659,8 +681,19 @@ exit codes: 0 finished; 1 not completed (gave up, round limit, token budget,
 stuck); 2 usage or configuration error; 3 endpoint failed; 130 interrupted"""
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+class Parser(argparse.ArgumentParser):
+    """argparse, but a usage error under --json still prints the one JSON object on stdout."""
+
+    json_output = False
+
+    def error(self, message: str):
+        if self.json_output:
+            print(json.dumps(RunResult("error", error=f"usage: {message}").to_json()))
+        super().error(message)  # usage and the message on stderr, exit 2
+
+
+def build_parser() -> Parser:
+    parser = Parser(
         prog="agent-demo", description="Run a task with a tool-calling LLM agent loop.",
         epilog=ENVIRONMENT_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("task", nargs="*", help='what to do, e.g. "compute (12 + 500) * 3"')
@@ -717,6 +750,7 @@ def load_settings(args: argparse.Namespace, environment: Dict[str, str]) -> Sett
         max_tokens=setting(args.max_tokens, environment, "AGENT_MAX_TOKENS", None),
         max_context=setting(args.max_context, environment, "AGENT_MAX_CONTEXT", 24_000),
         max_result_chars=setting(None, environment, "AGENT_MAX_RESULT_CHARS", 4_000),
+        keep_recent=setting(None, environment, "AGENT_KEEP_RECENT", 4),
         mode=args.mode or environment.get("AGENT_MODE") or "json",
         max_calls=setting(args.max_calls, environment, "AGENT_MAX_CALLS", 8),
         approve=args.approve, yes=args.yes,
@@ -735,9 +769,8 @@ def load_settings(args: argparse.Namespace, environment: Dict[str, str]) -> Sett
         raise ConfigError("--max-tokens must be at least 1")
     if settings.max_result_chars < 200:
         raise ConfigError("AGENT_MAX_RESULT_CHARS must be at least 200")
-    if settings.max_context < 4 * settings.max_result_chars:
-        raise ConfigError(f"--max-context must be at least 4 x AGENT_MAX_RESULT_CHARS"
-                          f" ({4 * settings.max_result_chars}), got {settings.max_context}")
+    if settings.keep_recent < 0:
+        raise ConfigError("AGENT_KEEP_RECENT must be 0 or more")
     host = urlsplit(chat_completions_url(settings.url)).hostname
     if not host or urlsplit(settings.url).scheme not in ("http", "https"):
         raise ConfigError(f"LLM_API_URL must be an http(s) URL, got {settings.url!r}")
@@ -827,6 +860,7 @@ def open_log(human: Optional[TextIO], trace_path: Optional[str], secret: Optiona
 def main(argv: Optional[List[str]] = None) -> int:
     """Run the CLI; returns the exit code."""
     parser = build_parser()
+    parser.json_output = "--json" in (sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
     task = " ".join(args.task).strip()
     if not task and not args.resume:

@@ -102,20 +102,24 @@ def _call_summary(call: dict, result_chars: int) -> str:
 
 
 def build_messages(pinned: List[dict], records: List[dict], max_chars: int, keep_recent: int = 4,
-                   digest_result_chars: int = 400, native_tools: bool = False) -> List[dict]:
+                   result_chars: int = 4000, native_tools: bool = False) -> List[dict]:
     """The messages for the next request, folding the oldest rounds until they fit max_chars."""
     turns = [round_messages(record, native_tools) for record in records]
     turn_sizes = [request_size(turn) for turn in turns]
-    lines = [digest_line(record, digest_result_chars) for record in records]
     base = request_size(pinned)
     if base + sum(turn_sizes) <= max_chars:
         return [*pinned, *(m for turn in turns for m in turn)]
     # Over budget: fold all but the last keep_recent rounds, and more only if even that is too big.
-    folded = max(1, len(turns) - keep_recent)
-    while folded < len(turns) and base + _digest_size(lines[:folded]) + sum(turn_sizes[folded:]) > max_chars:
-        folded += 1
+    # Folded results keep their full length while they fit, and are shortened only as far as needed.
+    for digest_chars in (result_chars, 400, 100):
+        lines = [digest_line(record, digest_chars) for record in records]
+        folded = max(1, len(turns) - keep_recent)
+        while folded < len(turns) and base + _digest_size(lines[:folded]) + sum(turn_sizes[folded:]) > max_chars:
+            folded += 1
+        room = max_chars - base - sum(turn_sizes[folded:])
+        if _digest_size(lines[:folded]) <= room:
+            break
     # Last resort for a budget too small for the whole digest: drop its oldest lines, saying so.
-    room = max_chars - base - sum(turn_sizes[folded:])
     kept, dropped = lines[:folded], 0
     while kept and _digest_size(kept, dropped) > room:
         kept, dropped = kept[1:], dropped + 1

@@ -6,6 +6,7 @@ the file instead of guessing.
 """
 import json
 import re
+import sys
 import time
 from typing import Any, List, Optional, TextIO
 
@@ -23,6 +24,10 @@ def redact(text: str, secret: Optional[str]) -> str:
     if not secret:
         return text
     return re.sub(rf"(?<![A-Za-z0-9]){re.escape(secret)}(?![A-Za-z0-9])", "[redacted]", text)
+
+
+class TraceWriteError(Exception):
+    """The trace file could not be written (disk full, file removed); the run cannot be recorded."""
 
 
 class RunLog:
@@ -45,8 +50,12 @@ class RunLog:
     def record(self, event: str, **fields: Any) -> None:
         if self.trace_file:
             line = json.dumps({"event": event, **fields}, ensure_ascii=False, default=str)
-            self.trace_file.write(redact(line, self.secret) + "\n")
-            self.trace_file.flush()  # a crash loses at most the round in flight
+            try:
+                self.trace_file.write(redact(line, self.secret) + "\n")
+                self.trace_file.flush()  # a crash loses at most the round in flight
+            except OSError as error:
+                self.trace_file = None  # nothing more can be recorded; the end is still shown
+                raise TraceWriteError(f"cannot write the trace file: {error.strerror or error}") from None
 
     def start(self, task: str, model: str, url: str, limits: dict) -> None:
         """limits: the run's own settings (max_rounds, mode, ...), kept for --resume."""
@@ -90,7 +99,10 @@ class RunLog:
             self.say(f"\n=== {outcome.summary()} ===")
         for line in outcome.progress:
             self.say(f"  {line}")
-        self.record("end", **{k: v for k, v in outcome.to_json().items() if k != "calls"})
+        try:
+            self.record("end", **{k: v for k, v in outcome.to_json().items() if k != "calls"})
+        except TraceWriteError as error:  # the outcome stands; only its record is missing
+            print(f"agent-demo: warning: {error}", file=sys.stderr)
 
     def close(self) -> None:
         if self.trace_file:

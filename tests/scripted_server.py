@@ -4,7 +4,8 @@ It plays a list of canned replies in order and records every request it gets.
 A canned reply is either a string (the assistant's content) or a dict:
   {"content": ..., "tool_calls": [...], "usage": {...} or None,
    "status": 429, "headers": {...}, "body": "raw text" or a JSON value,
-   "delay": seconds before answering, "drop": true to close without replying}
+   "delay": seconds before answering, "drop": true to close without replying,
+   "trickle": seconds between the pieces of a body sent in 8 pieces}
 When the script runs out, the last reply is repeated (a model that never finishes).
 
 Run it by hand: python tests/scripted_server.py replies.json [port]
@@ -109,7 +110,14 @@ class ScriptedServer:
         for name, value in spec.get("headers", {}).items():
             handler.send_header(name, value)
         handler.end_headers()
-        handler.wfile.write(data)
+        if spec.get("trickle"):
+            step = max(1, len(data) // 8)
+            for start in range(0, len(data), step):
+                handler.wfile.write(data[start:start + step])
+                handler.wfile.flush()
+                time.sleep(spec["trickle"])
+        else:
+            handler.wfile.write(data)
 
     def __enter__(self) -> "ScriptedServer":
         self._thread.start()

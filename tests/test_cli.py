@@ -251,3 +251,32 @@ def test_with_json_an_error_is_one_line_on_stderr(serve, capsys):
     assert main(["--json", "hi"]) == 3
     err_lines = [line for line in capsys.readouterr().err.splitlines() if "bad key" in line]
     assert err_lines == ["agent-demo: error: authentication failed (HTTP 401): bad key - check LLM_API_KEY"]
+
+
+def test_a_server_that_trickles_its_reply_is_cut_off_at_the_timeout(serve, capsys):
+    serve([{"trickle": 0.4, "content": act("finish", result="slow")}])
+    assert main(["--timeout", "1", "--retries", "0", "hi"]) == 3
+    assert "no complete reply within 1 s" in capsys.readouterr().err
+
+
+def test_a_reply_with_malformed_tool_calls_is_an_endpoint_error_not_a_crash(serve, capsys):
+    serve([{"body": {"choices": [{"message": {"content": "", "tool_calls": 5}}]}}])
+    assert main(["--json", "hi"]) == 3
+    assert json.loads(capsys.readouterr().out)["status"] == "error"
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+def test_a_trace_file_that_cannot_be_written_is_one_line_and_exit_2(serve, capsys):
+    serve([act("finish", result="ok")])
+    assert main(["--trace", "/dev/full", "hi"]) == 2
+    err = capsys.readouterr().err
+    assert err.strip() == "agent-demo: error: cannot write the trace file: No space left on device"
+
+
+@pytest.mark.parametrize("argv", [["--json", ""], ["--json", "--max-rounds", "x", "hi"], ["--json"]])
+def test_usage_errors_under_json_still_print_one_json_object(argv, monkeypatch, capsys):
+    with pytest.raises(SystemExit) as raised:
+        main(argv)
+    assert raised.value.code == 2
+    out = json.loads(capsys.readouterr().out)
+    assert out["status"] == "error" and out["error"].startswith("usage: ")

@@ -212,3 +212,21 @@ def test_whole_request_bodies_stay_under_the_budget_schema_and_model_name_includ
     assert main(["--mode", "schema", "--max-rounds", "61", "--max-context", "16000", "--quiet", "x"]) == 0
     sizes = [len(json.dumps(request["body"])) for request in server.requests]
     assert max(sizes) <= 16_000 and max(sizes) > 12_000
+
+
+def test_folded_results_keep_their_full_length_while_they_fit():
+    blob = Tool("blob", "A long result.", {"n": Arg("number", "n", 1)}, lambda n: f"<{n}>" + "x" * 1500 + f"</{n}>")
+    prose = "Let me explain my plan at length. " * 45  # kept verbatim, dropped when folded
+    replies = [prose + json.dumps({"tool": "blob", "args": {"n": n}}) for n in range(10)]
+    model = ScriptedModel(*replies, act("finish", result="ok"))
+    play(model, registry={**REGISTRY, "blob": blob}, max_context=25_000)
+    last = model.requests[-1]
+    assert "Earlier rounds" in last[1]["content"], "the run was folded"
+    assert "[truncated" not in json.dumps(last)
+    assert request_size(last) <= 25_000
+
+
+def test_how_many_rounds_stay_verbatim_can_be_set():
+    model = ScriptedModel(*sums(12, think="x" * 2000), act("finish", result="done"))
+    play(model, max_context=4000, max_result_chars=1000, keep_recent=2)
+    assert [m["role"] for m in model.requests[-1]] == ["system", "user"] + ["assistant", "user"] * 2
