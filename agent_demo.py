@@ -1,7 +1,8 @@
 """agent-demo: a minimal agent loop over an OpenAI-compatible chat-completions endpoint.
 
 Read top to bottom: settings, the reasons a run stops, the HTTP client, the
-action parser, the run log, the loop, the command line.
+action parser, the loop (with its watchdog), the command line. What is re-sent
+each round lives in context.py, the trace and --resume in runlog.py.
 """
 import argparse
 import json
@@ -18,6 +19,7 @@ from urllib.parse import urlsplit
 
 import requests
 from dotenv import dotenv_values
+import urllib3
 from requests.adapters import HTTPAdapter
 from urllib3.util.retry import Retry
 
@@ -79,9 +81,7 @@ class ConfigError(AgentStop):
 
 
 class EndpointError(AgentStop):
-    """The endpoint refused, failed or answered with something unusable."""
-
-    exit_code = 3
+    """The endpoint refused, failed or answered with something unusable (exit 3)."""
 
     def __init__(self, message: str, http_status: Optional[int] = None, server_said: str = ""):
         super().__init__(message)
@@ -179,21 +179,39 @@ def read_body(response: requests.Response, seconds: float) -> str:
     """The whole body, unless it takes longer than `seconds` from sending the request (a trickling server)."""
     deadline = time.monotonic() - response.elapsed.total_seconds() + seconds
     read_some = getattr(response.raw, "read1", None)  # what has arrived, without waiting for a full buffer
-    pieces = iter(lambda: read_some(65536), b"") if read_some else response.iter_content(1024)
+    pieces = (iter(lambda: read_some(65536, decode_content=True), b"") if read_some
+              else response.iter_content(1024))  # urllib3 1.x has no read1
     chunks = []
-    for chunk in pieces:
-        chunks.append(chunk)
-        if time.monotonic() > deadline:
-            response.close()
-            raise EndpointError(f"no complete reply within {seconds:g} s (the server is sending too slowly)")
+    try:
+        for chunk in pieces:
+            chunks.append(chunk)
+            if time.monotonic() > deadline:
+                raise EndpointError(f"no complete reply within {seconds:g} s (the server is sending too slowly)")
+    except (requests.RequestException, urllib3.exceptions.HTTPError, OSError) as error:
+        response.close()
+        raise EndpointError(f"the connection broke while reading the reply: {type(error).__name__}") from None
+    except EndpointError:
+        response.close()
+        raise
     response.raw.release_conn()  # the whole body is read: the connection goes back to the pool
     return b"".join(chunks).decode(response.encoding or "utf-8", errors="replace")
+
+
+def parse_body(text: str) -> Any:
+    """A body's JSON, made safe to print and to send back: NaN and Infinity become null, and
+    lone surrogates (from \\ud800-style escapes) become "?". ValueError if it is not JSON."""
+    try:
+        body = json.loads(text, parse_constant=lambda name: None,
+                          parse_float=lambda number: float(number) if math.isfinite(float(number)) else None)
+    except RecursionError:
+        raise ValueError("nested too deeply") from None
+    return json.loads(json.dumps(body, ensure_ascii=False).encode("utf-8", "replace").decode("utf-8"))
 
 
 def server_message(text: str) -> str:
     """The endpoint's own words about an error, however it shapes them."""
     try:
-        body = json.loads(text)
+        body = parse_body(text)
     except ValueError:
         body = None
     if isinstance(body, dict):
@@ -227,7 +245,7 @@ def describe_http_error(status: int, text: str, settings: Settings) -> str:
 def read_reply(text: str) -> Reply:
     """Pull the message out of a chat-completions body, or say why it is unusable."""
     try:
-        body = json.loads(text)
+        body = parse_body(text)
     except ValueError:
         snippet = " ".join(text.split())[:200]
         raise EndpointError(f"the endpoint's reply is not JSON: {snippet or '(empty body)'}") from None
@@ -240,7 +258,7 @@ def read_reply(text: str) -> Reply:
         raise EndpointError("the endpoint's reply has no message in its first choice")
     content = message.get("content")
     if isinstance(content, list):  # some servers send content as a list of parts
-        content = "".join(part.get("text", "") for part in content if isinstance(part, dict))
+        content = "".join(part["text"] for part in content if isinstance(part, dict) and isinstance(part.get("text"), str))
     content = content if isinstance(content, str) else ""
     raw_calls = message.get("tool_calls")
     tool_calls = [call for call in raw_calls if isinstance(call, dict)] if isinstance(raw_calls, list) else []
@@ -300,6 +318,10 @@ class Parsed:
     actions: List[dict]
     problem: Optional[str] = None
     native: bool = False  # the actions came from the reply's tool_calls
+
+    def answers_by_id(self, mode: str) -> bool:
+        """In tools mode, native calls are answered one role-tool message per tool_call id."""
+        return self.native and mode == "tools"
 
 
 def parse_actions(text: str) -> Parsed:
@@ -414,17 +436,21 @@ class Watchdog:
         return self.calls.get(self.key(action))
 
     def remember(self, number: int, call: dict) -> None:
-        """Count the call once per round; keep its first real result (a cancelled one can be redone)."""
+        """Count the call; keep its first real result (a cancelled one can be redone)."""
         known = self.calls.setdefault(self.key(call), {"rounds": [], "result": call["result"]})
-        if not known["rounds"] or known["rounds"][-1] != number:
-            known["rounds"].append(number)
+        known["rounds"].append(number)
         if known["result"].get("cancelled") and not call["result"].get("cancelled"):
             known["result"] = call["result"]
 
+    def count_reply(self, calls: List[dict]) -> None:
+        """A reply with no usable call (no action, or only calls with broken arguments) adds to the streak."""
+        usable = any(not call.get("format_error") for call in calls)
+        self.format_errors_in_a_row = 0 if usable else self.format_errors_in_a_row + 1
+
     def replay(self, records: List[dict]) -> "Watchdog":
-        """Rebuild the state of a resumed run from its round records."""
+        """Rebuild the state of a resumed run from its round records, as live execution left it."""
         for record in records:
-            self.format_errors_in_a_row = 0 if record["calls"] else self.format_errors_in_a_row + 1
+            self.count_reply(record["calls"])
             for call in record["calls"]:
                 if call.get("watched"):
                     self.remember(record["round"], call)
@@ -439,7 +465,10 @@ def execute_call(action: dict, registry: Dict[str, Tool], watchdog: Watchdog, nu
     """Run one action: finish and fail end the run; a repeated call is cached, refused, then stuck."""
     call = {"tool": action["tool"], "args": action["args"]}
     if action.get("problem") or not isinstance(action["args"], dict):
-        return {**call, "result": failure(action.get("problem") or f"\"args\" of {action['tool']} must be a JSON object")}
+        problem = action.get("problem") or f"\"args\" of {action['tool']} must be a JSON object"
+        return {**call, "result": failure(problem), "format_error": True}
+    if action["tool"] not in registry and action["tool"] not in CONTROL_ACTIONS:
+        return {**call, "result": call_tool(action["tool"], action["args"], registry)}  # unknown tool
     control = CONTROL_ACTIONS.get(action["tool"])
     if control:
         problem = check_args(control, action["args"])
@@ -452,9 +481,7 @@ def execute_call(action: dict, registry: Dict[str, Tool], watchdog: Watchdog, nu
     earlier = watchdog.earlier(action)
     times = len(earlier["rounds"]) if earlier else 0
     call["watched"] = True
-    if earlier and earlier["rounds"][-1] == number:  # the same call twice in one reply: not a loop
-        call.update(result=earlier["result"], watchdog="cached", note=prompts.SAME_REPLY)
-    elif times == 0 or times == 1 and earlier["result"].get("cancelled"):  # the user may say yes this time
+    if times == 0 or times == 1 and earlier["result"].get("cancelled"):  # the user may say yes this time
         call["result"] = run_tool(call, registry, approve, settings)
     elif times == 1:
         call.update(result=earlier["result"], watchdog="cached",
@@ -482,15 +509,16 @@ def run_tool(call: dict, registry: Dict[str, Tool], approve: Optional[Approver],
 def execute(parsed: Parsed, registry: Dict[str, Tool], watchdog: Watchdog, number: int,
             approve: Optional[Approver], settings: Settings) -> List[dict]:
     """Run a reply's actions in order; finish or fail count only last and after calls that all succeeded."""
-    if parsed.problem:
-        watchdog.format_errors_in_a_row += 1
-        return []
-    watchdog.format_errors_in_a_row = 0
     calls: List[dict] = []
+    this_reply: Dict[str, dict] = {}  # the same call twice in one reply is answered once, not a loop
     for index, action in enumerate(parsed.actions):
         ids = {"id": action["id"]} if "id" in action else {}
         failed = [(n, done["tool"]) for n, done in enumerate(calls, 1) if not done["result"].get("ok")]
-        if index >= settings.max_calls:
+        repeat = this_reply.get(Watchdog.key(action)) if isinstance(action["args"], dict) else None
+        if repeat:
+            calls.append({"tool": action["tool"], "args": action["args"], **ids, "result": repeat["result"],
+                          "watchdog": "cached", "note": prompts.SAME_REPLY})
+        elif index >= settings.max_calls:
             calls.append({"tool": action["tool"], "args": action["args"], **ids,
                           "result": failure(prompts.OVER_CAP.format(cap=settings.max_calls))})
         elif action["tool"] in CONTROL_ACTIONS and index < len(parsed.actions) - 1:
@@ -501,6 +529,9 @@ def execute(parsed: Parsed, registry: Dict[str, Tool], watchdog: Watchdog, numbe
                           "result": failure(prompts.render_after_failure(failed))})
         else:
             calls.append({**execute_call(action, registry, watchdog, number, approve, settings), **ids})
+            if isinstance(action["args"], dict):
+                this_reply.setdefault(Watchdog.key(action), calls[-1])
+    watchdog.count_reply(calls)
     return calls  # one per action: in tools mode every tool_call id gets its answer
 
 
@@ -513,7 +544,7 @@ def feed_back(parsed: Parsed, calls: List[dict], registry: Dict[str, Tool], sett
     lines = [prompts.render_call_result(n, {**call, "args": shorten_args(call["args"])},
                                         truncate_result(call["result"], settings.max_result_chars))
              for n, call in enumerate(calls, 1)]
-    if parsed.native and mode == "tools":  # every tool_call id gets its own answer
+    if parsed.answers_by_id(mode):  # every tool_call id gets its own answer
         return [{"role": "tool", "tool_call_id": call["id"], "content": line} for call, line in zip(calls, lines)]
     return [{"role": "user", "content": prompts.render_results(lines)}]
 
@@ -590,7 +621,8 @@ def run(task: str, settings: Settings, ask_model: Callable[..., Reply],
         history: List[dict] = (), approve: Optional[Approver] = None) -> RunResult:
     """Ask, parse, execute, feed back, until finish, fail, a limit or a stop; history resumes a run."""
     log = log or RunLog()
-    conversation = Conversation(task, registry, settings, settings.mode)
+    conversation = Conversation(task, registry, settings, settings.mode,
+                                mode_worked=any(record.get("mode") == settings.mode for record in history))
     records, watchdog = list(history), Watchdog().replay(history)
     outcome = RunResult("max_rounds", rounds=len(records))
     for record in records:
@@ -654,7 +686,7 @@ def make_record(number: int, reply: Reply, messages: List[dict], parsed: Parsed,
               "result": calls[0]["result"] if calls else failure("format error: " + parsed.problem),
               "calls": calls, "feedback": feedback, "mode": mode,
               "latency_ms": reply.latency_ms, "usage": usage, "usage_estimated": estimated}
-    if parsed.native and mode == "tools":  # re-sent as the model wrote them, broken arguments too
+    if parsed.answers_by_id(mode):  # re-sent as the model wrote them, broken arguments too
         record["tool_calls"] = [{"id": action["id"], "type": "function", "function": {
             "name": action["tool"], "arguments": action["arguments"] if isinstance(action["arguments"], str)
             else prompts.to_json(action["arguments"])}} for action in parsed.actions]
@@ -740,19 +772,20 @@ def setting(flag: Optional[int], environment: Dict[str, str], name: str, default
 
 def load_settings(args: argparse.Namespace, environment: Dict[str, str]) -> Settings:
     """Combine flags, the environment and .env into Settings, or raise ConfigError."""
+    default = Settings()
     settings = Settings(
         url=environment.get("LLM_API_URL") or DEFAULT_URL,
         model=environment.get("LLM_MODEL") or DEFAULT_MODEL,
         api_key=(environment.get("LLM_API_KEY") or "").strip() or None,  # a CRLF .env leaves a \r
-        max_rounds=setting(args.max_rounds, environment, "AGENT_MAX_ROUNDS", 6),
+        max_rounds=setting(args.max_rounds, environment, "AGENT_MAX_ROUNDS", default.max_rounds),
         timeout=args.timeout,
-        retries=setting(args.retries, environment, "AGENT_RETRIES", 3),
-        max_tokens=setting(args.max_tokens, environment, "AGENT_MAX_TOKENS", None),
-        max_context=setting(args.max_context, environment, "AGENT_MAX_CONTEXT", 24_000),
-        max_result_chars=setting(None, environment, "AGENT_MAX_RESULT_CHARS", 4_000),
-        keep_recent=setting(None, environment, "AGENT_KEEP_RECENT", 4),
+        retries=setting(args.retries, environment, "AGENT_RETRIES", default.retries),
+        max_tokens=setting(args.max_tokens, environment, "AGENT_MAX_TOKENS", default.max_tokens),
+        max_context=setting(args.max_context, environment, "AGENT_MAX_CONTEXT", default.max_context),
+        max_result_chars=setting(None, environment, "AGENT_MAX_RESULT_CHARS", default.max_result_chars),
+        keep_recent=setting(None, environment, "AGENT_KEEP_RECENT", default.keep_recent),
         mode=args.mode or environment.get("AGENT_MODE") or "json",
-        max_calls=setting(args.max_calls, environment, "AGENT_MAX_CALLS", 8),
+        max_calls=setting(args.max_calls, environment, "AGENT_MAX_CALLS", default.max_calls),
         approve=args.approve, yes=args.yes,
     )
     if settings.mode not in MODES:
@@ -785,8 +818,11 @@ def load_settings(args: argparse.Namespace, environment: Dict[str, str]) -> Sett
 def read_environment() -> Dict[str, str]:
     """The environment over ./.env: a variable set in the shell wins."""
     dotenv_file = Path.cwd() / ".env"
-    from_file = {k: v for k, v in dotenv_values(dotenv_file).items() if v is not None} if dotenv_file.is_file() else {}
-    return {**from_file, **os.environ}
+    try:
+        values = dotenv_values(dotenv_file) if dotenv_file.is_file() else {}
+    except (OSError, UnicodeDecodeError) as error:
+        raise ConfigError(f"cannot read {dotenv_file}: {error}") from None
+    return {**{k: v for k, v in values.items() if v is not None}, **os.environ}
 
 
 def allowed_tools(names: Optional[str]) -> Dict[str, Tool]:
@@ -804,17 +840,19 @@ def terminal_approver(secret: Optional[str]) -> Optional[Approver]:
     """Ask y/N about each call on the terminal the user types into; None when stdin is no terminal."""
     if sys.stdin is None or not sys.stdin.isatty():
         return None
-    try:  # the terminal itself, so the question shows even with stdout and stderr redirected
-        terminal = open(os.ttyname(sys.stdin.fileno()), "w", encoding="utf-8")
-    except OSError:
-        terminal = sys.stderr
 
     def approve(call: dict) -> bool:
+        try:  # the terminal itself, so the question shows even with stdout and stderr redirected
+            terminal = open(os.ttyname(sys.stdin.fileno()), "w", encoding="utf-8")
+        except OSError:
+            terminal = sys.stderr
         terminal.write(redact(f"approve {call['tool']} {prompts.to_json(call['args'])}? [y/N] ", secret))
         terminal.flush()
         answer = sys.stdin.readline()
         if not answer:  # Ctrl-D: end the line the question left open
             terminal.write("\n")
+        if terminal is not sys.stderr:
+            terminal.close()
         return answer.strip().lower() in ("y", "yes")
     return approve
 
@@ -846,7 +884,7 @@ def prepare(args: argparse.Namespace, task: str,
         settings.mode = start["mode"]
     if recorded(args.tools, "", "tools", lambda names: isinstance(names, list)):
         registry = {name: tool for name, tool in REGISTRY.items() if name in start["tools"]}
-    settings.approve = settings.approve or start.get("approve") is True  # resuming never loosens approval
+    settings.approve = settings.approve or start.get("approve") is True  # only --yes lifts it on resume
     return settings, registry, start["task"], rounds, args.resume
 
 
@@ -865,7 +903,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     task = " ".join(args.task).strip()
     if not task and not args.resume:
         parser.error("the task is empty: say what the agent should do")
-    environment = read_environment()
+    try:
+        environment = read_environment()
+    except ConfigError as error:
+        return report(RunResult("error", error=str(error), exception=error), args, None)
     debug = args.debug or environment.get("AGENT_DEBUG", "") not in ("", "0")
     human = None if args.quiet else (sys.stderr if args.json else sys.stdout)
     secret = (environment.get("LLM_API_KEY") or "").strip() or None

@@ -1,7 +1,8 @@
 """What is re-sent each round: the pinned goal, recent rounds verbatim, older rounds as a digest.
 
 The conversation is rebuilt for every request from the round records (the same
-records the trace file holds), so a resumed run sends what the original would have.
+records the trace file holds), so a resumed run with the same settings sends what
+the original would have.
 """
 import json
 import re

@@ -120,7 +120,7 @@ def load_trace(path: str) -> tuple:
     for line in lines:
         try:  # a line torn by a crash, even mid-character, is skipped and its round redone
             record = json.loads(line.decode("utf-8", errors="replace"))
-        except json.JSONDecodeError:
+        except (ValueError, RecursionError):
             continue
         if isinstance(record, dict):
             records.append(record)
@@ -132,9 +132,13 @@ def load_trace(path: str) -> tuple:
     for record in run:
         if record.get("event") == "round" and record.get("round") == len(rounds) + 1:
             rounds.append(record)
-    ends = [record.get("status") for record in run if record.get("event") == "end"]
-    ended_by_model = [call.get("ends_run") for call in rounds[-1].get("calls", [])] if rounds else []
-    status = ends[-1] if ends else next((s for s in ended_by_model if s in ("finished", "failed")), None)
+    status = None  # how the run last stood: an end record, or a round in which the model finished
+    for record in run:
+        if record.get("event") == "end":
+            status = record.get("status")
+        elif record.get("event") == "round":
+            endings = [call.get("ends_run") for call in record.get("calls") or [] if isinstance(call, dict)]
+            status = next((s for s in endings if s in ("finished", "failed")), None)
     if status is not None and status not in RESUMABLE:
         raise ValueError(f"{path} holds a run that already ended with status {status!r};"
                          " only an unfinished run can be resumed")

@@ -4,6 +4,7 @@ A tool is one entry in REGISTRY. The system prompt, the JSON schemas sent to
 the endpoint and the argument checks are all rendered from that entry, so
 adding a tool is one edit here (see README, "Adding a tool").
 """
+import json
 import math
 import re
 from dataclasses import dataclass
@@ -166,7 +167,9 @@ def call_tool(name: str, args: dict, registry: Dict[str, Tool]) -> dict:
     if problem:
         return failure(f"bad arguments for {name}: {problem}", example=tool.example())
     try:
-        return success(tool.function(**args))
+        data = tool.function(**args)
+        json.dumps(data, allow_nan=False)  # the result goes back to the model as JSON
+        return success(data)
     except ToolError as error:
         return failure(str(error))
     except Exception as error:  # a tool bug must not end the run: the model can work around it

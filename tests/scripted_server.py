@@ -5,11 +5,13 @@ A canned reply is either a string (the assistant's content) or a dict:
   {"content": ..., "tool_calls": [...], "usage": {...} or None,
    "status": 429, "headers": {...}, "body": "raw text" or a JSON value,
    "delay": seconds before answering, "drop": true to close without replying,
-   "trickle": seconds between the pieces of a body sent in 8 pieces}
+   "trickle": seconds between the pieces of a body sent in 8 pieces,
+   "gzip": true to compress the body, "short": true to promise more body than is sent}
 When the script runs out, the last reply is repeated (a model that never finishes).
 
 Run it by hand: python tests/scripted_server.py replies.json [port]
 """
+import gzip
 import json
 import socket
 import sys
@@ -104,9 +106,15 @@ class ScriptedServer:
         else:
             data = json.dumps(completion(spec.get("content"), spec.get("tool_calls"),
                                          spec.get("usage", "default"))).encode("utf-8")
+        if spec.get("gzip"):
+            data = gzip.compress(data)
         handler.send_response(spec.get("status", 200))
         handler.send_header("Content-Type", "application/json")
-        handler.send_header("Content-Length", str(len(data)))
+        handler.send_header("Content-Length", str(len(data) + (100 if spec.get("short") else 0)))
+        if spec.get("gzip"):
+            handler.send_header("Content-Encoding", "gzip")
+        if spec.get("short"):
+            handler.close_connection = True
         for name, value in spec.get("headers", {}).items():
             handler.send_header(name, value)
         handler.end_headers()

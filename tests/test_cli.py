@@ -280,3 +280,22 @@ def test_usage_errors_under_json_still_print_one_json_object(argv, monkeypatch, 
     assert raised.value.code == 2
     out = json.loads(capsys.readouterr().out)
     assert out["status"] == "error" and out["error"].startswith("usage: ")
+
+
+def test_a_gzip_compressed_reply_is_read(serve, capsys):
+    serve([{"gzip": True, "content": act("finish", result="zipped")}])
+    assert main(["--quiet", "hi"]) == 0
+    assert capsys.readouterr().out == "zipped\n"
+
+
+def test_a_body_cut_short_is_an_endpoint_error_not_a_traceback(serve, capsys):
+    serve([{"short": True, "content": act("finish", result="x")}])
+    assert main(["--retries", "0", "hi"]) == 3
+    err = capsys.readouterr().err
+    assert "the connection broke while reading the reply" in err and "Traceback" not in err
+
+
+def test_a_dotenv_that_is_not_utf8_is_a_configuration_error(tmp_path, capsys):
+    (tmp_path / ".env").write_bytes(b"LLM_MODEL=\xff\xfe\n")
+    assert main(["hi"]) == 2
+    assert "cannot read" in capsys.readouterr().err

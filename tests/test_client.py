@@ -135,3 +135,29 @@ def test_a_long_multi_line_server_message_becomes_one_short_line():
     message = endpoint_error()
     assert "\n" not in message and message.startswith("request rejected (HTTP 400): line one line two xxx")
     assert len(message) < 400
+
+
+@pytest.mark.parametrize("payload", ["[" * 100_000, '{"error": ' * 5000])
+@pytest.mark.parametrize("status", [200, 401])
+@responses.activate
+def test_a_body_nested_too_deeply_is_an_endpoint_error(payload, status):
+    responses.post(URL, body=payload, status=status)
+    assert endpoint_error()
+
+
+@responses.activate
+def test_odd_content_shapes_are_read_safely():
+    responses.post(URL, json=body([{"type": "text", "text": None}, {"type": "text", "text": "ok"}, "junk"]))
+    assert client().ask(MESSAGES).content == "ok"
+
+
+@responses.activate
+def test_a_lone_surrogate_or_nan_in_a_reply_cannot_reach_the_output():
+    call = {"id": 7, "type": "function", "function": {"name": "finish", "arguments": {"result": float("nan")}}}
+    text = json.dumps(body("hi \ud800 there", tool_calls=[call]))
+    assert "NaN" in text
+    responses.post(URL, body=text)
+    reply = client().ask(MESSAGES)
+    assert reply.content == "hi ? there"
+    assert reply.tool_calls[0]["function"]["arguments"] == {"result": None}
+    json.dumps(reply.tool_calls, allow_nan=False)

@@ -216,3 +216,32 @@ def test_a_fallback_to_json_holds_across_resumes(serve, tmp_path, capsys):
     server = serve([act("finish", result=2)], key=None)
     assert main(["--resume", str(trace), "--max-rounds", "2", "--quiet"]) == 0
     assert len(server.requests) == 1 and "tools" not in server.requests[0]["body"]
+
+
+def test_a_run_that_finished_after_an_earlier_interruption_is_not_resumed(serve, tmp_path, capsys):
+    trace = tmp_path / "run.jsonl"
+    interrupted_run(trace, [act("calculator", expression="1 + 1")], stop_at=2)
+    serve([act("finish", result=2)], key=None)
+    assert main(["--resume", str(trace), "--quiet"]) == 0
+    trace.write_text("\n".join(trace.read_text().splitlines()[:-1]) + "\n")  # lose the final end record
+    assert main(["--resume", str(trace)]) == 2
+    assert "already ended with status 'finished'" in capsys.readouterr().err
+
+
+def test_a_resumed_tools_run_does_not_fall_back_on_a_later_400(serve, tmp_path, capsys):
+    trace = tmp_path / "run.jsonl"
+    serve([{"tool_calls": [{"id": "a", "type": "function",
+                            "function": {"name": "calculator", "arguments": '{"expression": "1 + 1"}'}}]}], key=None)
+    assert main(["--mode", "tools", "--max-rounds", "1", "--trace", str(trace), "--quiet", "hi"]) == 1
+    server = serve([{"status": 400, "body": {"error": {"message": "maximum context length exceeded"}}}], key=None)
+    assert main(["--resume", str(trace), "--max-rounds", "3", "--quiet"]) == 3
+    assert len(server.requests) == 1
+    assert not [r for r in records(trace) if r["event"] == "fallback"]
+
+
+def test_a_tool_taken_away_on_resume_is_unknown_even_if_called_before(serve, tmp_path):
+    trace = tmp_path / "run.jsonl"
+    interrupted_run(trace, [act("get_order_status", order_id="A1002")], stop_at=2)
+    server = serve([act("get_order_status", order_id="A1002"), act("fail", reason="x")], key=None)
+    assert main(["--resume", str(trace), "--tools", "calculator", "--quiet"]) == 1
+    assert "unknown tool 'get_order_status'" in server.sent_messages(1)[-1]["content"]

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from agent_demo import Reply, RunLog, Settings, main, run
+from agent_demo import Reply, Settings, main, run
 from scripted_server import ScriptedServer, action as act
 from tools import REGISTRY, Arg, Tool
 
@@ -332,3 +332,37 @@ def test_tools_mode_re_sends_broken_arguments_as_the_model_wrote_them():
     assistant, answer = model.requests[1]["messages"][2:4]
     assert assistant["tool_calls"][0]["function"]["arguments"] == '{"expression": "1+'
     assert json.loads(answer["content"])["result"]["error"] == "the arguments of calculator are not valid JSON"
+
+
+def test_broken_native_arguments_again_and_again_end_the_run_as_stuck():
+    broken = {"id": "c1", "type": "function", "function": {"name": "calculator", "arguments": "{oops"}}
+    outcome = play(ScriptedModel(Reply(content="", tool_calls=[broken])), mode="tools", max_rounds=9)
+    assert (outcome.status, outcome.rounds) == ("stuck", 3)
+
+
+def test_a_refused_call_repeated_in_the_same_reply_is_refused_too():
+    tools_model = ScriptedModel(
+        *[Reply(content="", tool_calls=[tool_call(f"a{n}", "calculator", expression="2 + 2")]) for n in range(2)],
+        Reply(content="", tool_calls=[tool_call("b1", "calculator", expression="2 + 2"),
+                                      tool_call("b2", "calculator", expression="2 + 2")]),
+        Reply(content="", tool_calls=[tool_call("f", "finish", result=4)]))
+    play(tools_model, mode="tools")
+    third = [json.loads(m["content"]) for m in tools_model.requests[3]["messages"][-2:]]
+    assert all(answer["result"]["ok"] is False for answer in third)
+    assert "refused" in third[1]["result"]["error"]
+
+
+@pytest.mark.parametrize("odd_call", [
+    {"id": 5, "type": "function", "function": {"name": "calculator", "arguments": {"expression": "1 + 1"}}},
+    {"id": "x", "function": "calculator"},
+    {"id": "x", "function": {"name": None, "arguments": "{}"}},
+    {"id": "x", "function": {"name": "calculator", "arguments": 5}},
+    {"id": "x", "function": {"name": "calculator", "arguments": "[1, 2]"}},
+])
+def test_odd_tool_call_shapes_are_answered_not_crashed_on(odd_call):
+    model = ScriptedModel(Reply(content="", tool_calls=[odd_call]),
+                          Reply(content="", tool_calls=[tool_call("f", "finish", result=1)]))
+    outcome = play(model, mode="tools")
+    assert outcome.status == "finished"
+    answer = model.requests[1]["messages"][-1]
+    assert answer["role"] == "tool" and answer["tool_call_id"] == str(odd_call["id"])

@@ -99,3 +99,9 @@ def test_an_exception_inside_a_tool_becomes_an_error_result():
     registry = {"broken": Tool("broken", "Always fails.", {"x": Arg("string", "anything", "a")}, broken)}
     assert call_tool("broken", {"x": "a"}, registry) == {
         "ok": False, "error": "broken failed: RuntimeError: disk on fire"}
+
+
+def test_a_tool_returning_something_that_is_not_json_is_an_error_result():
+    registry = {"odd": Tool("odd", "Returns a set.", {"x": Arg("string", "anything", "a")}, lambda x: {1, 2})}
+    result = call_tool("odd", {"x": "a"}, registry)
+    assert result["ok"] is False and "not JSON serializable" in result["error"]
