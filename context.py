@@ -5,30 +5,15 @@ records the trace file holds), so a resumed run with the same settings sends wha
 the original would have.
 """
 import json
-import re
-from typing import Any, List
+from dataclasses import dataclass, field
+from typing import Any, Dict, List
 
 import prompts
-
-_THINK_TAG = re.compile(r"<(/?)think(?:ing)?>", re.I)
-
-
-def strip_think(text: str) -> str:
-    """Drop reasoning blocks, an unclosed one, and all before a lone closing tag (linear time)."""
-    kept, position, inside = [], 0, False
-    for tag in _THINK_TAG.finditer(text):
-        closing = tag.group(1) == "/"
-        if closing and not inside:  # the server ate the opening tag: all so far was reasoning
-            kept, position = [], tag.end()
-        elif closing:
-            inside, position = False, tag.end()
-        elif not inside:
-            kept.append(text[position:tag.start()])
-            inside = True
-    if not inside:  # a block never closed was cut off mid-thought: drop it
-        kept.append(text[position:])
-    return "".join(kept)
-
+from actions import strip_think
+from endings import ConfigError
+from records import Call, Round
+from settings import Settings
+from tools import Tool
 
 def request_size(messages: List[dict]) -> int:
     """Characters the messages take on the wire (JSON, non-ASCII escaped as requests sends it)."""
@@ -62,47 +47,46 @@ def shorten_args(args: Any, max_chars: int = 200) -> Any:
     return args if len(text) <= max_chars else _cut(text, max_chars)
 
 
-def assistant_message(record: dict, native_tools: bool = False) -> dict:
+def assistant_message(record: Round, native_tools: bool = False) -> dict:
     """The model's turn as it is re-sent: without think blocks, never empty."""
-    text = strip_think(record.get("model_output") or "").strip()
-    if native_tools and record.get("tool_calls"):
-        return {"role": "assistant", "content": text, "tool_calls": record["tool_calls"]}
-    if not text and record.get("calls"):
-        actions = [{"tool": call["tool"], "args": call["args"]} for call in record["calls"]]
+    text = strip_think(record.model_output).strip()
+    if native_tools and record.tool_calls:
+        return {"role": "assistant", "content": text, "tool_calls": record.tool_calls}
+    if not text and record.calls:
+        actions = [call.action for call in record.calls]
         text = prompts.to_json(actions[0] if len(actions) == 1 else actions)
     return {"role": "assistant", "content": text or "(empty reply)"}
 
 
-def round_messages(record: dict, native_tools: bool = False) -> List[dict]:
+def round_messages(record: Round, native_tools: bool = False) -> List[dict]:
     """The messages one completed round adds to the conversation."""
-    feedback = record["feedback"]
+    feedback = record.feedback
     if not native_tools and any(message["role"] == "tool" for message in feedback):
         # A tools-mode round re-sent without function calling (after a fallback or a resume).
         feedback = [{"role": "user", "content": prompts.render_results([m["content"] for m in feedback])}]
     return [assistant_message(record, native_tools), *feedback]
 
 
-def digest_line(record: dict, result_chars: int) -> str:
+def digest_line(record: Round, result_chars: int) -> str:
     """One folded round: each call and its result, without the model's prose; bounded in length."""
-    calls = record.get("calls") or []
-    if not calls:
-        return f"round {record['round']}: no valid action ({_cut(str(record['result'].get('error')), result_chars)})"
-    return f"round {record['round']}: " + "; ".join(_call_summary(call, result_chars) for call in calls)
+    if not record.calls:
+        return f"round {record.number}: no valid action ({_cut(str(record.result.get('error')), result_chars)})"
+    return f"round {record.number}: " + "; ".join(_call_summary(call, result_chars) for call in record.calls)
 
 
 def _as_text(value: Any) -> str:
     return value if isinstance(value, str) else prompts.to_json(value)
 
 
-def _call_summary(call: dict, result_chars: int) -> str:
-    args = call["args"]
+def _call_summary(call: Call, result_chars: int) -> str:
+    args = call.args
     shown_args = _as_text(next(iter(args.values()))) if isinstance(args, dict) and len(args) == 1 else _as_text(args)
-    result = call["result"]
+    result = call.result
     shown = _as_text(result.get("data")) if result.get("ok") else "error: " + _as_text(result.get("error"))
-    return f"{_cut(call['tool'], 60)}({_cut(shown_args, 120)}) -> {_cut(shown, result_chars)}"
+    return f"{_cut(call.tool, 60)}({_cut(shown_args, 120)}) -> {_cut(shown, result_chars)}"
 
 
-def build_messages(pinned: List[dict], records: List[dict], max_chars: int, keep_recent: int = 4,
+def build_messages(pinned: List[dict], records: List[Round], max_chars: int, keep_recent: int = 4,
                    result_chars: int = 4000, native_tools: bool = False) -> List[dict]:
     """The messages for the next request, folding the oldest rounds until they fit max_chars."""
     turns = [round_messages(record, native_tools) for record in records]
@@ -137,3 +121,42 @@ _DIGEST_SEPARATOR = "\n\n"
 def _digest_size(lines: List[str], dropped: int = 0) -> int:
     """What the digest adds to the request: its text, escaped as JSON, inside the task's message."""
     return len(json.dumps(_DIGEST_SEPARATOR + prompts.render_digest(lines, dropped))) - 2
+
+
+@dataclass
+class Conversation:
+    """What every request is built from: the pinned goal, the mode, the rounds so far."""
+
+    task: str
+    registry: Dict[str, Tool]
+    settings: Settings
+    rounds: List[Round] = field(default_factory=list)
+    mode: str = "json"
+    mode_worked: bool = False  # the endpoint has answered a request in this mode
+
+    def pinned(self) -> List[dict]:
+        """The system prompt and the task: sent first in every request, never folded."""
+        return [{"role": "system", "content": prompts.render_system_prompt(
+                    self.registry, self.mode, self.settings.max_calls)},
+                {"role": "user", "content": prompts.render_task(self.task)}]
+
+    def messages(self) -> List[dict]:
+        """The messages for the next request; with the rest of the body they fit --max-context."""
+        return build_messages(self.pinned(), self.rounds, self.settings.max_context - self.body_size([]),
+                              self.settings.keep_recent, self.settings.max_result_chars,
+                              native_tools=self.mode == "tools")
+
+    def body_size(self, messages: List[dict]) -> int:
+        """Characters of the whole request body as it goes on the wire."""
+        return len(json.dumps({"model": self.settings.model, "messages": messages, **self.options()}))
+
+    def options(self) -> dict:
+        """What the request carries besides the model and the messages (schemas, tools)."""
+        return prompts.request_options(self.mode, self.registry, self.settings.max_calls)
+
+    def check_fits(self) -> None:
+        """ConfigError if the system prompt, task and schemas alone leave too little room for rounds."""
+        bare = self.body_size(self.pinned())
+        if bare > self.settings.max_context // 2:
+            raise ConfigError(f"--max-context {self.settings.max_context} is too small: the system prompt,"
+                              f" task and tool schemas alone take {bare} characters")

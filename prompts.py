@@ -20,7 +20,6 @@ FORMATS = {
 }
 
 
-
 def to_json(value: Any) -> str:
     """JSON as the model reads it: compact, non-ASCII kept readable."""
     return json.dumps(value, ensure_ascii=False)
@@ -31,7 +30,8 @@ def _every_tool(registry: Dict[str, Tool]) -> List[Tool]:
 
 
 def _describe(tool: Tool, mode: str) -> str:
-    args = ", ".join(f"{name} ({arg.type}): {arg.description}" for name, arg in tool.args.items())
+    args = ", ".join(f"{name} ({spec.get('type', 'any')}): {spec['description']}"
+                     for name, spec in tool.parameters.items())
     example = {"actions": [tool.example()]} if mode == "schema" else tool.example()
     return f"- {tool.name}: {tool.description}\n  args: {args}\n  example: {to_json(example)}"
 

@@ -1,60 +1,51 @@
-"""The run log: the trace people read, the JSON Lines trace file, and reading it back to resume.
-
-A round record holds everything needed to rebuild the conversation (the model's
-output, its calls and results, the exact feedback sent), so `--resume` replays
-the file instead of guessing.
-"""
+"""The run log: the trace people read, the JSON Lines trace file, and reading it back to resume."""
 import json
-import re
 import sys
 import time
-from typing import Any, List, Optional, TextIO
+from typing import Any, List, Optional, TextIO, Tuple
 
 import prompts
+from endings import ConfigError
+from output import Redactor, SafeStream
+from records import Round, round_from_line, round_to_line
 
 RESUMABLE = {"max_rounds", "budget", "stuck", "error", "interrupted"}  # not finished, not failed
 
 
-def redact(text: str, secret: Optional[str]) -> str:
-    """Remove the API key from anything about to leave the process.
-
-    Only where it stands as a whole token, so a placeholder key such as "5" does
-    not turn the result 1536 into 1[redacted]36.
-    """
-    if not secret:
-        return text
-    return re.sub(rf"(?<![A-Za-z0-9]){re.escape(secret)}(?![A-Za-z0-9])", "[redacted]", text)
-
-
-class TraceWriteError(Exception):
-    """The trace file could not be written (disk full, file removed); the run cannot be recorded."""
+class TraceWriteError(ConfigError):
+    """The trace file could not be written (disk full, file removed): the run the user asked to
+    record cannot be recorded, so it ends (exit 2)."""
 
 
 class RunLog:
     """Writes each event to the human trace (a stream or nothing) and the trace file."""
 
     def __init__(self, human: Optional[TextIO] = None, trace_path: Optional[str] = None,
-                 secret: Optional[str] = None):
-        self.human, self.secret = human, secret
-        self.trace_file = open(trace_path, "a", encoding="utf-8") if trace_path else None
-        if self.trace_file and self.trace_file.tell() > 0:
-            with open(trace_path, "rb") as existing:
-                existing.seek(-1, 2)
-                if existing.read(1) != b"\n":
-                    self.trace_file.write("\n")  # end a line torn by a crash; readers skip it
+                 redactor: Optional[Redactor] = None):
+        self.human = human
+        self.trace_file = None
+        if trace_path:
+            raw = open(trace_path, "a", encoding="utf-8")
+            if raw.tell() > 0:
+                with open(trace_path, "rb") as existing:
+                    existing.seek(-1, 2)
+                    torn = existing.read(1) != b"\n"
+                if torn:
+                    raw.write("\n")  # end a line torn by a crash; readers skip it
+            self.trace_file = SafeStream(raw, redactor or Redactor(None))
 
     def say(self, text: str) -> None:
         if self.human:
-            print(redact(text, self.secret), file=self.human, flush=True)
+            print(text, file=self.human, flush=True)
 
     def record(self, event: str, **fields: Any) -> None:
         if self.trace_file:
             line = json.dumps({"event": event, **fields}, ensure_ascii=False, default=str)
             try:
-                self.trace_file.write(redact(line, self.secret) + "\n")
+                self.trace_file.write(line + "\n")
                 self.trace_file.flush()  # a crash loses at most the round in flight
             except OSError as error:
-                self.trace_file = None  # nothing more can be recorded; the end is still shown
+                self.close()  # nothing more can be recorded; the end is still shown
                 raise TraceWriteError(f"cannot write the trace file: {error.strerror or error}") from None
 
     def start(self, task: str, model: str, url: str, limits: dict) -> None:
@@ -80,19 +71,18 @@ class RunLog:
         self.say(f"\n--- round {number}/{max_rounds} ---")
         self.say("model: " + (reply.content.strip() or prompts.to_json(reply.tool_calls)))
 
-    def round(self, record: dict) -> None:
+    def round(self, record: Round) -> None:
         """Show the round's calls and results, and append the round to the trace file."""
-        calls = record["calls"]
-        for number, call in enumerate(calls, 1):
-            label = f"action {number}/{len(calls)}" if len(calls) > 1 else "action"
-            self.say(f"{label}: {call['tool']} {prompts.to_json(call['args'])}")
-            if call.get("watchdog"):
-                self.say(f"watchdog: {call['watchdog']}")
-            if not call.get("ends_run"):
-                self.say(f"result: {prompts.to_json(call['result'])}")
-        if not record["calls"]:
-            self.say(f"result: {prompts.to_json(record['result'])}")
-        self.record("round", **record)
+        for number, call in enumerate(record.calls, 1):
+            label = f"action {number}/{len(record.calls)}" if len(record.calls) > 1 else "action"
+            self.say(f"{label}: {call.tool} {prompts.to_json(call.args)}")
+            if call.watchdog:
+                self.say(f"watchdog: {call.watchdog}")
+            if not call.ends_run:
+                self.say(f"result: {prompts.to_json(call.result)}")
+        if not record.calls:
+            self.say(f"result: {prompts.to_json(record.result)}")
+        self.record("round", **round_to_line(record))
 
     def end(self, outcome: Any) -> None:
         if outcome.status != "error":  # an error is one line on stderr, said by the CLI
@@ -102,14 +92,18 @@ class RunLog:
         try:
             self.record("end", **{k: v for k, v in outcome.to_json().items() if k != "calls"})
         except TraceWriteError as error:  # the outcome stands; only its record is missing
-            print(f"agent-demo: warning: {error}", file=sys.stderr)
+            print(f"agent-demo: warning: {error}", file=self.human or sys.stderr)
 
     def close(self) -> None:
-        if self.trace_file:
-            self.trace_file.close()
+        trace_file, self.trace_file = self.trace_file, None
+        if trace_file:
+            try:
+                trace_file.close()
+            except OSError:
+                pass  # a full disk refuses the last flush too; the file is closed all the same
 
 
-def load_trace(path: str) -> tuple:
+def load_trace(path: str) -> Tuple[dict, List[Round]]:
     """The start record and the completed rounds of the file's last run, or ValueError if it cannot go on."""
     try:
         with open(path, "rb") as trace:
@@ -128,10 +122,10 @@ def load_trace(path: str) -> tuple:
     if not starts or not isinstance(records[starts[-1]].get("task"), str):
         raise ValueError(f"{path} is not an agent-demo trace (it holds no start record)")
     run = records[starts[-1]:]  # a trace file appended to by several runs: the last one
-    rounds: List[dict] = []
+    lines_of_rounds: List[dict] = []
     for record in run:
-        if record.get("event") == "round" and record.get("round") == len(rounds) + 1:
-            rounds.append(record)
+        if record.get("event") == "round" and record.get("round") == len(lines_of_rounds) + 1:
+            lines_of_rounds.append(record)
     status = None  # how the run last stood: an end record, or a round in which the model finished
     for record in run:
         if record.get("event") == "end":
@@ -142,8 +136,10 @@ def load_trace(path: str) -> tuple:
     if status is not None and status not in RESUMABLE:
         raise ValueError(f"{path} holds a run that already ended with status {status!r};"
                          " only an unfinished run can be resumed")
-    if any("feedback" not in record or "calls" not in record for record in rounds):
-        raise ValueError(f"{path} was written by an older version without feedback records; cannot resume")
+    try:
+        rounds = [round_from_line(line) for line in lines_of_rounds]
+    except (KeyError, TypeError, AttributeError):
+        raise ValueError(f"{path} was written by an older version without feedback records; cannot resume") from None
     start = dict(run[0])
     for record in run:  # what a later resume or a fallback set holds for the next resume too
         if record.get("event") == "resume":

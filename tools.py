@@ -1,42 +1,26 @@
 """The tool registry: every tool the agent can call, and the one way to call it.
 
-A tool is one entry in REGISTRY. The system prompt, the JSON schemas sent to
-the endpoint and the argument checks are all rendered from that entry, so
-adding a tool is one edit here (see README, "Adding a tool").
+A tool is a plain Python function with type hints and a docstring. Its name,
+description, argument schema and example are read from the function, so the
+system prompt, the JSON schemas sent to the endpoint and the argument checks
+cannot drift apart. `@tool(...)` adds what a signature cannot say. Adding a
+tool is writing one function and listing it in REGISTRY (README, "Adding a tool").
 """
+import inspect
 import json
 import math
 import re
-from dataclasses import dataclass
-from typing import Any, Callable, Dict, Optional
-
-
-@dataclass(frozen=True)
-class Arg:
-    """One argument of a tool: its JSON type, what it means, and an example."""
-
-    type: str  # a JSON schema type name: "string", "number", ...; "any" for any JSON
-    description: str
-    example: Any
-
-
-@dataclass(frozen=True)
-class Tool:
-    """A callable the model may ask for, described once for prompt, schema and checks."""
-
-    name: str
-    description: str
-    args: Dict[str, Arg]
-    function: Optional[Callable[..., Any]] = None  # None for the control actions
-    side_effects: bool = False  # such tools ask before running unless --yes
-
-    def example(self) -> dict:
-        """The action the prompt shows for this tool."""
-        return {"tool": self.name, "args": {n: a.example for n, a in self.args.items()}}
+import typing
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Optional
 
 
 class ToolError(Exception):
     """A tool's way of saying the input is wrong; the message goes back to the model."""
+
+
+class ToolDefinitionError(ValueError):
+    """A function cannot be described as a tool (no docstring, an argument without a type hint, ...)."""
 
 
 def success(data: Any) -> dict:
@@ -49,7 +33,111 @@ def failure(error: str, **details: Any) -> dict:
     return {"ok": False, "error": error, **details}
 
 
-# --- calculator ---------------------------------------------------------------
+# --- describing a function as a tool -------------------------------------------------
+
+@dataclass(frozen=True)
+class Tool:
+    """A callable the model may ask for, described once for prompt, schemas and checks."""
+
+    name: str
+    description: str
+    parameters: Dict[str, dict]  # argument name -> its JSON schema (type, description, constraints)
+    required: List[str]
+    example_args: Dict[str, Any]
+    function: Optional[Callable[..., Any]] = field(default=None, compare=False)
+    side_effects: bool = False  # such tools ask before running unless --yes
+
+    def example(self) -> dict:
+        """The action the prompt shows for this tool."""
+        return {"tool": self.name, "args": dict(self.example_args)}
+
+
+_SCHEMA_TYPES = {str: "string", int: "integer", float: "number", bool: "boolean",
+                 dict: "object", list: "array"}
+_PLACEHOLDERS = {"string": "...", "integer": 1, "number": 1.5, "boolean": True, "object": {}, "array": []}
+
+
+def tool(function: Optional[Callable] = None, *, example: Optional[dict] = None, side_effects: bool = False,
+         constraints: Optional[Dict[str, dict]] = None):
+    """Mark a function as a tool and add what its signature cannot say.
+
+    example: the arguments the prompt shows; constraints: per argument, JSON schema
+    keywords such as {"pattern": ...}, {"enum": [...]}, {"minimum": 0}.
+    """
+    def mark(target: Callable) -> Callable:
+        target.tool_options = {"example": example, "side_effects": side_effects, "constraints": constraints or {}}
+        return target
+    return mark(function) if function is not None else mark
+
+
+def _json_type(hint: Any, where: str) -> dict:
+    """The JSON schema of one type hint."""
+    if hint is Any:
+        return {}
+    origin = typing.get_origin(hint)
+    if origin is typing.Literal:
+        values = list(typing.get_args(hint))
+        return {**_json_type(type(values[0]), where), "enum": values}
+    if hint in _SCHEMA_TYPES or origin in _SCHEMA_TYPES:
+        return {"type": _SCHEMA_TYPES.get(hint) or _SCHEMA_TYPES[origin]}
+    raise ToolDefinitionError(f"{where}: type {hint!r} has no JSON type; use str, int, float, bool, dict,"
+                              " list, Literal[...] or Any")
+
+
+def _docstring_parts(doc: str) -> tuple:
+    """The description (the text before "Args:") and each argument's line from the "Args:" section."""
+    description, _, args_section = doc.partition("\nArgs:")
+    described: Dict[str, str] = {}
+    current = None
+    for line in args_section.splitlines():
+        match = re.match(r"\s*(\w+)\s*(?:\([^)]*\))?:\s*(.*)", line)
+        if match and (current is None or len(line) - len(line.lstrip()) <= 4):
+            current = match[1]
+            described[current] = match[2].strip()
+        elif current and line.strip():
+            described[current] += " " + line.strip()
+    return " ".join(description.split()), described
+
+
+def describe(function: Callable, name: Optional[str] = None) -> Tool:
+    """A Tool read from a function's name, type hints and docstring (and its @tool options)."""
+    name = name or function.__name__
+    doc = inspect.getdoc(function)
+    if not doc:
+        raise ToolDefinitionError(f"{name} has no docstring; its first line tells the model what it does")
+    description, arg_lines = _docstring_parts(doc)
+    options = getattr(function, "tool_options", {})
+    try:
+        hints = typing.get_type_hints(function)
+    except Exception as error:  # a hint naming something that does not exist
+        raise ToolDefinitionError(f"{name}: its type hints cannot be read ({error})") from None
+    parameters, required, example = {}, [], {}
+    for arg in inspect.signature(function).parameters.values():
+        if arg.kind in (arg.VAR_POSITIONAL, arg.VAR_KEYWORD):
+            raise ToolDefinitionError(f"{name}: *{arg.name} cannot be described; name every argument")
+        if arg.name not in hints:
+            raise ToolDefinitionError(f"{name}: argument {arg.name} has no type hint")
+        schema = _json_type(hints[arg.name], f"{name}({arg.name})")
+        schema["description"] = arg_lines.get(arg.name) or arg.name.replace("_", " ")
+        schema.update((options.get("constraints") or {}).get(arg.name, {}))
+        parameters[arg.name] = schema
+        if arg.default is arg.empty:
+            required.append(arg.name)
+            example[arg.name] = schema["enum"][0] if "enum" in schema else _PLACEHOLDERS.get(schema.get("type"), "...")
+        else:
+            example[arg.name] = arg.default
+    return Tool(name=name, description=description, parameters=parameters, required=required,
+                example_args=options.get("example") or example, function=function,
+                side_effects=bool(options.get("side_effects")))
+
+
+def registry_of(*functions: Callable) -> Dict[str, Tool]:
+    """Name -> Tool for each function, in order."""
+    tools = [describe(function) for function in functions]
+    return {described.name: described for described in tools}
+
+
+# --- calculator ------------------------------------------------------------------------
 
 _NUMBER = r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?"
 _EXPRESSION = re.compile(rf"\s*({_NUMBER})\s*([-+*/])\s*({_NUMBER})\s*", re.ASCII)
@@ -66,8 +154,13 @@ def _to_number(text: str):
     return value
 
 
-def calculate(expression: str):
-    """Compute `number operator number` (+ - * /); never evaluates code."""
+@tool(example={"expression": "12 + 500"})
+def calculator(expression: str):
+    """Compute one arithmetic step: number operator number, with + - * /.
+
+    Args:
+        expression: e.g. '12 + 500' or '-3 * 4'
+    """
     if len(expression) > _MAX_EXPRESSION_CHARS:
         raise ToolError(f"expression is longer than {_MAX_EXPRESSION_CHARS} characters")
     match = _EXPRESSION.fullmatch(expression)
@@ -88,86 +181,111 @@ def calculate(expression: str):
     return value
 
 
-# --- order lookup ---------------------------------------------------------------
+
+# --- order lookup ------------------------------------------------------------------------
 
 _ORDERS = {"A1001": "已发货", "A1002": "待支付", "A1003": "已完成"}
 
 
+@tool(example={"order_id": "A1001"})
 def get_order_status(order_id: str) -> dict:
-    """Look up a mock order by id (trimmed, case-insensitive)."""
+    """Look up the status of an order by its id.
+
+    Args:
+        order_id: the order id, e.g. A1001
+    """
     normalized = order_id.strip().upper()
     if normalized not in _ORDERS:
         raise ToolError(f"order {order_id!r} not found; known ids look like A1001")
     return {"order_id": normalized, "status": _ORDERS[normalized]}
 
 
-REGISTRY: Dict[str, Tool] = {
-    tool.name: tool
-    for tool in [
-        Tool(
-            name="calculator",
-            description="Compute one arithmetic step: number operator number, with + - * /.",
-            args={"expression": Arg("string", "e.g. '12 + 500' or '-3 * 4'", "12 + 500")},
-            function=calculate,
-        ),
-        Tool(
-            name="get_order_status",
-            description="Look up the status of an order by its id.",
-            args={"order_id": Arg("string", "the order id, e.g. A1001", "A1001")},
-            function=get_order_status,
-        ),
-    ]
-}
-
-# The two ways to end a run. The loop handles them; they are listed here so the
-# prompt and the schemas describe them the same way as the tools.
-FINISH = Tool("finish", "End the run with the final answer.",
-              {"result": Arg("any", "the answer: text or any JSON value", "The answer is 512.")})
-FAIL = Tool("fail", "Give up honestly when the task cannot be done.",
-            {"reason": Arg("string", "why the task cannot be done", "Order A9999 does not exist.")})
-CONTROL_ACTIONS: Dict[str, Tool] = {FINISH.name: FINISH, FAIL.name: FAIL}
-
-_JSON_TYPES = {"string": str, "number": (int, float), "integer": int,
-               "boolean": bool, "object": dict, "array": list}
+REGISTRY: Dict[str, Tool] = registry_of(calculator, get_order_status)
 
 
-def parameters_schema(tool: Tool) -> dict:
+# --- the two ways to end a run ------------------------------------------------------------
+# The loop handles them; they are described like the tools so the prompt and the
+# schemas show them the same way.
+
+@tool(example={"result": "The answer is 512."})
+def finish(result: Any):
+    """End the run with the final answer.
+
+    Args:
+        result: the answer: text or any JSON value
+    """
+
+
+@tool(example={"reason": "Order A9999 does not exist."})
+def fail(reason: str):
+    """Give up honestly when the task cannot be done.
+
+    Args:
+        reason: why the task cannot be done
+    """
+
+
+CONTROL_ACTIONS: Dict[str, Tool] = registry_of(finish, fail)
+FINISH, FAIL = CONTROL_ACTIONS["finish"], CONTROL_ACTIONS["fail"]
+
+
+# --- checking and calling -----------------------------------------------------------------
+
+_PYTHON_TYPES = {"string": str, "number": (int, float), "integer": int,
+                 "boolean": bool, "object": dict, "array": list}
+
+
+def parameters_schema(described: Tool) -> dict:
     """The JSON schema of a tool's arguments, for constrained decoding and function calling."""
-    properties = {name: {"description": arg.description, **({} if arg.type == "any" else {"type": arg.type})}
-                  for name, arg in tool.args.items()}
-    return {"type": "object", "properties": properties, "required": list(tool.args),
+    return {"type": "object", "properties": described.parameters, "required": list(described.required),
             "additionalProperties": False}
 
 
-def check_args(tool: Tool, args: dict) -> Optional[str]:
-    """Say what is wrong with args for tool, or None when they fit its spec."""
-    missing = [name for name in tool.args if name not in args]
-    unexpected = [name for name in args if name not in tool.args]
+def _check_value(name: str, spec: dict, value: Any) -> Optional[str]:
+    """What is wrong with one argument's value, or None."""
+    expected = spec.get("type")
+    python_type = _PYTHON_TYPES.get(expected)
+    if python_type and (not isinstance(value, python_type) or isinstance(value, bool) and expected != "boolean"):
+        return f"{name} must be a{'n' if expected[0] in 'aeiou' else ''} {expected}, got {type(value).__name__}"
+    if "enum" in spec and value not in spec["enum"]:
+        return f"{name} must be one of {json.dumps(spec['enum'], ensure_ascii=False)}"
+    if "pattern" in spec and isinstance(value, str) and not re.search(spec["pattern"], value):
+        return f"{name} must match the pattern {spec['pattern']}"
+    if "minimum" in spec and isinstance(value, (int, float)) and value < spec["minimum"]:
+        return f"{name} must be at least {spec['minimum']}"
+    if "maximum" in spec and isinstance(value, (int, float)) and value > spec["maximum"]:
+        return f"{name} must be at most {spec['maximum']}"
+    return None
+
+
+def check_args(described: Tool, args: dict) -> Optional[str]:
+    """Say what is wrong with args for the tool, or None when they fit its description."""
+    missing = [name for name in described.required if name not in args]
+    unexpected = [name for name in args if name not in described.parameters]
     if missing or unexpected:
         parts = []
         if missing:
             parts.append("missing " + ", ".join(missing))
         if unexpected:
             parts.append("unexpected " + ", ".join(unexpected))
-        return f"{'; '.join(parts)}; {tool.name} takes {sorted(tool.args)}"
-    for name, spec in tool.args.items():
-        expected = _JSON_TYPES.get(spec.type)
-        value = args[name]
-        if expected and (not isinstance(value, expected) or isinstance(value, bool) and spec.type != "boolean"):
-            return f"{name} must be a {spec.type}, got {type(value).__name__}"
+        return f"{'; '.join(parts)}; {described.name} takes {sorted(described.parameters)}"
+    for name, value in args.items():
+        problem = _check_value(name, described.parameters[name], value)
+        if problem:
+            return problem
     return None
 
 
 def call_tool(name: str, args: dict, registry: Dict[str, Tool]) -> dict:
     """Run one tool call and always return the result shape; never raises."""
-    tool = registry.get(name)
-    if tool is None:
+    described = registry.get(name)
+    if described is None:
         return failure(f"unknown tool {name!r}", available_tools=sorted(registry) + sorted(CONTROL_ACTIONS))
-    problem = check_args(tool, args)
+    problem = check_args(described, args)
     if problem:
-        return failure(f"bad arguments for {name}: {problem}", example=tool.example())
+        return failure(f"bad arguments for {name}: {problem}", example=described.example())
     try:
-        data = tool.function(**args)
+        data = described.function(**args)
         json.dumps(data, allow_nan=False)  # the result goes back to the model as JSON
         return success(data)
     except ToolError as error:

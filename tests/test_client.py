@@ -4,7 +4,9 @@ import pytest
 import requests
 import responses
 
-from agent_demo import CappedRetry, EndpointError, ModelClient, Settings
+from client import CappedRetry, ModelClient
+from endings import EndpointError
+from settings import Settings
 
 URL = "https://llm.example.test/v1/chat/completions"
 MESSAGES = [{"role": "user", "content": "hi"}]
@@ -73,13 +75,6 @@ def test_client_errors_are_not_retried_and_quote_the_server(status, expected):
     responses.post(URL, status=status, json={"error": {"message": "bad thing", "type": "x"}})
     assert endpoint_error() == expected
     assert len(responses.calls) == 1
-
-
-@responses.activate
-def test_a_server_echoing_the_key_does_not_leak_it_into_the_message():
-    responses.post(URL, status=401, json={"error": {"message": "Incorrect API key provided: sk-test-secret"}})
-    assert endpoint_error() == ("authentication failed (HTTP 401): Incorrect API key provided: "
-                                 "[redacted] - check LLM_API_KEY")
 
 
 @responses.activate

@@ -3,24 +3,11 @@ import json
 import re
 
 
-from agent_demo import Reply, RunLog, Settings, main, run
+from agent_demo import RunLog, Settings, main, run
 from context import request_size
+from scripted_model import ScriptedModel
 from scripted_server import action as act
-from tools import REGISTRY, Arg, Tool
-
-
-class ScriptedModel:
-    """Plays replies in order (the last one forever) and keeps the messages of each request."""
-
-    def __init__(self, *replies, usage=None):
-        self.replies, self.usage, self.requests = list(replies), usage, []
-
-    def __call__(self, messages, **extra):
-        self.requests.append(messages)
-        reply = self.replies[min(len(self.requests), len(self.replies)) - 1]
-        if isinstance(reply, BaseException):
-            raise reply
-        return Reply(content=reply, usage=self.usage)
+from tools import REGISTRY, registry_of
 
 
 def sums(count, think=""):
@@ -51,7 +38,7 @@ def test_missing_usage_is_estimated_from_characters_and_marked(tmp_path):
     outcome = play(model, log=log)
     log.close()
     record = [json.loads(line) for line in trace.read_text().splitlines()][1]
-    expected_prompt = request_size(model.requests[0]) // 4
+    expected_prompt = request_size(model.messages(0)) // 4
     assert record["usage_estimated"] is True
     assert record["usage"]["prompt_tokens"] == expected_prompt
     assert record["usage"]["completion_tokens"] == len(act("finish", result="x" * 400)) // 4
@@ -72,7 +59,7 @@ def test_budget_from_the_command_line_prints_what_was_done(serve, capsys):
 def test_think_blocks_are_not_re_sent_but_the_goal_always_is():
     model = ScriptedModel(*sums(3, think="secret reasoning " * 10), act("finish", result="done"))
     play(model)
-    last = model.requests[-1]
+    last = model.messages(-1)
     assert last[0]["role"] == "system" and last[1]["content"] == "Task: keep adding"
     assistant_turns = [m["content"] for m in last if m["role"] == "assistant"]
     assert assistant_turns == [act("calculator", expression=f"{n} + 1") for n in range(3)]
@@ -80,15 +67,16 @@ def test_think_blocks_are_not_re_sent_but_the_goal_always_is():
 
 
 def big_registry(size=10_000):
-    def dump(name):
+    def dump(name: str) -> str:
+        """Return a big blob."""
         return "A" * (size // 2) + "MIDDLE" + "Z" * (size // 2)
-    return {**REGISTRY, "dump": Tool("dump", "Return a big blob.", {"name": Arg("string", "a name", "x")}, dump)}
+    return {**REGISTRY, **registry_of(dump)}
 
 
 def test_a_long_tool_result_is_cut_to_head_and_tail_with_a_marker():
     model = ScriptedModel(act("dump", name="x"), act("finish", result="ok"))
     play(model, registry=big_registry(), max_result_chars=1000)
-    fed = json.loads(model.requests[1][3]["content"].split("\n", 1)[1])["result"]
+    fed = json.loads(model.messages(1)[3]["content"].split("\n", 1)[1])["result"]
     assert fed["truncated"] is True and fed["original_chars"] == 10_006
     assert fed["data"].startswith("AAAA") and fed["data"].endswith("ZZZZ")
     assert "MIDDLE" not in fed["data"]
@@ -101,7 +89,7 @@ def test_a_long_tool_result_is_cut_to_head_and_tail_with_a_marker():
 def test_over_budget_the_oldest_rounds_fold_into_a_digest_and_the_last_four_stay():
     model = ScriptedModel(*sums(12, think="x" * 2000), act("finish", result="done"))
     play(model, max_context=4000, max_result_chars=1000)
-    last = model.requests[-1]
+    last = model.messages(-1)
     digest = [m["content"] for m in last if "Earlier rounds" in m["content"]]
     assert len(digest) == 1 and digest[0].startswith("Task: keep adding\n\nEarlier rounds")
     roles = [m["role"] for m in last]
@@ -117,9 +105,9 @@ def test_a_200_round_run_with_long_think_blocks_stays_under_budget_and_loses_no_
     model = ScriptedModel(*sums(199, think="t" * 2000), act("finish", result="done"))
     outcome = play(model, max_rounds=200, max_context=24_000)
     assert (outcome.status, outcome.rounds) == ("finished", 200)
-    sizes = [request_size(messages) for messages in model.requests]
+    sizes = [request_size(request["messages"]) for request in model.requests]
     assert max(sizes) <= 24_000
-    final = "\n".join(message["content"] for message in model.requests[-1])
+    final = "\n".join(message["content"] for message in model.messages(-1))
     for n in range(199):
         folded = f"calculator({n} + 1) -> {n + 1}"
         verbatim = f'"args": {{"expression": "{n} + 1"}}, "result": {{"ok": true, "data": {n + 1}}}'
@@ -135,10 +123,11 @@ def test_a_budget_too_small_for_the_task_is_a_configuration_error():
 # --- the watchdog -------------------------------------------------------------------------
 
 def counting_registry(calls):
-    def count(n):
+    def count(n: float) -> int:
+        """Count."""
         calls.append(n)
         return len(calls)
-    return {**REGISTRY, "count": Tool("count", "Count.", {"n": Arg("number", "any", 1)}, count)}
+    return {**REGISTRY, **registry_of(count)}
 
 
 def test_a_repeated_call_is_cached_then_refused_then_stuck(tmp_path):
@@ -149,7 +138,7 @@ def test_a_repeated_call_is_cached_then_refused_then_stuck(tmp_path):
     log.close()
     assert (outcome.status, outcome.rounds, outcome.exit_code) == ("stuck", 4, 1)
     assert calls == [1], "the tool ran once"
-    second, third = model.requests[2][-1]["content"], model.requests[3][-1]["content"]
+    second, third = model.messages(2)[-1]["content"], model.messages(3)[-1]["content"]
     assert '"result": {"ok": true, "data": 1}' in second and "already made this exact call in round 1" in second
     assert "refused: this exact call was already made in rounds 1, 2" in third
     rounds = [json.loads(line) for line in trace.read_text().splitlines() if '"round"' in line][:4]
@@ -159,8 +148,10 @@ def test_a_repeated_call_is_cached_then_refused_then_stuck(tmp_path):
 
 def test_calls_are_identical_whatever_the_order_of_their_arguments():
     calls = []
-    registry = {**counting_registry(calls), "pair": Tool("pair", "Pair.", {
-        "a": Arg("number", "a", 1), "b": Arg("number", "b", 2)}, lambda a, b: calls.append((a, b)))}
+    def pair(a: float, b: float) -> None:
+        """Pair."""
+        calls.append((a, b))
+    registry = {**counting_registry(calls), **registry_of(pair)}
     model = ScriptedModel('{"tool": "pair", "args": {"a": 1, "b": 2}}',
                           '{"tool": "pair", "args": {"b": 2, "a": 1}}', act("finish", result=1))
     play(model, registry=registry)
@@ -199,11 +190,11 @@ def test_one_huge_argument_does_not_wipe_the_earlier_rounds():
     replies += [act("calculator", expression="1" * 30_000)] + [act("calculator", expression=f"{n} + 2") for n in range(5)]
     model = ScriptedModel(*replies, act("finish", result="done"))
     play(model)
-    last = "\n".join(message["content"] for message in model.requests[-1])
+    last = "\n".join(message["content"] for message in model.messages(-1))
     for n in range(9):
         assert f"calculator({n} + 1) -> {n + 1}" in last or f'"expression": "{n} + 1"' in last
     assert "omitted" not in last
-    assert sum(1 for m in model.requests[-1] if m["role"] == "assistant") == 4
+    assert sum(1 for m in model.messages(-1) if m["role"] == "assistant") == 4
 
 
 def test_whole_request_bodies_stay_under_the_budget_schema_and_model_name_included(serve, monkeypatch):
@@ -215,12 +206,14 @@ def test_whole_request_bodies_stay_under_the_budget_schema_and_model_name_includ
 
 
 def test_folded_results_keep_their_full_length_while_they_fit():
-    blob = Tool("blob", "A long result.", {"n": Arg("number", "n", 1)}, lambda n: f"<{n}>" + "x" * 1500 + f"</{n}>")
+    def blob(n: float) -> str:
+        """A long result."""
+        return f"<{n}>" + "x" * 1500 + f"</{n}>"
     prose = "Let me explain my plan at length. " * 45  # kept verbatim, dropped when folded
     replies = [prose + json.dumps({"tool": "blob", "args": {"n": n}}) for n in range(10)]
     model = ScriptedModel(*replies, act("finish", result="ok"))
-    play(model, registry={**REGISTRY, "blob": blob}, max_context=25_000)
-    last = model.requests[-1]
+    play(model, registry={**REGISTRY, **registry_of(blob)}, max_context=25_000)
+    last = model.messages(-1)
     assert "Earlier rounds" in last[1]["content"], "the run was folded"
     assert "[truncated" not in json.dumps(last)
     assert request_size(last) <= 25_000
@@ -229,4 +222,4 @@ def test_folded_results_keep_their_full_length_while_they_fit():
 def test_how_many_rounds_stay_verbatim_can_be_set():
     model = ScriptedModel(*sums(12, think="x" * 2000), act("finish", result="done"))
     play(model, max_context=4000, max_result_chars=1000, keep_recent=2)
-    assert [m["role"] for m in model.requests[-1]] == ["system", "user"] + ["assistant", "user"] * 2
+    assert [m["role"] for m in model.messages(-1)] == ["system", "user"] + ["assistant", "user"] * 2

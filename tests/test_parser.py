@@ -1,9 +1,10 @@
 import pytest
 from hypothesis import given, strategies as st
 
-from agent_demo import Reply, parse_actions, parse_reply
+from actions import Action, parse_actions, parse_reply
+from client import Reply
 
-CALC = {"tool": "calculator", "args": {"expression": "12 + 500"}}
+CALC = Action("calculator", {"expression": "12 + 500"})
 CALC_JSON = '{"tool": "calculator", "args": {"expression": "12 + 500"}}'
 
 
@@ -28,7 +29,7 @@ def test_the_first_action_is_found_in_what_models_write(reply):
 def test_two_actions_in_one_reply_are_both_found_in_order():
     second = '{"tool": "get_order_status", "args": {"order_id": "A1002"}}'
     parsed = parse_actions(f"{CALC_JSON}\n{second}")
-    assert [a["tool"] for a in parsed.actions] == ["calculator", "get_order_status"]
+    assert [a.tool for a in parsed.actions] == ["calculator", "get_order_status"]
 
 
 def test_an_action_nested_inside_another_json_value_is_not_picked_out():
@@ -37,7 +38,7 @@ def test_an_action_nested_inside_another_json_value_is_not_picked_out():
 
 
 def test_missing_args_default_to_an_empty_object():
-    assert parse_actions('{"tool": "finish"}').actions == [{"tool": "finish", "args": {}}]
+    assert parse_actions('{"tool": "finish"}').actions == [Action("finish", {})]
 
 
 @pytest.mark.parametrize("reply, problem", [
@@ -70,13 +71,13 @@ def test_native_tool_calls_are_read_when_the_content_is_empty():
         {"id": "call_2", "type": "function", "function": {"name": "finish", "arguments": "{}"}}])
     parsed = parse_reply(reply)
     assert parsed.native and parsed.actions == [
-        {**CALC, "id": "call_1", "arguments": '{"expression": "12 + 500"}'},
-        {"tool": "finish", "args": {}, "id": "call_2", "arguments": "{}"}]
+        Action("calculator", {"expression": "12 + 500"}, "call_1", '{"expression": "12 + 500"}'),
+        Action("finish", {}, "call_2", "{}")]
 
 
 def test_native_tool_call_with_broken_arguments_carries_its_problem():
     reply = Reply(content="", tool_calls=[{"function": {"name": "calculator", "arguments": "{oops"}}])
-    assert parse_reply(reply).actions[0]["problem"] == "the arguments of calculator are not valid JSON"
+    assert parse_reply(reply).actions[0].problem == "the arguments of calculator are not valid JSON"
 
 
 @given(st.text(max_size=200))
@@ -93,13 +94,13 @@ def test_an_action_surrounded_by_prose_is_always_found(before, after):
 
 def test_raw_newlines_inside_strings_are_accepted():
     parsed = parse_actions('{"tool": "finish", "args": {"result": "line one\nline two"}}')
-    assert parsed.actions == [{"tool": "finish", "args": {"result": "line one\nline two"}}]
+    assert parsed.actions == [Action("finish", {"result": "line one\nline two"})]
 
 
 def test_an_action_quoted_inside_the_finish_result_is_not_run_instead():
     reply = ('{"tool": "finish", "args": {"result": "Steps:\n1. add",'
              ' "calls": [{"tool": "calculator", "args": {"expression": "1 + 1"}}]}}')
-    assert parse_actions(reply).actions[0]["tool"] == "finish"
+    assert parse_actions(reply).actions[0].tool == "finish"
 
 
 def test_a_later_action_with_bad_args_does_not_spoil_the_first():

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from agent_demo import Reply, RunLog, Settings, main, run
+from agent_demo import RunLog, Settings, main, run
+from scripted_model import ScriptedModel
 from scripted_server import ScriptedServer, action as act
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -32,18 +33,12 @@ def round_numbers(trace):
 
 def interrupted_run(trace, replies, stop_at, max_rounds=6):
     """Run in-process until request number stop_at raises Ctrl-C; return what each request carried."""
-    sent = []
-
-    def model(messages, **extra):
-        sent.append(messages)
-        if len(sent) == stop_at:
-            raise KeyboardInterrupt
-        return Reply(content=replies[len(sent) - 1], usage={"total_tokens": 15})
+    model = ScriptedModel(*replies[:stop_at - 1], KeyboardInterrupt(), usage={"total_tokens": 15})
     log = RunLog(trace_path=str(trace))
     outcome = run("add things up", Settings(max_rounds=max_rounds), model, log=log)
     log.close()
     assert outcome.status == "interrupted"
-    return sent
+    return [request["messages"] for request in model.requests]
 
 
 def test_resume_after_ctrl_c_sends_the_same_conversation_and_finishes(serve, tmp_path, capsys):
@@ -147,7 +142,7 @@ def test_kill_9_in_the_middle_of_a_request_then_resume_loses_and_repeats_nothing
 def test_a_file_holding_several_runs_resumes_the_last_one(serve, tmp_path):
     trace = tmp_path / "run.jsonl"
     log = RunLog(trace_path=str(trace))
-    run("first task", Settings(), lambda messages, **o: Reply(content=act("finish", result=1)), log=log)
+    run("first task", Settings(), ScriptedModel(act("finish", result=1)), log=log)
     log.close()
     interrupted_run(trace, [act("calculator", expression="1 + 1")], stop_at=2)
     server = serve([act("finish", result=2)], key=None)
@@ -185,7 +180,7 @@ def test_a_run_that_finished_but_lost_its_end_record_is_not_resumed(tmp_path, ca
     monkeypatch.setenv("LLM_API_URL", "http://127.0.0.1:9/v1")
     trace = tmp_path / "run.jsonl"
     log = RunLog(trace_path=str(trace))
-    run("t", Settings(), lambda messages, **o: Reply(content=act("finish", result=1)), log=log)
+    run("t", Settings(), ScriptedModel(act("finish", result=1)), log=log)
     log.close()
     trace.write_text("\n".join(trace.read_text().splitlines()[:-1]) + "\n")
     assert main(["--resume", str(trace)]) == 2

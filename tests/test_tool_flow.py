@@ -8,23 +8,12 @@ from pathlib import Path
 import pytest
 
 from agent_demo import Reply, Settings, main, run
+from scripted_model import ScriptedModel
 from scripted_server import ScriptedServer, action as act
-from tools import REGISTRY, Arg, Tool
+from tools import REGISTRY, registry_of, tool
 
 ROOT = Path(__file__).resolve().parent.parent
 MISSION = "compute (12 + 500) * 3 and look up order A1002"
-
-
-class ScriptedModel:
-    """Plays replies (text or Reply) in order and keeps what each request carried."""
-
-    def __init__(self, *replies):
-        self.replies, self.requests = list(replies), []
-
-    def __call__(self, messages, **options):
-        self.requests.append({"messages": messages, **options})
-        reply = self.replies[min(len(self.requests), len(self.replies)) - 1]
-        return reply if isinstance(reply, Reply) else Reply(content=reply)
 
 
 def batch(*actions):
@@ -93,7 +82,10 @@ def test_finish_last_after_calls_that_succeeded_ends_the_run_in_that_round():
 
 def test_calls_over_the_cap_are_not_run():
     calls = []
-    registry = {**REGISTRY, "count": Tool("count", "Count.", {"n": Arg("number", "n", 1)}, lambda n: calls.append(n))}
+    def count(n: float) -> None:
+        """Count."""
+        calls.append(n)
+    registry = {**REGISTRY, **registry_of(count)}
     model = ScriptedModel(batch(*[json.dumps({"tool": "count", "args": {"n": n}}) for n in range(10)]),
                           act("finish", result="x"))
     play(model, registry=registry, max_calls=8)
@@ -261,8 +253,12 @@ def test_approval_no_feeds_back_a_cancelled_call():
 
 def test_a_tool_with_side_effects_always_asks_unless_yes():
     sent = []
-    registry = {**REGISTRY, "send_email": Tool("send_email", "Send an email.", {"to": Arg("string", "to", "a@b")},
-                                               lambda to: sent.append(to) or "sent", side_effects=True)}
+    @tool(side_effects=True)
+    def send_email(to: str) -> str:
+        """Send an email."""
+        sent.append(to)
+        return "sent"
+    registry = {**REGISTRY, **registry_of(send_email)}
     model = ScriptedModel(act("send_email", to="x@y"), act("finish", result="done"))
     play(model, registry=registry, approver=lambda call: False)
     assert sent == [] and fed_back_lines(model, 1)[0]["result"]["cancelled"] is True

@@ -3,7 +3,10 @@ import math
 import pytest
 from hypothesis import given, strategies as st
 
-from tools import REGISTRY, Arg, Tool, call_tool, calculate
+from typing import Literal
+
+from tools import (CONTROL_ACTIONS, REGISTRY, ToolDefinitionError, call_tool, calculator, check_args, describe,
+                   registry_of, tool)
 
 
 @pytest.mark.parametrize("expression, expected", [
@@ -50,7 +53,7 @@ def test_calculator_rejects_anything_else_with_a_hint(expression, hint):
 @given(st.integers(-10**6, 10**6), st.sampled_from("+-*"), st.integers(-10**6, 10**6))
 def test_calculator_matches_integer_arithmetic(left, operator, right):
     expected = {"+": left + right, "-": left - right, "*": left * right}[operator]
-    assert calculate(f"{left} {operator} {right}") == expected
+    assert calculator(f"{left} {operator} {right}") == expected
 
 
 @given(st.text(max_size=40))
@@ -94,14 +97,84 @@ def test_bad_arguments_are_explained_with_an_example(args, problem):
 
 
 def test_an_exception_inside_a_tool_becomes_an_error_result():
-    def broken(x):
+    def broken(x: str):
+        """Always fails."""
         raise RuntimeError("disk on fire")
-    registry = {"broken": Tool("broken", "Always fails.", {"x": Arg("string", "anything", "a")}, broken)}
+    registry = registry_of(broken)
     assert call_tool("broken", {"x": "a"}, registry) == {
         "ok": False, "error": "broken failed: RuntimeError: disk on fire"}
 
 
 def test_a_tool_returning_something_that_is_not_json_is_an_error_result():
-    registry = {"odd": Tool("odd", "Returns a set.", {"x": Arg("string", "anything", "a")}, lambda x: {1, 2})}
+    def odd(x: str) -> set:
+        """Returns a set."""
+        return {1, 2}
+    registry = registry_of(odd)
     result = call_tool("odd", {"x": "a"}, registry)
     assert result["ok"] is False and "not JSON serializable" in result["error"]
+
+
+# --- tools described from plain functions ---------------------------------------------------
+
+def test_a_tool_is_described_from_its_signature_and_docstring():
+    @tool(example={"city": "Paris", "days": 3}, constraints={"days": {"minimum": 1, "maximum": 7}})
+    def get_weather(city: str, days: int, unit: Literal["C", "F"] = "C") -> dict:
+        """Look up the weather in a city.
+
+        Args:
+            city: the city name,
+                in English
+            days: how many days ahead
+        """
+    described = describe(get_weather)
+    assert (described.name, described.description) == ("get_weather", "Look up the weather in a city.")
+    assert described.parameters == {
+        "city": {"type": "string", "description": "the city name, in English"},
+        "days": {"type": "integer", "description": "how many days ahead", "minimum": 1, "maximum": 7},
+        "unit": {"type": "string", "enum": ["C", "F"], "description": "unit"}}
+    assert described.required == ["city", "days"]
+    assert described.example() == {"tool": "get_weather", "args": {"city": "Paris", "days": 3}}
+    assert check_args(described, {"city": "Oslo", "days": 9}) == "days must be at most 7"
+    assert check_args(described, {"city": "Oslo", "days": 2, "unit": "K"}) == 'unit must be one of ["C", "F"]'
+    assert check_args(described, {"city": "Oslo", "days": 2}) is None
+
+
+def test_without_an_example_one_is_made_from_the_types_and_defaults():
+    def search(query: str, limit: int = 5, exact: bool = False) -> list:
+        """Search."""
+    assert describe(search).example() == {"tool": "search", "args": {"query": "...", "limit": 5, "exact": False}}
+
+
+def _no_doc(x: str):
+    pass
+
+
+def _no_hint(x):
+    """Has no hint."""
+
+
+def _star(*values: str):
+    """Takes any number."""
+
+
+def _odd_type(x: complex):
+    """A type JSON does not have."""
+
+
+@pytest.mark.parametrize("function, problem", [
+    (_no_doc, "has no docstring"),
+    (_no_hint, "argument x has no type hint"),
+    (_star, "*values cannot be described"),
+    (_odd_type, "has no JSON type"),
+])
+def test_a_function_that_cannot_be_described_says_why(function, problem):
+    with pytest.raises(ToolDefinitionError, match=problem.replace("*", r"\*")):
+        describe(function)
+
+
+def test_the_built_in_tools_and_finish_fail_come_from_functions():
+    assert REGISTRY["calculator"].parameters["expression"]["type"] == "string"
+    assert REGISTRY["calculator"].description.startswith("Compute one arithmetic step")
+    assert CONTROL_ACTIONS["fail"].parameters["reason"] == {"type": "string",
+                                                             "description": "why the task cannot be done"}
+    assert CONTROL_ACTIONS["finish"].example() == {"tool": "finish", "args": {"result": "The answer is 512."}}

@@ -1,0 +1,143 @@
+"""Finding the actions in a model's reply: JSON in its text, or its native tool calls.
+
+Models wrap JSON in fences and <think> blocks, repeat it, and add prose around
+it; `json.JSONDecoder.raw_decode` is tried from each place an object or an
+array of objects may start, so none of that matters.
+"""
+import json
+import math
+import re
+from dataclasses import dataclass
+from typing import Any, List, Optional
+
+_THINK_TAG = re.compile(r"<(/?)think(?:ing)?>", re.I)
+
+
+def strip_think(text: str) -> str:
+    """Drop reasoning blocks, an unclosed one, and all before a lone closing tag (linear time)."""
+    kept, position, inside = [], 0, False
+    for tag in _THINK_TAG.finditer(text):
+        closing = tag.group(1) == "/"
+        if closing and not inside:  # the server ate the opening tag: all so far was reasoning
+            kept, position = [], tag.end()
+        elif closing:
+            inside, position = False, tag.end()
+        elif not inside:
+            kept.append(text[position:tag.start()])
+            inside = True
+    if not inside:  # a block never closed was cut off mid-thought: drop it
+        kept.append(text[position:])
+    return "".join(kept)
+
+
+# Where an object or an array of objects may start; "{{{{" and "[[[[" in prose are not tried.
+_JSON_START = re.compile(r"\{\s*[\"}]|\[\s*\{")
+MAX_PARSED_CHARS = 100_000  # an action further into a reply than this is not looked for
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if math.isinf(value):
+        raise ValueError(f"{text} is out of range")
+    return value
+
+
+def _no_constants(name: str):
+    raise ValueError(f"{name} is not JSON")
+
+
+# strict=False: models (and constrained decoders) put raw newlines inside strings.
+DECODER = json.JSONDecoder(strict=False, parse_float=_finite_float, parse_constant=_no_constants)
+
+
+def json_values(text: str):
+    """Yield each top-level JSON object or array in text, left to right."""
+    text = text[:MAX_PARSED_CHARS]
+    position = 0
+    while True:
+        match = _JSON_START.search(text, position)
+        if not match:
+            return
+        try:
+            value, position = DECODER.raw_decode(text, match.start())
+            yield value
+        except (ValueError, RecursionError):  # not JSON, too deep, NaN, or a 5,000-digit number
+            position = match.start() + 1
+
+
+def is_action(value: Any) -> bool:
+    """An action is an object with a string "tool"."""
+    return isinstance(value, dict) and isinstance(value.get("tool"), str)
+
+
+@dataclass
+class Action:
+    """One tool call the model asked for."""
+
+    tool: str
+    args: Any  # a dict when well-formed
+    id: Optional[str] = None  # a native call's tool_call id
+    arguments: Any = None  # a native call's arguments as the model wrote them
+    problem: Optional[str] = None  # why the arguments could not be read
+
+
+@dataclass
+class Parsed:
+    """The actions found in a reply, or the problem to tell the model."""
+
+    actions: List[Action]
+    problem: Optional[str] = None
+    native: bool = False  # the actions came from the reply's tool_calls
+
+    def answers_by_id(self, mode: str) -> bool:
+        """In tools mode, native calls are answered one role-tool message per tool_call id."""
+        return self.native and mode == "tools"
+
+
+def parse_actions(text: str) -> Parsed:
+    """Find the actions in a model's text: action objects, arrays of them, or {"actions": [...]}."""
+    found, saw_json = [], False
+    for value in json_values(strip_think(text)):
+        saw_json = True
+        if isinstance(value, dict) and isinstance(value.get("actions"), list):
+            value = value["actions"]  # schema mode's envelope
+        if is_action(value):
+            found.append(value)
+        elif isinstance(value, list) and value and all(is_action(item) for item in value):
+            found.extend(value)
+    if not found:
+        return Parsed([], "found JSON, but no action object with a string \"tool\"" if saw_json
+                      else "no JSON object found")
+    unique = {}  # a model that writes its action twice (in prose, then in a fence) means it once
+    for value in found:
+        unique.setdefault(json.dumps(value, sort_keys=True), Action(value["tool"], value.get("args", {})))
+    actions = list(unique.values())
+    if not isinstance(actions[0].args, dict):
+        return Parsed([], f"\"args\" of {actions[0].tool} must be a JSON object")
+    return Parsed(actions)
+
+
+def parse_tool_calls(tool_calls: List[dict]) -> Parsed:
+    """Read native tool_calls as actions; arguments arrive as a JSON string, ids are kept."""
+    actions = []
+    for number, call in enumerate(tool_calls, 1):
+        function = call.get("function") if isinstance(call.get("function"), dict) else {}
+        arguments = function.get("arguments") or "{}"
+        action = Action(str(function.get("name") or ""), {}, str(call.get("id") or f"call_{number}"), arguments)
+        try:
+            action.args = DECODER.decode(arguments) if isinstance(arguments, str) else arguments
+        except (ValueError, RecursionError):
+            action.problem = f"the arguments of {action.tool} are not valid JSON"
+        actions.append(action)
+    return Parsed(actions, native=True)
+
+
+def parse_reply(reply: Any, mode: str = "json") -> Parsed:
+    """The actions of a reply (its .content and .tool_calls): native tool calls first in tools mode,
+    else the text, else its tool calls."""
+    if reply.tool_calls and mode == "tools":
+        return parse_tool_calls(reply.tool_calls)
+    parsed = parse_actions(reply.content)
+    if parsed.actions or not reply.tool_calls:
+        return parsed
+    return parse_tool_calls(reply.tool_calls)

@@ -1,0 +1,188 @@
+"""The HTTP client: one session to the chat-completions endpoint, with retries, and the
+checks that turn whatever comes back into a Reply or one clear EndpointError."""
+import json
+import math
+import re
+import time
+from dataclasses import dataclass, field
+from typing import Any, List, Optional
+
+import requests
+import urllib3
+from requests.adapters import HTTPAdapter
+from urllib3.util.retry import Retry
+
+import prompts
+from endings import EndpointError
+from settings import Settings, chat_completions_url
+
+RETRY_STATUSES = (429, 500, 502, 503, 504)
+
+
+class CappedRetry(Retry):
+    """urllib3's Retry, but a Retry-After longer than the cap is shortened to it."""
+
+    retry_after_cap = 30.0
+
+    def get_retry_after(self, response):
+        seconds = super().get_retry_after(response)
+        return None if seconds is None else min(seconds, self.retry_after_cap)
+
+
+@dataclass
+class Reply:
+    """What the model said in one round."""
+
+    content: str
+    tool_calls: List[dict] = field(default_factory=list)
+    usage: Optional[dict] = None
+    latency_ms: int = 0
+
+
+class ModelClient:
+    """Sends the conversation to the endpoint over one session, with retries."""
+
+    def __init__(self, settings: Settings):
+        self.settings = settings
+        self.url = chat_completions_url(settings.url)
+        retry_class = type("Retry", (CappedRetry,), {"retry_after_cap": settings.retry_after_cap})
+        retry = retry_class(total=settings.retries, backoff_factor=settings.backoff_factor,
+                            status_forcelist=RETRY_STATUSES, allowed_methods=None, raise_on_status=False)
+        self.session = requests.Session()
+        adapter = HTTPAdapter(max_retries=retry)
+        self.session.mount("http://", adapter)
+        self.session.mount("https://", adapter)
+        if settings.api_key:
+            self.session.headers["Authorization"] = f"Bearer {settings.api_key}"
+
+    def ask(self, messages: List[dict], **extra: Any) -> Reply:
+        """Send one chat-completions request and return the reply, or raise EndpointError."""
+        body = {"model": self.settings.model, "messages": messages, **extra}
+        started = time.monotonic()
+        try:
+            response = self.session.post(self.url, json=body, stream=True,
+                                         timeout=(min(10.0, self.settings.timeout), self.settings.timeout))
+            text = read_body(response, self.settings.timeout)
+        except (requests.ConnectionError, requests.Timeout) as error:
+            raise EndpointError(f"cannot reach {self.url}: {describe_network_error(error, self.settings)}"
+                                f" (after {self.settings.retries} retries)") from None
+        except requests.RequestException as error:
+            raise EndpointError(f"request to {self.url} failed: {type(error).__name__}") from None
+        latency_ms = int((time.monotonic() - started) * 1000)
+        if response.status_code >= 400:
+            raise EndpointError(describe_http_error(response.status_code, text, self.settings),
+                                response.status_code, server_message(text))
+        reply = read_reply(text)
+        reply.latency_ms = latency_ms
+        return reply
+
+    def close(self) -> None:
+        self.session.close()
+
+
+def describe_network_error(error: Exception, settings: Settings) -> str:
+    """One readable phrase for a connection failure, without urllib3's object reprs."""
+    text = str(error)
+    if isinstance(error, requests.Timeout) or "Read timed out" in text:
+        return f"no reply within {settings.timeout:g} s"
+    if "Connection refused" in text:
+        return "connection refused"
+    if "Name or service not known" in text or "NameResolution" in text or "nodename nor servname" in text:
+        return "host name not found"
+    if "RemoteDisconnected" in text or "Connection aborted" in text:
+        return "the server closed the connection without replying"
+    return re.sub(r"<[^>]*>:?\s*", "", text)[:200]
+
+
+def read_body(response: requests.Response, seconds: float) -> str:
+    """The whole body, unless it takes longer than `seconds` from sending the request (a trickling server)."""
+    deadline = time.monotonic() - response.elapsed.total_seconds() + seconds
+    read_some = getattr(response.raw, "read1", None)  # what has arrived, without waiting for a full buffer
+    pieces = (iter(lambda: read_some(65536, decode_content=True), b"") if read_some
+              else response.iter_content(1024))  # urllib3 1.x has no read1
+    chunks = []
+    try:
+        for chunk in pieces:
+            chunks.append(chunk)
+            if time.monotonic() > deadline:
+                raise EndpointError(f"no complete reply within {seconds:g} s (the server is sending too slowly)")
+    except (requests.RequestException, urllib3.exceptions.HTTPError, OSError) as error:
+        response.close()
+        raise EndpointError(f"the connection broke while reading the reply: {type(error).__name__}") from None
+    except EndpointError:
+        response.close()
+        raise
+    response.raw.release_conn()  # the whole body is read: the connection goes back to the pool
+    return b"".join(chunks).decode(response.encoding or "utf-8", errors="replace")
+
+
+def parse_body(text: str) -> Any:
+    """A body's JSON, made safe to print and to send back: NaN and Infinity become null, and
+    lone surrogates (from \\ud800-style escapes) become "?". ValueError if it is not JSON."""
+    try:
+        body = json.loads(text, parse_constant=lambda name: None,
+                          parse_float=lambda number: float(number) if math.isfinite(float(number)) else None)
+    except RecursionError:
+        raise ValueError("nested too deeply") from None
+    return json.loads(json.dumps(body, ensure_ascii=False).encode("utf-8", "replace").decode("utf-8"))
+
+
+def server_message(text: str) -> str:
+    """The endpoint's own words about an error, however it shapes them."""
+    try:
+        body = parse_body(text)
+    except ValueError:
+        body = None
+    if isinstance(body, dict):
+        error = body.get("error", body.get("message", body.get("detail")))
+        if isinstance(error, dict):
+            error = error.get("message") or error
+        if error:
+            text = error if isinstance(error, str) else prompts.to_json(error)
+            return _one_line(text)
+    return _one_line(text) or "(empty body)"
+
+
+def _one_line(text: str, limit: int = 300) -> str:
+    """A server's words fit for a one-line error: whitespace folded, long text cut."""
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def describe_http_error(status: int, text: str, settings: Settings) -> str:
+    """Name the failed status, what the user can do, and what the server said."""
+    message = server_message(text)
+    if status in (401, 403):
+        return f"authentication failed (HTTP {status}): {message} - check LLM_API_KEY"
+    if status == 404:
+        return f"not found (HTTP 404): {message} - check LLM_MODEL ({settings.model}) and LLM_API_URL"
+    if status in RETRY_STATUSES:
+        return f"HTTP {status} after {settings.retries} retries: {message}"
+    return f"request rejected (HTTP {status}): {message}"
+
+
+def read_reply(text: str) -> Reply:
+    """Pull the message out of a chat-completions body, or say why it is unusable."""
+    try:
+        body = parse_body(text)
+    except ValueError:
+        snippet = " ".join(text.split())[:200]
+        raise EndpointError(f"the endpoint's reply is not JSON: {snippet or '(empty body)'}") from None
+    choices = body.get("choices") if isinstance(body, dict) else None
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        detail = f": {server_message(text)}" if isinstance(body, dict) and "error" in body else ""
+        raise EndpointError(f"the endpoint's reply has no choices{detail}")
+    message = choices[0].get("message")
+    if not isinstance(message, dict):
+        raise EndpointError("the endpoint's reply has no message in its first choice")
+    content = message.get("content")
+    if isinstance(content, list):  # some servers send content as a list of parts
+        content = "".join(part["text"] for part in content if isinstance(part, dict) and isinstance(part.get("text"), str))
+    content = content if isinstance(content, str) else ""
+    raw_calls = message.get("tool_calls")
+    tool_calls = [call for call in raw_calls if isinstance(call, dict)] if isinstance(raw_calls, list) else []
+    if not content.strip() and not tool_calls:
+        raise EndpointError("the endpoint's reply has no content and no tool calls"
+                            f" (finish_reason: {choices[0].get('finish_reason')})")
+    usage = body.get("usage")
+    return Reply(content=content, tool_calls=tool_calls, usage=usage if isinstance(usage, dict) else None)

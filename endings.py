@@ -1,0 +1,123 @@
+"""How a run ends: one exception per reason, each carrying its status and exit code,
+and the small result object the command line formats.
+
+An ending is raised where it is detected (the endpoint client, the settings, the
+loop) and caught once, in `agent_demo.run`.
+"""
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
+
+
+class RunEnded(Exception):
+    """Ends the run. Subclasses name the reason; `status` goes into the trace and --json."""
+
+    status = "error"
+    exit_code = 3
+
+    def __init__(self, message: str = "", result: Any = None):
+        super().__init__(message)
+        self.result = result
+
+
+class Finished(RunEnded):
+    """The model called finish; `result` is its answer."""
+
+    status, exit_code = "finished", 0
+
+
+class GaveUp(RunEnded):
+    """The model called fail; `result` is its reason."""
+
+    status, exit_code = "failed", 1
+
+
+class Stuck(RunEnded):
+    """The model repeats a call, or sends no usable action, again and again."""
+
+    status, exit_code = "stuck", 1
+
+
+class BudgetSpent(RunEnded):
+    """The run has used its --max-tokens."""
+
+    status, exit_code = "budget", 1
+
+
+class RoundLimit(RunEnded):
+    """The run has made its --max-rounds requests."""
+
+    status, exit_code = "max_rounds", 1
+
+
+class Interrupted(RunEnded):
+    """The user pressed Ctrl-C (exit 130) or the process got SIGTERM (exit 143)."""
+
+    status, exit_code = "interrupted", 130
+
+
+class ConfigError(RunEnded):
+    """The command line or the settings are wrong; nothing was sent."""
+
+    exit_code = 2
+
+
+class EndpointError(RunEnded):
+    """The endpoint refused, failed or answered with something unusable (exit 3)."""
+
+    def __init__(self, message: str, http_status: Optional[int] = None, server_said: str = ""):
+        super().__init__(message)
+        self.http_status, self.server_said = http_status, server_said
+
+    def rejects_request_options(self, mode_worked_before: bool) -> bool:
+        """Did the endpoint refuse response_format or tools (as opposed to failing for another reason)?"""
+        names_them = any(f in self.server_said for f in ("response_format", "json_schema", "tools", "tool_choice"))
+        if self.http_status in (400, 422):  # a first request refused, or one that says why
+            return names_them or not mode_worked_before
+        return bool(self.http_status and self.http_status >= 500 and names_them)
+
+
+@dataclass
+class RunResult:
+    """How a run ended; the command line only formats this."""
+
+    ending: RunEnded
+    rounds: int = 0
+    usage: Dict[str, Any] = field(default_factory=dict)
+    calls: List[dict] = field(default_factory=list)  # every call of the run, with its round and result
+    progress: List[str] = field(default_factory=list)  # one line per round, for a run cut short
+
+    @property
+    def status(self) -> str:
+        return self.ending.status
+
+    @property
+    def result(self) -> Any:
+        return self.ending.result
+
+    @property
+    def error(self) -> Optional[str]:
+        return str(self.ending) if self.status == "error" else None
+
+    @property
+    def exit_code(self) -> int:
+        return self.ending.exit_code
+
+    def summary(self) -> str:
+        """One line on how the run ended, for people."""
+        tokens = f", {self.usage['total_tokens']} tokens" if "total_tokens" in self.usage else ""
+        if self.usage.get("estimated"):
+            tokens += " (partly estimated)"
+        return {
+            "finished": f"finished after {self.rounds} round(s){tokens}",
+            "failed": f"not completed: the model gave up after {self.rounds} round(s): {self.result}",
+            "max_rounds": f"not completed: round limit reached after {self.rounds} round(s){tokens}",
+            "budget": f"not completed: token budget spent after {self.rounds} round(s){tokens}",
+            "stuck": f"not completed: the model is stuck, repeating a call or sending no usable action"
+                     f" (round {self.rounds})",
+            "interrupted": f"interrupted after {self.rounds} completed round(s)",
+        }.get(self.status, f"error after {self.rounds} round(s): {self.error}")
+
+    def to_json(self) -> dict:
+        extra = {"error": self.error} if self.error else {}
+        return {"status": self.status, "result": self.result, "rounds": self.rounds,
+                "usage": self.usage, **extra, "calls": self.calls}

@@ -1,0 +1,102 @@
+"""The key never leaves the process: every output path goes through one redacting writer.
+
+Each test makes the key reach one path (a server and a tool that echo it) and checks
+that the path shows [redacted] instead, so dropping the redaction from any one path fails.
+"""
+import json
+import os
+import select
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from agent_demo import main
+from conftest import KEY
+from output import Redactor, SafeStream
+from scripted_server import ScriptedServer, action as act
+
+ROOT = Path(__file__).resolve().parent.parent
+# The model says the key, then makes a tool echo it (an unknown order id is quoted back), then finishes with it.
+ECHOING_MODEL = [f"my key is {KEY} " + act("get_order_status", order_id=KEY),
+                 act("finish", result=f"the key was {KEY}")]
+
+
+def test_stdout_shows_neither_the_trace_nor_the_result_with_the_key(serve, capsys):
+    serve(ECHOING_MODEL)
+    assert main(["hi"]) == 0
+    out = capsys.readouterr().out
+    assert KEY not in out
+    assert "model: my key is [redacted]" in out, "the model's words"
+    assert "order '[redacted]' not found" in out, "the tool's result"
+    assert out.rstrip().endswith("the key was [redacted]"), "the final result"
+
+
+def test_stderr_and_the_json_object_do_not_show_the_key(serve, capsys):
+    serve(ECHOING_MODEL)
+    assert main(["--json", "hi"]) == 0
+    out, err = capsys.readouterr()
+    assert KEY not in out + err
+    assert json.loads(out)["result"] == "the key was [redacted]"
+    assert "model: my key is [redacted]" in err, "the trace, on stderr under --json"
+
+
+def test_the_trace_file_does_not_hold_the_key(serve, tmp_path):
+    serve(ECHOING_MODEL)
+    trace = tmp_path / "run.jsonl"
+    assert main(["--quiet", "--trace", str(trace), "hi"]) == 0
+    text = trace.read_text()
+    assert KEY not in text
+    assert "my key is [redacted]" in text and "order '[redacted]' not found" in text
+
+
+def test_an_error_message_and_its_debug_traceback_do_not_show_the_key(serve, capsys):
+    serve([{"status": 401, "body": {"error": {"message": f"Incorrect API key provided: {KEY}"}}}])
+    assert main(["--debug", "hi"]) == 3
+    err = capsys.readouterr().err
+    assert KEY not in err
+    assert "Traceback" in err and err.count("Incorrect API key provided: [redacted]") == 2
+
+
+def test_the_approval_question_on_the_terminal_does_not_show_the_key(tmp_path):
+    import pty
+    with ScriptedServer(ECHOING_MODEL) as server:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("LLM_", "AGENT_"))}
+        env.update(LLM_API_URL=server.url, LLM_API_KEY=KEY)
+        controller, terminal = pty.openpty()
+        process = subprocess.Popen([sys.executable, str(ROOT / "agent_demo.py"), "--approve", "--quiet", "hi"],
+                                   stdin=terminal, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                   env=env, cwd=tmp_path)
+        shown = b""
+        while b"[y/N]" not in shown and select.select([controller], [], [], 20)[0]:
+            shown += os.read(controller, 1024)
+        os.write(controller, b"y\n")
+        out, err = process.communicate(timeout=30)
+        os.close(controller)
+        os.close(terminal)
+    assert b'approve get_order_status {"order_id": "[redacted]"}? [y/N]' in shown
+    assert KEY.encode() not in shown + out + err
+
+
+@pytest.mark.parametrize("pieces", [
+    [KEY],
+    [KEY[:5], KEY[5:]],
+    ["Bearer%20", KEY[:-1], KEY[-1:] + "&x=1"],
+    [c for c in f"token={KEY}\n"],
+])
+def test_a_key_written_in_pieces_is_still_redacted(pieces):
+    class Sink:
+        text = ""
+
+        def write(self, text):
+            Sink.text += text
+
+        def flush(self):
+            pass
+    stream = SafeStream(Sink(), Redactor(KEY))
+    for piece in pieces:
+        stream.write(piece)
+        stream.flush()
+    stream._emit(hold=0)
+    assert KEY not in Sink.text and "[redacted]" in Sink.text
