@@ -10,6 +10,9 @@ import re
 from dataclasses import dataclass
 from typing import Any, List, Optional
 
+import prompts
+from output import printable
+
 _THINK_TAG = re.compile(r"<(/?)think(?:ing)?>", re.I)
 
 
@@ -51,8 +54,15 @@ DECODER = json.JSONDecoder(strict=False, parse_float=_finite_float, parse_consta
 
 
 def json_values(text: str):
-    """Yield each top-level JSON object or array in text, left to right."""
-    text = text[:MAX_PARSED_CHARS]
+    """Yield each top-level JSON object or array in text, left to right.
+
+    A reply longer than MAX_PARSED_CHARS is read at its beginning and at its end (where an
+    action after long reasoning stands), so the scan stays linear in what is read.
+    """
+    if len(text) > MAX_PARSED_CHARS:
+        yield from json_values(text[:MAX_PARSED_CHARS])
+        yield from json_values(text[-MAX_PARSED_CHARS:])
+        return
     position = 0
     while True:
         match = _JSON_START.search(text, position)
@@ -60,9 +70,21 @@ def json_values(text: str):
             return
         try:
             value, position = DECODER.raw_decode(text, match.start())
-            yield value
+            yield _printable(value)
         except (ValueError, RecursionError):  # not JSON, too deep, NaN, or a 5,000-digit number
             position = match.start() + 1
+
+
+def _printable(value: Any) -> Any:
+    """value with every lone surrogate (a "\\ud83d" escape) in its strings made "?": it goes to the
+    trace, the terminal and the next request, which all need valid text."""
+    if isinstance(value, str):
+        return printable(value)
+    if isinstance(value, list):
+        return [_printable(item) for item in value]
+    if isinstance(value, dict):
+        return {printable(key): _printable(item) for key, item in value.items()}
+    return value
 
 
 def is_action(value: Any) -> bool:
@@ -106,8 +128,11 @@ def parse_actions(text: str) -> Parsed:
         elif isinstance(value, list) and value and all(is_action(item) for item in value):
             found.extend(value)
     if not found:
-        return Parsed([], "found JSON, but no action object with a string \"tool\"" if saw_json
-                      else "no JSON object found")
+        problem = "found JSON, but no action object with a string \"tool\"" if saw_json else "no JSON object found"
+        if len(text) > MAX_PARSED_CHARS:
+            problem += (f" (your reply is {len(text):,} characters long; only its first and last"
+                        f" {MAX_PARSED_CHARS:,} were read: keep replies short)")
+        return Parsed([], problem)
     unique = {}  # a model that writes its action twice (in prose, then in a fence) means it once
     for value in found:
         unique.setdefault(json.dumps(value, sort_keys=True), Action(value["tool"], value.get("args", {})))
@@ -125,7 +150,7 @@ def parse_tool_calls(tool_calls: List[dict]) -> Parsed:
         arguments = function.get("arguments") or "{}"
         action = Action(str(function.get("name") or ""), {}, str(call.get("id") or f"call_{number}"), arguments)
         try:
-            action.args = DECODER.decode(arguments) if isinstance(arguments, str) else arguments
+            action.args = _printable(DECODER.decode(arguments) if isinstance(arguments, str) else arguments)
         except (ValueError, RecursionError):
             action.problem = f"the arguments of {action.tool} are not valid JSON"
         actions.append(action)
@@ -137,7 +162,11 @@ def parse_reply(reply: Any, mode: str = "json") -> Parsed:
     else the text, else its tool calls."""
     if reply.tool_calls and mode == "tools":
         return parse_tool_calls(reply.tool_calls)
+    if not reply.content.strip() and not reply.tool_calls:
+        return Parsed([], prompts.render_empty_reply(reply.finish_reason, bool(reply.reasoning.strip())))
     parsed = parse_actions(reply.content)
+    if not parsed.actions and not reply.tool_calls and reply.finish_reason == "length":
+        parsed.problem += " " + prompts.CUT_OFF
     if parsed.actions or not reply.tool_calls:
         return parsed
     return parse_tool_calls(reply.tool_calls)

@@ -4,7 +4,9 @@
 results back, until an ending (endings.py) is raised. `main` is the command
 line around it. Which module owns what: README, "Layout".
 """
+import contextlib
 import json
+import signal
 import sys
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -13,12 +15,12 @@ import prompts
 from actions import Action, Parsed, parse_reply
 from client import ModelClient, Reply
 from context import Conversation, digest_line, request_size, shorten_args, truncate_result
-from endings import (BudgetSpent, ConfigError, EndpointError, Finished, GaveUp, Interrupted, RoundLimit, RunEnded,
-                     RunResult, Stuck)
+from endings import (BudgetSpent, ConfigError, EndpointError, Finished, GaveUp, InternalError, Interrupted,
+                     OutputClosed, RoundLimit, RunEnded, RunResult, Stuck, Terminated)
 from output import Redactor
 from records import Call, Round
 from runlog import RunLog
-from settings import Settings, chat_completions_url, read_environment
+from settings import Settings, chat_completions_url, display_url, read_environment, url_password
 from tools import CONTROL_ACTIONS, FINISH, REGISTRY, Tool, call_tool, check_args, failure
 
 FORMAT_ERRORS_BEFORE_STUCK = 3
@@ -55,6 +57,9 @@ def run(task: str, settings: Settings, ask_model: Callable[..., Reply],
         ending = ended
     except KeyboardInterrupt:
         ending = Interrupted()
+    except Exception as error:  # a bug of ours: the run still ends with its record, and --debug shows it
+        ending = InternalError(f"internal error: {type(error).__name__}: {error}")
+        ending.__cause__ = error
     rounds = conversation.rounds
     outcome = RunResult(ending, rounds=len(rounds), usage=usage,
                         calls=[{"round": record.number, "tool": call.tool, "args": call.args, "result": call.result}
@@ -70,7 +75,7 @@ def start_log(log: RunLog, conversation: Conversation, approve: Optional[Approve
     settings = conversation.settings
     limits = {"max_rounds": settings.max_rounds, "max_tokens": settings.max_tokens, "mode": settings.mode,
               "max_calls": settings.max_calls, "tools": list(conversation.registry), "approve": settings.approve}
-    url = chat_completions_url(settings.url)
+    url = display_url(chat_completions_url(settings.url))
     if conversation.rounds:
         log.resume(conversation.task, settings.model, url, len(conversation.rounds), limits)
     else:
@@ -285,13 +290,16 @@ def main(argv: Optional[List[str]] = None) -> int:
     except ConfigError as error:
         return cli.report(RunResult(error), args)
     debug = args.debug or environment.get("AGENT_DEBUG", "") not in ("", "0")
-    redactor = Redactor((environment.get("LLM_API_KEY") or "").strip() or None)
-    with cli.protected_output(redactor):
+    redactor = Redactor((environment.get("LLM_API_KEY") or "").strip() or None,
+                        url_password(environment.get("LLM_API_URL") or ""))
+    with cli.protected_output(redactor), ending_on_sigterm():
         try:
             job = cli.prepare(args, environment)
             log = cli.open_log(args, job.trace_path, redactor)
-        except ConfigError as error:
+        except RunEnded as error:  # a configuration error, or SIGTERM before the run started
             outcome = RunResult(error)
+        except KeyboardInterrupt:
+            outcome = RunResult(Interrupted())
         else:
             client = ModelClient(job.settings)
             try:
@@ -300,9 +308,28 @@ def main(argv: Optional[List[str]] = None) -> int:
             finally:
                 client.close()
                 log.close()
-        if debug:
-            cli.show_traceback(outcome)
-        return cli.report(outcome, args)
+        try:
+            if debug:
+                cli.show_traceback(outcome)
+            return cli.report(outcome, args)
+        except OutputClosed:  # the reader took what it wanted (| head): the run's own ending stands
+            return outcome.exit_code
+
+
+@contextlib.contextmanager
+def ending_on_sigterm():
+    """While the run lasts, SIGTERM ends it like Ctrl-C does: the end record is written, exit 143."""
+    def terminate(signum, frame):
+        raise Terminated("terminated by SIGTERM")
+    try:
+        previous = signal.signal(signal.SIGTERM, terminate)
+    except ValueError:  # not the main thread: leave signals alone
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":

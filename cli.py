@@ -14,7 +14,7 @@ from endings import ConfigError, RunResult
 from output import Redactor, SafeStream
 from records import Round
 from runlog import RunLog, load_trace
-from settings import DEFAULT_MODEL, DEFAULT_URL, MODES, Settings, load_settings
+from settings import DEFAULT_MODEL, DEFAULT_URL, MODES, NUMBERS, Settings, load_settings
 from tools import CONTROL_ACTIONS, REGISTRY, Tool
 
 ENVIRONMENT_HELP = f"""environment (also read from ./.env; the real environment wins):
@@ -29,10 +29,12 @@ ENVIRONMENT_HELP = f"""environment (also read from ./.env; the real environment 
   AGENT_MODE              default for --mode (json)
   AGENT_MAX_CALLS         default for --max-calls (8)
   AGENT_RETRIES           default for --retries (3)
+  AGENT_TIMEOUT           default for --timeout (30)
   AGENT_DEBUG=1           same as --debug
 
 exit codes: 0 finished; 1 not completed (gave up, round limit, token budget,
-stuck); 2 usage or configuration error; 3 endpoint failed; 130 interrupted"""
+stuck, or an internal error); 2 usage or configuration error; 3 endpoint failed;
+130 interrupted (Ctrl-C); 141 the output was closed by its reader; 143 terminated (SIGTERM)"""
 
 
 class Parser(argparse.ArgumentParser):
@@ -46,29 +48,42 @@ class Parser(argparse.ArgumentParser):
         super().error(message)  # usage and the message on stderr, exit 2
 
 
+def flag_type(name: str) -> Callable[[str], Any]:
+    """The argparse type of a number flag: the same check as its environment variable."""
+    parse = NUMBERS[name][2]
+
+    def checked(text: str) -> Any:
+        try:
+            return parse(text)
+        except ValueError as error:
+            raise argparse.ArgumentTypeError(str(error)) from None
+    return checked
+
+
 def build_parser() -> Parser:
     parser = Parser(
         prog="agent-demo", description="Run a task with a tool-calling LLM agent loop.",
         epilog=ENVIRONMENT_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("task", nargs="*", help='what to do, e.g. "compute (12 + 500) * 3"')
-    parser.add_argument("--max-rounds", type=int, metavar="N",
+    parser.add_argument("--max-rounds", type=flag_type("max_rounds"), metavar="N",
                         help="model requests at most, across resumes (default 6)")
-    parser.add_argument("--max-tokens", type=int, metavar="N",
+    parser.add_argument("--max-tokens", type=flag_type("max_tokens"), metavar="N",
                         help="stop before the next request once the run has used N tokens (default: no cap)")
-    parser.add_argument("--max-context", type=int, metavar="CHARS",
+    parser.add_argument("--max-context", type=flag_type("max_context"), metavar="CHARS",
                         help="fold the oldest rounds into a digest to keep each request under CHARS (default 24000)")
     parser.add_argument("--mode", choices=MODES,
                         help="how actions are asked for: json in the text, json constrained by a schema,"
                              " or native tool calls (default json)")
-    parser.add_argument("--max-calls", type=int, metavar="N", help="actions run per reply at most (default 8)")
+    parser.add_argument("--max-calls", type=flag_type("max_calls"), metavar="N", help="actions run per reply at most (default 8)")
     parser.add_argument("--tools", metavar="NAME,NAME",
                         help=f"expose only these tools (available: {', '.join(REGISTRY)}); finish and fail always")
     parser.add_argument("--approve", action="store_true", help="ask y/N on the terminal before each tool call")
     parser.add_argument("--yes", action="store_true",
                         help="run every call without asking, even tools marked as having side effects")
-    parser.add_argument("--timeout", type=float, default=30.0, metavar="SECONDS",
-                        help="per model request (default 30)")
-    parser.add_argument("--retries", type=int, metavar="N",
+    parser.add_argument("--timeout", type=flag_type("timeout"), metavar="SECONDS",
+                        help="each attempt of a model request, from sending it to the last byte of the reply"
+                             " (default 30)")
+    parser.add_argument("--retries", type=flag_type("retries"), metavar="N",
                         help="retries on 429, 5xx, dropped connections and timeouts (default 3)")
     parser.add_argument("--trace", metavar="FILE", help="append a JSON Lines record of the run to FILE")
     parser.add_argument("--resume", metavar="TRACE",

@@ -14,19 +14,25 @@ from urllib3.util.retry import Retry
 
 import prompts
 from endings import EndpointError
-from settings import Settings, chat_completions_url
+from settings import Settings, chat_completions_url, display_url
 
 RETRY_STATUSES = (429, 500, 502, 503, 504)
 
 
 class CappedRetry(Retry):
-    """urllib3's Retry, but a Retry-After longer than the cap is shortened to it."""
+    """urllib3's Retry, but a Retry-After longer than the cap is shortened to it, and the
+    moment each new attempt starts is noted, so each attempt gets its own --timeout."""
 
     retry_after_cap = 30.0
+    attempt: dict = {}  # shared by the copies urllib3 makes; {"started": monotonic seconds}
 
     def get_retry_after(self, response):
         seconds = super().get_retry_after(response)
         return None if seconds is None else min(seconds, self.retry_after_cap)
+
+    def sleep(self, response=None):
+        super().sleep(response)
+        self.attempt["started"] = time.monotonic()
 
 
 @dataclass
@@ -37,6 +43,8 @@ class Reply:
     tool_calls: List[dict] = field(default_factory=list)
     usage: Optional[dict] = None
     latency_ms: int = 0
+    finish_reason: Optional[str] = None  # "length" when the reply was cut off
+    reasoning: str = ""  # reasoning_content, which some servers send beside the content
 
 
 class ModelClient:
@@ -45,7 +53,9 @@ class ModelClient:
     def __init__(self, settings: Settings):
         self.settings = settings
         self.url = chat_completions_url(settings.url)
-        retry_class = type("Retry", (CappedRetry,), {"retry_after_cap": settings.retry_after_cap})
+        self.attempt: dict = {}
+        retry_class = type("Retry", (CappedRetry,), {"retry_after_cap": settings.retry_after_cap,
+                                                     "attempt": self.attempt})
         retry = retry_class(total=settings.retries, backoff_factor=settings.backoff_factor,
                             status_forcelist=RETRY_STATUSES, allowed_methods=None, raise_on_status=False)
         self.session = requests.Session()
@@ -58,16 +68,13 @@ class ModelClient:
     def ask(self, messages: List[dict], **extra: Any) -> Reply:
         """Send one chat-completions request and return the reply, or raise EndpointError."""
         body = {"model": self.settings.model, "messages": messages, **extra}
-        started = time.monotonic()
+        started = self.attempt["started"] = time.monotonic()
+        timeout = self.settings.timeout
         try:
-            response = self.session.post(self.url, json=body, stream=True,
-                                         timeout=(min(10.0, self.settings.timeout), self.settings.timeout))
-            text = read_body(response, self.settings.timeout)
-        except (requests.ConnectionError, requests.Timeout) as error:
-            raise EndpointError(f"cannot reach {self.url}: {describe_network_error(error, self.settings)}"
-                                f" (after {self.settings.retries} retries)") from None
+            response = self.session.post(self.url, json=body, stream=True, timeout=(min(10.0, timeout), timeout))
+            text = read_body(response, deadline=self.attempt["started"] + timeout, seconds=timeout)
         except requests.RequestException as error:
-            raise EndpointError(f"request to {self.url} failed: {type(error).__name__}") from None
+            raise EndpointError(describe_network_error(error, self.settings, self.url)) from None
         latency_ms = int((time.monotonic() - started) * 1000)
         if response.status_code >= 400:
             raise EndpointError(describe_http_error(response.status_code, text, self.settings),
@@ -80,23 +87,30 @@ class ModelClient:
         self.session.close()
 
 
-def describe_network_error(error: Exception, settings: Settings) -> str:
-    """One readable phrase for a connection failure, without urllib3's object reprs."""
-    text = str(error)
-    if isinstance(error, requests.Timeout) or "Read timed out" in text:
-        return f"no reply within {settings.timeout:g} s"
-    if "Connection refused" in text:
-        return "connection refused"
-    if "Name or service not known" in text or "NameResolution" in text or "nodename nor servname" in text:
-        return "host name not found"
+def describe_network_error(error: Exception, settings: Settings, url: str) -> str:
+    """What happened, in words: no connection, no reply in time, or a reply that stopped arriving."""
+    text, tries = str(error), f" (after {settings.retries} retries)"
+    shown = display_url(url)
+    if isinstance(error, (requests.ReadTimeout, requests.exceptions.ConnectionError)) and "Read timed out" in text:
+        return f"no reply within {settings.timeout:g} s from {shown}: the server is busy or still generating{tries}"
+    if isinstance(error, requests.ConnectTimeout):
+        return f"cannot reach {shown}: no connection within {min(10.0, settings.timeout):g} s{tries}"
+    if isinstance(error, requests.exceptions.ChunkedEncodingError):
+        return f"the reply stopped arriving from {shown}: the connection broke mid-reply{tries}"
     if "RemoteDisconnected" in text or "Connection aborted" in text:
-        return "the server closed the connection without replying"
-    return re.sub(r"<[^>]*>:?\s*", "", text)[:200]
+        return f"the server closed the connection without replying ({shown}){tries}"
+    if "Connection refused" in text:
+        return f"cannot reach {shown}: connection refused{tries}"
+    if "Name or service not known" in text or "NameResolution" in text or "nodename nor servname" in text:
+        return f"cannot reach {shown}: host name not found{tries}"
+    if isinstance(error, requests.ConnectionError):
+        without_reprs = re.sub(r"<[^>]*>:?\s*", "", text)[:200]
+        return f"cannot reach {shown}: {without_reprs}{tries}"
+    return f"request to {shown} failed: {type(error).__name__}"
 
 
-def read_body(response: requests.Response, seconds: float) -> str:
-    """The whole body, unless it takes longer than `seconds` from sending the request (a trickling server)."""
-    deadline = time.monotonic() - response.elapsed.total_seconds() + seconds
+def read_body(response: requests.Response, deadline: float, seconds: float) -> str:
+    """The whole body, unless it is still arriving at the deadline (a server trickling its reply)."""
     read_some = getattr(response.raw, "read1", None)  # what has arrived, without waiting for a full buffer
     pieces = (iter(lambda: read_some(65536, decode_content=True), b"") if read_some
               else response.iter_content(1024))  # urllib3 1.x has no read1
@@ -105,10 +119,12 @@ def read_body(response: requests.Response, seconds: float) -> str:
         for chunk in pieces:
             chunks.append(chunk)
             if time.monotonic() > deadline:
-                raise EndpointError(f"no complete reply within {seconds:g} s (the server is sending too slowly)")
+                raise EndpointError(f"the reply did not finish arriving within {seconds:g} s"
+                                    " (the server is sending too slowly)")
     except (requests.RequestException, urllib3.exceptions.HTTPError, OSError) as error:
         response.close()
-        raise EndpointError(f"the connection broke while reading the reply: {type(error).__name__}") from None
+        raise EndpointError(f"the reply stopped arriving: the connection broke mid-reply"
+                            f" ({type(error).__name__})") from None
     except EndpointError:
         response.close()
         raise
@@ -179,10 +195,12 @@ def read_reply(text: str) -> Reply:
     if isinstance(content, list):  # some servers send content as a list of parts
         content = "".join(part["text"] for part in content if isinstance(part, dict) and isinstance(part.get("text"), str))
     content = content if isinstance(content, str) else ""
-    raw_calls = message.get("tool_calls")
-    tool_calls = [call for call in raw_calls if isinstance(call, dict)] if isinstance(raw_calls, list) else []
-    if not content.strip() and not tool_calls:
-        raise EndpointError("the endpoint's reply has no content and no tool calls"
-                            f" (finish_reason: {choices[0].get('finish_reason')})")
-    usage = body.get("usage")
-    return Reply(content=content, tool_calls=tool_calls, usage=usage if isinstance(usage, dict) else None)
+    raw_calls = message.get("tool_calls") or []
+    if not isinstance(raw_calls, list):
+        raise EndpointError("the endpoint's reply has tool_calls that are not a list")
+    tool_calls = [call for call in raw_calls if isinstance(call, dict)]
+    usage, finish_reason = body.get("usage"), choices[0].get("finish_reason")
+    reasoning = message.get("reasoning_content")
+    return Reply(content=content, tool_calls=tool_calls, usage=usage if isinstance(usage, dict) else None,
+                 finish_reason=finish_reason if isinstance(finish_reason, str) else None,
+                 reasoning=reasoning if isinstance(reasoning, str) else "")

@@ -50,9 +50,27 @@ class RoundLimit(RunEnded):
 
 
 class Interrupted(RunEnded):
-    """The user pressed Ctrl-C (exit 130) or the process got SIGTERM (exit 143)."""
+    """The user pressed Ctrl-C."""
 
     status, exit_code = "interrupted", 130
+
+
+class Terminated(Interrupted):
+    """The process got SIGTERM (docker stop, timeout, a CI runner)."""
+
+    exit_code = 143
+
+
+class OutputClosed(Interrupted):
+    """The reader of our output went away (`agent-demo ... | head -1`), as SIGPIPE would end a program."""
+
+    exit_code = 141
+
+
+class InternalError(RunEnded):
+    """A bug in agent-demo itself; --debug shows its traceback."""
+
+    exit_code = 1
 
 
 class ConfigError(RunEnded):

@@ -4,9 +4,12 @@ stdout, stderr, the trace file and the approval question on the terminal are
 all `SafeStream`s over the same `Redactor`, so no output path can forget it.
 """
 import json
+import os
 import re
 from typing import Optional, TextIO
 from urllib.parse import quote, quote_plus
+
+from endings import OutputClosed
 
 REDACTED = "[redacted]"
 # A key shorter than this is a placeholder ("5", "none"): redacted only where it stands
@@ -15,44 +18,55 @@ MIN_SECRET_CHARS = 8
 
 
 class Redactor:
-    """Replaces the key, and the forms it takes inside JSON and URLs, with [redacted]."""
+    """Replaces each secret (the key, a password in the URL), and the forms it takes inside JSON
+    and URLs, with [redacted]."""
 
-    def __init__(self, secret: Optional[str]):
-        self.forms = sorted({form for form in (secret, json.dumps(secret or "")[1:-1], quote(secret or "", safe=""),
-                                               quote_plus(secret or "")) if form}, key=len, reverse=True)
-        if not self.forms:
-            self.pattern = None
-        elif len(secret) >= MIN_SECRET_CHARS:
-            self.pattern = re.compile("|".join(map(re.escape, self.forms)))
-        else:
-            self.pattern = re.compile(rf"(?<![A-Za-z0-9])(?:{'|'.join(map(re.escape, self.forms))})(?![A-Za-z0-9])")
+    def __init__(self, *secrets: Optional[str]):
+        self.forms, patterns = [], []
+        for secret in filter(None, secrets):
+            forms = sorted({secret, json.dumps(secret)[1:-1], quote(secret, safe=""), quote_plus(secret)},
+                           key=len, reverse=True)
+            self.forms += forms
+            either = "|".join(map(re.escape, forms))
+            patterns.append(either if len(secret) >= MIN_SECRET_CHARS
+                            else rf"(?<![A-Za-z0-9])(?:{either})(?![A-Za-z0-9])")
+        self.pattern = re.compile("|".join(f"(?:{p})" for p in patterns)) if patterns else None
+        self.longest = max(map(len, self.forms), default=0)
 
     def __call__(self, text: str) -> str:
         return self.pattern.sub(REDACTED, text) if self.pattern else text
 
     def unsafe_tail(self, text: str) -> int:
-        """How many characters at the end of text could be the start of a key still being written."""
-        for size in range(min(len(text), max(map(len, self.forms), default=1) - 1), 0, -1):
-            if any(form.startswith(text[-size:]) for form in self.forms):
+        """How many characters at the end of text could be the start of a secret still being written."""
+        for size in range(min(len(text), self.longest - 1), 0, -1):
+            tail = text[-size:]
+            if any(form.startswith(tail) for form in self.forms):
                 return size
         return 0
 
 
-def redact(text: str, secret: Optional[str]) -> str:
-    """text with the key removed."""
-    return Redactor(secret)(text)
+def printable(text: str) -> str:
+    """text that any UTF-8 stream takes: a lone surrogate (from a "\\ud83d" escape) becomes "?"."""
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "replace").decode("utf-8")
 
 
 class SafeStream:
-    """A text stream that redacts everything written to it.
+    """A text stream that redacts everything written to it and never raises on odd text.
 
-    A key written in pieces (a reply streamed token by token) is still caught: the
-    end of what was written is held back while it could be the start of the key.
+    A secret written in pieces (a reply streamed token by token) is still caught: the
+    end of what was written is held back while it could be the start of a secret. A
+    reader that goes away (`agent-demo ... | head -1`) raises OutputClosed once; later
+    writes to that stream are dropped.
     """
 
     def __init__(self, stream: TextIO, redactor: Redactor):
         self.stream, self.redactor = stream, redactor
         self._pending = ""
+        self.reader_gone = False
 
     def write(self, text: str) -> int:
         self._pending += text
@@ -61,19 +75,40 @@ class SafeStream:
 
     def flush(self) -> None:
         self._emit(hold=self.redactor.unsafe_tail(self._pending))
-        self.stream.flush()
+        self._guarded(self.stream.flush)
 
     def close(self) -> None:
         try:
             self._emit(hold=0)
-            self.stream.flush()
+            self._guarded(self.stream.flush)
         finally:
             self.stream.close()
 
     def _emit(self, hold: int) -> None:
-        ready, self._pending = self._pending[:len(self._pending) - hold], self._pending[len(self._pending) - hold:]
+        cut = len(self._pending) - hold
+        ready, self._pending = self._pending[:cut], self._pending[cut:]
         if ready:
-            self.stream.write(self.redactor(ready))
+            self._guarded(lambda: self.stream.write(printable(self.redactor(ready))))
+
+    def _guarded(self, write) -> None:
+        if self.reader_gone:
+            return
+        try:
+            write()
+        except BrokenPipeError:
+            self.reader_gone = True
+            _silence(self.stream)
+            raise OutputClosed("the output was closed by its reader") from None
 
     def __getattr__(self, name: str):  # isatty, fileno, encoding, ... of the stream underneath
         return getattr(self.stream, name)
+
+
+def _silence(stream: TextIO) -> None:
+    """Point a stream whose reader is gone at /dev/null, so the interpreter's last flush is quiet."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, stream.fileno())
+        os.close(devnull)
+    except (OSError, AttributeError, ValueError):  # not a real file (a test's capture)
+        pass

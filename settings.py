@@ -1,12 +1,15 @@
 """Settings: what a run needs to know, from flags, the environment and ./.env, checked once."""
+import io
+import math
 import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, Optional
-from urllib.parse import urlsplit
+from typing import Any, Callable, Dict, Optional
+from urllib.parse import urlsplit, urlunsplit
 
 from dotenv import dotenv_values
+from dotenv.parser import parse_stream
 
 from endings import ConfigError
 
@@ -41,30 +44,101 @@ class Settings:
 
 
 def chat_completions_url(url: str) -> str:
-    """Accept a full chat-completions URL or a base URL such as https://host/v1."""
-    url = url.strip().rstrip("/")
-    return url if url.endswith("/chat/completions") else url + "/chat/completions"
+    """Accept a full chat-completions URL or a base URL such as https://host/v1; the query is kept."""
+    parts = urlsplit(url.strip())
+    path = parts.path.rstrip("/")
+    if not path.endswith("/chat/completions"):
+        path += "/chat/completions"
+    return urlunsplit(parts._replace(path=path))
+
+
+def display_url(url: str) -> str:
+    """The URL as it may be shown and recorded: a password in it becomes ***."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    host = parts.netloc.rpartition("@")[2]
+    return urlunsplit(parts._replace(netloc=f"{parts.username}:***@{host}"))
+
+
+def url_password(url: str) -> Optional[str]:
+    """The password inside a URL, if any (it is redacted like the key)."""
+    try:
+        return urlsplit(url.strip()).password
+    except ValueError:
+        return None
 
 
 def read_environment() -> Dict[str, str]:
-    """The environment over ./.env: a variable set in the shell wins."""
+    """The environment over ./.env: a variable set in the shell wins. A .env that cannot be parsed is
+    a ConfigError naming the line (and not its text, which may hold a key)."""
     dotenv_file = Path.cwd() / ".env"
+    if not dotenv_file.is_file():
+        return dict(os.environ)
     try:
-        values = dotenv_values(dotenv_file) if dotenv_file.is_file() else {}
+        text = dotenv_file.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as error:
         raise ConfigError(f"cannot read {dotenv_file}: {error}") from None
+    broken = next((binding for binding in parse_stream(io.StringIO(text)) if binding.error), None)
+    if broken:
+        raise ConfigError(f"cannot parse {dotenv_file.name} line {broken.original.line}:"
+                          " check for an unbalanced quote")
+    values = dotenv_values(stream=io.StringIO(text))
     return {**{k: v for k, v in values.items() if v is not None}, **os.environ}
 
 
-def _whole_number(flag: Optional[int], environment: Dict[str, str], name: str, default: Optional[int]) -> Optional[int]:
-    """A whole-number setting: the flag, else the environment variable, else the default."""
-    if flag is not None:
-        return flag
-    value = environment.get(name)
+# --- numbers: one check for a flag and for its variable ---------------------------------
+
+MAX_TIMEOUT = 86_400.0  # a day; beyond that a socket cannot take it
+
+
+def seconds(text: str) -> float:
+    """A finite number of seconds, more than 0; ValueError otherwise."""
+    value = float(text)
+    if not (math.isfinite(value) and 0 < value <= MAX_TIMEOUT):
+        raise ValueError(f"must be a number of seconds more than 0 and at most {MAX_TIMEOUT:g}, got {text!r}")
+    return value
+
+
+def whole_number(least: int) -> Callable[[str], int]:
+    """A parser for a whole number of at least `least`; ValueError otherwise."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise ValueError(f"must be a whole number, got {text!r}") from None
+        if value < least:
+            raise ValueError(f"must be at least {least}, got {value}")
+        return value
+    parse.__name__ = f"whole number of at least {least}"  # what argparse names in its error
+    return parse
+
+
+# field: (flag, variable, parser); a flag given wins over the variable, the variable over the default.
+NUMBERS = {
+    "max_rounds": ("--max-rounds", "AGENT_MAX_ROUNDS", whole_number(1)),
+    "max_tokens": ("--max-tokens", "AGENT_MAX_TOKENS", whole_number(1)),
+    "max_context": ("--max-context", "AGENT_MAX_CONTEXT", whole_number(1)),
+    "max_calls": ("--max-calls", "AGENT_MAX_CALLS", whole_number(1)),
+    "retries": ("--retries", "AGENT_RETRIES", whole_number(0)),
+    "timeout": ("--timeout", "AGENT_TIMEOUT", seconds),
+    "max_result_chars": (None, "AGENT_MAX_RESULT_CHARS", whole_number(200)),
+    "keep_recent": (None, "AGENT_KEEP_RECENT", whole_number(0)),
+}
+
+
+def _number(args: Any, environment: Dict[str, str], name: str, default: Any) -> Any:
+    flag, variable, parse = NUMBERS[name]
+    given = getattr(args, name, None) if flag else None
+    if given is not None:
+        return given  # argparse already checked it with the same parser
+    text = environment.get(variable)
+    if text in (None, ""):
+        return default
     try:
-        return int(value) if value not in (None, "") else default
-    except ValueError:
-        raise ConfigError(f"{name} must be a whole number, got {value!r}") from None
+        return parse(text.strip())
+    except ValueError as error:
+        raise ConfigError(f"{variable} {error}") from None
 
 
 def load_settings(args: Any, environment: Dict[str, str]) -> Settings:
@@ -74,36 +148,18 @@ def load_settings(args: Any, environment: Dict[str, str]) -> Settings:
         url=environment.get("LLM_API_URL") or DEFAULT_URL,
         model=environment.get("LLM_MODEL") or DEFAULT_MODEL,
         api_key=(environment.get("LLM_API_KEY") or "").strip() or None,  # a CRLF .env leaves a \r
-        max_rounds=_whole_number(args.max_rounds, environment, "AGENT_MAX_ROUNDS", default.max_rounds),
-        timeout=args.timeout,
-        retries=_whole_number(args.retries, environment, "AGENT_RETRIES", default.retries),
-        max_tokens=_whole_number(args.max_tokens, environment, "AGENT_MAX_TOKENS", default.max_tokens),
-        max_context=_whole_number(args.max_context, environment, "AGENT_MAX_CONTEXT", default.max_context),
-        max_result_chars=_whole_number(None, environment, "AGENT_MAX_RESULT_CHARS", default.max_result_chars),
-        keep_recent=_whole_number(None, environment, "AGENT_KEEP_RECENT", default.keep_recent),
         mode=args.mode or environment.get("AGENT_MODE") or "json",
-        max_calls=_whole_number(args.max_calls, environment, "AGENT_MAX_CALLS", default.max_calls),
         approve=args.approve, yes=args.yes,
+        **{name: _number(args, environment, name, getattr(default, name)) for name in NUMBERS},
     )
     if settings.mode not in MODES:
         raise ConfigError(f"AGENT_MODE must be one of {', '.join(MODES)}, got {settings.mode!r}")
-    if settings.max_calls < 1:
-        raise ConfigError("--max-calls must be at least 1")
-    if settings.max_rounds < 1:
-        raise ConfigError("--max-rounds (AGENT_MAX_ROUNDS) must be at least 1")
-    if settings.timeout <= 0:
-        raise ConfigError("--timeout must be more than 0 seconds")
-    if settings.retries < 0:
-        raise ConfigError("--retries must be 0 or more")
-    if settings.max_tokens is not None and settings.max_tokens < 1:
-        raise ConfigError("--max-tokens must be at least 1")
-    if settings.max_result_chars < 200:
-        raise ConfigError("AGENT_MAX_RESULT_CHARS must be at least 200")
-    if settings.keep_recent < 0:
-        raise ConfigError("AGENT_KEEP_RECENT must be 0 or more")
-    host = urlsplit(chat_completions_url(settings.url)).hostname
+    try:
+        host = urlsplit(chat_completions_url(settings.url)).hostname
+    except ValueError:  # a port that is not a number, a bracket left open
+        host = None
     if not host or urlsplit(settings.url).scheme not in ("http", "https"):
-        raise ConfigError(f"LLM_API_URL must be an http(s) URL, got {settings.url!r}")
+        raise ConfigError(f"LLM_API_URL must be an http(s) URL, got {display_url(settings.url)!r}")
     if settings.api_key and not re.fullmatch(r"[\x21-\x7e]+", settings.api_key):
         raise ConfigError("LLM_API_KEY holds spaces or characters that cannot go in an HTTP header;"
                           " check for a stray quote, zero-width space or non-ASCII character")

@@ -90,8 +90,7 @@ def test_timeouts_become_an_endpoint_error_naming_the_timeout():
     (json.dumps({"error": {"message": "model overloaded"}}), "reply has no choices: model overloaded"),
     (json.dumps({"choices": []}), "reply has no choices"),
     (json.dumps({"choices": [{"index": 0}]}), "has no message"),
-    (json.dumps({"choices": [{"message": {"content": None}, "finish_reason": "length"}]}),
-     "no content and no tool calls (finish_reason: length)"),
+    (json.dumps({"choices": [{"message": {"content": None, "tool_calls": 5}}]}), "tool_calls that are not a list"),
     (json.dumps([1, 2]), "reply has no choices"),
 ])
 @responses.activate

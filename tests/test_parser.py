@@ -112,7 +112,7 @@ def test_a_later_action_with_bad_args_does_not_spoil_the_first():
     "{" * 200_000, "<think>" * 30_000, "<thinking>a" * 20_000, '"{' * 100_000, "[{" * 50_000,
 ], ids=["braces", "think-tags", "thinking-tags", "quote-braces", "bracket-braces"])
 def test_hostile_replies_are_format_errors_not_crashes(hostile):
-    assert parse_actions(hostile).problem == "no JSON object found"
+    assert parse_actions(hostile).problem.startswith("no JSON object found")
 
 
 def test_an_action_written_twice_in_one_reply_counts_once():

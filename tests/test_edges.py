@@ -1,0 +1,238 @@
+"""Hostile edges: no traceback, no lost reply, no leaked secret, and a trace that always ends."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from agent_demo import main
+from conftest import KEY
+from scripted_server import ScriptedServer, action as act
+from settings import chat_completions_url
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def events(trace):
+    return [json.loads(line)["event"] for line in Path(trace).read_text().splitlines() if line.strip()]
+
+
+def cli(*args, env_extra=None, **popen):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("LLM_", "AGENT_"))}
+    env.update(env_extra or {})
+    return subprocess.Popen([sys.executable, str(ROOT / "agent_demo.py"), *args], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen)
+
+
+# --- losing a reply that arrived ------------------------------------------------------------
+
+def test_a_retry_that_answers_quickly_is_not_cut_off_by_the_first_attempts_time(serve, capsys):
+    server = serve([{"delay": 1.6, "content": act("finish", result="late")}, act("finish", result="retried")])
+    assert main(["--timeout", "1", "--retries", "1", "--quiet", "hi"]) == 0
+    assert capsys.readouterr().out == "retried\n"
+    assert len(server.requests) == 2
+
+
+@pytest.mark.parametrize("canned, said", [
+    ({"delay": 1.5, "content": "{}"}, "no reply within 0.5 s from http://127.0.0.1:"),
+    ({"trickle": 0.3, "content": act("finish", result="slow")}, "the reply did not finish arriving within 0.5 s"),
+    ({"short": True, "content": act("finish", result="x")}, "the reply stopped arriving"),
+    ({"drop": True}, "the server closed the connection without replying"),
+])
+def test_a_server_that_was_reached_is_not_called_unreachable(serve, capsys, canned, said):
+    serve([canned])
+    assert main(["--timeout", "0.5", "--retries", "0", "hi"]) == 3
+    err = capsys.readouterr().err
+    assert said in err and "cannot reach" not in err and "Traceback" not in err
+
+
+def test_a_dead_endpoint_is_called_unreachable(monkeypatch, capsys):
+    monkeypatch.setenv("LLM_API_URL", "http://127.0.0.1:9/v1")
+    assert main(["--retries", "0", "hi"]) == 3
+    assert "cannot reach http://127.0.0.1:9/v1/chat/completions: connection refused" in capsys.readouterr().err
+
+
+def empty_reply(finish_reason, **message):
+    return {"body": {"choices": [{"message": {"role": "assistant", "content": None, **message},
+                                  "finish_reason": finish_reason}]}}
+
+
+def test_an_empty_reply_is_a_format_error_fed_back_not_the_end_of_the_run(serve, capsys):
+    server = serve([empty_reply("stop"), act("finish", result="ok")])
+    assert main(["--quiet", "hi"]) == 0
+    told = server.sent_messages(1)[-1]["content"]
+    assert "your reply was empty" in told and '{"tool": "<name>"' in told
+
+
+def test_a_reply_spent_on_thinking_and_cut_off_says_so_to_the_model(serve, capsys):
+    server = serve([empty_reply("length", reasoning_content="I think " * 500), act("finish", result="ok")])
+    assert main(["--quiet", "hi"]) == 0
+    told = server.sent_messages(1)[-1]["content"]
+    assert "cut off" in told and "length" in told
+
+
+def test_three_empty_replies_in_a_row_are_stuck(serve, capsys):
+    serve([empty_reply("length")])
+    assert main(["--json", "--quiet", "hi"]) == 1
+    out = json.loads(capsys.readouterr().out)
+    assert (out["status"], out["rounds"]) == ("stuck", 3)
+
+
+def test_an_action_after_a_very_long_preamble_is_found_or_the_model_is_told(serve, capsys):
+    server = serve(["x " * 60_000 + act("finish", result="found"), act("finish", result="second")])
+    assert main(["--quiet", "hi"]) == 0
+    assert capsys.readouterr().out == "found\n"
+    server = serve(["{" + '"a": 1, ' * 30_000 + "} " * 3 + "y " * 60_000, act("finish", result="ok")])
+    assert main(["--quiet", "hi"]) == 0
+    assert "only its first and last" in server.sent_messages(1)[-1]["content"]
+
+
+# --- crashes and tracebacks -------------------------------------------------------------------
+
+def test_a_lone_surrogate_in_an_action_does_not_crash_the_run(serve, capsys, tmp_path):
+    trace = tmp_path / "t.jsonl"
+    server = serve(['{"tool": "calculator", "args": {"expression": "1 + 1\\ud83d"}}',
+                    '{"tool": "finish", "args": {"result": "done \\ud83d\\ude00 \\udc00"}}'])
+    assert main(["--trace", str(trace), "hi"]) == 0
+    out, err = capsys.readouterr()
+    assert "Traceback" not in err and out.rstrip().endswith("done 😀 ?")
+    assert events(trace) == ["start", "round", "round", "end"]
+    json.dumps(server.requests[1]["body"]).encode("utf-8")
+
+
+def test_closing_stdout_early_is_no_traceback_and_the_trace_still_ends(tmp_path):
+    trace = tmp_path / "t.jsonl"
+    with ScriptedServer([act("calculator", expression="1 + 1")] * 3 + [act("finish", result="x\n" * 50_000)]) as server:
+        process = subprocess.Popen(
+            f"{sys.executable} {ROOT / 'agent_demo.py'} --trace {trace} hi | head -c 1",
+            shell=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            env={**{k: v for k, v in os.environ.items() if not k.startswith(("LLM_", "AGENT_"))},
+                 "LLM_API_URL": server.url})
+        out, err = process.communicate(timeout=60)
+    assert "Traceback" not in err and "BrokenPipe" not in err and "Exception ignored" not in err
+    assert events(trace)[-1] == "end"
+
+
+@pytest.mark.parametrize("argv", [
+    ["--timeout", "nan", "x"], ["--timeout", "inf", "x"], ["--timeout", "-1", "x"], ["--timeout", "1e400", "x"],
+    ["--max-rounds", "-3", "x"], ["--max-tokens", "0", "x"], ["--max-context", "0", "x"], ["--retries", "-1", "x"],
+    ["--max-calls", "0", "x"],
+])
+def test_a_number_flag_that_is_not_a_sensible_number_is_a_usage_error(argv, serve, capsys):
+    server = serve([act("finish", result="ok")])
+    with pytest.raises(SystemExit) as raised:
+        main(argv)
+    assert raised.value.code == 2
+    assert server.requests == [] and "Traceback" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name, value", [
+    ("AGENT_MAX_ROUNDS", "inf"), ("AGENT_MAX_ROUNDS", "-1"), ("AGENT_MAX_CONTEXT", "nan"),
+    ("AGENT_RETRIES", "1e3"), ("AGENT_MAX_TOKENS", "0"), ("AGENT_MAX_RESULT_CHARS", "x"),
+])
+def test_a_number_variable_that_is_not_a_sensible_number_is_a_configuration_error(name, value, serve, monkeypatch,
+                                                                                   capsys):
+    server = serve([act("finish", result="ok")])
+    monkeypatch.setenv(name, value)
+    assert main(["x"]) == 2
+    err = capsys.readouterr().err
+    assert name in err and server.requests == [] and "Traceback" not in err
+
+
+def wait_for_requests(server, count):
+    deadline = time.monotonic() + 20
+    while len(server.requests) < count and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("sent, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_sigterm_and_ctrl_c_end_the_run_with_its_end_record(tmp_path, sent, code):
+    trace = tmp_path / "t.jsonl"
+    with ScriptedServer([act("calculator", expression="1 + 1"), {"delay": 30, "content": "{}"}]) as server:
+        process = cli("--trace", str(trace), "hi", env_extra={"LLM_API_URL": server.url})
+        wait_for_requests(server, 2)
+        process.send_signal(sent)
+        out, err = process.communicate(timeout=20)
+    assert process.returncode == code
+    assert "Traceback" not in err
+    assert json.loads(trace.read_text().splitlines()[-1])["status"] == "interrupted"
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+def test_a_trace_file_whose_write_fails_is_closed(serve, tmp_path):
+    with ScriptedServer([act("finish", result="ok")]) as server:
+        process = subprocess.run(
+            [sys.executable, "-X", "dev", "-W", "error::ResourceWarning", str(ROOT / "agent_demo.py"),
+             "--trace", "/dev/full", "hi"], capture_output=True, text=True, timeout=30,
+            env={**{k: v for k, v in os.environ.items() if not k.startswith(("LLM_", "AGENT_"))},
+                 "LLM_API_URL": server.url})
+    assert process.returncode == 2
+    assert "ResourceWarning" not in process.stderr and "Exception ignored" not in process.stderr
+    assert process.stderr.strip() == "agent-demo: error: cannot write the trace file: No space left on device"
+
+
+# --- endpoint URLs -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("given, expected", [
+    ("https://x.openai.azure.com/openai/deployments/d/chat/completions?api-version=2024-06-01",
+     "https://x.openai.azure.com/openai/deployments/d/chat/completions?api-version=2024-06-01"),
+    ("https://host/v1?api-version=1", "https://host/v1/chat/completions?api-version=1"),
+    ("https://host/v1/", "https://host/v1/chat/completions"),
+    ("https://host/v1/chat/completions/", "https://host/v1/chat/completions"),
+    ("http://host:8080", "http://host:8080/chat/completions"),
+])
+def test_only_the_path_decides_whether_chat_completions_is_added(given, expected):
+    assert chat_completions_url(given) == expected
+
+
+def test_a_query_string_is_kept_and_sent(serve, monkeypatch, capsys):
+    server = serve([act("finish", result="ok")])
+    monkeypatch.setenv("LLM_API_URL", server.url + "/chat/completions?api-version=2024-06-01")
+    assert main(["--quiet", "hi"]) == 0
+    assert server.requests[0]["path"] == "/v1/chat/completions?api-version=2024-06-01"
+
+
+def test_a_password_in_the_url_is_neither_shown_nor_recorded(serve, monkeypatch, capsys, tmp_path):
+    server = serve([act("finish", result="ok")])
+    monkeypatch.setenv("LLM_API_URL", server.url.replace("http://", "http://alice:hunter2-secret@"))
+    trace = tmp_path / "t.jsonl"
+    assert main(["--trace", str(trace), "hi"]) == 0
+    out, err = capsys.readouterr()
+    assert "hunter2-secret" not in out + err + trace.read_text()
+    assert "alice:***@127.0.0.1" in out
+    assert server.requests[0]["headers"]["Authorization"].startswith("Basic "), "the credentials are still used"
+
+
+# --- the key -----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("echo", [f"Bearer%20{KEY}", f"https://x/?key={KEY}&y=1", f'"{KEY}"', f"{KEY}{KEY}",
+                                  f"token:{KEY}xyz"])
+def test_the_key_glued_to_other_characters_is_redacted(serve, capsys, tmp_path, echo):
+    serve([{"status": 401, "body": {"error": {"message": f"bad credentials: {echo}"}}}])
+    trace = tmp_path / "t.jsonl"
+    assert main(["--trace", str(trace), "hi"]) == 3
+    out, err = capsys.readouterr()
+    assert KEY not in out + err + trace.read_text()
+    assert "[redacted]" in err
+
+
+def test_a_short_placeholder_key_still_leaves_other_text_alone(serve, capsys):
+    serve([act("finish", result="key 12345 and 512 x")], key="512")
+    assert main(["--quiet", "hi"]) == 0
+    assert capsys.readouterr().out == "key 12345 and [redacted] x\n"
+
+
+@pytest.mark.parametrize("line, number", [('LLM_API_KEY="sk-unbalanced\n', 1),
+                                          ('LLM_MODEL=m\nLLM_API_KEY=\'sk-x\nOTHER=1\n', 2)])
+def test_a_dotenv_that_cannot_be_parsed_is_a_configuration_error_naming_the_line(serve, tmp_path, capsys,
+                                                                                 line, number):
+    server = serve([act("finish", result="ok")], key=None)
+    (tmp_path / ".env").write_text(line)
+    assert main(["hi"]) == 2
+    err = capsys.readouterr().err
+    assert f".env line {number}" in err and "sk-" not in err
+    assert server.requests == []
