@@ -20,7 +20,7 @@ from endings import (BudgetSpent, ConfigError, EndpointError, Finished, GaveUp, 
 from output import Redactor
 from records import Call, Round
 from runlog import RunLog
-from settings import Settings, chat_completions_url, display_url, read_environment, url_password
+from settings import Settings, api_key, chat_completions_url, display_url, endpoint_url, read_environment, url_password
 from tools import CONTROL_ACTIONS, FINISH, REGISTRY, Tool, call_tool, check_args, failure
 
 FORMAT_ERRORS_BEFORE_STUCK = 3
@@ -74,7 +74,8 @@ def start_log(log: RunLog, conversation: Conversation, approve: Optional[Approve
     """Record the start (or the resume) with the run's own limits, and check that the task fits."""
     settings = conversation.settings
     limits = {"max_rounds": settings.max_rounds, "max_tokens": settings.max_tokens, "mode": settings.mode,
-              "max_calls": settings.max_calls, "tools": list(conversation.registry), "approve": settings.approve}
+              "max_calls": settings.max_calls, "tools": list(conversation.registry), "approve": settings.approve,
+              "tools_files": settings.tools_files}
     url = display_url(chat_completions_url(settings.url))
     if conversation.rounds:
         log.resume(conversation.task, settings.model, url, len(conversation.rounds), limits)
@@ -169,7 +170,7 @@ def run_tool(call: Call, registry: Dict[str, Tool], approve: Optional[Approver],
             return failure(prompts.NO_TERMINAL, cancelled=True)
         if not approve(call.action):
             return failure(prompts.CANCELLED, cancelled=True)
-    return call_tool(call.tool, call.args, registry)
+    return call_tool(call.tool, call.args, registry, timeout=settings.tool_timeout)
 
 
 def feed_back(parsed: Parsed, calls: List[Call], registry: Dict[str, Tool], settings: Settings,
@@ -289,10 +290,12 @@ def main(argv: Optional[List[str]] = None) -> int:
         environment = read_environment()
     except ConfigError as error:
         return cli.report(RunResult(error), args)
+    if args.runs:
+        return cli.list_runs(environment)
     debug = args.debug or environment.get("AGENT_DEBUG", "") not in ("", "0")
-    redactor = Redactor((environment.get("LLM_API_KEY") or "").strip() or None,
-                        url_password(environment.get("LLM_API_URL") or ""))
+    redactor = Redactor(api_key(environment), url_password(endpoint_url(args, environment)))
     with cli.protected_output(redactor), ending_on_sigterm():
+        trace_path = None  # set once the run has started: a run cut short can then be continued
         try:
             job = cli.prepare(args, environment)
             log = cli.open_log(args, job.trace_path, redactor)
@@ -301,6 +304,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         except KeyboardInterrupt:
             outcome = RunResult(Interrupted())
         else:
+            trace_path = job.trace_path
             client = ModelClient(job.settings)
             try:
                 outcome = run(job.task, job.settings, client.ask, job.registry, log, job.history,
@@ -311,7 +315,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         try:
             if debug:
                 cli.show_traceback(outcome)
-            return cli.report(outcome, args)
+            return cli.report(outcome, args, trace_path)
         except OutputClosed:  # the reader took what it wanted (| head): the run's own ending stands
             return outcome.exit_code
 

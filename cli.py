@@ -4,23 +4,31 @@ import argparse
 import contextlib
 import json
 import os
+import shlex
+import stat
 import sys
 import traceback
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, List, Optional
 
 import prompts
+import runs
 from endings import ConfigError, RunResult
 from output import Redactor, SafeStream
 from records import Round
 from runlog import RunLog, load_trace
 from settings import DEFAULT_MODEL, DEFAULT_URL, MODES, NUMBERS, Settings, load_settings
-from tools import CONTROL_ACTIONS, REGISTRY, Tool
+from tools import CONTROL_ACTIONS, REGISTRY, Tool, ToolDefinitionError, load_tools_file
+
+__version__ = "0.2.0"
 
 ENVIRONMENT_HELP = f"""environment (also read from ./.env; the real environment wins):
   LLM_API_KEY             bearer key; optional for local servers (no Authorization header then)
   LLM_API_URL             chat-completions URL or base URL ending in /v1 (default {DEFAULT_URL})
   LLM_MODEL               model name (default {DEFAULT_MODEL})
+  OPENAI_API_KEY          read when LLM_API_KEY is unset
+  OPENAI_BASE_URL         read when LLM_API_URL is unset
   AGENT_MAX_ROUNDS        default for --max-rounds (6)
   AGENT_MAX_TOKENS        default for --max-tokens (no cap)
   AGENT_MAX_CONTEXT       default for --max-context (24000)
@@ -30,6 +38,9 @@ ENVIRONMENT_HELP = f"""environment (also read from ./.env; the real environment 
   AGENT_MAX_CALLS         default for --max-calls (8)
   AGENT_RETRIES           default for --retries (3)
   AGENT_TIMEOUT           default for --timeout (30)
+  AGENT_TOOL_TIMEOUT      default for --tool-timeout (60)
+  AGENT_DEMO_LOG_DIR      the run log folder (else $XDG_STATE_HOME/agent-demo/runs,
+                          else ~/.local/state/agent-demo/runs)
   AGENT_DEBUG=1           same as --debug
 
 exit codes: 0 finished; 1 not completed (gave up, round limit, token budget,
@@ -64,7 +75,11 @@ def build_parser() -> Parser:
     parser = Parser(
         prog="agent-demo", description="Run a task with a tool-calling LLM agent loop.",
         epilog=ENVIRONMENT_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("task", nargs="*", help='what to do, e.g. "compute (12 + 500) * 3"')
+    parser.add_argument("task", nargs="*", help='what to do, e.g. "compute (12 + 500) * 3"; "-" reads it from'
+                        " stdin, and text piped to stdin beside a task is the material the task is about")
+    parser.add_argument("-m", "--model", metavar="NAME", help=f"model name (LLM_MODEL; default {DEFAULT_MODEL})")
+    parser.add_argument("--url", metavar="URL",
+                        help="chat-completions URL or base URL ending in /v1 (LLM_API_URL, else OPENAI_BASE_URL)")
     parser.add_argument("--max-rounds", type=flag_type("max_rounds"), metavar="N",
                         help="model requests at most, across resumes (default 6)")
     parser.add_argument("--max-tokens", type=flag_type("max_tokens"), metavar="N",
@@ -77,6 +92,10 @@ def build_parser() -> Parser:
     parser.add_argument("--max-calls", type=flag_type("max_calls"), metavar="N", help="actions run per reply at most (default 8)")
     parser.add_argument("--tools", metavar="NAME,NAME",
                         help=f"expose only these tools (available: {', '.join(REGISTRY)}); finish and fail always")
+    parser.add_argument("--tools-file", action="append", metavar="PATH",
+                        help="make each public function in the Python file PATH a tool (repeatable)")
+    parser.add_argument("--tool-timeout", type=flag_type("tool_timeout"), metavar="SECONDS",
+                        help="answer a tool call still running after SECONDS as an error (default 60)")
     parser.add_argument("--approve", action="store_true", help="ask y/N on the terminal before each tool call")
     parser.add_argument("--yes", action="store_true",
                         help="run every call without asking, even tools marked as having side effects")
@@ -85,26 +104,58 @@ def build_parser() -> Parser:
                              " (default 30)")
     parser.add_argument("--retries", type=flag_type("retries"), metavar="N",
                         help="retries on 429, 5xx, dropped connections and timeouts (default 3)")
-    parser.add_argument("--trace", metavar="FILE", help="append a JSON Lines record of the run to FILE")
-    parser.add_argument("--resume", metavar="TRACE",
-                        help="continue the unfinished run recorded in TRACE, appending to it")
+    parser.add_argument("--trace", metavar="FILE",
+                        help="append the JSON Lines record of the run to FILE instead of the run log folder")
+    parser.add_argument("--no-log", action="store_true", help="keep no record of the run")
+    parser.add_argument("--resume", metavar="TRACE", nargs="?", const="",
+                        help="continue the unfinished run recorded in TRACE, appending to it;"
+                             " without TRACE, the most recent unfinished run in the run log folder")
+    parser.add_argument("--runs", action="store_true", help="list the recent runs in the run log folder and exit")
     parser.add_argument("--json", action="store_true",
                         help="print one JSON object with status, result, rounds, usage, calls (and error);"
                              " the trace goes to stderr")
     parser.add_argument("--quiet", action="store_true", help="no round-by-round trace; only the result")
     parser.add_argument("--debug", action="store_true", help="show tracebacks for errors")
+    parser.add_argument("--version", action="version", version=f"agent-demo {__version__}")
     return parser
 
 
 def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
-    """The flags, with the task joined into one string; a usage error exits 2."""
+    """The flags, with the task (and what stdin brings) joined into one string; a usage error exits 2."""
     parser = build_parser()
     parser.json_output = "--json" in (sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
-    args.task = " ".join(args.task).strip()
-    if not args.task and not args.resume:
-        parser.error("the task is empty: say what the agent should do")
+    words = " ".join(args.task).strip()
+    if args.resume is None and not args.runs:
+        if words == "-":
+            words = read_stdin().strip()
+        elif not words:
+            words = read_stdin().strip() if stdin_is_piped(any_kind=True) else ""
+        elif stdin_is_piped():
+            words = prompts.render_task_with_material(words, read_stdin())
+        if not words:
+            parser.error("the task is empty: say what the agent should do (or pipe it in: echo TASK | agent-demo)")
+    args.task = words
     return args
+
+
+def stdin_is_piped(any_kind: bool = False) -> bool:
+    """Is stdin a pipe or a file (not a terminal)? any_kind: also /dev/null and other devices."""
+    try:
+        if sys.stdin is None or sys.stdin.isatty():
+            return False
+        mode = os.fstat(sys.stdin.fileno()).st_mode
+    except (OSError, ValueError, AttributeError):  # closed, or a test's stand-in
+        return False
+    return any_kind or stat.S_ISFIFO(mode) or stat.S_ISREG(mode)
+
+
+def read_stdin() -> str:
+    """All of stdin as text; bytes that are not UTF-8 become U+FFFD rather than an error."""
+    try:
+        return sys.stdin.buffer.read().decode("utf-8", errors="replace")
+    except (OSError, ValueError, AttributeError):
+        return ""
 
 
 @contextlib.contextmanager
@@ -131,55 +182,98 @@ class Job:
     trace_path: Optional[str]
 
 
-def allowed_tools(names: Optional[str]) -> Dict[str, Tool]:
-    """The registry cut down to --tools NAME,NAME; an unknown name is a usage error."""
+def build_registry(files: List[str], names: Optional[str]) -> Dict[str, Tool]:
+    """The built-in tools and those of each --tools-file, cut down to --tools NAME,NAME; ConfigError if
+    a file gives no usable tools, a name clashes, or --tools names a tool that does not exist."""
+    registry = dict(REGISTRY)
+    for path in files:
+        try:
+            found = load_tools_file(path)
+        except ToolDefinitionError as error:
+            raise ConfigError(f"--tools-file {path}: {error}") from None
+        clash = next((name for name in found if name in registry or name in CONTROL_ACTIONS), None)
+        if clash:
+            raise ConfigError(f"--tools-file {path}: the tool {clash} clashes with another tool of that name")
+        registry.update(found)
     if names is None:
-        return REGISTRY
+        return registry
     wanted = [name.strip() for name in names.split(",") if name.strip()]
-    unknown = [name for name in wanted if name not in REGISTRY and name not in CONTROL_ACTIONS]
+    unknown = [name for name in wanted if name not in registry and name not in CONTROL_ACTIONS]
     if unknown:
-        raise ConfigError(f"--tools: unknown tool {', '.join(unknown)} (available: {', '.join(REGISTRY)})")
-    return {name: tool for name, tool in REGISTRY.items() if name in wanted}
+        raise ConfigError(f"--tools: unknown tool {', '.join(unknown)} (available: {', '.join(registry)})")
+    return {name: tool for name, tool in registry.items() if name in wanted}
 
 
 def prepare(args: argparse.Namespace, environment: Dict[str, str]) -> Job:
     """Settings, the tools, the task, the rounds already done and the trace path, or ConfigError."""
-    settings, registry = load_settings(args, environment), allowed_tools(args.tools)
-    if not args.resume:
-        return Job(settings, registry, args.task, [], args.trace)
+    settings = load_settings(args, environment)
+    tools_files = [os.path.abspath(path) for path in args.tools_file or []]
+    if args.resume is None:
+        trace = args.trace or (None if args.no_log else str(runs.new_run_path(runs.log_dir(environment))))
+        settings.tools_files = tools_files
+        return Job(settings, build_registry(tools_files, args.tools), args.task, [], trace)
     if args.task:
         raise ConfigError("--resume continues the task recorded in the trace; give no task with it")
-    if args.trace and os.path.abspath(args.trace) != os.path.abspath(args.resume):
+    path = args.resume or latest_run(environment)
+    if args.trace and os.path.abspath(args.trace) != os.path.abspath(path):
         raise ConfigError("--resume appends to its own trace file; --trace cannot name another one")
     try:
-        start, rounds = load_trace(args.resume)
+        start, rounds = load_trace(path)
     except ValueError as error:
         raise ConfigError(str(error)) from None
 
     # The run's own settings hold across resumes unless the user gives them again.
-    def recorded(flag: Any, variable: str, key: str, valid: Callable[[Any], bool]) -> bool:
-        return flag is None and not environment.get(variable) and valid(start.get(key))
+    def recorded(flag: Any, variables: str, key: str, valid: Callable[[Any], bool]) -> bool:
+        return flag is None and not any(environment.get(v) for v in variables.split()) and valid(start.get(key))
     whole = lambda value: isinstance(value, int) and not isinstance(value, bool) and value >= 1  # noqa: E731
-    for key, flag, variable in [("max_rounds", args.max_rounds, "AGENT_MAX_ROUNDS"),
-                                ("max_tokens", args.max_tokens, "AGENT_MAX_TOKENS"),
-                                ("max_calls", args.max_calls, "AGENT_MAX_CALLS")]:
-        if recorded(flag, variable, key, whole):
+    text = lambda value: isinstance(value, str) and value != "" and "***" not in value  # noqa: E731
+    for key, flag, variables, valid in [
+            ("max_rounds", args.max_rounds, "AGENT_MAX_ROUNDS", whole),
+            ("max_tokens", args.max_tokens, "AGENT_MAX_TOKENS", whole),
+            ("max_calls", args.max_calls, "AGENT_MAX_CALLS", whole),
+            ("mode", args.mode, "AGENT_MODE", lambda mode: mode in MODES),
+            ("model", args.model, "LLM_MODEL", text),
+            ("url", args.url, "LLM_API_URL OPENAI_BASE_URL", text)]:
+        if recorded(flag, variables, key, valid):
             setattr(settings, key, start[key])
-    if recorded(args.mode, "AGENT_MODE", "mode", lambda mode: mode in MODES):
-        settings.mode = start["mode"]
+    if recorded(args.tools_file, "", "tools_files", lambda paths: isinstance(paths, list)):
+        tools_files = [str(path) for path in start["tools_files"]]
+    settings.tools_files = tools_files
+    registry = build_registry(tools_files, args.tools)
     if recorded(args.tools, "", "tools", lambda names: isinstance(names, list)):
-        registry = {name: tool for name, tool in REGISTRY.items() if name in start["tools"]}
+        registry = {name: tool for name, tool in registry.items() if name in start["tools"]}
     settings.approve = settings.approve or start.get("approve") is True  # only --yes lifts it on resume
-    return Job(settings, registry, start["task"], rounds, args.resume)
+    return Job(settings, registry, start["task"], rounds, path)
+
+
+def latest_run(environment: Dict[str, str]) -> str:
+    """The most recent unfinished run in the run log folder, for --resume without a file."""
+    folder = runs.log_dir(environment)
+    path = runs.latest_unfinished(folder)
+    if path is None:
+        raise ConfigError(f"--resume: no unfinished run in {folder}; name a trace file: --resume FILE")
+    return str(path)
+
+
+def continue_command(trace_path: str) -> str:
+    """The exact command that continues a run cut short."""
+    program = sys.argv[0] or ""
+    command = "agent-demo"
+    if program.endswith(".py"):  # started as python agent_demo.py
+        command = f"{shlex.quote(sys.executable)} {shlex.quote(os.path.abspath(program))}"
+    return f"{command} --resume {shlex.quote(os.path.abspath(trace_path))}"
 
 
 def open_log(args: argparse.Namespace, trace_path: Optional[str], redactor: Redactor) -> RunLog:
-    """The run log: the human trace on stdout (stderr under --json, none under --quiet) and the trace file."""
-    human = None if args.quiet else (sys.stderr if args.json else sys.stdout)
+    """The run log: the human trace on stderr (none under --quiet), so stdout holds only the answer."""
+    human = None if args.quiet else sys.stderr
     try:
-        return RunLog(human, trace_path, redactor)
+        log = RunLog(human, trace_path, redactor)
     except OSError as error:
         raise ConfigError(f"cannot open the trace file: {error}") from None
+    if trace_path and not args.trace and args.resume is None:  # a new run in the run log folder
+        runs.prune(Path(trace_path).parent)
+    return log
 
 
 def terminal_approver(redactor: Redactor) -> Optional[Callable[[dict], bool]]:
@@ -210,8 +304,15 @@ def show_traceback(outcome: RunResult) -> None:
         print("".join(traceback.format_exception(type(error), error, error.__traceback__)), file=sys.stderr, end="")
 
 
-def report(outcome: RunResult, args: argparse.Namespace) -> int:
-    """Print the outcome the way the flags ask for and return its exit code."""
+def list_runs(environment: Dict[str, str]) -> int:
+    """--runs: the recent runs in the run log folder, newest first."""
+    folder = runs.log_dir(environment)
+    print(runs.render_runs(runs.recent_runs(folder), folder))
+    return 0
+
+
+def report(outcome: RunResult, args: argparse.Namespace, trace_path: Optional[str] = None) -> int:
+    """Print the outcome the way the flags ask for (and how to continue a run cut short); the exit code."""
     if args.json:
         print(json.dumps(outcome.to_json(), ensure_ascii=False))
     elif outcome.status == "finished":
@@ -221,6 +322,8 @@ def report(outcome: RunResult, args: argparse.Namespace) -> int:
     elif outcome.status != "finished" and args.quiet:  # otherwise the trace ended with it
         lines = [f"agent-demo: {outcome.summary()}", *(f"  {line}" for line in outcome.progress)]
         print("\n".join(lines), file=sys.stderr)
+    if trace_path and outcome.status in runs.RESUMABLE and outcome.exit_code != 2:  # 2: change flags first
+        print(f"agent-demo: to continue: {continue_command(trace_path)}", file=sys.stderr)
     return outcome.exit_code
 
 

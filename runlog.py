@@ -1,5 +1,6 @@
 """The run log: the trace people read, the JSON Lines trace file, and reading it back to resume."""
 import json
+import os
 import sys
 import time
 from typing import Any, List, Optional, TextIO, Tuple
@@ -8,8 +9,8 @@ import prompts
 from endings import ConfigError
 from output import Redactor, SafeStream
 from records import Round, round_from_line, round_to_line
+from runs import RESUMABLE
 
-RESUMABLE = {"max_rounds", "budget", "stuck", "error", "interrupted"}  # not finished, not failed
 
 
 class TraceWriteError(ConfigError):
@@ -24,8 +25,8 @@ class RunLog:
                  redactor: Optional[Redactor] = None):
         self.human = human
         self.trace_file = None
-        if trace_path:
-            raw = open(trace_path, "a", encoding="utf-8")
+        if trace_path:  # a new file is readable only by the user: it holds the task and every result
+            raw = open(os.open(trace_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600), "a", encoding="utf-8")
             if raw.tell() > 0:
                 with open(trace_path, "rb") as existing:
                     existing.seek(-1, 2)

@@ -5,7 +5,7 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, List, Optional
 from urllib.parse import urlsplit, urlunsplit
 
 from dotenv import dotenv_values
@@ -41,6 +41,8 @@ class Settings:
     max_calls: int = 8  # actions run per reply at most
     approve: bool = False  # ask before every tool call
     yes: bool = False  # never ask, even for tools with side effects
+    tool_timeout: float = 60.0  # a tool call still running after this is answered as an error
+    tools_files: List[str] = field(default_factory=list)  # --tools-file, kept for --resume
 
 
 def chat_completions_url(url: str) -> str:
@@ -122,6 +124,7 @@ NUMBERS = {
     "max_calls": ("--max-calls", "AGENT_MAX_CALLS", whole_number(1)),
     "retries": ("--retries", "AGENT_RETRIES", whole_number(0)),
     "timeout": ("--timeout", "AGENT_TIMEOUT", seconds),
+    "tool_timeout": ("--tool-timeout", "AGENT_TOOL_TIMEOUT", seconds),
     "max_result_chars": (None, "AGENT_MAX_RESULT_CHARS", whole_number(200)),
     "keep_recent": (None, "AGENT_KEEP_RECENT", whole_number(0)),
 }
@@ -141,13 +144,24 @@ def _number(args: Any, environment: Dict[str, str], name: str, default: Any) -> 
         raise ConfigError(f"{variable} {error}") from None
 
 
+def api_key(environment: Dict[str, str]) -> Optional[str]:
+    """LLM_API_KEY, else OPENAI_API_KEY (what every OpenAI-compatible tool reads), else None."""
+    return (environment.get("LLM_API_KEY") or environment.get("OPENAI_API_KEY") or "").strip() or None  # \r of CRLF
+
+
+def endpoint_url(args: Any, environment: Dict[str, str]) -> str:
+    """--url, else LLM_API_URL, else OPENAI_BASE_URL, else OpenAI's own."""
+    return (getattr(args, "url", None) or environment.get("LLM_API_URL") or environment.get("OPENAI_BASE_URL")
+            or DEFAULT_URL)
+
+
 def load_settings(args: Any, environment: Dict[str, str]) -> Settings:
     """Combine flags (an argparse namespace), the environment and .env into Settings, or raise ConfigError."""
     default = Settings()
     settings = Settings(
-        url=environment.get("LLM_API_URL") or DEFAULT_URL,
-        model=environment.get("LLM_MODEL") or DEFAULT_MODEL,
-        api_key=(environment.get("LLM_API_KEY") or "").strip() or None,  # a CRLF .env leaves a \r
+        url=endpoint_url(args, environment),
+        model=getattr(args, "model", None) or environment.get("LLM_MODEL") or DEFAULT_MODEL,
+        api_key=api_key(environment),
         mode=args.mode or environment.get("AGENT_MODE") or "json",
         approve=args.approve, yes=args.yes,
         **{name: _number(args, environment, name, getattr(default, name)) for name in NUMBERS},

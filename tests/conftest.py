@@ -13,10 +13,12 @@ KEY = "sk-live-DO-NOT-LEAK-0123456789"
 
 @pytest.fixture(autouse=True)
 def clean_environment(monkeypatch, tmp_path):
-    """Each test starts without the developer's LLM_/AGENT_ variables, in an empty folder."""
+    """Each test starts without the developer's LLM_/AGENT_/OPENAI_ variables, in an empty folder,
+    with its run log folder under its own state home (subprocesses inherit XDG_STATE_HOME too)."""
     for name in list(os.environ):
-        if name.startswith(("LLM_", "AGENT_")):
+        if name.startswith(("LLM_", "AGENT_", "OPENAI_")):
             monkeypatch.delenv(name)
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
     monkeypatch.chdir(tmp_path)
 
 
@@ -35,3 +37,10 @@ def serve(monkeypatch):
     yield _serve
     for server in servers:
         server.__exit__(None, None, None)
+
+
+def said_lines(err):
+    """The lines agent-demo itself says on stderr (errors, summaries), without the round-by-round trace
+    and without the command that continues a run cut short."""
+    return [line for line in err.splitlines()
+            if line.startswith("agent-demo:") and not line.startswith("agent-demo: to continue:")]

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from agent_demo import main
-from conftest import KEY
+from conftest import KEY, said_lines
 from scripted_server import ScriptedServer, action as act
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -30,10 +30,9 @@ def test_a_good_run_prints_the_trace_and_the_result_and_exits_0(serve, capsys):
     server = serve(GOOD_RUN)
     assert main([TASK]) == 0
     out, err = capsys.readouterr()
-    assert "--- round 1/6 ---" in out and "action: calculator" in out
-    assert 'result: {"ok": true, "data": 1536}' in out
-    assert out.rstrip().endswith("1536; A1002 is 待支付")
-    assert err == ""
+    assert "--- round 1/6 ---" in err and "action: calculator" in err
+    assert 'result: {"ok": true, "data": 1536}' in err
+    assert out == "1536; A1002 is 待支付\n", "stdout holds the answer alone"
     assert len(server.requests) == 4
     assert server.connections == 1, "one session: the connection is reused"
     assert server.requests[0]["headers"]["Authorization"] == f"Bearer {KEY}"
@@ -95,7 +94,7 @@ def test_a_bad_key_exits_3_with_one_line_and_never_shows_the_key(serve, capsys, 
     trace = tmp_path / "t.jsonl"
     assert main(["--trace", str(trace), "hi"]) == 3
     out, err = capsys.readouterr()
-    assert err.strip().splitlines() == [
+    assert said_lines(err) == [
         "agent-demo: error: authentication failed (HTTP 401): Incorrect API key provided: [redacted]"
         " - check LLM_API_KEY"]
     assert "Traceback" not in err
@@ -119,7 +118,7 @@ def test_a_429_with_retry_after_is_waited_for_then_the_run_goes_on(serve, capsys
 def test_a_429_that_never_ends_exits_3_after_the_retries(serve, capsys):
     server = serve([{"status": 429, "headers": {"Retry-After": "0"}, "body": {"error": {"message": "quota"}}}])
     assert main(["--retries", "2", "hi"]) == 3
-    assert capsys.readouterr().err.strip() == "agent-demo: error: HTTP 429 after 2 retries: quota"
+    assert said_lines(capsys.readouterr().err) == ["agent-demo: error: HTTP 429 after 2 retries: quota"]
     assert len(server.requests) == 3
 
 
@@ -146,7 +145,8 @@ def test_a_dead_endpoint_exits_3(monkeypatch, capsys):
 def test_a_garbage_body_exits_3(serve, capsys):
     serve([{"body": "<html>oops</html>"}])
     assert main(["hi"]) == 3
-    assert capsys.readouterr().err.strip() == "agent-demo: error: the endpoint's reply is not JSON: <html>oops</html>"
+    assert said_lines(capsys.readouterr().err) == [
+        "agent-demo: error: the endpoint's reply is not JSON: <html>oops</html>"]
 
 
 def test_json_reports_errors_as_one_object_too(serve, capsys):
@@ -211,7 +211,7 @@ def test_ctrl_c_exits_130_and_writes_the_end_record(tmp_path):
         out, err = process.communicate(timeout=20)
     assert process.returncode == 130
     assert "Traceback" not in err
-    assert "interrupted after 1 completed round(s)" in out
+    assert "interrupted after 1 completed round(s)" in err
     assert json.loads(trace.read_text().splitlines()[-1])["status"] == "interrupted"
 
 
@@ -270,7 +270,7 @@ def test_a_trace_file_that_cannot_be_written_is_one_line_and_exit_2(serve, capsy
     serve([act("finish", result="ok")])
     assert main(["--trace", "/dev/full", "hi"]) == 2
     err = capsys.readouterr().err
-    assert err.strip() == "agent-demo: error: cannot write the trace file: No space left on device"
+    assert said_lines(err) == ["agent-demo: error: cannot write the trace file: No space left on device"]
 
 
 @pytest.mark.parametrize("argv", [["--json", ""], ["--json", "--max-rounds", "x", "hi"], ["--json"]])

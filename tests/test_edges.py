@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from agent_demo import main
-from conftest import KEY
+from conftest import KEY, said_lines
 from scripted_server import ScriptedServer, action as act
 from settings import chat_completions_url
 
@@ -172,7 +172,7 @@ def test_a_trace_file_whose_write_fails_is_closed(serve, tmp_path):
                  "LLM_API_URL": server.url})
     assert process.returncode == 2
     assert "ResourceWarning" not in process.stderr and "Exception ignored" not in process.stderr
-    assert process.stderr.strip() == "agent-demo: error: cannot write the trace file: No space left on device"
+    assert said_lines(process.stderr) == ["agent-demo: error: cannot write the trace file: No space left on device"]
 
 
 # --- endpoint URLs -------------------------------------------------------------------------------
@@ -203,7 +203,7 @@ def test_a_password_in_the_url_is_neither_shown_nor_recorded(serve, monkeypatch,
     assert main(["--trace", str(trace), "hi"]) == 0
     out, err = capsys.readouterr()
     assert "hunter2-secret" not in out + err + trace.read_text()
-    assert "alice:***@127.0.0.1" in out
+    assert "alice:***@127.0.0.1" in err
     assert server.requests[0]["headers"]["Authorization"].startswith("Basic "), "the credentials are still used"
 
 

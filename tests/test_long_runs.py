@@ -49,9 +49,9 @@ def test_missing_usage_is_estimated_from_characters_and_marked(tmp_path):
 def test_budget_from_the_command_line_prints_what_was_done(serve, capsys):
     serve(sums(10))  # the scripted server reports 15 tokens a request
     assert main(["--max-tokens", "30", "keep adding"]) == 1
-    out = capsys.readouterr().out
-    assert "=== not completed: token budget spent after 2 round(s), 30 tokens ===" in out
-    assert "  round 2: calculator(1 + 1) -> 2" in out
+    err = capsys.readouterr().err
+    assert "=== not completed: token budget spent after 2 round(s), 30 tokens ===" in err
+    assert "  round 2: calculator(1 + 1) -> 2" in err
 
 
 # --- what is re-sent ---------------------------------------------------------------------

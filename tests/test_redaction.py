@@ -23,23 +23,26 @@ ECHOING_MODEL = [f"my key is {KEY} " + act("get_order_status", order_id=KEY),
                  act("finish", result=f"the key was {KEY}")]
 
 
-def test_stdout_shows_neither_the_trace_nor_the_result_with_the_key(serve, capsys):
+def test_stdout_does_not_show_the_key_in_the_result(serve, capsys):
+    serve(ECHOING_MODEL)
+    assert main(["--quiet", "hi"]) == 0
+    assert capsys.readouterr().out == "the key was [redacted]\n"
+
+
+def test_the_json_object_does_not_show_the_key(serve, capsys):
+    serve(ECHOING_MODEL)
+    assert main(["--json", "--quiet", "hi"]) == 0
+    out = capsys.readouterr().out
+    assert KEY not in out and json.loads(out)["result"] == "the key was [redacted]"
+
+
+def test_the_trace_on_stderr_does_not_show_the_key(serve, capsys):
     serve(ECHOING_MODEL)
     assert main(["hi"]) == 0
-    out = capsys.readouterr().out
-    assert KEY not in out
-    assert "model: my key is [redacted]" in out, "the model's words"
-    assert "order '[redacted]' not found" in out, "the tool's result"
-    assert out.rstrip().endswith("the key was [redacted]"), "the final result"
-
-
-def test_stderr_and_the_json_object_do_not_show_the_key(serve, capsys):
-    serve(ECHOING_MODEL)
-    assert main(["--json", "hi"]) == 0
-    out, err = capsys.readouterr()
-    assert KEY not in out + err
-    assert json.loads(out)["result"] == "the key was [redacted]"
-    assert "model: my key is [redacted]" in err, "the trace, on stderr under --json"
+    err = capsys.readouterr().err
+    assert KEY not in err
+    assert "model: my key is [redacted]" in err, "the model's words"
+    assert "order '[redacted]' not found" in err, "the tool's result"
 
 
 def test_the_trace_file_does_not_hold_the_key(serve, tmp_path):

@@ -175,7 +175,7 @@ def test_a_400_for_schema_or_tools_falls_back_to_json_once_and_says_so(serve, ca
     assert field in server.requests[0]["body"]
     assert field not in server.requests[1]["body"]
     assert "Reply with one JSON object and nothing else: {\"tool\"" in server.sent_messages(1)[0]["content"]
-    assert f"note: the endpoint rejected {mode} mode" in capsys.readouterr().out
+    assert f"note: the endpoint rejected {mode} mode" in capsys.readouterr().err
     fallback = [json.loads(line) for line in trace.read_text().splitlines() if '"fallback"' in line]
     assert fallback[0]["from_mode"] == mode and fallback[0]["to_mode"] == "json"
 
@@ -271,8 +271,8 @@ def test_approve_without_a_terminal_refuses_every_call_and_says_so(serve, capsys
     server = serve([act("calculator", expression="2 + 2"), act("fail", reason="refused")])
     trace = tmp_path / "t.jsonl"
     assert main(["--approve", "--trace", str(trace), "hi"]) == 1
-    out = capsys.readouterr().out
-    assert "note: --approve: there is no terminal to ask, so every tool call will be refused" in out
+    err = capsys.readouterr().err
+    assert "note: --approve: there is no terminal to ask, so every tool call will be refused" in err
     assert "there is no terminal to ask" in server.sent_messages(1)[-1]["content"]
     assert [json.loads(line)["event"] for line in trace.read_text().splitlines()][:2] == ["start", "note"]
 

@@ -1,0 +1,295 @@
+"""Everyday use from a shell: pipes, the usual flags, the run log, your own tools."""
+import json
+import os
+import signal
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import cli
+from agent_demo import main
+from conftest import said_lines
+from scripted_server import ScriptedServer, action as act
+
+ROOT = Path(__file__).resolve().parent.parent
+FINISH = act("finish", result="done")
+
+
+def agent(*args, stdin=None, env_extra=None, timeout=60):
+    """The real CLI in a subprocess: returns (exit code, stdout, stderr)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("LLM_", "AGENT_", "OPENAI_"))}
+    env.update(env_extra or {})
+    process = subprocess.run([sys.executable, str(ROOT / "agent_demo.py"), *args], input=stdin, env=env,
+                             capture_output=True, text=True, timeout=timeout,
+                             stdin=None if stdin is not None else subprocess.DEVNULL)
+    return process.returncode, process.stdout, process.stderr
+
+
+# --- the task from stdin ------------------------------------------------------------------
+
+@pytest.mark.parametrize("args", [["-"], []])
+def test_the_task_can_be_piped_in(args):
+    with ScriptedServer([FINISH]) as server:
+        code, out, err = agent(*args, stdin="compute 2 + 2\n", env_extra={"LLM_API_URL": server.url})
+    assert (code, out) == (0, "done\n")
+    assert server.sent_messages(0)[1]["content"] == "Task: compute 2 + 2"
+
+
+def test_piped_text_beside_a_task_is_the_material_it_is_about():
+    with ScriptedServer([FINISH]) as server:
+        code, out, err = agent("summarize this", stdin="line one\nline two\n", env_extra={"LLM_API_URL": server.url})
+    assert code == 0
+    task = server.sent_messages(0)[1]["content"]
+    assert task.startswith("Task: summarize this\n")
+    assert task.index("summarize this") < task.index("line one\nline two")
+
+
+def test_an_empty_pipe_and_no_task_is_a_usage_error():
+    code, out, err = agent("-", stdin="  \n")
+    assert code == 2 and "the task is empty" in err
+
+
+# --- stdout is for the answer -----------------------------------------------------------------
+
+def test_redirected_stdout_holds_only_the_answer(tmp_path):
+    with ScriptedServer([act("calculator", expression="2 + 2"), act("finish", result="4")]) as server:
+        code, out, err = agent("add", env_extra={"LLM_API_URL": server.url})
+    assert (code, out) == (0, "4\n")
+    assert "--- round 1/6 ---" in err and "action: calculator" in err
+
+
+def test_quiet_silences_the_trace(serve, capsys):
+    serve([FINISH])
+    assert main(["--quiet", "hi"]) == 0
+    assert capsys.readouterr() == ("done\n", "")
+
+
+# --- the usual flags --------------------------------------------------------------------------
+
+def test_model_and_url_flags_win_over_the_environment(serve, monkeypatch, capsys):
+    server = serve([FINISH])
+    monkeypatch.setenv("LLM_MODEL", "from-env")
+    good_url = server.url
+    monkeypatch.setenv("LLM_API_URL", "http://127.0.0.1:9/v1")
+    assert main(["-m", "from-flag", "--url", good_url, "--quiet", "hi"]) == 0
+    assert server.requests[0]["body"]["model"] == "from-flag"
+    assert main(["--model", "long-flag", "--url", good_url, "--quiet", "hi"]) == 0
+    assert server.requests[1]["body"]["model"] == "long-flag"
+
+
+def test_openai_variables_are_read_when_the_llm_ones_are_unset(serve, monkeypatch, capsys):
+    server = serve([FINISH], key=None)
+    monkeypatch.delenv("LLM_API_URL")
+    monkeypatch.setenv("OPENAI_BASE_URL", server.url)
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-openai-variable-123")
+    assert main(["--quiet", "hi"]) == 0
+    assert server.requests[0]["headers"]["Authorization"] == "Bearer sk-openai-variable-123"
+    monkeypatch.setenv("LLM_API_KEY", "sk-llm-variable-456")
+    assert main(["--quiet", "hi"]) == 0
+    assert server.requests[1]["headers"]["Authorization"] == "Bearer sk-llm-variable-456"
+
+
+def test_version_prints_the_name_and_version():
+    code, out, err = agent("--version")
+    assert (code, out) == (0, f"agent-demo {cli.__version__}\n")
+
+
+# --- the run log --------------------------------------------------------------------------------
+
+def log_files(folder):
+    return sorted(Path(folder).glob("*.jsonl"))
+
+
+def test_every_run_is_logged_to_the_state_folder_readable_only_by_the_user(serve, tmp_path, capsys):
+    serve([FINISH])
+    assert main(["--quiet", "hi"]) == 0
+    [logged] = log_files(tmp_path / "state" / "agent-demo" / "runs")
+    assert stat.S_IMODE(logged.stat().st_mode) == 0o600
+    assert [json.loads(line)["event"] for line in logged.read_text().splitlines()] == ["start", "round", "end"]
+
+
+def test_the_log_folder_variable_wins_and_no_log_keeps_nothing(serve, tmp_path, monkeypatch, capsys):
+    serve([FINISH])
+    monkeypatch.setenv("AGENT_DEMO_LOG_DIR", str(tmp_path / "mine"))
+    assert main(["--quiet", "hi"]) == 0
+    assert len(log_files(tmp_path / "mine")) == 1
+    assert main(["--quiet", "--no-log", "hi"]) == 0
+    assert len(log_files(tmp_path / "mine")) == 1
+    assert main(["--quiet", "--trace", str(tmp_path / "t.jsonl"), "hi"]) == 0
+    assert len(log_files(tmp_path / "mine")) == 1 and (tmp_path / "t.jsonl").exists()
+
+
+def test_the_oldest_runs_beyond_500_are_pruned(serve, tmp_path, monkeypatch, capsys):
+    serve([FINISH])
+    folder = tmp_path / "runs"
+    folder.mkdir()
+    monkeypatch.setenv("AGENT_DEMO_LOG_DIR", str(folder))
+    for n in range(501):
+        old = folder / f"2020{n:04d}.jsonl"
+        old.write_text("")
+        os.utime(old, (1_000_000 + n, 1_000_000 + n))
+    assert main(["--quiet", "hi"]) == 0
+    files = log_files(folder)
+    assert len(files) == 500
+    assert not (folder / "20200000.jsonl").exists() and not (folder / "20200001.jsonl").exists()
+
+
+def test_a_run_cut_short_says_how_to_continue_and_resume_alone_picks_it_up(serve, capsys):
+    server = serve([act("calculator", expression="1 + 1"), act("calculator", expression="2 + 2"), FINISH])
+    assert main(["--max-rounds", "1", "hi"]) == 1
+    err = capsys.readouterr().err
+    [command] = [line for line in err.splitlines() if line.startswith("agent-demo: to continue: ")]
+    assert command.endswith(".jsonl") and " --resume " in command
+    assert main(["--resume", "--max-rounds", "5", "--quiet"]) == 0
+    assert capsys.readouterr().out == "done\n"
+    assert server.sent_messages(1)[1]["content"] == "Task: hi"
+
+
+def test_resume_alone_with_nothing_unfinished_is_a_usage_error(serve, capsys):
+    serve([FINISH])
+    assert main(["--quiet", "hi"]) == 0
+    assert main(["--resume"]) == 2
+    assert "no unfinished run" in capsys.readouterr().err
+
+
+def test_the_continue_command_works_as_printed(tmp_path):
+    with ScriptedServer([act("calculator", expression="1 + 1"), FINISH]) as server:
+        env = {"LLM_API_URL": server.url}
+        code, out, err = agent("--max-rounds", "1", "hi", env_extra=env)
+        assert code == 1
+        command = err.split("agent-demo: to continue: ", 1)[1].strip()
+        finished = subprocess.run(command + " --max-rounds 4", shell=True, capture_output=True, text=True,
+                                  timeout=60, stdin=subprocess.DEVNULL,
+                                  env={**{k: v for k, v in os.environ.items() if not k.startswith("LLM_")},
+                                       **env})
+    assert (finished.returncode, finished.stdout) == (0, "done\n")
+
+
+def test_runs_lists_recent_runs_newest_first(serve, capsys):
+    serve([act("finish", result="a")])
+    assert main(["--quiet", "first task here"]) == 0
+    time.sleep(0.02)
+    serve([act("fail", reason="no")])
+    assert main(["--quiet", "second task words"]) == 1
+    capsys.readouterr()
+    assert main(["--runs"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split()[:6] == ["when", "status", "rounds", "tokens", "task", "file"]
+    assert "failed" in lines[1] and "second task words" in lines[1] and lines[1].endswith(".jsonl")
+    assert "finished" in lines[2] and "first task here" in lines[2] and " 15 " in lines[2]
+
+
+# --- your own tools -------------------------------------------------------------------------------
+
+TOOLS_FILE = '''
+import time
+
+
+def shout(text: str) -> str:
+    """Return the text in capitals.
+
+    Args:
+        text: what to shout
+    """
+    return text.upper()
+
+
+def nap(seconds: float) -> str:
+    """Sleep, then say so."""
+    time.sleep(seconds)
+    return "rested"
+
+
+def _helper():
+    pass
+'''
+
+
+def write_tools(tmp_path, text=TOOLS_FILE, name="my_tools.py"):
+    path = tmp_path / name
+    path.write_text(text)
+    return str(path)
+
+
+def test_a_tools_file_adds_its_public_functions_as_tools(serve, tmp_path, capsys):
+    server = serve([act("shout", text="hi"), FINISH])
+    assert main(["--tools-file", write_tools(tmp_path), "--quiet", "shout"]) == 0
+    system = server.sent_messages(0)[0]["content"]
+    assert "- shout: Return the text in capitals." in system and "text (string): what to shout" in system
+    assert "_helper" not in system
+    assert '"data": "HI"' in server.sent_messages(1)[-1]["content"]
+
+
+@pytest.mark.parametrize("text, reason", [
+    ("def calculator(expression: str):\n    '''Mine.'''\n", "the tool calculator clashes"),
+    ("def untyped(x):\n    '''No hint.'''\n", "argument x has no type hint"),
+    ("def bare(x: str):\n    pass\n", "bare has no docstring"),
+    ("import nonexistent_module_xyz\n", "does not import: ModuleNotFoundError"),
+    ("def broken(:\n", "does not import: SyntaxError"),
+    ("raise SystemExit(3)\n", "does not import: SystemExit"),
+])
+def test_a_tools_file_that_cannot_give_tools_is_a_usage_error_naming_it(serve, tmp_path, capsys, text, reason):
+    server = serve([FINISH])
+    path = write_tools(tmp_path, text)
+    assert main(["--tools-file", path, "hi"]) == 2
+    [said] = said_lines(capsys.readouterr().err)
+    assert said.startswith(f"agent-demo: error: --tools-file {path}: ") and reason in said
+    assert server.requests == []
+
+
+def test_two_tools_files_with_the_same_tool_clash(serve, tmp_path, capsys):
+    serve([FINISH])
+    first = write_tools(tmp_path, name="a.py")
+    second = write_tools(tmp_path, name="b.py")
+    assert main(["--tools-file", first, "--tools-file", second, "hi"]) == 2
+    assert "clashes" in capsys.readouterr().err
+
+
+def test_tools_and_approve_apply_to_a_files_tools(serve, tmp_path, capsys):
+    server = serve([act("shout", text="hi"), FINISH])
+    assert main(["--tools-file", write_tools(tmp_path), "--tools", "shout", "--approve", "--quiet", "x"]) == 0
+    system = server.sent_messages(0)[0]["content"]
+    assert "- shout:" in system and "- calculator:" not in system and "- nap:" not in system
+    assert "no terminal to ask" in server.sent_messages(1)[-1]["content"]
+
+
+def test_a_tool_that_hangs_is_answered_as_an_error_and_the_run_goes_on(serve, tmp_path, capsys):
+    server = serve([act("nap", seconds=30), FINISH])
+    started = time.monotonic()
+    assert main(["--tools-file", write_tools(tmp_path), "--tool-timeout", "0.5", "--quiet", "x"]) == 0
+    assert time.monotonic() - started < 10
+    assert "nap did not finish within 0.5 s" in server.sent_messages(1)[-1]["content"]
+
+
+def test_resume_reloads_the_same_tools_files(serve, tmp_path, capsys):
+    path = write_tools(tmp_path)
+    trace = tmp_path / "t.jsonl"
+    server = serve([act("shout", text="a"), act("shout", text="b"), FINISH])
+    assert main(["--tools-file", path, "--trace", str(trace), "--max-rounds", "1", "--quiet", "x"]) == 1
+    assert main(["--resume", str(trace), "--max-rounds", "3", "--quiet"]) == 0
+    assert '"data": "B"' in server.sent_messages(2)[-1]["content"]
+
+
+def test_ctrl_c_during_a_long_tool_call_still_ends_the_run_properly(tmp_path):
+    trace = tmp_path / "t.jsonl"
+    with ScriptedServer([act("nap", seconds=30), FINISH]) as server:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("LLM_", "AGENT_"))}
+        env["LLM_API_URL"] = server.url
+        process = subprocess.Popen([sys.executable, str(ROOT / "agent_demo.py"), "--tools-file",
+                                    write_tools(tmp_path), "--trace", str(trace), "x"], env=env,
+                                   stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                   text=True)
+        deadline = time.monotonic() + 20
+        while "action: nap" not in (trace.read_text() if trace.exists() else "") and time.monotonic() < deadline:
+            time.sleep(0.1)
+            if len(server.requests) >= 1:
+                time.sleep(0.5)
+                break
+        process.send_signal(signal.SIGINT)
+        out, err = process.communicate(timeout=20)
+    assert process.returncode == 130 and "Traceback" not in err
+    assert json.loads(trace.read_text().splitlines()[-1])["status"] == "interrupted"
