@@ -298,16 +298,16 @@ def main(argv: Optional[List[str]] = None) -> int:
         trace_path = None  # set once the run has started: a run cut short can then be continued
         try:
             job = cli.prepare(args, environment)
-            log = cli.open_log(args, job.trace_path, redactor)
+            log = cli.open_log(args, job.trace_path, redactor, environment)
         except RunEnded as error:  # a configuration error, or SIGTERM before the run started
             outcome = RunResult(error)
         except KeyboardInterrupt:
             outcome = RunResult(Interrupted())
         else:
             trace_path = job.trace_path
-            client = ModelClient(job.settings)
+            client = ModelClient(job.settings, stream=cli.wants_stream(args))
             try:
-                outcome = run(job.task, job.settings, client.ask, job.registry, log, job.history,
+                outcome = run(job.task, job.settings, cli.watched(client, log), job.registry, log, job.history,
                               cli.terminal_approver(redactor))
             finally:
                 client.close()

@@ -14,6 +14,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional
 
 import prompts
 import runs
+from client import ModelClient, Reply
 from endings import ConfigError, RunResult
 from output import Redactor, SafeStream
 from records import Round
@@ -115,6 +116,9 @@ def build_parser() -> Parser:
                         help="print one JSON object with status, result, rounds, usage, calls (and error);"
                              " the trace goes to stderr")
     parser.add_argument("--quiet", action="store_true", help="no round-by-round trace; only the result")
+    parser.add_argument("--stream", action=argparse.BooleanOptionalAction, default=None,
+                        help="ask for the reply as server-sent events and show it as it arrives"
+                             " (default: on when the trace goes to a terminal)")
     parser.add_argument("--debug", action="store_true", help="show tracebacks for errors")
     parser.add_argument("--version", action="version", version=f"agent-demo {__version__}")
     return parser
@@ -264,11 +268,22 @@ def continue_command(trace_path: str) -> str:
     return f"{command} --resume {shlex.quote(os.path.abspath(trace_path))}"
 
 
-def open_log(args: argparse.Namespace, trace_path: Optional[str], redactor: Redactor) -> RunLog:
-    """The run log: the human trace on stderr (none under --quiet), so stdout holds only the answer."""
-    human = None if args.quiet else sys.stderr
+def on_terminal(stream: Any) -> bool:
     try:
-        log = RunLog(human, trace_path, redactor)
+        return bool(stream and stream.isatty())
+    except (AttributeError, ValueError, OSError):
+        return False
+
+
+def open_log(args: argparse.Namespace, trace_path: Optional[str], redactor: Redactor,
+             environment: Dict[str, str]) -> RunLog:
+    """The run log: the human trace on stderr (none under --quiet), so stdout holds only the answer;
+    on a terminal it is live and in colour (never with NO_COLOR set)."""
+    human = None if args.quiet else sys.stderr
+    terminal = on_terminal(human)
+    try:
+        log = RunLog(human, trace_path, redactor, colour=terminal and "NO_COLOR" not in environment,
+                     live=terminal)
     except OSError as error:
         raise ConfigError(f"cannot open the trace file: {error}") from None
     if trace_path and not args.trace and args.resume is None:  # a new run in the run log folder
@@ -302,6 +317,22 @@ def show_traceback(outcome: RunResult) -> None:
     error = outcome.ending
     if outcome.status == "error" and str(error):
         print("".join(traceback.format_exception(type(error), error, error.__traceback__)), file=sys.stderr, end="")
+
+
+def wants_stream(args: argparse.Namespace) -> bool:
+    """--stream, --no-stream, or on when the trace goes to a terminal."""
+    return args.stream if args.stream is not None else not args.quiet and on_terminal(sys.stderr)
+
+
+def watched(client: ModelClient, log: RunLog) -> Callable[..., Reply]:
+    """client.ask, with the live status line (and the streamed reply) on the terminal while it works."""
+    client.on_note = log.note
+
+    def ask(messages: List[dict], **options: Any) -> Reply:
+        with log.working() as status:
+            client.on_text = status.feed
+            return client.ask(messages, **options)
+    return ask
 
 
 def list_runs(environment: Dict[str, str]) -> int:

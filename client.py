@@ -5,7 +5,7 @@ import math
 import re
 import time
 from dataclasses import dataclass, field
-from typing import Any, List, Optional
+from typing import Any, Callable, Iterator, List, Optional
 
 import requests
 import urllib3
@@ -15,6 +15,7 @@ from urllib3.util.retry import Retry
 import prompts
 from endings import EndpointError
 from settings import Settings, chat_completions_url, display_url
+from streaming import TextListener, read_stream
 
 RETRY_STATUSES = (429, 500, 502, 503, 504)
 
@@ -50,9 +51,12 @@ class Reply:
 class ModelClient:
     """Sends the conversation to the endpoint over one session, with retries."""
 
-    def __init__(self, settings: Settings):
+    def __init__(self, settings: Settings, stream: bool = False):
         self.settings = settings
         self.url = chat_completions_url(settings.url)
+        self.stream = stream  # ask for server-sent events, until the endpoint refuses them
+        self.on_text: Optional[TextListener] = None  # shown each piece of a streamed reply
+        self.on_note: Callable[[str], None] = lambda text: None  # told when streaming is given up
         self.attempt: dict = {}
         retry_class = type("Retry", (CappedRetry,), {"retry_after_cap": settings.retry_after_cap,
                                                      "attempt": self.attempt})
@@ -68,17 +72,30 @@ class ModelClient:
     def ask(self, messages: List[dict], **extra: Any) -> Reply:
         """Send one chat-completions request and return the reply, or raise EndpointError."""
         body = {"model": self.settings.model, "messages": messages, **extra}
+        streaming = self.stream
+        if streaming:
+            body.update(stream=True, stream_options={"include_usage": True})
         started = self.attempt["started"] = time.monotonic()
         timeout = self.settings.timeout
         try:
             response = self.session.post(self.url, json=body, stream=True, timeout=(min(10.0, timeout), timeout))
-            text = read_body(response, deadline=self.attempt["started"] + timeout, seconds=timeout)
+            deadline = self.attempt["started"] + timeout  # each attempt gets the whole timeout
+            if streaming and response.ok and "text/event-stream" in response.headers.get("Content-Type", ""):
+                text = read_body(response, deadline, timeout, lambda chunks: json.dumps(
+                    read_stream(chunks, deadline, timeout, parse_body, self.on_text), ensure_ascii=False))
+            else:  # not streamed (an error, or a server that ignores stream): one JSON body
+                text = read_body(response, deadline, timeout)
         except requests.RequestException as error:
             raise EndpointError(describe_network_error(error, self.settings, self.url)) from None
         latency_ms = int((time.monotonic() - started) * 1000)
         if response.status_code >= 400:
+            said = server_message(text)
+            if streaming and response.status_code in (400, 415, 422) and "stream" in said.lower():
+                self.stream = False  # once, for the rest of the run
+                self.on_note(f"the endpoint refused streaming ({said}); asking without it from now on")
+                return self.ask(messages, **extra)
             raise EndpointError(describe_http_error(response.status_code, text, self.settings),
-                                response.status_code, server_message(text))
+                                response.status_code, said)
         reply = read_reply(text)
         reply.latency_ms = latency_ms
         return reply
@@ -109,18 +126,24 @@ def describe_network_error(error: Exception, settings: Settings, url: str) -> st
     return f"request to {shown} failed: {type(error).__name__}"
 
 
-def read_body(response: requests.Response, deadline: float, seconds: float) -> str:
-    """The whole body, unless it is still arriving at the deadline (a server trickling its reply)."""
+def read_body(response: requests.Response, deadline: float, seconds: float,
+              consume: Optional[Callable[[Iterator[bytes]], str]] = None) -> str:
+    """The whole body as text, unless it is still arriving at the deadline (a server trickling its
+    reply); `consume` reads the pieces as they arrive instead (a streamed reply)."""
     read_some = getattr(response.raw, "read1", None)  # what has arrived, without waiting for a full buffer
     pieces = (iter(lambda: read_some(65536, decode_content=True), b"") if read_some
               else response.iter_content(1024))  # urllib3 1.x has no read1
-    chunks = []
-    try:
-        for chunk in pieces:
+
+    def gather(arriving: Iterator[bytes]) -> str:
+        chunks = []
+        for chunk in arriving:
             chunks.append(chunk)
             if time.monotonic() > deadline:
                 raise EndpointError(f"the reply did not finish arriving within {seconds:g} s"
                                     " (the server is sending too slowly)")
+        return b"".join(chunks).decode(response.encoding or "utf-8", errors="replace")
+    try:
+        text = (consume or gather)(pieces)
     except (requests.RequestException, urllib3.exceptions.HTTPError, OSError) as error:
         response.close()
         raise EndpointError(f"the reply stopped arriving: the connection broke mid-reply"
@@ -128,8 +151,16 @@ def read_body(response: requests.Response, deadline: float, seconds: float) -> s
     except EndpointError:
         response.close()
         raise
+    try:
+        for _ in pieces:  # what follows a stream's [DONE], so the connection can be reused
+            if time.monotonic() > deadline:
+                response.close()
+                return text
+    except (requests.RequestException, urllib3.exceptions.HTTPError, OSError):
+        response.close()
+        return text
     response.raw.release_conn()  # the whole body is read: the connection goes back to the pool
-    return b"".join(chunks).decode(response.encoding or "utf-8", errors="replace")
+    return text
 
 
 def parse_body(text: str) -> Any:

@@ -1,16 +1,17 @@
 """The run log: the trace people read, the JSON Lines trace file, and reading it back to resume."""
+import contextlib
 import json
 import os
 import sys
 import time
-from typing import Any, List, Optional, TextIO, Tuple
+from typing import Any, ContextManager, List, Optional, TextIO, Tuple
 
 import prompts
+from display import Screen, Status, shorten_reasoning, shorten_think
 from endings import ConfigError
 from output import Redactor, SafeStream
 from records import Round, round_from_line, round_to_line
 from runs import RESUMABLE
-
 
 
 class TraceWriteError(ConfigError):
@@ -22,8 +23,9 @@ class RunLog:
     """Writes each event to the human trace (a stream or nothing) and the trace file."""
 
     def __init__(self, human: Optional[TextIO] = None, trace_path: Optional[str] = None,
-                 redactor: Optional[Redactor] = None):
+                 redactor: Optional[Redactor] = None, colour: bool = False, live: bool = False):
         self.human = human
+        self.screen = Screen(human, colour, live, redactor) if human else None
         self.trace_file = None
         if trace_path:  # a new file is readable only by the user: it holds the task and every result
             raw = open(os.open(trace_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600), "a", encoding="utf-8")
@@ -35,9 +37,13 @@ class RunLog:
                     raw.write("\n")  # end a line torn by a crash; readers skip it
             self.trace_file = SafeStream(raw, redactor or Redactor(None))
 
-    def say(self, text: str) -> None:
-        if self.human:
-            print(text, file=self.human, flush=True)
+    def say(self, text: str, kind: Optional[str] = None) -> None:
+        if self.screen:
+            self.screen.say(text, kind)
+
+    def working(self) -> ContextManager[Status]:
+        """Around a request: on a terminal, a live line shows the model working and its reply arriving."""
+        return self.screen.working() if self.screen else contextlib.nullcontext(Status())
 
     def record(self, event: str, **fields: Any) -> None:
         if self.trace_file:
@@ -51,43 +57,54 @@ class RunLog:
 
     def start(self, task: str, model: str, url: str, limits: dict) -> None:
         """limits: the run's own settings (max_rounds, mode, ...), kept for --resume."""
-        self.say(f"task: {task}\nmodel: {model} at {url} ({limits.get('mode', 'json')} mode)")
+        self.say(f"task: {_first_words(task)}\nmodel: {model} at {url} ({limits.get('mode', 'json')} mode)")
         self.record("start", task=task, model=model, url=url, **limits, ts=time.time())
 
     def fallback(self, from_mode: str, to_mode: str, error: str) -> None:
-        self.say(f"note: the endpoint rejected {from_mode} mode ({error}); falling back to {to_mode} mode")
+        self.say(f"note: the endpoint rejected {from_mode} mode ({error}); falling back to {to_mode} mode", "note")
         self.record("fallback", from_mode=from_mode, to_mode=to_mode, error=error, ts=time.time())
 
     def note(self, text: str) -> None:
-        self.say(f"note: {text}")
+        self.say(f"note: {text}", "note")
         self.record("note", text=text, ts=time.time())
 
     def resume(self, task: str, model: str, url: str, done_rounds: int, limits: dict) -> None:
-        self.say(f"resuming after round {done_rounds}: {task}\nmodel: {model} at {url}"
+        self.say(f"resuming after round {done_rounds}: {_first_words(task)}\nmodel: {model} at {url}"
                  f" ({limits.get('mode', 'json')} mode)")
         self.record("resume", model=model, url=url, after_round=done_rounds, **limits, ts=time.time())
 
     def reply(self, number: int, max_rounds: int, reply: Any) -> None:
-        """Show what the model said before its calls run (and before --approve asks about them)."""
-        self.say(f"\n--- round {number}/{max_rounds} ---")
-        self.say("model: " + (reply.content.strip() or prompts.to_json(reply.tool_calls)))
+        """Show what the model said, with the round's time and tokens, before its calls run (and
+        before --approve asks about them); think blocks are shortened here, not in the trace file."""
+        usage = reply.usage or {}
+        tokens = usage.get("total_tokens")
+        if not isinstance(tokens, int) and all(isinstance(usage.get(k), int) for k in ("prompt_tokens",
+                                                                                        "completion_tokens")):
+            tokens = usage["prompt_tokens"] + usage["completion_tokens"]
+        counted = f", {tokens:,} tokens" if isinstance(tokens, int) else ""
+        self.say(f"\n--- round {number}/{max_rounds} --- {reply.latency_ms / 1000:.1f} s{counted}", "header")
+        if reply.reasoning.strip():
+            self.say(f"thinking: {shorten_reasoning(reply.reasoning)}", "dim")
+        shown = shorten_think(reply.content.strip()) or (prompts.to_json(reply.tool_calls) if reply.tool_calls
+                                                         else f"(empty reply, finish_reason {reply.finish_reason})")
+        self.say("model: " + shown)
 
     def round(self, record: Round) -> None:
         """Show the round's calls and results, and append the round to the trace file."""
         for number, call in enumerate(record.calls, 1):
             label = f"action {number}/{len(record.calls)}" if len(record.calls) > 1 else "action"
-            self.say(f"{label}: {call.tool} {prompts.to_json(call.args)}")
+            self.say(f"{label}: {call.tool} {prompts.to_json(call.args)}", "action")
             if call.watchdog:
-                self.say(f"watchdog: {call.watchdog}")
+                self.say(f"watchdog: {call.watchdog}", "note")
             if not call.ends_run:
-                self.say(f"result: {prompts.to_json(call.result)}")
+                self.say(f"result: {prompts.to_json(call.result)}", "ok" if call.result.get("ok") else "error")
         if not record.calls:
-            self.say(f"result: {prompts.to_json(record.result)}")
+            self.say(f"result: {prompts.to_json(record.result)}", "error")
         self.record("round", **round_to_line(record))
 
     def end(self, outcome: Any) -> None:
         if outcome.status != "error":  # an error is one line on stderr, said by the CLI
-            self.say(f"\n=== {outcome.summary()} ===")
+            self.say(f"\n=== {outcome.summary()} ===", "finished" if outcome.status == "finished" else "stopped")
         for line in outcome.progress:
             self.say(f"  {line}")
         try:
@@ -102,6 +119,11 @@ class RunLog:
                 trace_file.close()
             except OSError:
                 pass  # a full disk refuses the last flush too; the file is closed all the same
+
+
+def _first_words(task: str, limit: int = 300) -> str:
+    """The task as the trace shows it: piped-in material can be long."""
+    return task if len(task) <= limit else task[:limit] + f"… ({len(task):,} chars)"
 
 
 def load_trace(path: str) -> Tuple[dict, List[Round]]:

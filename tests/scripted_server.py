@@ -6,7 +6,10 @@ A canned reply is either a string (the assistant's content) or a dict:
    "status": 429, "headers": {...}, "body": "raw text" or a JSON value,
    "delay": seconds before answering, "drop": true to close without replying,
    "trickle": seconds between the pieces of a body sent in 8 pieces,
-   "gzip": true to compress the body, "short": true to promise more body than is sent}
+   "gzip": true to compress the body, "short": true to promise more body than is sent,
+   "refuse_stream": true to answer a streaming request with a 400, "no_stream": true to answer it
+   with a plain JSON body, "piece_delay": seconds between the events of a streamed reply}
+A request with "stream": true gets its reply as server-sent events, a few characters an event.
 When the script runs out, the last reply is repeated (a model that never finishes).
 
 Run it by hand: python tests/scripted_server.py replies.json [port]
@@ -86,19 +89,25 @@ class ScriptedServer:
                     server.requests.append({"path": self.path, "headers": dict(self.headers),
                                             "body": body, "time": time.monotonic()})
                     canned = server.replies[min(index, len(server.replies) - 1)] if server.replies else ""
-                server._answer(self, canned)
+                wants_stream = isinstance(body, dict) and body.get("stream") is True
+                server._answer(self, canned, wants_stream)
 
         self.httpd = _QuietServer(("127.0.0.1", port), Handler)
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
         self._thread = threading.Thread(target=self.httpd.serve_forever, args=(0.05,), daemon=True)
 
-    def _answer(self, handler: BaseHTTPRequestHandler, canned: Canned) -> None:
+    def _answer(self, handler: BaseHTTPRequestHandler, canned: Canned, wants_stream: bool = False) -> None:
         spec = {"content": canned} if isinstance(canned, str) else dict(canned)
         if spec.get("delay"):
             time.sleep(spec["delay"])
         if spec.get("drop"):
             handler.close_connection = True
             handler.connection.shutdown(2)
+            return
+        if wants_stream and spec.get("refuse_stream"):
+            spec = {"status": 400, "body": {"error": {"message": "stream is not supported by this server"}}}
+        elif wants_stream and "body" not in spec and not spec.get("no_stream"):
+            self._stream(handler, spec)
             return
         if "body" in spec:
             body = spec["body"]
@@ -126,6 +135,42 @@ class ScriptedServer:
                 time.sleep(spec["trickle"])
         else:
             handler.wfile.write(data)
+
+    @staticmethod
+    def _stream(handler: BaseHTTPRequestHandler, spec: dict) -> None:
+        """The reply as server-sent events: content a few characters an event, tool calls in two pieces."""
+        handler.send_response(200)
+        handler.send_header("Content-Type", "text/event-stream")
+        handler.send_header("Transfer-Encoding", "chunked")
+        handler.end_headers()
+
+        def send(data: str) -> None:
+            event = f"data: {data}\r\n\r\n".encode("utf-8")
+            handler.wfile.write(f"{len(event):x}\r\n".encode() + event + b"\r\n")
+            handler.wfile.flush()
+            time.sleep(spec.get("piece_delay", 0))
+
+        def chunk(delta: dict, finish: Any = None) -> str:
+            return json.dumps({"object": "chat.completion.chunk",
+                               "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
+        handler.wfile.write(b"5\r\n: hi\n\r\n")  # a comment line, which readers skip
+        content = spec.get("content") or ""
+        for start in range(0, len(content), 7):
+            send(chunk({"content": content[start:start + 7]}))
+        for index, call in enumerate(spec.get("tool_calls") or []):
+            arguments = call["function"].get("arguments", "")
+            send(chunk({"tool_calls": [{"index": index, "id": call.get("id"), "type": "function",
+                                        "function": {"name": call["function"]["name"],
+                                                     "arguments": arguments[:len(arguments) // 2]}}]}))
+            send(chunk({"tool_calls": [{"index": index, "function": {"arguments": arguments[len(arguments) // 2:]}}]}))
+        send(chunk({}, spec.get("finish_reason", "stop")))
+        usage = spec.get("usage", "default")
+        if usage == "default":
+            usage = {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}
+        if usage is not None:
+            send(json.dumps({"object": "chat.completion.chunk", "choices": [], "usage": usage}))
+        send("[DONE]")
+        handler.wfile.write(b"0\r\n\r\n")
 
     def __enter__(self) -> "ScriptedServer":
         self._thread.start()

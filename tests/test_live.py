@@ -1,0 +1,176 @@
+"""The live trace: streamed replies, the status line, round headers, think blocks, colour."""
+import json
+import os
+import select
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from agent_demo import main
+from scripted_server import ScriptedServer, action as act
+from streaming import events, read_stream
+
+ROOT = Path(__file__).resolve().parent.parent
+THINK = "<think>First I add 2 and 2.\n" + "Then I check it carefully. " * 60 + "</think>\n"
+
+
+def rounds_of(trace):
+    """The round records of a trace, without what differs from run to run."""
+    records = [json.loads(line) for line in Path(trace).read_text().splitlines()]
+    return [{k: v for k, v in r.items() if k not in ("latency_ms", "ts")} for r in records if r["event"] == "round"]
+
+
+# --- server-sent events ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("raw, expected", [
+    (b'data: {"a": 1}\n\ndata: [DONE]\n\n', ['{"a": 1}', "[DONE]"]),
+    (b'data: {"a": 1}\r\n\r\ndata:{"b": 2}\r\n\r\n', ['{"a": 1}', '{"b": 2}']),
+    (b': keep-alive\n\nevent: message\nid: 7\ndata: {"a":\ndata: 1}\n\n', ['{"a":\n1}']),
+    (b'data: {"a": 1}\n\ndata: {"b": 2}', ['{"a": 1}', '{"b": 2}']),
+])
+def test_events_are_read_whatever_the_servers_line_ends_and_extra_fields(raw, expected):
+    pieces = [raw[i:i + 3] for i in range(0, len(raw), 3)]  # arriving a few bytes at a time
+    assert list(events(iter(pieces))) == expected
+
+
+def chunk(delta, finish=None):
+    return "data: " + json.dumps({"choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}) + "\n\n"
+
+
+def test_a_stream_folds_into_the_body_a_plain_request_returns():
+    stream = (chunk({"role": "assistant"}) + chunk({"reasoning_content": "hm"}) + chunk({"content": "Hel"})
+              + "data: not json at all\n\n" + chunk({"content": "lo"})
+              + chunk({"tool_calls": [{"index": 0, "id": "c1", "function": {"name": "calc", "arguments": '{"e'}}]})
+              + chunk({"tool_calls": [{"index": 0, "function": {"arguments": '": 1}'}}]}) + chunk({}, "stop")
+              + 'data: {"choices": [], "usage": {"total_tokens": 9}}\n\n' + "data: [DONE]\n\n")
+    shown = []
+    body = read_stream(iter([stream.encode()]), time.monotonic() + 5, 5, json.loads, shown.append)
+    message = body["choices"][0]["message"]
+    assert message["content"] == "Hello" and message["reasoning_content"] == "hm"
+    assert message["tool_calls"] == [{"id": "c1", "type": "function", "function": {"name": "calc",
+                                                                                   "arguments": '{"e": 1}'}}]
+    assert body["usage"] == {"total_tokens": 9} and body["choices"][0]["finish_reason"] == "stop"
+    assert shown == ["hm", "Hel", "lo"]
+
+
+# --- streaming against the scripted server ---------------------------------------------------------
+
+GOOD = [act("calculator", expression="2 + 2"), THINK + act("finish", result="4")]
+
+
+def test_a_streamed_run_gives_the_same_result_usage_and_trace_as_a_plain_one(serve, capsys, tmp_path):
+    plain, streamed = tmp_path / "plain.jsonl", tmp_path / "streamed.jsonl"
+    serve(GOOD)
+    assert main(["--no-stream", "--json", "--quiet", "--trace", str(plain), "add"]) == 0
+    plain_out = json.loads(capsys.readouterr().out)
+    server = serve(GOOD)
+    assert main(["--stream", "--json", "--quiet", "--trace", str(streamed), "add"]) == 0
+    streamed_out = json.loads(capsys.readouterr().out)
+    assert server.requests[0]["body"]["stream"] is True
+    assert streamed_out == plain_out and streamed_out["usage"]["total_tokens"] == 30
+    assert rounds_of(streamed) == rounds_of(plain)
+
+
+def test_streamed_native_tool_calls_arrive_in_pieces_and_still_run(serve, capsys):
+    call = {"id": "c1", "type": "function", "function": {"name": "calculator",
+                                                         "arguments": '{"expression": "6 * 7"}'}}
+    done = {"id": "c2", "type": "function", "function": {"name": "finish", "arguments": '{"result": "42"}'}}
+    server = serve([{"content": None, "tool_calls": [call]}, {"content": None, "tool_calls": [done]}])
+    assert main(["--stream", "--mode", "tools", "--quiet", "x"]) == 0
+    assert capsys.readouterr().out == "42\n"
+    assert server.sent_messages(1)[-1] == {"role": "tool", "tool_call_id": "c1", "content": json.dumps(
+        {"call": 1, "tool": "calculator", "args": {"expression": "6 * 7"}, "result": {"ok": True, "data": 42}})}
+
+
+def test_an_endpoint_that_refuses_streaming_is_asked_without_it_once_and_for_all(serve, capsys, tmp_path):
+    trace = tmp_path / "t.jsonl"
+    server = serve([{"refuse_stream": True, "content": act("calculator", expression="1 + 1")},
+                    {"refuse_stream": True, "content": act("calculator", expression="1 + 1")},
+                    act("finish", result="2")])
+    assert main(["--stream", "--trace", str(trace), "x"]) == 0
+    assert [r["body"].get("stream") for r in server.requests] == [True, None, None]
+    assert "refused streaming" in capsys.readouterr().err
+    assert any(json.loads(line).get("event") == "note" for line in trace.read_text().splitlines())
+
+
+def test_an_endpoint_that_ignores_stream_and_answers_plainly_is_read(serve, capsys):
+    serve([{"no_stream": True, "content": act("finish", result="plain")}])
+    assert main(["--stream", "--quiet", "x"]) == 0
+    assert capsys.readouterr().out == "plain\n"
+
+
+def test_a_stream_that_trickles_past_the_timeout_is_cut_off(serve, capsys):
+    serve([{"piece_delay": 0.3, "content": act("finish", result="slow" * 10)}])
+    assert main(["--stream", "--timeout", "1", "--retries", "0", "x"]) == 3
+    assert "did not finish arriving within 1 s" in capsys.readouterr().err
+
+
+# --- the human trace ---------------------------------------------------------------------------------
+
+def test_each_round_header_shows_its_time_and_tokens_and_think_blocks_are_shortened(serve, capsys, tmp_path):
+    trace = tmp_path / "t.jsonl"
+    serve(GOOD)
+    assert main(["--trace", str(trace), "add"]) == 0
+    err = capsys.readouterr().err
+    header = next(line for line in err.splitlines() if line.startswith("--- round 2/6 ---"))
+    assert header.endswith(" s, 15 tokens")
+    assert "model: <think>First I add 2 and 2. … (" in err and "Then I check it carefully" not in err
+    assert "Then I check it carefully" in trace.read_text(), "the trace file keeps the think block whole"
+
+
+def on_a_terminal(*args, env_extra=None, replies=GOOD):
+    """Run the CLI with stderr on a pseudo terminal; return (exit code, stdout, what the terminal showed)."""
+    import pty
+    with ScriptedServer(replies) as server:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("LLM_", "AGENT_", "NO_COLOR"))}
+        env.update(LLM_API_URL=server.url, **(env_extra or {}))
+        controller, terminal = pty.openpty()
+        process = subprocess.Popen([sys.executable, str(ROOT / "agent_demo.py"), *args], stdin=subprocess.DEVNULL,
+                                   stdout=subprocess.PIPE, stderr=terminal, env=env)
+        os.close(terminal)
+        shown = b""
+        while True:
+            ready = select.select([controller], [], [], 30)[0]
+            try:
+                data = os.read(controller, 65536) if ready else b""
+            except OSError:  # the terminal closed with the process
+                data = b""
+            if not data:
+                break
+            shown += data
+        out = process.stdout.read().decode()
+        process.wait(timeout=30)
+        os.close(controller)
+    return process.returncode, out, shown.decode("utf-8", "replace")
+
+
+SLOW = [{"piece_delay": 0.05, "content": act("calculator", expression="2 + 2")},
+        {"piece_delay": 0.05, "content": THINK + act("finish", result="4")}]
+
+
+def test_on_a_terminal_the_trace_is_live_and_in_colour():
+    code, out, shown = on_a_terminal("add", replies=SLOW)
+    assert (code, out) == (0, "4\n")
+    assert "\x1b[1;36m--- round 1/6 ---" in shown, "coloured headers"
+    assert "model working" in shown and "chars): " in shown, "the reply shown as it arrives"
+    assert "--- round 2/6 --- " in shown and " s, 15 tokens" in shown
+
+
+def test_no_color_turns_colour_off_even_on_a_terminal():
+    code, out, shown = on_a_terminal("add", env_extra={"NO_COLOR": "1"}, replies=SLOW)
+    assert code == 0 and "\x1b[" not in shown
+    assert "model working" in shown
+
+
+def test_off_a_terminal_there_is_no_colour_no_status_line_and_no_streaming(serve, tmp_path):
+    with ScriptedServer(SLOW) as server:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("LLM_", "AGENT_"))}
+        env["LLM_API_URL"] = server.url
+        process = subprocess.run([sys.executable, str(ROOT / "agent_demo.py"), "add"], capture_output=True,
+                                 text=True, env=env, stdin=subprocess.DEVNULL, timeout=60)
+    assert process.returncode == 0
+    assert "\x1b[" not in process.stderr and "model working" not in process.stderr and "\r" not in process.stderr
+    assert "stream" not in server.requests[0]["body"]
