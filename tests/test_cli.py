@@ -1,6 +1,7 @@
 """The command line as a user meets it: the real main() against a scripted server on loopback."""
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -299,3 +300,9 @@ def test_a_dotenv_that_is_not_utf8_is_a_configuration_error(tmp_path, capsys):
     (tmp_path / ".env").write_bytes(b"LLM_MODEL=\xff\xfe\n")
     assert main(["hi"]) == 2
     assert "cannot read" in capsys.readouterr().err
+
+
+def test_every_module_is_installed_with_the_command():
+    """pyproject's py-modules lists every top-level module, or the installed agent-demo cannot import it."""
+    listed = re.search(r"py-modules = \[([^\]]*)\]", (ROOT / "pyproject.toml").read_text())[1]
+    assert sorted(re.findall(r'"(\w+)"', listed)) == sorted(path.stem for path in ROOT.glob("*.py"))
