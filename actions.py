@@ -35,7 +35,10 @@ def strip_think(text: str) -> str:
 
 # Where an object or an array of objects may start; "{{{{" and "[[[[" in prose are not tried.
 _JSON_START = re.compile(r"\{\s*[\"}]|\[\s*\{")
-MAX_PARSED_CHARS = 100_000  # an action further into a reply than this is not looked for
+MAX_PARSED_CHARS = 100_000  # a longer reply is read at its beginning and at its end
+# Each failed decode costs up to the length of the text read (json counts the lines before the
+# error), so a reply made of thousands of almost-JSON starts is given up on after this many.
+MAX_FAILED_STARTS = 1_000
 
 
 def _finite_float(text: str) -> float:
@@ -63,8 +66,8 @@ def json_values(text: str):
         yield from json_values(text[:MAX_PARSED_CHARS])
         yield from json_values(text[-MAX_PARSED_CHARS:])
         return
-    position = 0
-    while True:
+    position, failed = 0, 0
+    while failed < MAX_FAILED_STARTS:
         match = _JSON_START.search(text, position)
         if not match:
             return
@@ -72,7 +75,7 @@ def json_values(text: str):
             value, position = DECODER.raw_decode(text, match.start())
             yield _printable(value)
         except (ValueError, RecursionError):  # not JSON, too deep, NaN, or a 5,000-digit number
-            position = match.start() + 1
+            position, failed = match.start() + 1, failed + 1
 
 
 def _printable(value: Any) -> Any:

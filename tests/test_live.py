@@ -148,7 +148,7 @@ def on_a_terminal(*args, env_extra=None, replies=GOOD):
 
 
 SLOW = [{"piece_delay": 0.05, "content": act("calculator", expression="2 + 2")},
-        {"piece_delay": 0.05, "content": THINK + act("finish", result="4")}]
+        THINK + act("finish", result="4")]
 
 
 def test_on_a_terminal_the_trace_is_live_and_in_colour():
