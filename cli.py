@@ -15,7 +15,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional
 import prompts
 import runs
 from client import ModelClient, Reply
-from endings import ConfigError, RunResult
+from endings import ConfigError, OutputClosed, RunResult
 from output import Redactor, SafeStream
 from records import Round
 from runlog import RunLog, load_trace
@@ -171,7 +171,8 @@ def protected_output(redactor: Redactor) -> Iterator[None]:
         yield
     finally:
         for stream in (sys.stdout, sys.stderr):
-            stream.flush()
+            with contextlib.suppress(OutputClosed):
+                stream.finish()
         sys.stdout, sys.stderr = plain
 
 

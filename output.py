@@ -77,10 +77,14 @@ class SafeStream:
         self._emit(hold=self.redactor.unsafe_tail(self._pending))
         self._guarded(self.stream.flush)
 
+    def finish(self) -> None:
+        """Write out everything held back: nothing more is coming, so it cannot be a key's start."""
+        self._emit(hold=0)
+        self._guarded(self.stream.flush)
+
     def close(self) -> None:
         try:
-            self._emit(hold=0)
-            self._guarded(self.stream.flush)
+            self.finish()
         finally:
             self.stream.close()
 

@@ -101,5 +101,14 @@ def test_a_key_written_in_pieces_is_still_redacted(pieces):
     for piece in pieces:
         stream.write(piece)
         stream.flush()
-    stream._emit(hold=0)
+    stream.finish()
     assert KEY not in Sink.text and "[redacted]" in Sink.text
+
+
+def test_text_held_back_because_it_might_start_the_key_is_written_at_the_end(capsys):
+    stream = SafeStream(sys.stdout, Redactor(KEY))
+    stream.write("almost " + KEY[:6])
+    stream.flush()
+    assert capsys.readouterr().out == "almost "
+    stream.finish()
+    assert capsys.readouterr().out == KEY[:6]
