@@ -4,9 +4,8 @@
 results back, until an ending (endings.py) is raised. `main` is the command
 line around it. Which module owns what: README, "Layout".
 """
-import contextlib
 import json
-import signal
+import os
 import sys
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -16,11 +15,11 @@ from actions import Action, Parsed, parse_reply
 from client import ModelClient, Reply
 from context import Conversation, digest_line, request_size, shorten_args, truncate_result
 from endings import (BudgetSpent, ConfigError, EndpointError, Finished, GaveUp, InternalError, Interrupted,
-                     OutputClosed, RoundLimit, RunEnded, RunResult, Stuck, Terminated)
-from output import Redactor
+                     OutputClosed, RoundLimit, RunEnded, RunResult, Stuck)
+from output import Redactor, protected, stray_prints_to_stderr
 from records import Call, Round
 from runlog import RunLog
-from settings import Settings, api_key, chat_completions_url, display_url, endpoint_url, read_environment, url_password
+from settings import Settings, chat_completions_url, display_url, read_environment, secrets_of
 from tools import CONTROL_ACTIONS, FINISH, REGISTRY, Tool, call_tool, check_args, failure
 
 FORMAT_ERRORS_BEFORE_STUCK = 3
@@ -164,8 +163,10 @@ def execute_call(action: Action, registry: Dict[str, Tool], watchdog: "Watchdog"
 
 
 def run_tool(call: Call, registry: Dict[str, Tool], approve: Optional[Approver], settings: Settings) -> dict:
-    """Call the tool, first asking the user when --approve or the tool's side effects say so."""
-    if (settings.approve or registry[call.tool].side_effects) and not settings.yes:
+    """Call the tool, first asking the user when --approve or the tool's side effects say so (not
+    about a call whose arguments would be refused anyway)."""
+    if (settings.approve or registry[call.tool].side_effects) and not settings.yes \
+            and not check_args(registry[call.tool], call.args):
         if approve is None:
             return failure(prompts.NO_TERMINAL, cancelled=True)
         if not approve(call.action):
@@ -285,55 +286,46 @@ def total_usage(rounds: Sequence[Round]) -> dict:
 
 def main(argv: Optional[List[str]] = None) -> int:
     """The command line: read flags and settings, run, print the outcome; returns the exit code."""
-    args = cli.parse_args(argv)
     try:
-        environment = read_environment()
-    except ConfigError as error:
-        return cli.report(RunResult(error), args)
-    if args.runs:
-        return cli.list_runs(environment)
-    debug = args.debug or environment.get("AGENT_DEBUG", "") not in ("", "0")
-    redactor = Redactor(api_key(environment), url_password(endpoint_url(args, environment)))
-    with cli.protected_output(redactor), ending_on_sigterm():
-        trace_path = None  # set once the run has started: a run cut short can then be continued
+        environment, unreadable = read_environment(), None
+    except ConfigError as error:  # reported once the flags say how (--json or not)
+        environment, unreadable = dict(os.environ), error
+    redactor = Redactor(*secrets_of(environment))
+    with protected(redactor) as answer:
         try:
-            job = cli.prepare(args, environment)
-            log = cli.open_log(args, job.trace_path, redactor, environment)
-        except RunEnded as error:  # a configuration error, or SIGTERM before the run started
-            outcome = RunResult(error)
-        except KeyboardInterrupt:
-            outcome = RunResult(Interrupted())
-        else:
-            trace_path = job.trace_path
-            client = ModelClient(job.settings, stream=cli.wants_stream(args))
-            try:
-                outcome = run(job.task, job.settings, cli.watched(client, log), job.registry, log, job.history,
-                              cli.terminal_approver(redactor))
-            finally:
-                client.close()
-                log.close()
+            args = cli.parse_args(argv)
+        except KeyboardInterrupt:  # Ctrl-C while a piped task was being read
+            return Interrupted.exit_code
+        redactor.add(*secrets_of(environment, args.url))
+        if unreadable or args.runs:
+            return cli.report(RunResult(unreadable), args, answer) if unreadable else cli.list_runs(environment)
+        outcome, job = start(args, environment, redactor)
         try:
-            if debug:
+            if args.debug or environment.get("AGENT_DEBUG", "") not in ("", "0"):
                 cli.show_traceback(outcome)
-            return cli.report(outcome, args, trace_path)
+            return cli.report(outcome, args, answer, job and job.trace_path, job and job.settings)
         except OutputClosed:  # the reader took what it wanted (| head): the run's own ending stands
             return outcome.exit_code
 
 
-@contextlib.contextmanager
-def ending_on_sigterm():
-    """While the run lasts, SIGTERM ends it like Ctrl-C does: the end record is written, exit 143."""
-    def terminate(signum, frame):
-        raise Terminated("terminated by SIGTERM")
+def start(args: Any, environment: Dict[str, str], redactor: Redactor) -> Tuple[RunResult, Optional[cli.Job]]:
+    """Prepare the run (or the resume) and run it; the outcome, and the job once the run started."""
     try:
-        previous = signal.signal(signal.SIGTERM, terminate)
-    except ValueError:  # not the main thread: leave signals alone
-        yield
-        return
+        job = cli.prepare(args, environment)
+        log = cli.open_log(args, job.trace_path, redactor, environment)
+    except ConfigError as error:
+        return RunResult(error), None
+    except KeyboardInterrupt:
+        return RunResult(Interrupted()), None
+    client = ModelClient(job.settings, stream=cli.wants_stream(args))
     try:
-        yield
+        with cli.ending_on_sigterm(), stray_prints_to_stderr():
+            outcome = run(job.task, job.settings, cli.watched(client, log), job.registry, log, job.history,
+                          cli.terminal_approver(redactor))
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        client.close()
+        log.close()
+    return outcome, job
 
 
 if __name__ == "__main__":

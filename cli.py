@@ -5,21 +5,22 @@ import contextlib
 import json
 import os
 import shlex
+import signal
 import stat
 import sys
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterator, List, Optional
+from typing import Any, Callable, Dict, Iterator, List, Optional, TextIO
 
 import prompts
 import runs
 from client import ModelClient, Reply
-from endings import ConfigError, OutputClosed, RunResult
+from endings import ConfigError, RunResult, Terminated
 from output import Redactor, SafeStream
 from records import Round
 from runlog import RunLog, load_trace
-from settings import DEFAULT_MODEL, DEFAULT_URL, MODES, NUMBERS, Settings, load_settings
+from settings import DEFAULT_MODEL, DEFAULT_URL, MODES, NUMBERS, Settings, display_url, load_settings
 from tools import CONTROL_ACTIONS, REGISTRY, Tool, ToolDefinitionError, load_tools_file
 
 __version__ = "0.2.0"
@@ -46,7 +47,7 @@ ENVIRONMENT_HELP = f"""environment (also read from ./.env; the real environment 
 
 exit codes: 0 finished; 1 not completed (gave up, round limit, token budget,
 stuck, or an internal error); 2 usage or configuration error; 3 endpoint failed;
-130 interrupted (Ctrl-C); 141 the output was closed by its reader; 143 terminated (SIGTERM)"""
+130 interrupted (Ctrl-C); 143 terminated (SIGTERM)"""
 
 
 class Parser(argparse.ArgumentParser):
@@ -163,17 +164,19 @@ def read_stdin() -> str:
 
 
 @contextlib.contextmanager
-def protected_output(redactor: Redactor) -> Iterator[None]:
-    """stdout and stderr through the redacting writer for as long as the run lasts."""
-    plain = sys.stdout, sys.stderr
-    sys.stdout, sys.stderr = SafeStream(sys.stdout, redactor), SafeStream(sys.stderr, redactor)
+def ending_on_sigterm() -> Iterator[None]:
+    """While the run lasts, SIGTERM ends it like Ctrl-C does: the end record is written, exit 143."""
+    def terminate(signum: int, frame: Any) -> None:
+        raise Terminated("terminated by SIGTERM")
+    try:
+        previous = signal.signal(signal.SIGTERM, terminate)
+    except ValueError:  # not the main thread: leave signals alone
+        yield
+        return
     try:
         yield
     finally:
-        for stream in (sys.stdout, sys.stderr):
-            with contextlib.suppress(OutputClosed):
-                stream.finish()
-        sys.stdout, sys.stderr = plain
+        signal.signal(signal.SIGTERM, previous)
 
 
 @dataclass
@@ -214,7 +217,7 @@ def prepare(args: argparse.Namespace, environment: Dict[str, str]) -> Job:
     settings = load_settings(args, environment)
     tools_files = [os.path.abspath(path) for path in args.tools_file or []]
     if args.resume is None:
-        trace = args.trace or (None if args.no_log else str(runs.new_run_path(runs.log_dir(environment))))
+        trace = args.trace or (None if args.no_log else new_log_file(environment))
         settings.tools_files = tools_files
         return Job(settings, build_registry(tools_files, args.tools), args.task, [], trace)
     if args.task:
@@ -241,6 +244,9 @@ def prepare(args: argparse.Namespace, environment: Dict[str, str]) -> Job:
             ("url", args.url, "LLM_API_URL OPENAI_BASE_URL", text)]:
         if recorded(flag, variables, key, valid):
             setattr(settings, key, start[key])
+    if recorded(args.url, "LLM_API_URL OPENAI_BASE_URL", "url", lambda url: isinstance(url, str) and "***" in url):
+        raise ConfigError("the run's URL held a password, which is not recorded: give it again with --url"
+                          " or LLM_API_URL")
     if recorded(args.tools_file, "", "tools_files", lambda paths: isinstance(paths, list)):
         tools_files = [str(path) for path in start["tools_files"]]
     settings.tools_files = tools_files
@@ -249,6 +255,16 @@ def prepare(args: argparse.Namespace, environment: Dict[str, str]) -> Job:
         registry = {name: tool for name, tool in registry.items() if name in start["tools"]}
     settings.approve = settings.approve or start.get("approve") is True  # only --yes lifts it on resume
     return Job(settings, registry, start["task"], rounds, path)
+
+
+def new_log_file(environment: Dict[str, str]) -> str:
+    """A new file in the run log folder, or ConfigError saying how to do without."""
+    folder = runs.log_dir(environment)
+    try:
+        return str(runs.new_run_path(folder))
+    except OSError as error:
+        raise ConfigError(f"cannot create the run log folder {folder}: {error.strerror or error};"
+                          " set AGENT_DEMO_LOG_DIR, or use --no-log or --trace FILE") from None
 
 
 def latest_run(environment: Dict[str, str]) -> str:
@@ -260,13 +276,25 @@ def latest_run(environment: Dict[str, str]) -> str:
     return str(path)
 
 
-def continue_command(trace_path: str) -> str:
-    """The exact command that continues a run cut short."""
+def continue_command(trace_path: str, outcome: RunResult, settings: Optional[Settings],
+                     args: argparse.Namespace) -> str:
+    """The exact command that continues a run cut short: the model and URL given as flags are
+    given again (the environment would win over the record), and a limit it reached is doubled,
+    or the command would stop again at once."""
     program = sys.argv[0] or ""
     command = "agent-demo"
     if program.endswith(".py"):  # started as python agent_demo.py
         command = f"{shlex.quote(sys.executable)} {shlex.quote(os.path.abspath(program))}"
-    return f"{command} --resume {shlex.quote(os.path.abspath(trace_path))}"
+    command += f" --resume {shlex.quote(os.path.abspath(trace_path))}"
+    if settings and args.model:
+        command += f" -m {shlex.quote(settings.model)}"
+    if settings and args.url and "***" not in display_url(settings.url):
+        command += f" --url {shlex.quote(settings.url)}"
+    if settings and outcome.status == "max_rounds":
+        command += f" --max-rounds {settings.max_rounds * 2}"
+    if settings and outcome.status == "budget" and settings.max_tokens:
+        command += f" --max-tokens {settings.max_tokens * 2}"
+    return command
 
 
 def on_terminal(stream: Any) -> bool:
@@ -283,7 +311,7 @@ def open_log(args: argparse.Namespace, trace_path: Optional[str], redactor: Reda
     human = None if args.quiet else sys.stderr
     terminal = on_terminal(human)
     try:
-        log = RunLog(human, trace_path, redactor, colour=terminal and "NO_COLOR" not in environment,
+        log = RunLog(human, trace_path, redactor, colour=terminal and not environment.get("NO_COLOR"),
                      live=terminal)
     except OSError as error:
         raise ConfigError(f"cannot open the trace file: {error}") from None
@@ -299,7 +327,7 @@ def terminal_approver(redactor: Redactor) -> Optional[Callable[[dict], bool]]:
 
     def approve(call: dict) -> bool:
         try:  # the terminal itself, so the question shows even with stdout and stderr redirected
-            terminal = SafeStream(open(os.ttyname(sys.stdin.fileno()), "w", encoding="utf-8"), redactor)
+            terminal = SafeStream(open(os.ttyname(sys.stdin.fileno()), "w", encoding="utf-8"), redactor, "drop")
         except OSError:
             terminal = sys.stderr
         terminal.write(f"approve {call['tool']} {prompts.to_json(call['args'])}? [y/N] ")
@@ -343,19 +371,21 @@ def list_runs(environment: Dict[str, str]) -> int:
     return 0
 
 
-def report(outcome: RunResult, args: argparse.Namespace, trace_path: Optional[str] = None) -> int:
-    """Print the outcome the way the flags ask for (and how to continue a run cut short); the exit code."""
+def report(outcome: RunResult, args: argparse.Namespace, answer: TextIO, trace_path: Optional[str] = None,
+           settings: Optional[Settings] = None) -> int:
+    """Print the outcome the way the flags ask for (the answer, or the --json object, on `answer`;
+    the rest on stderr, with how to continue a run cut short); returns the exit code."""
     if args.json:
-        print(json.dumps(outcome.to_json(), ensure_ascii=False))
+        print(json.dumps(outcome.to_json(), ensure_ascii=False), file=answer)
     elif outcome.status == "finished":
-        print(display(outcome.result))
+        print(display(outcome.result), file=answer)
     if outcome.status == "error":
         print(f"agent-demo: error: {outcome.error}", file=sys.stderr)
     elif outcome.status != "finished" and args.quiet:  # otherwise the trace ended with it
         lines = [f"agent-demo: {outcome.summary()}", *(f"  {line}" for line in outcome.progress)]
         print("\n".join(lines), file=sys.stderr)
     if trace_path and outcome.status in runs.RESUMABLE and outcome.exit_code != 2:  # 2: change flags first
-        print(f"agent-demo: to continue: {continue_command(trace_path)}", file=sys.stderr)
+        print(f"agent-demo: to continue: {continue_command(trace_path, outcome, settings, args)}", file=sys.stderr)
     return outcome.exit_code
 
 

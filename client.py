@@ -8,12 +8,13 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, List, Optional
 
 import requests
+import requests.auth
 import urllib3
 from requests.adapters import HTTPAdapter
 from urllib3.util.retry import Retry
 
 import prompts
-from endings import EndpointError
+from endings import EndpointError, ReplyCutOff
 from settings import Settings, chat_completions_url, display_url
 from streaming import TextListener, read_stream
 
@@ -48,6 +49,17 @@ class Reply:
     reasoning: str = ""  # reasoning_content, which some servers send beside the content
 
 
+class BearerAuth(requests.auth.AuthBase):
+    """The key as a bearer token."""
+
+    def __init__(self, key: str):
+        self.key = key
+
+    def __call__(self, request: requests.PreparedRequest) -> requests.PreparedRequest:
+        request.headers["Authorization"] = f"Bearer {self.key}"
+        return request
+
+
 class ModelClient:
     """Sends the conversation to the endpoint over one session, with retries."""
 
@@ -66,11 +78,21 @@ class ModelClient:
         adapter = HTTPAdapter(max_retries=retry)
         self.session.mount("http://", adapter)
         self.session.mount("https://", adapter)
-        if settings.api_key:
-            self.session.headers["Authorization"] = f"Bearer {settings.api_key}"
+        if settings.api_key:  # as auth, not a header: a user:password in the URL must not replace it
+            self.session.auth = BearerAuth(settings.api_key)
 
     def ask(self, messages: List[dict], **extra: Any) -> Reply:
-        """Send one chat-completions request and return the reply, or raise EndpointError."""
+        """Send one chat-completions request and return the reply, or raise EndpointError. A reply
+        cut off after its headers is asked for again, as urllib3 retries one that never began."""
+        for retries_left in range(self.settings.retries, -1, -1):
+            try:
+                return self._ask_once(messages, **extra)
+            except ReplyCutOff as error:
+                if not retries_left:
+                    raise ReplyCutOff(f"{error} (after {self.settings.retries} retries)") from None
+        raise AssertionError("unreachable")
+
+    def _ask_once(self, messages: List[dict], **extra: Any) -> Reply:
         body = {"model": self.settings.model, "messages": messages, **extra}
         streaming = self.stream
         if streaming:
@@ -90,10 +112,10 @@ class ModelClient:
         latency_ms = int((time.monotonic() - started) * 1000)
         if response.status_code >= 400:
             said = server_message(text)
-            if streaming and response.status_code in (400, 415, 422) and "stream" in said.lower():
+            if streaming and response.status_code in (400, 415, 422) and re.search(r"\bstream", said, re.I):
                 self.stream = False  # once, for the rest of the run
                 self.on_note(f"the endpoint refused streaming ({said}); asking without it from now on")
-                return self.ask(messages, **extra)
+                return self._ask_once(messages, **extra)
             raise EndpointError(describe_http_error(response.status_code, text, self.settings),
                                 response.status_code, said)
         reply = read_reply(text)
@@ -139,18 +161,20 @@ def read_body(response: requests.Response, deadline: float, seconds: float,
         for chunk in arriving:
             chunks.append(chunk)
             if time.monotonic() > deadline:
-                raise EndpointError(f"the reply did not finish arriving within {seconds:g} s"
+                raise ReplyCutOff(f"the reply did not finish arriving within {seconds:g} s"
                                     " (the server is sending too slowly)")
         return b"".join(chunks).decode(response.encoding or "utf-8", errors="replace")
     try:
         text = (consume or gather)(pieces)
     except (requests.RequestException, urllib3.exceptions.HTTPError, OSError) as error:
         response.close()
-        raise EndpointError(f"the reply stopped arriving: the connection broke mid-reply"
-                            f" ({type(error).__name__})") from None
-    except EndpointError:
+        if "timed out" in str(error).lower():
+            raise ReplyCutOff(f"the reply stopped arriving: nothing more came within {seconds:g} s") from None
+        raise ReplyCutOff(f"the reply stopped arriving: the connection broke mid-reply"
+                          f" ({type(error).__name__})") from None
+    except EndpointError as error:
         response.close()
-        raise
+        raise ReplyCutOff(str(error)) from None
     try:
         for _ in pieces:  # what follows a stream's [DONE], so the connection can be reused
             if time.monotonic() > deadline:

@@ -5,6 +5,7 @@ import re
 import shutil
 import threading
 import time
+import unicodedata
 from typing import Iterator, List, Optional, TextIO
 
 from output import Redactor
@@ -12,24 +13,33 @@ from output import Redactor
 _COLOURS = {"header": "1;36", "action": "33", "ok": "32", "error": "31", "note": "35", "dim": "2",
             "finished": "1;32", "stopped": "1;31"}
 _THINK_BLOCK = re.compile(r"<(think|thinking)>(.*?)(?:</\1>|$)", re.S | re.I)
+_THINK_OPEN = re.compile(r"<think(?:ing)?>", re.I)
+_LONE_CLOSE = re.compile(r"</think(?:ing)?>", re.I)
 
 
 def shorten_think(text: str) -> str:
-    """Each think block as its first line and its size; the trace file keeps it whole."""
+    """Each think block as its first line and its size; the trace file keeps it whole. Also a block
+    whose opening tag the server ate (all before a lone closing tag) and one never closed."""
+    lone = _LONE_CLOSE.search(text)
+    if lone and not _THINK_OPEN.search(text, 0, lone.start()):
+        return f"{_summary(text[:lone.start()])}{lone.group(0)}{shorten_think(text[lone.end():])}"
+
     def short(block: "re.Match") -> str:
-        thought = block.group(2).strip()
-        first = thought.split("\n", 1)[0]
-        first = first if len(first) <= 80 else first[:80] + "…"
-        more = f" … ({len(thought):,} chars)" if first != thought else ""
-        return f"<{block.group(1)}>{first}{more}</{block.group(1)}>"
+        closing = f"</{block.group(1)}>" if block.group(0).lower().endswith(f"</{block.group(1).lower()}>") else ""
+        return f"<{block.group(1)}>{_summary(block.group(2))}{closing}"
     return _THINK_BLOCK.sub(short, text)
+
+
+def _summary(thought: str) -> str:
+    """A thought as its first line (at most 80 characters) and, if that is not all, its size."""
+    thought = thought.strip()
+    first = thought.split("\n", 1)[0][:80]
+    return first + (f" … ({len(thought):,} chars)" if first != thought else "")
 
 
 def shorten_reasoning(text: str) -> str:
     """A reply's separate reasoning (reasoning_content) as one short line."""
-    thought = text.strip()
-    first = thought.split("\n", 1)[0][:80]
-    return first + (f" … ({len(thought):,} chars)" if first != thought else "")
+    return _summary(text)
 
 
 class Screen:
@@ -55,7 +65,7 @@ class Screen:
 
     def _clear_status(self) -> None:
         if self._status is not None:  # spaces, not an escape code: no escape codes at all under NO_COLOR
-            self.stream.write("\r" + " " * len(self._status) + "\r")
+            self.stream.write("\r" + " " * sum(map(_columns, self._status)) + "\r")
             self._status = None
 
     @contextlib.contextmanager
@@ -88,6 +98,20 @@ class Screen:
                 self._status = line
 
 
+def _columns(character: str) -> int:
+    """How many terminal columns a character takes: two for wide (CJK) ones."""
+    return 2 if unicodedata.east_asian_width(character) in "WF" else 1
+
+
+def _last_columns(text: str, room: int) -> str:
+    """The end of text that fits in `room` terminal columns."""
+    used, start = 0, len(text)
+    while start > 0 and used + _columns(text[start - 1]) <= room:
+        start -= 1
+        used += _columns(text[start])
+    return text[start:]
+
+
 class Status:
     """What the live line shows: seconds since the request went out, and the reply as it arrives."""
 
@@ -111,5 +135,4 @@ class Status:
         tail = redactor(" ".join("".join(self.pieces)[-600:].split()))
         tail = tail[:len(tail) - redactor.unsafe_tail(tail)]  # never the start of a key still arriving
         head += f" ({self.size:,} chars): "
-        room = max(0, width - len(head))
-        return head + (tail[-room:] if room else "")
+        return head + _last_columns(tail, max(0, width - len(head)))

@@ -61,10 +61,8 @@ class Terminated(Interrupted):
     exit_code = 143
 
 
-class OutputClosed(Interrupted):
-    """The reader of our output went away (`agent-demo ... | head -1`), as SIGPIPE would end a program."""
-
-    exit_code = 141
+class OutputClosed(RunEnded):
+    """stdout cannot be written (its reader went away, a full disk): the answer is lost, nothing else."""
 
 
 class InternalError(RunEnded):
@@ -92,6 +90,10 @@ class EndpointError(RunEnded):
         if self.http_status in (400, 422):  # a first request refused, or one that says why
             return names_them or not mode_worked_before
         return bool(self.http_status and self.http_status >= 500 and names_them)
+
+
+class ReplyCutOff(EndpointError):
+    """The headers came but the body did not, or not in time: the request is tried again."""
 
 
 @dataclass

@@ -3,10 +3,12 @@
 stdout, stderr, the trace file and the approval question on the terminal are
 all `SafeStream`s over the same `Redactor`, so no output path can forget it.
 """
+import contextlib
 import json
 import os
 import re
-from typing import Optional, TextIO
+import sys
+from typing import Iterator, List, Optional, TextIO
 from urllib.parse import quote, quote_plus
 
 from endings import OutputClosed
@@ -18,12 +20,21 @@ MIN_SECRET_CHARS = 8
 
 
 class Redactor:
-    """Replaces each secret (the key, a password in the URL), and the forms it takes inside JSON
+    """Replaces each secret (the keys, a password in the URL), and the forms it takes inside JSON
     and URLs, with [redacted]."""
 
     def __init__(self, *secrets: Optional[str]):
+        self.secrets: List[str] = []
+        self.forms: List[str] = []
+        self.pattern: Optional["re.Pattern"] = None
+        self.longest = 0
+        self.add(*secrets)
+
+    def add(self, *secrets: Optional[str]) -> None:
+        """Redact these too (a URL password known only once the flags are read)."""
+        self.secrets += [secret for secret in secrets if secret and secret not in self.secrets]
         self.forms, patterns = [], []
-        for secret in filter(None, secrets):
+        for secret in self.secrets:
             forms = sorted({secret, json.dumps(secret)[1:-1], quote(secret, safe=""), quote_plus(secret)},
                            key=len, reverse=True)
             self.forms += forms
@@ -58,15 +69,17 @@ class SafeStream:
     """A text stream that redacts everything written to it and never raises on odd text.
 
     A secret written in pieces (a reply streamed token by token) is still caught: the
-    end of what was written is held back while it could be the start of a secret. A
-    reader that goes away (`agent-demo ... | head -1`) raises OutputClosed once; later
-    writes to that stream are dropped.
+    end of what was written is held back while it could be the start of a secret.
+    When the stream cannot be written (its reader went away, a full disk), `if_broken`
+    says what follows: "end" raises OutputClosed once (stdout: the answer is lost),
+    "drop" drops this and later writes (the trace on stderr: the run goes on), and
+    "raise" lets the OSError through (the trace file: its owner decides).
     """
 
-    def __init__(self, stream: TextIO, redactor: Redactor):
-        self.stream, self.redactor = stream, redactor
+    def __init__(self, stream: TextIO, redactor: Redactor, if_broken: str = "raise"):
+        self.stream, self.redactor, self.if_broken = stream, redactor, if_broken
         self._pending = ""
-        self.reader_gone = False
+        self.broken = False
 
     def write(self, text: str) -> int:
         self._pending += text
@@ -95,17 +108,49 @@ class SafeStream:
             self._guarded(lambda: self.stream.write(printable(self.redactor(ready))))
 
     def _guarded(self, write) -> None:
-        if self.reader_gone:
+        if self.broken:
             return
         try:
             write()
-        except BrokenPipeError:
-            self.reader_gone = True
+        except (OSError, ValueError) as error:  # ValueError: the stream was closed under us
+            if self.if_broken == "raise":
+                raise
+            self.broken = True
             _silence(self.stream)
-            raise OutputClosed("the output was closed by its reader") from None
+            if self.if_broken == "end":
+                raise OutputClosed(f"the output could not be written: {error}") from None
 
     def __getattr__(self, name: str):  # isatty, fileno, encoding, ... of the stream underneath
         return getattr(self.stream, name)
+
+
+@contextlib.contextmanager
+def protected(redactor: Redactor) -> Iterator[SafeStream]:
+    """stdout and stderr through the redacting writer while the block runs; yields stdout.
+    A stream that is closed (`>&-`) or cannot be written (`>/dev/full`) costs no traceback."""
+    plain = sys.stdout, sys.stderr
+    sys.stdout = SafeStream(plain[0] or open(os.devnull, "w"), redactor, if_broken="end")
+    sys.stderr = SafeStream(plain[1] or open(os.devnull, "w"), redactor, if_broken="drop")
+    answer = sys.stdout
+    try:
+        yield answer
+    finally:
+        for stream in (answer, sys.stderr):
+            with contextlib.suppress(OutputClosed):
+                stream.finish()
+        sys.stdout, sys.stderr = plain
+
+
+@contextlib.contextmanager
+def stray_prints_to_stderr() -> Iterator[None]:
+    """While the run lasts, a print() that is not the answer (a user's tool) goes to stderr,
+    so stdout holds only the answer."""
+    saved = sys.stdout
+    sys.stdout = sys.stderr
+    try:
+        yield
+    finally:
+        sys.stdout = saved
 
 
 def _silence(stream: TextIO) -> None:

@@ -70,10 +70,14 @@ def round_to_line(record: Round) -> dict:
 
 
 def round_from_line(line: dict) -> Round:
-    """A round read back from its trace line; KeyError or TypeError if the line is not one."""
+    """A round read back from its trace line; KeyError, TypeError or ValueError if the line is not one."""
     calls = [Call(tool=str(call["tool"]), args=call.get("args"), result=call["result"],
                   **{name: call[name] for name in _CALL_FLAGS if call.get(name)})
              for call in line["calls"]]
+    if not isinstance(line["round"], int) or any(not isinstance(call.result, dict) or not isinstance(
+            call.result.get("ok"), bool) for call in calls) or not all(
+            isinstance(m, dict) and isinstance(m.get("role"), str) for m in line["feedback"]):
+        raise ValueError("not a round this version wrote")
     error = (line.get("result") or {}).get("error")
     problem = None
     if not calls:

@@ -11,6 +11,7 @@ from display import Screen, Status, shorten_reasoning, shorten_think
 from endings import ConfigError
 from output import Redactor, SafeStream
 from records import Round, round_from_line, round_to_line
+import runs
 from runs import RESUMABLE
 
 
@@ -29,6 +30,9 @@ class RunLog:
         self.trace_file = None
         if trace_path:  # a new file is readable only by the user: it holds the task and every result
             raw = open(os.open(trace_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600), "a", encoding="utf-8")
+            if not runs.lock(raw):
+                raw.close()
+                raise ConfigError(f"{trace_path} is being written by another agent-demo run that is still going")
             if raw.tell() > 0:
                 with open(trace_path, "rb") as existing:
                     existing.seek(-1, 2)
@@ -161,8 +165,9 @@ def load_trace(path: str) -> Tuple[dict, List[Round]]:
                          " only an unfinished run can be resumed")
     try:
         rounds = [round_from_line(line) for line in lines_of_rounds]
-    except (KeyError, TypeError, AttributeError):
-        raise ValueError(f"{path} was written by an older version without feedback records; cannot resume") from None
+    except (KeyError, TypeError, AttributeError, ValueError):
+        raise ValueError(f"{path} holds rounds this version cannot read (an older version's, or damaged);"
+                         " cannot resume") from None
     start = dict(run[0])
     for record in run:  # what a later resume or a fallback set holds for the next resume too
         if record.get("event") == "resume":

@@ -4,16 +4,44 @@ $AGENT_DEMO_LOG_DIR, else $XDG_STATE_HOME/agent-demo/runs, else ~/.local/state/a
 One JSON Lines file per run, readable only by the user; the oldest beyond KEEP_RUNS are pruned.
 """
 import json
+import math
 import os
+import re
 import secrets
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import IO, Dict, List, Optional
+
+try:
+    import fcntl
+except ImportError:  # Windows: runs are not locked
+    fcntl = None
 
 KEEP_RUNS = 500
 RESUMABLE = {"max_rounds", "budget", "stuck", "error", "interrupted"}  # not finished, not failed
 _TAIL_BYTES = 256 * 1024  # the end record and the last rounds are found here, however long the run
+
+
+def lock(trace: IO) -> bool:
+    """Mark an open trace file as in use by this run, for as long as it stays open (on systems
+    with flock); False if another run holds it."""
+    if fcntl is None:
+        return True
+    try:
+        fcntl.flock(trace.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except OSError:
+        return False
+
+
+def in_use(path: Path) -> bool:
+    """Is a run still writing this file?"""
+    try:
+        with open(path, "a") as trace:
+            return not lock(trace)
+    except OSError:
+        return False
 
 
 def log_dir(environment: Dict[str, str]) -> Path:
@@ -30,9 +58,13 @@ def new_run_path(folder: Path) -> Path:
     return folder / f"{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}.jsonl"
 
 
+_OUR_NAME = re.compile(r"\d{8}-\d{6}-[0-9a-f]{6}\.jsonl")  # what new_run_path names a file
+
+
 def prune(folder: Path, keep: int = KEEP_RUNS) -> None:
-    """Delete the oldest run files beyond `keep`."""
-    for old in _run_files(folder)[keep:]:
+    """Delete our oldest run files beyond `keep`; files named otherwise are not ours to delete."""
+    ours = [path for path in _run_files(folder) if _OUR_NAME.fullmatch(path.name)]
+    for old in ours[keep:]:
         try:
             old.unlink()
         except OSError:
@@ -75,13 +107,14 @@ def summarize(path: Path) -> Optional[RunSummary]:
     """How the last run in a trace file stands, read from its first line and its tail; None if not a trace."""
     try:
         with open(path, "rb") as trace:
-            first = trace.readline()
+            first = trace.readline(_TAIL_BYTES)  # a task with megabytes of piped material: its start is enough
             size = trace.seek(0, os.SEEK_END)
             trace.seek(max(0, size - _TAIL_BYTES))
             tail = trace.read().split(b"\n")
     except OSError:
         return None
-    records = [_record(line) for line in [first, *tail]]
+    head = _record(first) if first.endswith(b"\n") else _long_start(first)
+    records = [head, *(_record(line) for line in tail)]
     records = [record for record in records if record]
     start = next((r for r in reversed(records) if r.get("event") == "start"), None)
     if not start:
@@ -97,8 +130,20 @@ def summarize(path: Path) -> Optional[RunSummary]:
             status, rounds = str(record.get("status")), record.get("rounds") or rounds
             usage = record.get("usage") if isinstance(record.get("usage"), dict) else {}
             tokens = usage.get("total_tokens") if isinstance(usage.get("total_tokens"), int) else None
-    return RunSummary(path, start.get("ts") if isinstance(start.get("ts"), (int, float)) else _mtime(path),
-                      status, rounds, tokens, str(start.get("task") or ""))
+    started = start.get("ts")
+    if not (isinstance(started, (int, float)) and math.isfinite(started) and 0 <= started < 1e11):
+        started = _mtime(path)
+    return RunSummary(path, started, status, rounds if isinstance(rounds, int) else 0, tokens,
+                      str(start.get("task") or ""))
+
+
+def _long_start(head: bytes) -> Optional[dict]:
+    """The start record of a run whose first line is too long to read whole: its task's beginning."""
+    if not head.startswith(b'{"event": "start"'):
+        return None
+    match = re.search(rb'"task": "((?:[^"\\]|\\.){0,200})', head)
+    task = match[1].decode("utf-8", errors="replace") if match else ""
+    return {"event": "start", "task": task + "…"}
 
 
 def _record(line: bytes) -> Optional[dict]:
@@ -119,7 +164,7 @@ def latest_unfinished(folder: Path) -> Optional[Path]:
     """The most recent run that can go on, or None."""
     for path in _run_files(folder):
         summary = summarize(path)
-        if summary and summary.resumable:
+        if summary and summary.resumable and not in_use(path):
             return path
     return None
 

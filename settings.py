@@ -6,7 +6,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 from dotenv import dotenv_values
 from dotenv.parser import parse_stream
@@ -63,12 +63,17 @@ def display_url(url: str) -> str:
     return urlunsplit(parts._replace(netloc=f"{parts.username}:***@{host}"))
 
 
-def url_password(url: str) -> Optional[str]:
-    """The password inside a URL, if any (it is redacted like the key)."""
-    try:
-        return urlsplit(url.strip()).password
-    except ValueError:
-        return None
+def secrets_of(environment: Dict[str, str], *urls: Optional[str]) -> List[str]:
+    """What must never be shown: both keys, and each URL's password as written and as sent."""
+    found = [(environment.get(name) or "").strip() for name in ("LLM_API_KEY", "OPENAI_API_KEY")]
+    for url in (*urls, environment.get("LLM_API_URL"), environment.get("OPENAI_BASE_URL")):
+        try:
+            password = urlsplit((url or "").strip()).password
+        except ValueError:
+            password = None
+        if password:
+            found += [password, unquote(password)]
+    return [secret for secret in found if secret]
 
 
 def read_environment() -> Dict[str, str]:
@@ -78,7 +83,7 @@ def read_environment() -> Dict[str, str]:
     if not dotenv_file.is_file():
         return dict(os.environ)
     try:
-        text = dotenv_file.read_text(encoding="utf-8")
+        text = dotenv_file.read_text(encoding="utf-8-sig")  # an editor's byte-order mark is not a name
     except (OSError, UnicodeDecodeError) as error:
         raise ConfigError(f"cannot read {dotenv_file}: {error}") from None
     broken = next((binding for binding in parse_stream(io.StringIO(text)) if binding.error), None)
@@ -174,7 +179,8 @@ def load_settings(args: Any, environment: Dict[str, str]) -> Settings:
         host = None
     if not host or urlsplit(settings.url).scheme not in ("http", "https"):
         raise ConfigError(f"LLM_API_URL must be an http(s) URL, got {display_url(settings.url)!r}")
-    if settings.api_key and not re.fullmatch(r"[\x21-\x7e]+", settings.api_key):
+    if settings.api_key and not re.fullmatch(r"[\x21-\x7e]+", settings.api_key) or re.search(r"[\"'\\]",
+                                                                                          settings.api_key or ""):
         raise ConfigError("LLM_API_KEY holds spaces or characters that cannot go in an HTTP header;"
                           " check for a stray quote, zero-width space or non-ASCII character")
     if not settings.api_key and host in HOSTS_NEEDING_A_KEY:

@@ -5,7 +5,6 @@ split over several lines, a usage chunk with no choices, `[DONE]` or just the en
 the stream, tool-call arguments in pieces. All of it is folded into one
 chat-completions body, so the rest of the client reads both the same way.
 """
-import json
 import time
 from typing import Any, Callable, Dict, Iterator, List, Optional
 
@@ -77,7 +76,11 @@ class StreamedReply:
                 self._add_call(call, position)
 
     def _add_call(self, call: dict, position: int) -> None:
-        index = call.get("index") if isinstance(call.get("index"), int) else position
+        index = call.get("index")
+        if not isinstance(index, int):  # some servers send no index: a new id starts a new call
+            last = max(self.tool_calls, default=None)
+            fresh = last is None or call.get("id") and call.get("id") != self.tool_calls[last]["id"]
+            index = (position if last is None else last + 1) if fresh else last
         known = self.tool_calls.setdefault(index, {"id": None, "type": "function",
                                                     "function": {"name": "", "arguments": ""}})
         if call.get("id"):
@@ -104,31 +107,28 @@ class StreamedReply:
             body["usage"] = self.usage
         return body
 
-    @property
-    def empty(self) -> bool:
-        return not (self.content or self.reasoning or self.tool_calls or self.finish_reason)
-
 
 def read_stream(chunks: Iterator[bytes], deadline: float, seconds: float, parse: Callable[[str], Any],
                 on_text: Optional[TextListener] = None) -> dict:
     """Read a whole event stream into a chat-completions body, within the same deadline as a plain reply."""
-    reply = StreamedReply(on_text)
-    for data in events(chunks):
+    reply, done = StreamedReply(on_text), False
+
+    def in_time(arriving: Iterator[bytes]) -> Iterator[bytes]:  # keep-alive comments count too
+        for chunk in arriving:
+            if time.monotonic() > deadline:
+                raise EndpointError(f"the reply did not finish arriving within {seconds:g} s"
+                                    " (the server is sending too slowly)")
+            yield chunk
+    for data in events(in_time(chunks)):
         if data.strip() == "[DONE]":
+            done = True
             break
         try:
             chunk = parse(data)
         except ValueError:
-            continue  # a keep-alive or a line of some other dialect: the next events still count
+            continue  # a line of some other dialect: the next events still count
         reply.add(chunk)
-        if time.monotonic() > deadline:
-            raise EndpointError(f"the reply did not finish arriving within {seconds:g} s"
-                                " (the server is sending too slowly)")
-    if reply.empty:
-        raise EndpointError("the reply stopped arriving: the stream ended before any of it came")
+    if not done and reply.finish_reason is None:  # neither [DONE] nor a finish_reason: it was cut off
+        raise EndpointError("the reply stopped arriving: the stream ended before the reply was complete")
     return reply.body()
 
-
-def describe_body(body: dict) -> str:
-    """The body as text, for the code that reads plain replies."""
-    return json.dumps(body, ensure_ascii=False)

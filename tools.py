@@ -80,6 +80,9 @@ def _json_type(hint: Any, where: str) -> dict:
     if hint is Any:
         return {}
     origin = typing.get_origin(hint)
+    options = [option for option in typing.get_args(hint) if option is not type(None)]
+    if origin is typing.Union and len(options) == 1:  # Optional[X]: an X, or the argument left out
+        return _json_type(options[0], where)
     if origin is typing.Literal:
         values = list(typing.get_args(hint))
         return {**_json_type(type(values[0]), where), "enum": values}
@@ -305,6 +308,8 @@ def _outcome(name: str, function: Callable[..., Any], args: dict) -> dict:
         return failure(str(error))
     except Exception as error:  # a tool bug must not end the run: the model can work around it
         return failure(f"{name} failed: {type(error).__name__}: {error}")
+    except (SystemExit, KeyboardInterrupt) as error:  # a user's tool that exits is a failed call too
+        return failure(f"{name} failed: it raised {type(error).__name__}")
 
 
 class _Worker:
@@ -356,7 +361,7 @@ def load_tools_file(path: str) -> Dict[str, Tool]:
         del sys.modules[module_name]
         raise ToolDefinitionError(f"it does not import: {type(error).__name__}: {error}") from None
     functions = [value for name, value in vars(module).items() if not name.startswith("_")
-                 and inspect.isfunction(value) and value.__module__ == module_name]
+                 and inspect.isfunction(value) and value.__module__ == module_name and value.__name__.isidentifier()]
     if not functions:
         raise ToolDefinitionError("it defines no public function")
     return registry_of(*functions)

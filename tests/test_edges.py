@@ -204,7 +204,10 @@ def test_a_password_in_the_url_is_neither_shown_nor_recorded(serve, monkeypatch,
     out, err = capsys.readouterr()
     assert "hunter2-secret" not in out + err + trace.read_text()
     assert "alice:***@127.0.0.1" in err
-    assert server.requests[0]["headers"]["Authorization"].startswith("Basic "), "the credentials are still used"
+    assert server.requests[0]["headers"]["Authorization"] == f"Bearer {KEY}", "the password does not replace the key"
+    monkeypatch.delenv("LLM_API_KEY")
+    assert main(["--quiet", "hi"]) == 0
+    assert server.requests[1]["headers"]["Authorization"].startswith("Basic "), "without a key it is used"
 
 
 # --- the key -----------------------------------------------------------------------------------
@@ -236,3 +239,128 @@ def test_a_dotenv_that_cannot_be_parsed_is_a_configuration_error_naming_the_line
     err = capsys.readouterr().err
     assert f".env line {number}" in err and "sk-" not in err
     assert server.requests == []
+
+
+# --- found by a black-box review ---------------------------------------------------------------
+
+def test_a_run_log_folder_that_cannot_be_made_is_one_line_and_exit_2(serve, monkeypatch, capsys):
+    server = serve([act("finish", result="ok")])
+    monkeypatch.setenv("XDG_STATE_HOME", "/dev/null")
+    assert main(["hi"]) == 2
+    assert said_lines(capsys.readouterr().err)[0].startswith("agent-demo: error: cannot create the run log folder")
+    assert server.requests == []
+
+
+def test_a_run_still_going_is_neither_resumed_nor_picked_by_resume_alone(serve, tmp_path, capsys):
+    from runlog import RunLog
+    serve([act("calculator", expression="1 + 1")])
+    assert main(["--max-rounds", "1", "--quiet", "older task"]) == 1
+    [older] = list((tmp_path / "state" / "agent-demo" / "runs").glob("*.jsonl"))
+    live = tmp_path / "state" / "agent-demo" / "runs" / "20991231-235959-abcdef.jsonl"
+    log = RunLog(trace_path=str(live))  # another process's run, still writing
+    log.start("live task", "m", "u", {})
+    try:
+        assert main(["--resume", str(live)]) == 2
+        assert "still going" in capsys.readouterr().err
+        server = serve([act("finish", result="ok")])
+        assert main(["--resume", "--max-rounds", "3", "--quiet"]) == 0
+        assert server.sent_messages(0)[1]["content"] == "Task: older task"
+    finally:
+        log.close()
+    assert older.exists()
+
+
+def test_the_continue_command_keeps_a_model_given_as_a_flag(serve, tmp_path, capsys):
+    (tmp_path / ".env").write_text("LLM_MODEL=model-from-dotenv\n")
+    serve([act("calculator", expression="1 + 1")])
+    assert main(["-m", "model-from-flag", "--max-rounds", "1", "hi"]) == 1
+    command = capsys.readouterr().err.split("agent-demo: to continue: ", 1)[1].strip()
+    assert " -m model-from-flag" in command and command.endswith("--max-rounds 2")
+
+
+@pytest.mark.parametrize("lines", [
+    ['{"event": "start", "task": "t", "ts": 1e20}'], ['{"event": "start", "task": "t", "ts": NaN}'],
+    ['{"event": "start", "task": "t"}', '{"event": "end", "status": "x", "rounds": [1]}'], ["garbage"]])
+def test_runs_lists_what_it_can_of_damaged_files(serve, tmp_path, monkeypatch, capsys, lines):
+    folder = tmp_path / "runs"
+    folder.mkdir()
+    (folder / "20200101-000000-abcdef.jsonl").write_text("\n".join(lines) + "\n")
+    monkeypatch.setenv("AGENT_DEMO_LOG_DIR", str(folder))
+    assert main(["--runs"]) == 0
+    assert "Traceback" not in capsys.readouterr().err
+
+
+def test_a_reply_cut_off_after_its_headers_is_asked_for_again(serve, capsys):
+    server = serve([{"short": True, "content": act("finish", result="x")}, act("finish", result="again")])
+    assert main(["--quiet", "--retries", "1", "hi"]) == 0
+    assert capsys.readouterr().out == "again\n" and len(server.requests) == 2
+
+
+def test_a_400_that_mentions_upstream_is_not_taken_for_a_refusal_of_streaming(serve, capsys):
+    server = serve([{"status": 400, "body": {"error": {"message": "upstream model rejected the request"}}}])
+    assert main(["--stream", "hi"]) == 3
+    assert len(server.requests) == 1 and "refused streaming" not in capsys.readouterr().err
+
+
+def test_a_usage_error_quoting_the_key_does_not_show_it(serve, capsys):
+    serve([act("finish", result="ok")])
+    with pytest.raises(SystemExit):
+        main(["--max-rounds", KEY, "hi"])
+    with pytest.raises(SystemExit):
+        main(["--json", "--mode", KEY, "hi"])
+    out, err = capsys.readouterr()
+    assert KEY not in out + err and "[redacted]" in err
+
+
+def test_runs_does_not_show_the_key(serve, monkeypatch, capsys):
+    serve([act("finish", result="ok")], key=None)
+    assert main(["--quiet", f"remember {KEY}"]) == 0
+    monkeypatch.setenv("LLM_API_KEY", KEY)
+    assert main(["--runs"]) == 0
+    out = capsys.readouterr().out
+    assert KEY not in out and "remember [redacted]" in out
+
+
+@pytest.mark.parametrize("key", ['sk-test-abcdef0123456789"', "'sk-test-abcdef0123456789'", "sk-test\\abcdef"])
+def test_a_key_with_a_stray_quote_or_backslash_is_refused(serve, monkeypatch, capsys, key):
+    server = serve([act("finish", result="ok")], key=None)
+    monkeypatch.setenv("LLM_API_KEY", key)
+    assert main(["hi"]) == 2
+    assert "stray quote" in capsys.readouterr().err and server.requests == []
+
+
+def test_a_tools_print_goes_to_stderr_and_its_exit_is_a_failed_call(serve, tmp_path, capsys):
+    path = tmp_path / "noisy.py"
+    path.write_text("import sys\n\ndef noisy(x: str) -> str:\n    '''Print, then answer.'''\n"
+                    "    print('DEBUG', x)\n    return x\n\n"
+                    "def quitter(x: str) -> str:\n    '''Exit.'''\n    sys.exit(3)\n")
+    server = serve([act("noisy", x="hi"), act("quitter", x="q"), act("finish", result="done")])
+    started = time.monotonic()
+    assert main(["--tools-file", str(path), "hi"]) == 0
+    out, err = capsys.readouterr()
+    assert out == "done\n" and "DEBUG hi" in err
+    assert "quitter failed: it raised SystemExit" in server.sent_messages(2)[-1]["content"]
+    assert time.monotonic() - started < 10
+
+
+def test_a_damaged_trace_is_refused_not_a_traceback(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("LLM_API_URL", "http://127.0.0.1:9/v1")
+    trace = tmp_path / "t.jsonl"
+    trace.write_text(json.dumps({"event": "start", "task": "t"}) + "\n" + json.dumps(
+        {"event": "round", "round": 1, "model_output": "", "calls": [
+            {"tool": "calculator", "args": {}, "result": "2", "watched": True}], "feedback": []}) + "\n")
+    assert main(["--resume", str(trace)]) == 2
+    assert "cannot resume" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("redirect", [">&-", ">/dev/full", "2>&-", "2>/dev/full"])
+def test_a_closed_or_full_stdout_or_stderr_is_no_traceback(tmp_path, redirect):
+    with ScriptedServer([act("calculator", expression="1 + 1"), act("finish", result="ok")]) as server:
+        process = subprocess.run(f"{sys.executable} {ROOT / 'agent_demo.py'} hi {redirect}", shell=True,
+                                 capture_output=not redirect.startswith("2"), text=True, timeout=60,
+                                 stdin=subprocess.DEVNULL, env={**{k: v for k, v in os.environ.items()
+                                                                   if not k.startswith("LLM_")},
+                                                                "LLM_API_URL": server.url})
+        answered = len(server.requests)
+    assert process.returncode == 0 and answered == 2, "the run goes on and finishes"
+    assert "Traceback" not in (process.stderr or "")

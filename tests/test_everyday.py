@@ -129,13 +129,17 @@ def test_the_oldest_runs_beyond_500_are_pruned(serve, tmp_path, monkeypatch, cap
     folder.mkdir()
     monkeypatch.setenv("AGENT_DEMO_LOG_DIR", str(folder))
     for n in range(501):
-        old = folder / f"2020{n:04d}.jsonl"
+        old = folder / f"20200101-00{n:04d}-abcdef.jsonl"
         old.write_text("")
         os.utime(old, (1_000_000 + n, 1_000_000 + n))
+    foreign = folder / "another-tools-log.jsonl"
+    foreign.write_text("")
+    os.utime(foreign, (1, 1))
     assert main(["--quiet", "hi"]) == 0
-    files = log_files(folder)
-    assert len(files) == 500
-    assert not (folder / "20200000.jsonl").exists() and not (folder / "20200001.jsonl").exists()
+    assert len(log_files(folder)) == 501
+    assert not (folder / "20200101-000000-abcdef.jsonl").exists()
+    assert not (folder / "20200101-000001-abcdef.jsonl").exists()
+    assert foreign.exists(), "a file agent-demo did not name is not agent-demo's to delete"
 
 
 def test_a_run_cut_short_says_how_to_continue_and_resume_alone_picks_it_up(serve, capsys):
@@ -143,7 +147,7 @@ def test_a_run_cut_short_says_how_to_continue_and_resume_alone_picks_it_up(serve
     assert main(["--max-rounds", "1", "hi"]) == 1
     err = capsys.readouterr().err
     [command] = [line for line in err.splitlines() if line.startswith("agent-demo: to continue: ")]
-    assert command.endswith(".jsonl") and " --resume " in command
+    assert command.endswith(".jsonl --max-rounds 2"), "the limit it reached is raised"
     assert main(["--resume", "--max-rounds", "5", "--quiet"]) == 0
     assert capsys.readouterr().out == "done\n"
     assert server.sent_messages(1)[1]["content"] == "Task: hi"
@@ -162,7 +166,7 @@ def test_the_continue_command_works_as_printed(tmp_path):
         code, out, err = agent("--max-rounds", "1", "hi", env_extra=env)
         assert code == 1
         command = err.split("agent-demo: to continue: ", 1)[1].strip()
-        finished = subprocess.run(command + " --max-rounds 4", shell=True, capture_output=True, text=True,
+        finished = subprocess.run(command, shell=True, capture_output=True, text=True,
                                   timeout=60, stdin=subprocess.DEVNULL,
                                   env={**{k: v for k, v in os.environ.items() if not k.startswith("LLM_")},
                                        **env})

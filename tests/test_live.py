@@ -5,12 +5,16 @@ import select
 import subprocess
 import sys
 import time
+import unicodedata
 from pathlib import Path
 
 import pytest
 
 from agent_demo import main
 from scripted_server import ScriptedServer, action as act
+from display import Status, shorten_think
+from endings import EndpointError
+from output import Redactor
 from streaming import events, read_stream
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -174,3 +178,45 @@ def test_off_a_terminal_there_is_no_colour_no_status_line_and_no_streaming(serve
     assert process.returncode == 0
     assert "\x1b[" not in process.stderr and "model working" not in process.stderr and "\r" not in process.stderr
     assert "stream" not in server.requests[0]["body"]
+
+
+def test_keep_alive_comments_do_not_stretch_the_deadline():
+    def trickling():
+        for _ in range(20):
+            time.sleep(0.1)
+            yield b": keep-alive\n\n"
+    started = time.monotonic()
+    with pytest.raises(EndpointError, match="within 0.3 s"):
+        read_stream(trickling(), time.monotonic() + 0.3, 0.3, json.loads)
+    assert time.monotonic() - started < 1
+
+
+def test_a_stream_cut_off_before_its_end_is_not_taken_for_a_whole_reply():
+    stream = chunk({"content": '[{"tool": "calculator", "args": {}}, {"tool": "fin'})
+    with pytest.raises(EndpointError, match="stopped arriving"):
+        read_stream(iter([stream.encode()]), time.monotonic() + 5, 5, json.loads)
+
+
+def test_tool_calls_without_an_index_are_told_apart_by_their_ids():
+    stream = (chunk({"tool_calls": [{"id": "a", "function": {"name": "calculator", "arguments": '{"x": 1}'}}]})
+              + chunk({"tool_calls": [{"id": "b", "function": {"name": "get_order_status", "arguments": "{}"}}]})
+              + chunk({}, "tool_calls") + "data: [DONE]\n\n")
+    body = read_stream(iter([stream.encode()]), time.monotonic() + 5, 5, json.loads)
+    assert [(c["id"], c["function"]["name"]) for c in body["choices"][0]["message"]["tool_calls"]] == [
+        ("a", "calculator"), ("b", "get_order_status")]
+
+
+def test_the_status_line_fits_the_terminal_with_wide_characters():
+    status = Status()
+    status.feed("订单状态查询" * 100)
+    line = status.line(60, Redactor())
+    assert sum(2 if unicodedata.east_asian_width(c) in "WF" else 1 for c in line) <= 60
+
+
+@pytest.mark.parametrize("text, shown", [
+    ("long reasoning\nmore lines</think>" + act("finish", result=1),
+     "long reasoning … (25 chars)</think>" + act("finish", result=1)),
+    ("<think>never closed\nstill thinking", "<think>never closed … (27 chars)"),
+])
+def test_think_blocks_the_server_cut_open_or_never_closed_are_shortened_too(text, shown):
+    assert shorten_think(text) == shown
