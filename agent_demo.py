@@ -33,7 +33,8 @@ def run(task: str, settings: Settings, ask_model: Callable[..., Reply],
     """Ask, parse, execute, feed back, until an ending; history (the rounds done) resumes a run."""
     log = log or RunLog()
     conversation = Conversation(task, registry, settings, list(history), settings.mode,
-                                mode_worked=any(record.mode == settings.mode for record in history))
+                                mode_worked=any(record.mode == settings.mode for record in history),
+                                on_compaction=log.compaction)
     watchdog, usage = Watchdog().replay(history), total_usage(history)
     try:
         start_log(log, conversation, approve)

@@ -7,7 +7,7 @@ from typing import Any, List, Optional, TextIO, Tuple
 import prompts
 from endings import ConfigError
 from output import Redactor, SafeStream
-from records import Round, round_from_line, round_to_line
+from records import Compaction, Round, compaction_from_line, compaction_to_line, round_from_line, round_to_line
 
 RESUMABLE = {"max_rounds", "budget", "stuck", "error", "interrupted"}  # not finished, not failed
 
@@ -60,6 +60,12 @@ class RunLog:
     def note(self, text: str) -> None:
         self.say(f"note: {text}")
         self.record("note", text=text, ts=time.time())
+
+    def compaction(self, compaction: Compaction) -> None:
+        """Record the digest the requests carry from now on, before the first of them is sent (--resume needs it)."""
+        self.say(f"context: rounds 1-{compaction.folded} folded into the digest"
+                 f" ({compaction.chars_before:,} -> {compaction.chars_after:,} chars)")
+        self.record("compaction", **compaction_to_line(compaction), ts=time.time())
 
     def resume(self, task: str, model: str, url: str, done_rounds: int, limits: dict) -> None:
         self.say(f"resuming after round {done_rounds}: {task}\nmodel: {model} at {url}"
@@ -140,6 +146,13 @@ def load_trace(path: str) -> Tuple[dict, List[Round]]:
         rounds = [round_from_line(line) for line in lines_of_rounds]
     except (KeyError, TypeError, AttributeError):
         raise ValueError(f"{path} was written by an older version without feedback records; cannot resume") from None
+    for record in run:  # each compaction goes with the round before it; a later one for the same request wins
+        if record.get("event") == "compaction" and isinstance(record.get("before_round"), int) \
+                and 2 <= record["before_round"] <= len(rounds) + 1:
+            try:
+                rounds[record["before_round"] - 2].compaction = compaction_from_line(record)
+            except (KeyError, TypeError):
+                pass  # the conversation is then rebuilt and folded anew
     start = dict(run[0])
     for record in run:  # what a later resume or a fallback set holds for the next resume too
         if record.get("event") == "resume":
