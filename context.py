@@ -7,18 +7,19 @@ compaction folds enough of the oldest rounds into the digest that the request
 falls to about half the budget, and the new beginning holds for many rounds
 again. Compactions are recorded with the rounds, so a resumed run rebuilds the
 same bytes. Sizes are running totals and each round's messages and digest lines
-are written once, so round 1,000 costs what round 10 did.
+are written once, so round 1,000 costs what round 10 did. What the digest no
+longer shows, `recall` answers from the run's records.
 """
 import bisect
 import json
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import prompts
 from actions import strip_think
 from endings import ConfigError
 from records import Call, Compaction, Round
 from settings import Settings
-from tools import Tool
+from tools import RECALL, Tool, failure, success
 
 
 def request_size(messages: List[dict]) -> int:
@@ -89,12 +90,58 @@ def _call_summary(call: Call, result_chars: int) -> str:
     shown_args = _as_text(next(iter(args.values()))) if isinstance(args, dict) and len(args) == 1 else _as_text(args)
     result = call.result
     shown = _as_text(result.get("data")) if result.get("ok") else "error: " + _as_text(result.get("error"))
+    if call.tool == RECALL.name and result.get("ok"):  # a copy of older rounds: folding it again would only repeat them
+        shown = "(recalled; recall again if needed)"
     return f"{_cut(call.tool, 60)}({_cut(shown_args, 120)}) -> {_cut(shown, result_chars)}"
 
 
 def _encoded(text: str) -> int:
     """Characters text takes inside a JSON string on the wire."""
     return len(json.dumps(text)) - 2
+
+
+# --- recall ------------------------------------------------------------------------------
+
+def recall_rounds(rounds: Sequence[Round], first_round: int, last_round: int = 0, max_chars: int = 4000) -> dict:
+    """What recall answers: earlier rounds' calls and whole results from the run's records, as many as fit."""
+    done, last = len(rounds), last_round or first_round
+    if first_round < 1:
+        return failure("first_round must be at least 1")
+    if first_round > done:
+        known = f"; rounds 1-{done} can be recalled" if done > 1 else "; round 1 can be recalled" if done else ""
+        return failure(f"round {first_round} has not happened yet: this is round {done + 1}{known}")
+    if last < first_round:
+        return failure(f"last_round {last_round} comes before first_round {first_round}; give 0 or a later round")
+    data: Dict[str, Any] = {"rounds": []}
+    if last > done:
+        data["not_yet"] = f"rounds after {done} have not happened yet"
+        last = done
+    room = max_chars - 150  # for the note saying what did not fit
+    used = len(prompts.to_json(success(data)))
+    for record in rounds[first_round - 1:last]:
+        entry = _recalled(record)
+        if used + len(prompts.to_json(entry)) + 2 > room:
+            if data["rounds"]:
+                data["not_shown"] = (f"rounds {record.number}-{last} did not fit; recall them with first_round"
+                                     f" {record.number}" if record.number < last
+                                     else f"round {last} did not fit; recall it alone")
+                break
+            entry = _recalled(record, max(100, (room - used) // max(1, len(record.calls)) - 100))
+        data["rounds"].append(entry)
+        used += len(prompts.to_json(entry)) + 2
+    return success(data)
+
+
+def _recalled(record: Round, result_chars: Optional[int] = None) -> dict:
+    """One round as recall gives it back: each call with its arguments and result, whole or cut to result_chars."""
+    if not record.calls:
+        return {"round": record.number, "no_action": record.problem or "no usable action"}
+    if result_chars is None:
+        return {"round": record.number, "calls": [{"tool": c.tool, "args": c.args, "result": c.result}
+                                                  for c in record.calls]}
+    return {"round": record.number, "calls": [{"tool": c.tool, "args": shorten_args(c.args),
+                                               "result": truncate_result(c.result, result_chars)}
+                                              for c in record.calls]}
 
 
 # --- the digest ----------------------------------------------------------------------------

@@ -94,7 +94,7 @@ class Compaction:
 
     before_round: int  # the round whose request was the first to carry it
     folded: int  # rounds 1..folded are in the digest, no longer verbatim
-    omitted: int  # rounds 1..omitted are not even in the digest any more
+    omitted: int  # rounds 1..omitted are not even in the digest: recall gets them back
     digest: str  # exactly as sent, after the task
     chars_before: int = 0  # the request's size had it not compacted
     chars_after: int = 0

@@ -1,4 +1,4 @@
-"""Long runs at constant cost: append-only requests, compaction in large steps."""
+"""Long runs at constant cost: append-only requests, compaction in large steps, recall."""
 import json
 
 import pytest
@@ -9,7 +9,7 @@ from client import Reply
 from endings import EndpointError
 from scripted_model import ScriptedModel
 from scripted_server import action as act
-from tools import REGISTRY
+from tools import REGISTRY, registry_of
 
 
 def sums(count, think="", start=0):
@@ -94,7 +94,7 @@ def test_a_full_digest_leaves_out_old_rounds_in_large_steps_and_otherwise_only_g
     model = Recorder(*sums(400), act("finish", result="done"))
     play(model, max_rounds=401, max_context=10_000)
     digests = [json.loads(model.bodies[i])["messages"][1]["content"] for i in compactions(model.bodies)]
-    assert "older round(s) omitted" in digests[-1]
+    assert "rounds 1-" in digests[-1] and "are not shown" in digests[-1]
     grew = sum(1 for before, after in zip(digests, digests[1:]) if after.startswith(before))
     assert grew >= 0.6 * (len(digests) - 1), "most compactions keep the whole digest before them"
 
@@ -134,6 +134,70 @@ def test_think_blocks_stay_out_and_turns_alternate_after_compactions():
         roles = [m["role"] for m in messages]
         assert roles[:2] == ["system", "user"] and roles[2:] == ["assistant", "user"] * ((len(roles) - 2) // 2)
         assert messages[1]["content"].startswith("Task: keep adding")
+
+
+# --- recall --------------------------------------------------------------------------------
+
+def test_recall_gets_back_a_round_the_digest_no_longer_shows():
+    replies = sums(150) + [act("recall", first_round=1, last_round=2), act("finish", result="done")]
+    model = Recorder(*replies)
+    outcome = play(model, max_rounds=160, max_context=5000)
+    assert outcome.status == "finished"
+    before = json.loads(model.bodies[150])["messages"]
+    digest = before[1]["content"]
+    assert "round 1:" not in digest and "round 2:" not in json.dumps(before)
+    assert "are not shown" in digest and "recall" in digest
+    answer = json.loads(json.loads(model.bodies[151])["messages"][-1]["content"].split("\n", 1)[1])
+    assert answer["tool"] == "recall" and answer["result"]["ok"] is True
+    assert answer["result"]["data"]["rounds"] == [
+        {"round": 1, "calls": [{"tool": "calculator", "args": {"expression": "0 + 1"}, "result": {"ok": True, "data": 1}}]},
+        {"round": 2, "calls": [{"tool": "calculator", "args": {"expression": "1 + 1"}, "result": {"ok": True, "data": 2}}]}]
+
+
+def test_recall_of_a_round_not_yet_done_says_so():
+    model = ScriptedModel(act("calculator", expression="1 + 1"), act("recall", first_round=5),
+                          act("finish", result=2))
+    play(model)
+    fed = json.loads(model.messages(2)[-1]["content"].split("\n", 1)[1])["result"]
+    assert fed["ok"] is False and "round 5 has not happened yet" in fed["error"]
+    assert "rounds 1-1" not in fed["error"] and "this is round 2" in fed["error"]
+
+
+def test_recall_answers_are_cut_to_the_result_size_and_say_what_did_not_fit():
+    def blob(n: int) -> str:
+        """A long result."""
+        return f"<{n}>" + "x" * 700
+    registry = {**REGISTRY, **registry_of(blob)}
+    replies = [act("blob", n=n) for n in range(1, 6)] + [act("recall", first_round=1, last_round=5),
+                                                         act("finish", result="ok")]
+    model = ScriptedModel(*replies)
+    play(model, registry=registry, max_result_chars=2000)
+    line = json.loads(model.messages(6)[-1]["content"].split("\n", 1)[1])
+    assert len(json.dumps(line["result"], ensure_ascii=False)) <= 2000
+    rounds = line["result"]["data"]["rounds"]
+    assert [r["round"] for r in rounds] == [1, 2]
+    assert "rounds 3-5 did not fit" in line["result"]["data"]["not_shown"]
+
+
+def test_recall_is_never_refused_as_a_repeated_call():
+    replies = [act("calculator", expression="1 + 1")] + [act("recall", first_round=1)] * 4 + [act("finish", result=2)]
+    outcome = play(ScriptedModel(*replies))
+    assert (outcome.status, outcome.rounds) == ("finished", 6)
+    assert all(call["result"]["ok"] for call in outcome.calls)
+
+
+@pytest.mark.parametrize("mode", ["json", "schema", "tools"])
+def test_recall_is_described_in_every_mode_even_with_an_allowlist(serve, mode):
+    server = serve([act("finish", result="x")])
+    assert main(["--tools", "calculator", "--mode", mode, "--quiet", "hi"]) == 0
+    body = server.requests[0]["body"]
+    if mode == "tools":
+        assert "recall" in [tool["function"]["name"] for tool in body["tools"]]
+    else:
+        assert "- recall: " in body["messages"][0]["content"]
+    if mode == "schema":
+        branches = body["response_format"]["json_schema"]["schema"]["properties"]["actions"]["items"]["anyOf"]
+        assert ["recall"] in [branch["properties"]["tool"]["enum"] for branch in branches]
 
 
 # --- resume after compactions -------------------------------------------------------------------
