@@ -254,6 +254,9 @@ def count_usage(reply: Reply, messages: List[dict]) -> Tuple[dict, bool]:
     """The round's token counts: the endpoint's, or an estimate (about 4 characters a token)."""
     usage = reply.usage or {}
     prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
+    cached = cached_tokens(usage)
+    if cached is not None:
+        usage = {**usage, "cached_tokens": cached}
     if isinstance(usage.get("total_tokens"), int):
         return usage, False
     if isinstance(prompt, int) and isinstance(completion, int):
@@ -263,9 +266,19 @@ def count_usage(reply: Reply, messages: List[dict]) -> Tuple[dict, bool]:
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}, True
 
 
+def cached_tokens(usage: dict) -> Optional[int]:
+    """Prompt tokens the endpoint served from its cache, as OpenAI, vLLM and Qwen or as DeepSeek report them."""
+    details = usage.get("prompt_tokens_details")
+    for value in (details.get("cached_tokens") if isinstance(details, dict) else None,
+                  usage.get("prompt_cache_hit_tokens")):
+        if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+            return value
+    return None
+
+
 def add_usage(total: dict, record: Round) -> None:
     """Add one round's token counts to the run's totals."""
-    for key in ("prompt_tokens", "completion_tokens", "total_tokens"):
+    for key in ("prompt_tokens", "completion_tokens", "total_tokens", "cached_tokens"):
         value = record.usage.get(key)
         if isinstance(value, int):
             total[key] = total.get(key, 0) + value

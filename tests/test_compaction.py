@@ -1,4 +1,4 @@
-"""Long runs at constant cost: append-only requests, compaction in large steps, recall."""
+"""Long runs at constant cost: append-only requests, compaction in large steps, recall, cached tokens."""
 import json
 
 import pytest
@@ -198,6 +198,32 @@ def test_recall_is_described_in_every_mode_even_with_an_allowlist(serve, mode):
     if mode == "schema":
         branches = body["response_format"]["json_schema"]["schema"]["properties"]["actions"]["items"]["anyOf"]
         assert ["recall"] in [branch["properties"]["tool"]["enum"] for branch in branches]
+
+
+# --- cached tokens ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("usage", [
+    {"prompt_tokens": 100, "completion_tokens": 5, "total_tokens": 105, "prompt_tokens_details": {"cached_tokens": 64}},
+    {"prompt_tokens": 100, "completion_tokens": 5, "total_tokens": 105, "prompt_cache_hit_tokens": 64,
+     "prompt_cache_miss_tokens": 36},
+], ids=["openai", "deepseek"])
+def test_cached_prompt_tokens_are_counted_per_round_and_in_the_run(serve, tmp_path, capsys, usage):
+    trace = tmp_path / "run.jsonl"
+    serve([{"content": act("calculator", expression="1 + 1"), "usage": usage},
+           {"content": act("finish", result=2), "usage": usage}])
+    assert main(["--json", "--trace", str(trace), "hi"]) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out)["usage"] == {"prompt_tokens": 200, "completion_tokens": 10, "total_tokens": 210,
+                                        "cached_tokens": 128}
+    rounds = [json.loads(line) for line in trace.read_text().splitlines() if '"event": "round"' in line]
+    assert [r["usage"]["cached_tokens"] for r in rounds] == [64, 64]
+    assert "210 tokens (128 cached)" in err
+
+
+def test_no_cached_tokens_are_claimed_when_the_endpoint_reports_none():
+    outcome = play(ScriptedModel(act("finish", result=1), usage={"prompt_tokens": 3, "completion_tokens": 2,
+                                                                  "total_tokens": 5}))
+    assert "cached_tokens" not in outcome.usage
 
 
 # --- resume after compactions -------------------------------------------------------------------
