@@ -32,7 +32,7 @@ import agent_demo  # noqa: E402
 from scripted_server import ScriptedServer, action  # noqa: E402
 
 CLI = [sys.executable, str(HERE.parent / "agent_demo.py")]
-TRIALS = 3  # each timing is the median of this many runs
+TRIALS = 5  # each timing is the median of this many runs, the two loops taking turns going first
 
 
 def long_run_replies(rounds: int, think: int) -> list:
@@ -42,27 +42,40 @@ def long_run_replies(rounds: int, think: int) -> list:
     return calls + [thought + action("finish", result="done")]
 
 
+class Stopwatch:
+    """Wall time and this process's CPU time (the client's and the server thread's) of a block."""
+
+    def __enter__(self) -> "Stopwatch":
+        self.wall, self.cpu = time.perf_counter(), time.process_time()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.wall, self.cpu = time.perf_counter() - self.wall, time.process_time() - self.cpu
+
+
 def harness_run(server: ScriptedServer, rounds: int, max_context: int) -> tuple:
-    """The real CLI, in this process: (seconds, its --json outcome)."""
+    """The real CLI, in this process: (Stopwatch, its --json outcome, the bodies it sent, connections it opened)."""
+    server.requests.clear()  # the script starts over
+    connections = server.connections
     os.environ["LLM_API_URL"] = server.url
     stdout = io.StringIO()
-    started = time.perf_counter()
-    with contextlib.redirect_stdout(stdout):
+    with Stopwatch() as watch, contextlib.redirect_stdout(stdout):
         agent_demo.main(["--quiet", "--json", "--max-rounds", str(rounds), "--max-context", str(max_context),
                          "add up"])
-    return time.perf_counter() - started, json.loads(stdout.getvalue())
+    return (watch, json.loads(stdout.getvalue()), [request["body"] for request in server.requests],
+            server.connections - connections)
 
 
-def bare_loop(server: ScriptedServer, bodies: list) -> float:
-    """What any client pays per round: post each body on one session and read the reply. Seconds."""
+def bare_loop(server: ScriptedServer, bodies: list) -> Stopwatch:
+    """What any client pays per round: post each body on one session and read the reply."""
+    server.requests.clear()  # the script starts over
     session = requests.Session()
     url = server.url + "/chat/completions"
-    started = time.perf_counter()
-    for body in bodies:
-        session.post(url, json=body, timeout=30).json()["choices"][0]["message"]["content"]
-    seconds = time.perf_counter() - started
+    with Stopwatch() as watch:
+        for body in bodies:
+            session.post(url, json=body, timeout=30).json()["choices"][0]["message"]["content"]
     session.close()
-    return seconds
+    return watch
 
 
 def common_prefix(a: str, b: str) -> int:
@@ -87,21 +100,22 @@ def prefix_figures(bodies: list) -> dict:
 
 def measure(rounds: int, think: int, max_context: int) -> dict:
     replies = long_run_replies(rounds, think)
-    harness_s, bare_s = [], []
     with ScriptedServer(replies) as server:
-        for _ in range(TRIALS):
-            server.requests.clear()  # the script starts over
-            connections = server.connections
-            seconds, outcome = harness_run(server, rounds, max_context)
-            harness_s.append(seconds)
-            bodies = [request["body"] for request in server.requests]
-            connections = server.connections - connections
-            server.requests.clear()
-            bare_s.append(bare_loop(server, bodies))
+        watch, outcome, bodies, connections = harness_run(server, rounds, max_context)
+        harness, bare = [watch], [bare_loop(server, bodies)]
+        for trial in range(1, TRIALS):  # the two loops take turns going first
+            if trial % 2:
+                bare.append(bare_loop(server, bodies))
+            harness.append(harness_run(server, rounds, max_context)[0])
+            if not trial % 2:
+                bare.append(bare_loop(server, bodies))
     sizes = [len(json.dumps(body)) for body in bodies]
-    harness_ms = statistics.median(harness_s) / len(bodies) * 1000
-    bare_ms = statistics.median(bare_s) / len(bodies) * 1000
-    return {"rounds": outcome["rounds"], "status": outcome["status"], "harness_ms": harness_ms, "bare_ms": bare_ms,
+
+    def per_round_ms(watches: list, clock: str) -> float:
+        return statistics.median(getattr(watch, clock) for watch in watches) / len(bodies) * 1000
+    times = {f"{loop}_{clock}": per_round_ms(watches, clock)
+             for loop, watches in (("harness", harness), ("bare", bare)) for clock in ("cpu", "wall")}
+    return {"rounds": outcome["rounds"], "status": outcome["status"], **times,
             "first": sizes[0], "last": sizes[-1], "largest": max(sizes), "connections": connections,
             **prefix_figures(bodies)}
 
@@ -133,8 +147,10 @@ def main() -> None:
         print(f"  requests that broke it      {run['broken']} (kept less than half of the previous one)")
         print(f"  request size                round 1 {run['first']:,}, last {run['last']:,},"
               f" largest {run['largest']:,} chars")
-        print(f"  harness time per round      {run['harness_ms']:.2f} ms ({run['harness_ms'] / run['bare_ms']:.2f}x"
-              f" a bare requests loop posting the same bodies: {run['bare_ms']:.2f} ms)")
+        print(f"  harness time per round      {run['harness_cpu']:.2f} ms CPU ({run['harness_cpu'] / run['bare_cpu']:.2f}x"
+              f" a bare requests loop posting the same bodies: {run['bare_cpu']:.2f} ms)")
+        print(f"    the same, wall clock      {run['harness_wall']:.2f} ms ({run['harness_wall'] / run['bare_wall']:.2f}x"
+              f" {run['bare_wall']:.2f} ms)")
         print(f"  TCP connections per run     {run['connections']}")
     help_s = median_seconds([*CLI, "--help"])
     bare_s = median_seconds([sys.executable, "-c", "pass"])
