@@ -1,5 +1,11 @@
 """Long runs at constant cost: append-only requests, compaction in large steps, recall, cached tokens."""
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 
@@ -8,8 +14,10 @@ from agent_demo import RunLog, Settings, main, run
 from client import Reply
 from endings import EndpointError
 from scripted_model import ScriptedModel
-from scripted_server import action as act
+from scripted_server import ScriptedServer, action as act
 from tools import REGISTRY, registry_of
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def sums(count, think="", start=0):
@@ -246,6 +254,31 @@ def test_resume_after_a_compaction_sends_the_interrupted_request_byte_for_byte(s
     assert json.dumps(server.requests[0]["body"]) == model.bodies[-1], "the same bytes as the interrupted request"
     assert messages_json(json.dumps(server.requests[1]["body"])).startswith(
         messages_json(model.bodies[-1])[:-1]), "and the run goes on appending"
+
+
+def test_kill_9_in_the_request_right_after_a_compaction_then_resume_sends_it_again(tmp_path):
+    probe = Recorder(*sums(40))
+    play(probe, max_rounds=40, max_context=5000)
+    stop = compactions(probe.bodies)[1]  # 0-based index of a request that compacted (the second one)
+    replies = sums(stop) + [{"delay": 60, "content": "never answered"}] + sums(3, start=stop) + [
+        act("finish", result="done")]
+    trace, cli = tmp_path / "run.jsonl", [sys.executable, str(ROOT / "agent_demo.py")]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("LLM_", "AGENT_"))}
+    with ScriptedServer(replies) as server:
+        env["LLM_API_URL"] = server.url
+        process = subprocess.Popen([*cli, "--trace", str(trace), "--max-rounds", "60", "--max-context", "5000", "x"],
+                                   env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=tmp_path)
+        deadline = time.monotonic() + 30
+        while len(server.requests) <= stop and time.monotonic() < deadline:
+            time.sleep(0.02)
+        os.kill(process.pid, signal.SIGKILL)
+        process.wait(timeout=10)
+        resumed = subprocess.run([*cli, "--resume", str(trace), "--max-context", "5000", "--quiet"], env=env,
+                                 capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert (resumed.returncode, resumed.stdout) == (0, "done\n")
+    interrupted, redone = server.requests[stop]["body"], server.requests[stop + 1]["body"]
+    assert json.dumps(redone) == json.dumps(interrupted), "the same bytes, digest and all"
+    assert "Earlier rounds" in interrupted["messages"][1]["content"]
 
 
 def test_a_trace_without_compaction_records_still_resumes_within_the_budget(serve, tmp_path):
