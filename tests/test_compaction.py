@@ -121,6 +121,26 @@ def test_building_a_request_does_not_revisit_every_earlier_round(monkeypatch):
     assert len(lines) <= 3 * 299, "each digest line is written at most once per width"
 
 
+@pytest.mark.parametrize("mode", ["json", "tools"])
+def test_the_running_size_is_the_size_of_the_body_as_sent(monkeypatch, mode):
+    seen = []
+
+    class Watched(context.Conversation):
+        def messages(self):
+            messages = super().messages()
+            seen.append((self.size, len(json.dumps({"model": self.settings.model, "messages": messages,
+                                                    **self.options()}))))
+            return messages
+    monkeypatch.setattr("agent_demo.Conversation", Watched)
+    lookups = [Reply(content="", tool_calls=[{"id": f"o{n}", "type": "function", "function": {
+        "name": "get_order_status", "arguments": json.dumps({"order_id": f"A100{n % 3 + 1}"})}}])
+        for n in range(3)] if mode == "tools" else [act("get_order_status", order_id=f"A100{n}") for n in (1, 2, 3)]
+    model = Recorder(*lookups, *(native(60) if mode == "tools" else sums(60)), act("finish", result="done"))
+    play(model, max_rounds=64, max_context=6000, mode=mode)
+    assert len(compactions(model.bodies)) >= 3 and "\\u5f85" in model.bodies[3], "folded, non-ASCII and all"
+    assert [size for size, _ in seen] == [actual for _, actual in seen]
+
+
 def test_a_fallback_to_json_after_compactions_keeps_the_digest_and_the_budget():
     rejected = EndpointError("request rejected (HTTP 400): tools are not supported", 400, "tools are not supported")
     model = Recorder(*native(40), rejected, *sums(10, start=40), act("finish", result="done"))
