@@ -13,16 +13,17 @@ import cli
 import prompts
 from actions import Action, Parsed, parse_reply
 from client import ModelClient, Reply
-from context import Conversation, digest_line, request_size, shorten_args, truncate_result
+from context import Conversation, digest_line, recall_rounds, request_size, shorten_args, truncate_result
 from endings import (BudgetSpent, ConfigError, EndpointError, Finished, GaveUp, InternalError, Interrupted,
                      OutputClosed, RoundLimit, RunEnded, RunResult, Stuck)
 from output import Redactor, protected, stray_prints_to_stderr
 from records import Call, Round
 from runlog import RunLog
 from settings import Settings, chat_completions_url, display_url, read_environment, secrets_of
-from tools import CONTROL_ACTIONS, FINISH, REGISTRY, Tool, call_tool, check_args, failure
+from tools import CONTROL_ACTIONS, FAIL, FINISH, RECALL, REGISTRY, Tool, call_tool, check_args, failure
 
 FORMAT_ERRORS_BEFORE_STUCK = 3
+ENDINGS = (FINISH.name, FAIL.name)  # may only come last in a reply
 Approver = Callable[[dict], bool]  # asks the user about one call; True runs it
 
 
@@ -34,7 +35,8 @@ def run(task: str, settings: Settings, ask_model: Callable[..., Reply],
     """Ask, parse, execute, feed back, until an ending; history (the rounds done) resumes a run."""
     log = log or RunLog()
     conversation = Conversation(task, registry, settings, list(history), settings.mode,
-                                mode_worked=any(record.mode == settings.mode for record in history))
+                                mode_worked=any(record.mode == settings.mode for record in history),
+                                on_compaction=log.compaction)
     watchdog, usage = Watchdog().replay(history), total_usage(history)
     try:
         start_log(log, conversation, approve)
@@ -44,7 +46,7 @@ def run(task: str, settings: Settings, ask_model: Callable[..., Reply],
             reply, messages = ask(ask_model, conversation, log)
             log.reply(number, settings.max_rounds, reply)
             parsed = parse_reply(reply, conversation.mode)
-            calls = execute(parsed, registry, watchdog, number, approve, settings)
+            calls = execute(parsed, registry, watchdog, number, approve, settings, conversation.rounds)
             record = make_round(number, reply, messages, parsed, calls,
                                 feed_back(parsed, calls, registry, settings, conversation.mode), conversation.mode)
             conversation.rounds.append(record)
@@ -102,7 +104,7 @@ def ask(ask_model: Callable[..., Reply], conversation: Conversation, log: RunLog
 
 
 def execute(parsed: Parsed, registry: Dict[str, Tool], watchdog: "Watchdog", number: int,
-            approve: Optional[Approver], settings: Settings) -> List[Call]:
+            approve: Optional[Approver], settings: Settings, rounds_done: Sequence[Round]) -> List[Call]:
     """Run a reply's actions in order; finish or fail count only last and after calls that all succeeded."""
     calls: List[Call] = []
     this_reply: Dict[str, Call] = {}  # the same call twice in one reply is answered once, not a loop
@@ -110,16 +112,16 @@ def execute(parsed: Parsed, registry: Dict[str, Tool], watchdog: "Watchdog", num
         failed = [(n, done.tool) for n, done in enumerate(calls, 1) if not done.result.get("ok")]
         repeat = this_reply.get(Watchdog.key(action)) if isinstance(action.args, dict) else None
         refusal = (prompts.OVER_CAP.format(cap=settings.max_calls) if index >= settings.max_calls
-                   else prompts.NOT_LAST.format(tool=action.tool) if action.tool in CONTROL_ACTIONS
+                   else prompts.NOT_LAST.format(tool=action.tool) if action.tool in ENDINGS
                    and index < len(parsed.actions) - 1
-                   else prompts.render_after_failure(failed) if action.tool in CONTROL_ACTIONS and failed
+                   else prompts.render_after_failure(failed) if action.tool in ENDINGS and failed
                    else None)
         if repeat:
             call = Call(action.tool, action.args, repeat.result, watchdog="cached", note=prompts.SAME_REPLY)
         elif refusal:
             call = Call(action.tool, action.args, failure(refusal))
         else:
-            call = execute_call(action, registry, watchdog, number, approve, settings)
+            call = execute_call(action, registry, watchdog, number, approve, settings, rounds_done)
             if isinstance(action.args, dict):
                 this_reply.setdefault(Watchdog.key(action), call)
         call.id = action.id
@@ -129,8 +131,9 @@ def execute(parsed: Parsed, registry: Dict[str, Tool], watchdog: "Watchdog", num
 
 
 def execute_call(action: Action, registry: Dict[str, Tool], watchdog: "Watchdog", number: int,
-                 approve: Optional[Approver], settings: Settings) -> Call:
-    """Run one action: finish and fail end the run; a repeated call is cached, refused, then stuck."""
+                 approve: Optional[Approver], settings: Settings, rounds_done: Sequence[Round]) -> Call:
+    """Run one action: finish and fail end the run, recall reads the rounds done; a repeated call
+    is cached, refused, then stuck."""
     if action.problem or not isinstance(action.args, dict):
         problem = action.problem or f"\"args\" of {action.tool} must be a JSON object"
         return Call(action.tool, action.args, failure(problem), format_error=True)
@@ -140,6 +143,9 @@ def execute_call(action: Action, registry: Dict[str, Tool], watchdog: "Watchdog"
         if problem:
             return Call(action.tool, action.args, failure(f"bad arguments for {control.name}: {problem}",
                                                           example=control.example()))
+        if control is RECALL:  # no side effects, and asking again after a fold is fair: never watched
+            return Call(action.tool, action.args, recall_rounds(rounds_done, max_chars=settings.max_result_chars,
+                                                                **action.args))
         value = action.args["result" if control is FINISH else "reason"]
         return Call(action.tool, action.args, {"ok": True, "data": value},
                     ends_run="finished" if control is FINISH else "failed")
@@ -255,6 +261,9 @@ def count_usage(reply: Reply, messages: List[dict]) -> Tuple[dict, bool]:
     """The round's token counts: the endpoint's, or an estimate (about 4 characters a token)."""
     usage = reply.usage or {}
     prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
+    cached = cached_tokens(usage)
+    if cached is not None:
+        usage = {**usage, "cached_tokens": cached}
     if isinstance(usage.get("total_tokens"), int):
         return usage, False
     if isinstance(prompt, int) and isinstance(completion, int):
@@ -264,9 +273,19 @@ def count_usage(reply: Reply, messages: List[dict]) -> Tuple[dict, bool]:
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}, True
 
 
+def cached_tokens(usage: dict) -> Optional[int]:
+    """Prompt tokens the endpoint served from its cache, as OpenAI, vLLM and Qwen or as DeepSeek report them."""
+    details = usage.get("prompt_tokens_details")
+    for value in (details.get("cached_tokens") if isinstance(details, dict) else None,
+                  usage.get("prompt_cache_hit_tokens")):
+        if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+            return value
+    return None
+
+
 def add_usage(total: dict, record: Round) -> None:
     """Add one round's token counts to the run's totals."""
-    for key in ("prompt_tokens", "completion_tokens", "total_tokens"):
+    for key in ("prompt_tokens", "completion_tokens", "total_tokens", "cached_tokens"):
         value = record.usage.get(key)
         if isinstance(value, int):
             total[key] = total.get(key, 0) + value
@@ -317,7 +336,8 @@ def start(args: Any, environment: Dict[str, str], redactor: Redactor) -> Tuple[R
         return RunResult(error), None
     except KeyboardInterrupt:
         return RunResult(Interrupted()), None
-    client = ModelClient(job.settings, stream=cli.wants_stream(args))
+    job.settings.stream = cli.wants_stream(args)
+    client = ModelClient(job.settings)
     try:
         with cli.ending_on_sigterm(), stray_prints_to_stderr():
             outcome = run(job.task, job.settings, cli.watched(client, log), job.registry, log, job.history,

@@ -15,7 +15,7 @@ from urllib3.util.retry import Retry
 
 import prompts
 from endings import EndpointError, ReplyCutOff
-from settings import Settings, chat_completions_url, display_url
+from settings import STREAM_FIELDS, Settings, chat_completions_url, display_url
 from streaming import TextListener, read_stream
 
 RETRY_STATUSES = (429, 500, 502, 503, 504)
@@ -63,10 +63,10 @@ class BearerAuth(requests.auth.AuthBase):
 class ModelClient:
     """Sends the conversation to the endpoint over one session, with retries."""
 
-    def __init__(self, settings: Settings, stream: bool = False):
+    def __init__(self, settings: Settings):
         self.settings = settings
         self.url = chat_completions_url(settings.url)
-        self.stream = stream  # ask for server-sent events, until the endpoint refuses them
+        self.stream = settings.stream  # ask for server-sent events, until the endpoint refuses them
         self.on_text: Optional[TextListener] = None  # shown each piece of a streamed reply
         self.on_note: Callable[[str], None] = lambda text: None  # told when streaming is given up
         self.attempt: dict = {}
@@ -96,7 +96,7 @@ class ModelClient:
         body = {"model": self.settings.model, "messages": messages, **extra}
         streaming = self.stream
         if streaming:
-            body.update(stream=True, stream_options={"include_usage": True})
+            body.update(STREAM_FIELDS)
         started = self.attempt["started"] = time.monotonic()
         timeout = self.settings.timeout
         try:

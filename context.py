@@ -1,19 +1,26 @@
-"""What is re-sent each round: the pinned goal, recent rounds verbatim, older rounds as a digest.
+"""What is re-sent each round: the pinned goal, the newest rounds verbatim, older rounds in a digest.
 
-The conversation is rebuilt for every request from the round records (the same
-records the trace file holds), so a resumed run with the same settings sends what
-the original would have.
+A request only appends to the one before it: the system prompt, the tool schemas,
+the task, the digest and the earlier turns go out byte-identical, so an endpoint's
+prompt cache can serve them. When the next request would pass --max-context, one
+compaction folds enough of the oldest rounds into the digest that the request
+falls to about half the budget, and the new beginning holds for many rounds
+again. Compactions are recorded with the rounds, so a resumed run rebuilds the
+same bytes. Sizes are running totals and each round's messages and digest lines
+are written once, so round 1,000 costs what round 10 did. What the digest no
+longer shows, `recall` answers from the run's records.
 """
+import bisect
 import json
-from dataclasses import dataclass, field
-from typing import Any, Dict, List
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import prompts
 from actions import strip_think
 from endings import ConfigError
-from records import Call, Round
-from settings import Settings
-from tools import Tool
+from records import Call, Compaction, Round
+from settings import STREAM_FIELDS, Settings
+from tools import RECALL, Tool, failure, success
+
 
 def request_size(messages: List[dict]) -> int:
     """Characters the messages take on the wire (JSON, non-ASCII escaped as requests sends it)."""
@@ -83,56 +90,135 @@ def _call_summary(call: Call, result_chars: int) -> str:
     shown_args = _as_text(next(iter(args.values()))) if isinstance(args, dict) and len(args) == 1 else _as_text(args)
     result = call.result
     shown = _as_text(result.get("data")) if result.get("ok") else "error: " + _as_text(result.get("error"))
+    if call.tool == RECALL.name and result.get("ok"):  # a copy of older rounds: folding it again would only repeat them
+        shown = "(recalled; recall again if needed)"
     return f"{_cut(call.tool, 60)}({_cut(shown_args, 120)}) -> {_cut(shown, result_chars)}"
 
 
-def build_messages(pinned: List[dict], records: List[Round], max_chars: int, keep_recent: int = 4,
-                   result_chars: int = 4000, native_tools: bool = False) -> List[dict]:
-    """The messages for the next request, folding the oldest rounds until they fit max_chars."""
-    turns = [round_messages(record, native_tools) for record in records]
-    turn_sizes = [request_size(turn) for turn in turns]
-    base = request_size(pinned)
-    if base + sum(turn_sizes) <= max_chars:
-        return [*pinned, *(m for turn in turns for m in turn)]
-    # Over budget: fold all but the last keep_recent rounds, and more only if even that is too big.
-    # Folded results keep their full length while they fit, and are shortened only as far as needed.
-    for digest_chars in (result_chars, 400, 100):
-        lines = [digest_line(record, digest_chars) for record in records]
-        folded = max(1, len(turns) - keep_recent)
-        while folded < len(turns) and base + _digest_size(lines[:folded]) + sum(turn_sizes[folded:]) > max_chars:
-            folded += 1
-        room = max_chars - base - sum(turn_sizes[folded:])
-        if _digest_size(lines[:folded]) <= room:
-            break
-    # Last resort for a budget too small for the whole digest: drop its oldest lines, saying so.
-    kept, dropped = lines[:folded], 0
-    while kept and _digest_size(kept, dropped) > room:
-        kept, dropped = kept[1:], dropped + 1
-    # The digest joins the task's message, so user and assistant turns still alternate
-    # (some chat templates refuse two user messages in a row).
-    task = pinned[-1]
-    with_digest = {**task, "content": task["content"] + _DIGEST_SEPARATOR + prompts.render_digest(kept, dropped)}
-    return [*pinned[:-1], with_digest, *(m for turn in turns[folded:] for m in turn)]
+def _encoded(text: str) -> int:
+    """Characters text takes inside a JSON string on the wire."""
+    return len(json.dumps(text)) - 2
 
 
-_DIGEST_SEPARATOR = "\n\n"
+# --- recall ------------------------------------------------------------------------------
+
+def recall_rounds(rounds: Sequence[Round], first_round: int, last_round: int = 0, max_chars: int = 4000) -> dict:
+    """What recall answers: earlier rounds' calls and whole results from the run's records, as many as fit."""
+    done, last = len(rounds), last_round or first_round
+    if first_round < 1:
+        return failure("first_round must be at least 1")
+    if first_round > done:
+        known = f"; rounds 1-{done} can be recalled" if done > 1 else "; round 1 can be recalled" if done else ""
+        return failure(f"round {first_round} has not happened yet: this is round {done + 1}{known}")
+    if last < first_round:
+        return failure(f"last_round {last_round} comes before first_round {first_round}; give 0 or a later round")
+    data: Dict[str, Any] = {"rounds": []}
+    if last > done:
+        data["not_yet"] = f"rounds after {done} have not happened yet"
+        last = done
+    room = max_chars - 150  # for the note saying what did not fit
+    used = len(prompts.to_json(success(data)))
+    for record in rounds[first_round - 1:last]:
+        entry = _recalled(record)
+        if used + len(prompts.to_json(entry)) + 2 > room:
+            if data["rounds"]:
+                data["not_shown"] = (f"rounds {record.number}-{last} did not fit; recall them with first_round"
+                                     f" {record.number}" if record.number < last
+                                     else f"round {last} did not fit; recall it alone")
+                break
+            entry = _recalled(record, max(100, (room - used) // max(1, len(record.calls)) - 100))
+        data["rounds"].append(entry)
+        used += len(prompts.to_json(entry)) + 2
+    return success(data)
 
 
-def _digest_size(lines: List[str], dropped: int = 0) -> int:
-    """What the digest adds to the request: its text, escaped as JSON, inside the task's message."""
-    return len(json.dumps(_DIGEST_SEPARATOR + prompts.render_digest(lines, dropped))) - 2
+def _recalled(record: Round, result_chars: Optional[int] = None) -> dict:
+    """One round as recall gives it back: each call with its arguments and result, whole or cut to result_chars."""
+    if not record.calls:
+        return {"round": record.number, "no_action": record.problem or "no usable action"}
+    if result_chars is None:
+        return {"round": record.number, "calls": [{"tool": c.tool, "args": c.args, "result": c.result}
+                                                  for c in record.calls]}
+    return {"round": record.number, "calls": [{"tool": c.tool, "args": shorten_args(c.args),
+                                               "result": truncate_result(c.result, result_chars)}
+                                              for c in record.calls]}
 
 
-@dataclass
+# --- the digest ----------------------------------------------------------------------------
+
+_DIGEST_SEPARATOR = "\n\n"  # between the task and the digest, in one user message
+
+
+def _header_size(omitted: int) -> int:
+    """What a digest without lines adds to the task's message on the wire."""
+    return _encoded(_DIGEST_SEPARATOR + prompts.render_digest([], omitted))
+
+
+class DigestLines:
+    """Each folded round's digest line at each width a result may take, written and measured once."""
+
+    def __init__(self, rounds: List[Round], result_chars: int, limit: int):
+        self.rounds = rounds  # the run's own list, growing
+        # Folded results keep their full length while the digest has room, then 400, then 100 characters.
+        self.widths = sorted({result_chars, min(400, result_chars), 100}, reverse=True)
+        self.limit = limit  # wider lines stop being written once they add up to more than this
+        self.lines: Dict[int, List[str]] = {width: [] for width in self.widths}
+        self.totals: Dict[int, List[int]] = {width: [0] for width in self.widths}  # [k]: what lines 1..k add
+
+    def total(self, width: int, count: int) -> Optional[int]:
+        """What the lines of rounds 1..count add at this width; None if they add up to more than the limit."""
+        lines, totals, narrowest = self.lines[width], self.totals[width], width == self.widths[-1]
+        while len(lines) < count and (narrowest or totals[-1] <= self.limit):
+            line = digest_line(self.rounds[len(lines)], width)
+            lines.append(line)
+            totals.append(totals[-1] + 2 + _encoded(line))  # 2: the escaped newline before it
+        return totals[count] if count < len(totals) else None
+
+    def fit(self, count: int, room: int, omitted_before: int = 0) -> Tuple[int, int, int]:
+        """The digest of rounds 1..count in room characters, as (width, oldest rounds left out, size):
+        every line at the widest width that fits, else the newest lines at the narrowest."""
+        if count == 0:
+            return self.widths[0], 0, 0
+        for width in self.widths:
+            total = self.total(width, count)
+            if total is not None and _header_size(0) + total <= room:
+                return width, 0, _header_size(0) + total
+        totals = self.totals[self.widths[-1]]
+        size = _header_size(omitted_before) + totals[count] - totals[omitted_before]
+        if omitted_before and size <= room:  # leaving out no more than last time, the digest only grows at its end
+            return self.widths[-1], omitted_before, size
+        # Leave out enough of the oldest that the digest takes about half its room: it can then grow
+        # at its end, keeping its beginning, through the next compactions too.
+        omitted = bisect.bisect_left(totals, totals[count] - room // 2 + _header_size(count), 0, count)
+        while omitted < count and _header_size(omitted) + totals[count] - totals[omitted] > room // 2:
+            omitted += 1
+        return self.widths[-1], omitted, _header_size(omitted) + totals[count] - totals[omitted]
+
+    def render(self, count: int, width: int, omitted: int) -> str:
+        return prompts.render_digest(self.lines[width][omitted:count], omitted)
+
+
+# --- the conversation ------------------------------------------------------------------------
+
 class Conversation:
-    """What every request is built from: the pinned goal, the mode, the rounds so far."""
+    """The messages of every request, kept from one request to the next: a round appends its
+    messages; a compaction, when the next request would pass --max-context, folds the oldest."""
 
-    task: str
-    registry: Dict[str, Tool]
-    settings: Settings
-    rounds: List[Round] = field(default_factory=list)
-    mode: str = "json"
-    mode_worked: bool = False  # the endpoint has answered a request in this mode
+    def __init__(self, task: str, registry: Dict[str, Tool], settings: Settings, rounds: Optional[List[Round]] = None,
+                 mode: str = "json", mode_worked: bool = False,
+                 on_compaction: Callable[[Compaction], None] = lambda compaction: None):
+        self.task, self.registry, self.settings = task, registry, settings
+        self.rounds: List[Round] = [] if rounds is None else rounds
+        self.mode = mode
+        self.mode_worked = mode_worked  # the endpoint has answered a request in this mode
+        self.on_compaction = on_compaction  # told before the first request that carries the new digest
+        self.lines = DigestLines(self.rounds, settings.max_result_chars, settings.max_context)
+        self._built_for: Optional[str] = None  # the mode the messages were built in; another rebuilds them
+        self._messages: List[dict] = []
+        self._turns: List[Tuple[int, List[dict], int]] = []  # the verbatim rounds: number, messages, size
+        self._folded, self._omitted, self._digest = 0, 0, ""  # rounds 1..folded are in the digest, 1..omitted not shown
+        self._added = 0  # rounds taken in so far, folded or verbatim
+        self._bare = self.size = 0  # the request's size on the wire: without any round, and as it stands
 
     def pinned(self) -> List[dict]:
         """The system prompt and the task: sent first in every request, never folded."""
@@ -141,14 +227,84 @@ class Conversation:
                 {"role": "user", "content": prompts.render_task(self.task)}]
 
     def messages(self) -> List[dict]:
-        """The messages for the next request; with the rest of the body they fit --max-context."""
-        return build_messages(self.pinned(), self.rounds, self.settings.max_context - self.body_size([]),
-                              self.settings.keep_recent, self.settings.max_result_chars,
-                              native_tools=self.mode == "tools")
+        """The next request's messages: the last request's and the rounds since, compacted if over --max-context."""
+        if self._built_for != self.mode:
+            self._rebuild()
+        for record in self.rounds[self._added:]:
+            self._append(record)
+        if self.size > self.settings.max_context and self._added:
+            self._compact()
+        return list(self._messages)
+
+    def _rebuild(self) -> None:
+        """Build the messages afresh (the first request, a resumed run, another mode), from the last compaction."""
+        self._built_for, self._bare = self.mode, self.body_size(self.pinned())
+        self._folded, self._omitted, self._digest, self._turns, self._added = 0, 0, "", [], 0
+        last = next((index for index in range(len(self.rounds) - 1, -1, -1) if self.rounds[index].compaction), None)
+        if last is not None:
+            compaction = self.rounds[last].compaction
+            self._folded, self._omitted = min(compaction.folded, last + 1), compaction.omitted
+            self._digest = compaction.digest
+            self._turns = [self._turn(record) for record in self.rounds[self._folded:last + 1]]
+            self._added = last + 1
+        self._assemble()
+
+    def _turn(self, record: Round) -> Tuple[int, List[dict], int]:
+        messages = round_messages(record, self._built_for == "tools")
+        return record.number, messages, sum(len(json.dumps(message)) + 2 for message in messages)  # 2: ", "
+
+    def _append(self, record: Round) -> None:
+        turn = self._turn(record)
+        self._turns.append(turn)
+        self._messages.extend(turn[1])
+        self.size += turn[2]
+        self._added += 1
+        if record.compaction:  # rounds handed over with their compactions already made
+            self._apply(record.compaction)
+
+    def _apply(self, compaction: Compaction) -> None:
+        self._folded, self._omitted, self._digest = compaction.folded, compaction.omitted, compaction.digest
+        self._turns = [turn for turn in self._turns if turn[0] > compaction.folded]
+        self._assemble()
+
+    def _assemble(self) -> None:
+        """The messages and their size from the pinned goal, the digest and the verbatim rounds."""
+        system, task = self.pinned()
+        if self._digest:
+            # The digest joins the task's message, so user and assistant turns still alternate
+            # (some chat templates refuse two user messages in a row).
+            task = {**task, "content": task["content"] + _DIGEST_SEPARATOR + self._digest}
+        self._messages = [system, task, *(message for _, messages, _ in self._turns for message in messages)]
+        digest_size = _encoded(_DIGEST_SEPARATOR + self._digest) if self._digest else 0
+        self.size = self._bare + digest_size + sum(size for _, _, size in self._turns)
+
+    def _compact(self) -> None:
+        """Fold the oldest verbatim rounds into the digest, enough that the request falls to about half the budget."""
+        half = (self.settings.max_context - self._bare) // 2  # for the digest and the verbatim rounds
+        first, count = self._folded, self._added  # verbatim now: rounds first+1..count
+        after = [0] * (count - first + 1)  # after[k - first]: what the verbatim rounds after round k take
+        for index in range(count - first - 1, -1, -1):
+            after[index] = after[index + 1] + self._turns[index][2]
+        # The newest keep_recent rounds stay verbatim, unless they alone take more than half.
+        keep = max(first, count - self.settings.keep_recent)
+        while keep < count and after[keep - first] + _header_size(count) > half:
+            keep += 1
+        room = half - after[keep - first]  # what the digest may take beside them
+        folded = first
+        while folded < keep and self.lines.fit(folded, room, self._omitted)[2] + after[folded - first] > half:
+            folded += 1
+        width, omitted, _ = self.lines.fit(folded, room, self._omitted)
+        compaction = Compaction(before_round=count + 1, folded=folded, omitted=omitted,
+                                digest=self.lines.render(folded, width, omitted), chars_before=self.size)
+        self._apply(compaction)
+        compaction.chars_after = self.size
+        self.rounds[count - 1].compaction = compaction  # so that the rounds alone rebuild these messages
+        self.on_compaction(compaction)
 
     def body_size(self, messages: List[dict]) -> int:
         """Characters of the whole request body as it goes on the wire."""
-        return len(json.dumps({"model": self.settings.model, "messages": messages, **self.options()}))
+        streamed = STREAM_FIELDS if self.settings.stream else {}
+        return len(json.dumps({"model": self.settings.model, "messages": messages, **self.options(), **streamed}))
 
     def options(self) -> dict:
         """What the request carries besides the model and the messages (schemas, tools)."""

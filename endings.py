@@ -125,6 +125,8 @@ class RunResult:
     def summary(self) -> str:
         """One line on how the run ended, for people."""
         tokens = f", {self.usage['total_tokens']} tokens" if "total_tokens" in self.usage else ""
+        if "cached_tokens" in self.usage:
+            tokens += f" ({self.usage['cached_tokens']} cached)"
         if self.usage.get("estimated"):
             tokens += " (partly estimated)"
         return {

@@ -121,8 +121,10 @@ def render_after_failure(failed: List[tuple]) -> str:
 def render_digest(lines: List[str], dropped: int = 0) -> str:
     """Older rounds folded to save context: every call and its result, without the prose."""
     header = "Earlier rounds, folded to save space (each call and its result):"
-    if dropped:
-        header += f"\n({dropped} older round(s) omitted; repeat a call if you need its result again)"
+    if dropped:  # always the oldest ones
+        hidden = "round 1 is" if dropped == 1 else f"rounds 1-{dropped} are"
+        header += (f"\n({hidden} not shown here; to get their calls and results back, call recall"
+                   " with first_round and last_round)")
     return "\n".join([header, *lines])
 
 

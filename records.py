@@ -1,8 +1,9 @@
-"""What a run remembers: each round and each tool call, and their trace-file lines.
+"""What a run remembers: each round and each tool call, each compaction, and their trace-file lines.
 
 A round holds everything needed to show it and to rebuild the conversation
-(the model's output, its calls and results, the exact feedback sent), so
-`--resume` replays the trace file instead of guessing.
+(the model's output, its calls and results, the exact feedback sent), and a
+compaction the exact digest it put in the requests, so `--resume` replays the
+trace file instead of guessing.
 """
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
@@ -43,6 +44,7 @@ class Round:
     usage_estimated: bool = False
     problem: Optional[str] = None  # why the reply held no usable action
     tool_calls: Optional[List[dict]] = None  # a tools-mode reply's calls, re-sent as written
+    compaction: Optional["Compaction"] = None  # made after this round, before the next request
 
     @property
     def result(self) -> dict:
@@ -88,3 +90,32 @@ def round_from_line(line: dict) -> Round:
                  latency_ms=line.get("latency_ms") or 0, usage=usage if isinstance(usage, dict) else {},
                  usage_estimated=bool(line.get("usage_estimated")), problem=problem,
                  tool_calls=line.get("tool_calls"))
+
+
+@dataclass
+class Compaction:
+    """Older rounds folded into the digest before a request; the requests carry this digest from then on."""
+
+    before_round: int  # the round whose request was the first to carry it
+    folded: int  # rounds 1..folded are in the digest, no longer verbatim
+    omitted: int  # rounds 1..omitted are not even in the digest: recall gets them back
+    digest: str  # exactly as sent, after the task
+    chars_before: int = 0  # the request's size had it not compacted
+    chars_after: int = 0
+
+
+def compaction_to_line(compaction: Compaction) -> dict:
+    """A compaction as the trace file keeps it (the "compaction" event, without the event name)."""
+    return {"before_round": compaction.before_round, "folded": compaction.folded, "omitted": compaction.omitted,
+            "chars_before": compaction.chars_before, "chars_after": compaction.chars_after,
+            "digest": compaction.digest}
+
+
+def compaction_from_line(line: dict) -> Compaction:
+    """A compaction read back from its trace line; KeyError or TypeError if the line is not one."""
+    before_round, folded, omitted = line["before_round"], line["folded"], line.get("omitted", 0)
+    if not all(isinstance(n, int) for n in (before_round, folded, omitted)) \
+            or not 0 <= omitted <= folded < before_round or not isinstance(line["digest"], str):
+        raise TypeError("not a compaction")
+    return Compaction(before_round, folded, omitted, line["digest"], chars_before=line.get("chars_before") or 0,
+                      chars_after=line.get("chars_after") or 0)

@@ -10,7 +10,7 @@ import prompts
 from display import Screen, Status, shorten_reasoning, shorten_think
 from endings import ConfigError
 from output import Redactor, SafeStream
-from records import Round, round_from_line, round_to_line
+from records import Compaction, Round, compaction_from_line, compaction_to_line, round_from_line, round_to_line
 import runs
 from runs import RESUMABLE
 
@@ -71,6 +71,12 @@ class RunLog:
     def note(self, text: str) -> None:
         self.say(f"note: {text}", "note")
         self.record("note", text=text, ts=time.time())
+
+    def compaction(self, compaction: Compaction) -> None:
+        """Record the digest the requests carry from now on, before the first of them is sent (--resume needs it)."""
+        self.say(f"context: rounds 1-{compaction.folded} folded into the digest"
+                 f" ({compaction.chars_before:,} -> {compaction.chars_after:,} chars)")
+        self.record("compaction", **compaction_to_line(compaction), ts=time.time())
 
     def resume(self, task: str, model: str, url: str, done_rounds: int, limits: dict) -> None:
         self.say(f"resuming after round {done_rounds}: {_first_words(task)}\nmodel: {model} at {url}"
@@ -168,6 +174,13 @@ def load_trace(path: str) -> Tuple[dict, List[Round]]:
     except (KeyError, TypeError, AttributeError, ValueError):
         raise ValueError(f"{path} holds rounds this version cannot read (an older version's, or damaged);"
                          " cannot resume") from None
+    for record in run:  # each compaction goes with the round before it; a later one for the same request wins
+        if record.get("event") == "compaction" and isinstance(record.get("before_round"), int) \
+                and 2 <= record["before_round"] <= len(rounds) + 1:
+            try:
+                rounds[record["before_round"] - 2].compaction = compaction_from_line(record)
+            except (KeyError, TypeError):
+                pass  # the conversation is then rebuilt and folded anew
     start = dict(run[0])
     for record in run:  # what a later resume or a fallback set holds for the next resume too
         if record.get("event") == "resume":

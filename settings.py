@@ -13,6 +13,8 @@ from dotenv.parser import parse_stream
 
 from endings import ConfigError
 
+# What a streamed request carries besides a plain one: the client sends it, the budget counts it.
+STREAM_FIELDS = {"stream": True, "stream_options": {"include_usage": True}}
 DEFAULT_URL = "https://api.openai.com/v1/chat/completions"
 DEFAULT_MODEL = "gpt-4o-mini"
 MODES = ("json", "schema", "tools")
@@ -43,6 +45,7 @@ class Settings:
     yes: bool = False  # never ask, even for tools with side effects
     tool_timeout: float = 60.0  # a tool call still running after this is answered as an error
     tools_files: List[str] = field(default_factory=list)  # --tools-file, kept for --resume
+    stream: bool = False  # ask for server-sent events (--stream); the budget counts their fields
 
 
 def chat_completions_url(url: str) -> str:

@@ -233,8 +233,21 @@ def fail(reason: str):
     """
 
 
-CONTROL_ACTIONS: Dict[str, Tool] = registry_of(finish, fail)
+# Answered by the loop too, from the run's own records: nothing folded away is out of reach.
+@tool(example={"first_round": 1, "last_round": 3},
+      constraints={"first_round": {"minimum": 1}, "last_round": {"minimum": 0}})
+def recall(first_round: int, last_round: int = 0):
+    """Get back the calls and results of earlier rounds.
+
+    Args:
+        first_round: the first round
+        last_round: the last round (0: first_round alone)
+    """
+
+
+CONTROL_ACTIONS: Dict[str, Tool] = registry_of(finish, fail, recall)
 FINISH, FAIL = CONTROL_ACTIONS["finish"], CONTROL_ACTIONS["fail"]
+RECALL = CONTROL_ACTIONS["recall"]
 
 
 # --- checking and calling -----------------------------------------------------------------

@@ -1,28 +1,38 @@
 """Benchmark the harness against a zero-latency scripted server on loopback (not a test).
 
-    python tests/benchmark.py [--rounds 200] [--think 2000]
+    python tests/benchmark.py [--rounds 200 1000] [--think 2000] [--max-context 24000]
 
-Prints: harness time per round over a long run, request size at round 1 and at
-the last round (replies carry long think blocks), TCP connections per run, and
+For each run length it prints what a prompt cache could reuse (the common prefix
+of consecutive requests' messages over their size), how many requests kept less
+than half of the previous one, the largest request against --max-context, and
+the harness time per round next to a bare `requests.Session` loop that posts
+the same request bodies, in the same process, to the same server. Then the
 start-up time of --help next to a bare interpreter. Compare figures as ratios
 within one run: the machines are shared and noisy.
 """
 import argparse
+import contextlib
+import io
 import json
 import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
+
+import requests
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
+import agent_demo  # noqa: E402
 from scripted_server import ScriptedServer, action  # noqa: E402
 
 CLI = [sys.executable, str(HERE.parent / "agent_demo.py")]
+TRIALS = 5  # each timing is the median of this many runs, the two loops taking turns going first
 
 
 def long_run_replies(rounds: int, think: int) -> list:
@@ -32,27 +42,82 @@ def long_run_replies(rounds: int, think: int) -> list:
     return calls + [thought + action("finish", result="done")]
 
 
-def timed_run(replies: list, rounds: int) -> tuple:
-    """Run the CLI against a fresh scripted server; return (seconds, outcome, server)."""
+class Stopwatch:
+    """Wall time and this process's CPU time (the client's and the server thread's) of a block."""
+
+    def __enter__(self) -> "Stopwatch":
+        self.wall, self.cpu = time.perf_counter(), time.process_time()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.wall, self.cpu = time.perf_counter() - self.wall, time.process_time() - self.cpu
+
+
+def harness_run(server: ScriptedServer, rounds: int, max_context: int) -> tuple:
+    """The real CLI, in this process: (Stopwatch, its --json outcome, the bodies it sent, connections it opened)."""
+    server.requests.clear()  # the script starts over
+    connections = server.connections
+    os.environ["LLM_API_URL"] = server.url
+    stdout = io.StringIO()
+    with Stopwatch() as watch, contextlib.redirect_stdout(stdout):
+        agent_demo.main(["--quiet", "--json", "--max-rounds", str(rounds), "--max-context", str(max_context),
+                         "add up"])
+    return (watch, json.loads(stdout.getvalue()), [request["body"] for request in server.requests],
+            server.connections - connections)
+
+
+def bare_loop(server: ScriptedServer, bodies: list) -> Stopwatch:
+    """What any client pays per round: post each body on one session and read the reply."""
+    server.requests.clear()  # the script starts over
+    session = requests.Session()
+    url = server.url + "/chat/completions"
+    with Stopwatch() as watch:
+        for body in bodies:
+            session.post(url, json=body, timeout=30).json()["choices"][0]["message"]["content"]
+    session.close()
+    return watch
+
+
+def common_prefix(a: str, b: str) -> int:
+    """Length of the longest common beginning of a and b."""
+    low, high = 0, min(len(a), len(b))
+    while low < high:  # binary search on slices: C speed for long strings
+        middle = (low + high + 1) // 2
+        if a[:middle] == b[:middle]:
+            low = middle
+        else:
+            high = middle - 1
+    return low
+
+
+def prefix_figures(bodies: list) -> dict:
+    """What a prompt cache could reuse: each request's common prefix with the one before it."""
+    texts = [json.dumps(body["messages"]) for body in bodies]
+    kept = [common_prefix(before, after) for before, after in zip(texts, texts[1:])]
+    return {"reuse": sum(kept) / sum(len(text) for text in texts[1:]),
+            "broken": sum(1 for before, shared in zip(texts, kept) if shared < len(before) / 2)}
+
+
+def measure(rounds: int, think: int, max_context: int) -> dict:
+    replies = long_run_replies(rounds, think)
     with ScriptedServer(replies) as server:
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("LLM_", "AGENT_"))}
-        env["LLM_API_URL"] = server.url
-        started = time.perf_counter()
-        finished = subprocess.run([*CLI, "--quiet", "--json", "--max-rounds", str(rounds), "add up"],
-                                  env=env, capture_output=True, text=True, timeout=600)
-        return time.perf_counter() - started, json.loads(finished.stdout), server
+        watch, outcome, bodies, connections = harness_run(server, rounds, max_context)
+        harness, bare = [watch], [bare_loop(server, bodies)]
+        for trial in range(1, TRIALS):  # the two loops take turns going first
+            if trial % 2:
+                bare.append(bare_loop(server, bodies))
+            harness.append(harness_run(server, rounds, max_context)[0])
+            if not trial % 2:
+                bare.append(bare_loop(server, bodies))
+    sizes = [len(json.dumps(body)) for body in bodies]
 
-
-def measure_long_run(rounds: int, think: int) -> dict:
-    one_round_s = statistics.median(timed_run(long_run_replies(1, think), 1)[0] for _ in range(5))
-    wall, outcome, server = timed_run(long_run_replies(rounds, think), rounds)
-    sizes = [len(json.dumps(request["body"])) for request in server.requests]
-    # Start-up and the first round cost the same in both runs: the difference is the rounds' own time.
-    per_round_ms = (wall - one_round_s) / (outcome["rounds"] - 1) * 1000
-    return {"status": outcome["status"], "rounds": outcome["rounds"], "wall_s": wall, "one_round_s": one_round_s,
-            "per_round_ms": per_round_ms, "first_request_chars": sizes[0],
-            "last_request_chars": sizes[-1], "largest_request_chars": max(sizes),
-            "connections": server.connections}
+    def per_round_ms(watches: list, clock: str) -> float:
+        return statistics.median(getattr(watch, clock) for watch in watches) / len(bodies) * 1000
+    times = {f"{loop}_{clock}": per_round_ms(watches, clock)
+             for loop, watches in (("harness", harness), ("bare", bare)) for clock in ("cpu", "wall")}
+    return {"rounds": outcome["rounds"], "status": outcome["status"], **times,
+            "first": sizes[0], "last": sizes[-1], "largest": max(sizes), "connections": connections,
+            **prefix_figures(bodies)}
 
 
 def median_seconds(command: list, times: int = 7) -> float:
@@ -66,22 +131,30 @@ def median_seconds(command: list, times: int = 7) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=200)
+    parser.add_argument("--rounds", type=int, nargs="+", default=[200, 1000])
     parser.add_argument("--think", type=int, default=2000, help="characters of think block per reply")
+    parser.add_argument("--max-context", type=int, default=24000)
     args = parser.parse_args()
+    for name in [name for name in os.environ if name.startswith(("LLM_", "AGENT_"))]:
+        del os.environ[name]
+    os.chdir(tempfile.mkdtemp())  # no .env of the developer's
 
-    run = measure_long_run(args.rounds, args.think)
+    for rounds in args.rounds:
+        run = measure(rounds, args.think, args.max_context)
+        print(f"long run: {run['rounds']} rounds, status {run['status']}, {args.think}-char think block per reply,"
+              f" --max-context {args.max_context:,}")
+        print(f"  prefix reused               {run['reuse']:.3f} (common prefix with the previous request)")
+        print(f"  requests that broke it      {run['broken']} (kept less than half of the previous one)")
+        print(f"  request size                round 1 {run['first']:,}, last {run['last']:,},"
+              f" largest {run['largest']:,} chars")
+        print(f"  harness time per round      {run['harness_cpu']:.2f} ms CPU ({run['harness_cpu'] / run['bare_cpu']:.2f}x"
+              f" a bare requests loop posting the same bodies: {run['bare_cpu']:.2f} ms)")
+        print(f"    the same, wall clock      {run['harness_wall']:.2f} ms ({run['harness_wall'] / run['bare_wall']:.2f}x"
+              f" {run['bare_wall']:.2f} ms)")
+        print(f"  TCP connections per run     {run['connections']}")
     help_s = median_seconds([*CLI, "--help"])
     bare_s = median_seconds([sys.executable, "-c", "pass"])
     imports_s = median_seconds([sys.executable, "-c", "import requests, dotenv"])
-
-    print(f"long run: {run['rounds']} rounds, status {run['status']}, {args.think}-char think block per reply")
-    print(f"  harness time per round      {run['per_round_ms']:.2f} ms (wall {run['wall_s']:.2f} s, minus a"
-          f" 1-round run's {run['one_round_s']:.2f} s of start-up; the server answers at once)")
-    print(f"  request size, round 1       {run['first_request_chars']:,} chars")
-    print(f"  request size, round {run['rounds']:<8} {run['last_request_chars']:,} chars "
-          f"({run['last_request_chars'] / run['first_request_chars']:.1f}x round 1; largest {run['largest_request_chars']:,})")
-    print(f"  TCP connections per run     {run['connections']}")
     print("start-up (median of 7):")
     print(f"  agent-demo --help           {help_s * 1000:.0f} ms")
     print(f"  python -c pass              {bare_s * 1000:.0f} ms  (--help is {help_s / bare_s:.1f}x)")

@@ -5,7 +5,7 @@ import pytest
 import prompts
 from agent_demo import EndpointError, Reply, RunLog, Settings, run
 from scripted_model import ScriptedModel as Scripted
-from tools import REGISTRY
+from tools import CONTROL_ACTIONS, REGISTRY
 
 
 def ScriptedModel(*replies):
@@ -42,7 +42,7 @@ def test_the_system_prompt_lists_every_tool_from_the_registry():
     model = ScriptedModel(act("finish", result="x"))
     run_scripted(model)
     system = model.messages(0)[0]["content"]
-    for name in [*REGISTRY, "finish", "fail"]:
+    for name in [*REGISTRY, *CONTROL_ACTIONS]:
         assert f"- {name}:" in system
     assert '{"tool": "calculator", "args": {"expression": "12 + 500"}}' in system
 
@@ -53,7 +53,7 @@ def test_a_format_error_is_fed_back_with_the_format_and_tool_names():
     assert (outcome.status, outcome.rounds) == ("finished", 2)
     fed_back = model.messages(1)[3]["content"]
     assert fed_back == prompts.render_format_error(
-        "no JSON object found", [*REGISTRY, "finish", "fail"])
+        "no JSON object found", [*REGISTRY, *CONTROL_ACTIONS])
     assert '{"tool": "<name>", "args": {...}}' in fed_back and "get_order_status" in fed_back
 
 
@@ -70,7 +70,7 @@ def test_two_actions_in_one_reply_both_run_in_order_and_come_back_together():
 def test_an_unknown_tool_is_fed_back_with_the_list_and_the_loop_goes_on():
     model = ScriptedModel(act("weather", city="Paris"), act("fail", reason="no weather tool"))
     outcome = run_scripted(model)
-    assert f'"available_tools": {json.dumps(sorted(REGISTRY) + ["fail", "finish"])}' in model.messages(1)[3]["content"]
+    assert f'"available_tools": {json.dumps(sorted(REGISTRY) + sorted(CONTROL_ACTIONS))}' in model.messages(1)[3]["content"]
     assert (outcome.status, outcome.result, outcome.exit_code) == ("failed", "no weather tool", 1)
 
 

@@ -10,7 +10,7 @@ import pytest
 from agent_demo import Reply, Settings, main, run
 from scripted_model import ScriptedModel
 from scripted_server import ScriptedServer, action as act
-from tools import REGISTRY, registry_of, tool
+from tools import CONTROL_ACTIONS, REGISTRY, registry_of, tool
 
 ROOT = Path(__file__).resolve().parent.parent
 MISSION = "compute (12 + 500) * 3 and look up order A1002"
@@ -106,7 +106,7 @@ def test_schema_mode_sends_the_action_schema_rendered_from_the_registry():
     schema = response_format["json_schema"]["schema"]
     assert schema["required"] == ["actions"] and schema["properties"]["actions"]["maxItems"] == 8
     branches = schema["properties"]["actions"]["items"]["anyOf"]
-    assert [b["properties"]["tool"]["enum"] for b in branches] == [[name] for name in [*REGISTRY, "finish", "fail"]]
+    assert [b["properties"]["tool"]["enum"] for b in branches] == [[name] for name in [*REGISTRY, *CONTROL_ACTIONS]]
     assert branches[0]["properties"]["args"] == {
         "type": "object", "properties": {"expression": {"type": "string", "description": "e.g. '12 + 500' or '-3 * 4'"}},
         "required": ["expression"], "additionalProperties": False}
@@ -125,7 +125,7 @@ def test_tools_mode_sends_schemas_reads_tool_calls_and_answers_each_id():
     outcome = play(model, mode="tools")
     assert (outcome.status, outcome.result) == ("finished", "done")
     tools = model.requests[0]["tools"]
-    assert [t["function"]["name"] for t in tools] == [*REGISTRY, "finish", "fail"]
+    assert [t["function"]["name"] for t in tools] == [*REGISTRY, *CONTROL_ACTIONS]
     assert tools[1]["function"]["parameters"]["required"] == ["order_id"]
     assert "response_format" not in model.requests[0]
     second = model.requests[1]["messages"]
@@ -225,7 +225,7 @@ def test_the_allowlist_exposes_only_the_named_tools(serve, capsys, mode):
     assert "calculator" in body and "get_order_status" not in body
     fed_back = server.sent_messages(1)[-1]["content"]
     assert "unknown tool 'get_order_status'" in fed_back
-    assert '"available_tools": ["calculator", "fail", "finish"]' in fed_back
+    assert f'"available_tools": {json.dumps(["calculator", *sorted(CONTROL_ACTIONS)])}' in fed_back
 
 
 def test_an_unknown_name_in_the_allowlist_is_a_usage_error(capsys, monkeypatch):
