@@ -177,7 +177,7 @@ def run_tool(call: Call, registry: Dict[str, Tool], approve: Optional[Approver],
             return failure(prompts.NO_TERMINAL, cancelled=True)
         if not approve(call.action):
             return failure(prompts.CANCELLED, cancelled=True)
-    return call_tool(call.tool, call.args, registry, timeout=settings.tool_timeout)
+    return call_tool(call.tool, call.args, registry)
 
 
 def feed_back(parsed: Parsed, calls: List[Call], registry: Dict[str, Tool], settings: Settings,

@@ -21,7 +21,8 @@ from output import Redactor, SafeStream
 from records import Round
 from runlog import RunLog, load_trace
 from settings import DEFAULT_MODEL, DEFAULT_URL, MODES, NUMBERS, Settings, display_url, load_settings
-from tools import CONTROL_ACTIONS, REGISTRY, Tool, ToolDefinitionError, load_tools_file
+from tools import CONTROL_ACTIONS, REGISTRY, Tool, ToolDefinitionError
+from user_tools import load_tools_file
 
 __version__ = "0.2.0"
 
@@ -93,7 +94,7 @@ def build_parser() -> Parser:
                              " or native tool calls (default json)")
     parser.add_argument("--max-calls", type=flag_type("max_calls"), metavar="N", help="actions run per reply at most (default 8)")
     parser.add_argument("--tools", metavar="NAME,NAME",
-                        help=f"expose only these tools (available: {', '.join(REGISTRY)}); finish and fail always")
+                        help=f"expose only these tools (available: {', '.join(REGISTRY)}); finish, fail and recall always")
     parser.add_argument("--tools-file", action="append", metavar="PATH",
                         help="make each public function in the Python file PATH a tool (repeatable)")
     parser.add_argument("--tool-timeout", type=flag_type("tool_timeout"), metavar="SECONDS",
@@ -190,13 +191,13 @@ class Job:
     trace_path: Optional[str]
 
 
-def build_registry(files: List[str], names: Optional[str]) -> Dict[str, Tool]:
+def build_registry(files: List[str], names: Optional[str], tool_timeout: float) -> Dict[str, Tool]:
     """The built-in tools and those of each --tools-file, cut down to --tools NAME,NAME; ConfigError if
     a file gives no usable tools, a name clashes, or --tools names a tool that does not exist."""
     registry = dict(REGISTRY)
     for path in files:
         try:
-            found = load_tools_file(path)
+            found = load_tools_file(path, tool_timeout)
         except ToolDefinitionError as error:
             raise ConfigError(f"--tools-file {path}: {error}") from None
         clash = next((name for name in found if name in registry or name in CONTROL_ACTIONS), None)
@@ -219,7 +220,7 @@ def prepare(args: argparse.Namespace, environment: Dict[str, str]) -> Job:
     if args.resume is None:
         trace = args.trace or (None if args.no_log else new_log_file(environment))
         settings.tools_files = tools_files
-        return Job(settings, build_registry(tools_files, args.tools), args.task, [], trace)
+        return Job(settings, build_registry(tools_files, args.tools, settings.tool_timeout), args.task, [], trace)
     if args.task:
         raise ConfigError("--resume continues the task recorded in the trace; give no task with it")
     path = args.resume or latest_run(environment)
@@ -250,7 +251,7 @@ def prepare(args: argparse.Namespace, environment: Dict[str, str]) -> Job:
     if recorded(args.tools_file, "", "tools_files", lambda paths: isinstance(paths, list)):
         tools_files = [str(path) for path in start["tools_files"]]
     settings.tools_files = tools_files
-    registry = build_registry(tools_files, args.tools)
+    registry = build_registry(tools_files, args.tools, settings.tool_timeout)
     if recorded(args.tools, "", "tools", lambda names: isinstance(names, list)):
         registry = {name: tool for name, tool in registry.items() if name in start["tools"]}
     settings.approve = settings.approve or start.get("approve") is True  # only --yes lifts it on resume

@@ -6,15 +6,10 @@ system prompt, the JSON schemas sent to the endpoint and the argument checks
 cannot drift apart. `@tool(...)` adds what a signature cannot say. Adding a
 tool is writing one function and listing it in REGISTRY (README, "Adding a tool").
 """
-import importlib.util
 import inspect
 import json
 import math
-import os
-import queue
 import re
-import sys
-import threading
 import typing
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional
@@ -297,84 +292,19 @@ def check_args(described: Tool, args: dict) -> Optional[str]:
     return None
 
 
-def call_tool(name: str, args: dict, registry: Dict[str, Tool], timeout: Optional[float] = None) -> dict:
-    """Run one tool call and always return the result shape; never raises. A call still running
-    after `timeout` seconds is answered as an error (it is left to finish on its own)."""
+def call_tool(name: str, args: dict, registry: Dict[str, Tool]) -> dict:
+    """Run one tool call and always return the result shape; never raises."""
     described = registry.get(name)
     if described is None:
         return failure(f"unknown tool {name!r}", available_tools=sorted(registry) + sorted(CONTROL_ACTIONS))
     problem = check_args(described, args)
     if problem:
         return failure(f"bad arguments for {name}: {problem}", example=described.example())
-    if timeout is None:
-        return _outcome(name, described.function, args)
-    return _WORKER.run(lambda: _outcome(name, described.function, args), timeout) or failure(
-        f"{name} did not finish within {timeout:g} s (--tool-timeout); it may still be running")
-
-
-def _outcome(name: str, function: Callable[..., Any], args: dict) -> dict:
     try:
-        data = function(**args)
+        data = described.function(**args)
         json.dumps(data, allow_nan=False)  # the result goes back to the model as JSON
         return success(data)
     except ToolError as error:
         return failure(str(error))
     except Exception as error:  # a tool bug must not end the run: the model can work around it
         return failure(f"{name} failed: {type(error).__name__}: {error}")
-    except (SystemExit, KeyboardInterrupt) as error:  # a user's tool that exits is a failed call too
-        return failure(f"{name} failed: it raised {type(error).__name__}")
-
-
-class _Worker:
-    """One daemon thread that runs tool calls, so a call that hangs can be given up on; a new
-    thread takes over from one that is stuck, and a stuck one never holds the process open."""
-
-    def __init__(self) -> None:
-        self.jobs: Optional[queue.Queue] = None
-
-    def run(self, job: Callable[[], dict], timeout: float) -> Optional[dict]:
-        """job's result, or None if it is still running after timeout seconds."""
-        if self.jobs is None:
-            self.jobs = queue.Queue()
-            threading.Thread(target=self._serve, args=(self.jobs,), daemon=True, name="tool-call").start()
-        answer: queue.Queue = queue.Queue(maxsize=1)
-        self.jobs.put((job, answer))
-        try:
-            return answer.get(timeout=timeout)
-        except queue.Empty:
-            self.jobs = None  # that thread is stuck in the call: the next call gets a new one
-            return None
-
-    @staticmethod
-    def _serve(jobs: queue.Queue) -> None:
-        while True:
-            job, answer = jobs.get()
-            answer.put(job())
-
-
-_WORKER = _Worker()
-
-
-def load_tools_file(path: str) -> Dict[str, Tool]:
-    """Each public function defined in a Python file, described as a tool (--tools-file);
-    ToolDefinitionError says why a file cannot give tools."""
-    module_name = "agent_demo_tools_" + re.sub(r"\W", "_", os.path.splitext(os.path.basename(path))[0])
-    spec = importlib.util.spec_from_file_location(module_name, path)
-    if spec is None or spec.loader is None:
-        raise ToolDefinitionError("it is not a Python file (.py)")
-    if not os.path.isfile(path):
-        raise ToolDefinitionError("no such file")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[module_name] = module  # dataclasses and type hints in the file look themselves up here
-    try:
-        spec.loader.exec_module(module)
-    except KeyboardInterrupt:
-        raise
-    except BaseException as error:  # a syntax error, a missing import, even sys.exit(): a usage error
-        del sys.modules[module_name]
-        raise ToolDefinitionError(f"it does not import: {type(error).__name__}: {error}") from None
-    functions = [value for name, value in vars(module).items() if not name.startswith("_")
-                 and inspect.isfunction(value) and value.__module__ == module_name and value.__name__.isidentifier()]
-    if not functions:
-        raise ToolDefinitionError("it defines no public function")
-    return registry_of(*functions)

@@ -138,6 +138,7 @@ def main() -> None:
     for name in [name for name in os.environ if name.startswith(("LLM_", "AGENT_"))]:
         del os.environ[name]
     os.chdir(tempfile.mkdtemp())  # no .env of the developer's
+    os.environ["AGENT_DEMO_LOG_DIR"] = os.path.join(os.getcwd(), "runs")  # logged as by default, not in your home
 
     for rounds in args.rounds:
         run = measure(rounds, args.think, args.max_context)
