@@ -146,6 +146,7 @@ def on_a_terminal(*args, env_extra=None, replies=GOOD):
                 break
             shown += data
         out = process.stdout.read().decode()
+        process.stdout.close()
         process.wait(timeout=30)
         os.close(controller)
     return process.returncode, out, shown.decode("utf-8", "replace")
