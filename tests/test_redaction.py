@@ -18,7 +18,8 @@ from output import Redactor, SafeStream
 from scripted_server import ScriptedServer, action as act
 
 ROOT = Path(__file__).resolve().parent.parent
-# The model says the key, then makes a tool echo it (an unknown order id is quoted back), then finishes with it.
+# The model says the key, then makes a tool echo it (an order id of the wrong shape is quoted back), then finishes
+# with it.
 ECHOING_MODEL = [f"my key is {KEY} " + act("get_order_status", order_id=KEY),
                  act("finish", result=f"the key was {KEY}")]
 
@@ -29,7 +30,7 @@ def test_stdout_shows_neither_the_trace_nor_the_result_with_the_key(serve, capsy
     out = capsys.readouterr().out
     assert KEY not in out
     assert "model: my key is [redacted]" in out, "the model's words"
-    assert "order '[redacted]' not found" in out, "the tool's result"
+    assert 'got \\"[redacted]\\"' in out, "the tool's result"
     assert out.rstrip().endswith("the key was [redacted]"), "the final result"
 
 
@@ -48,7 +49,7 @@ def test_the_trace_file_does_not_hold_the_key(serve, tmp_path):
     assert main(["--quiet", "--trace", str(trace), "hi"]) == 0
     text = trace.read_text()
     assert KEY not in text
-    assert "my key is [redacted]" in text and "order '[redacted]' not found" in text
+    assert "my key is [redacted]" in text and 'got \\"[redacted]\\"' in text
 
 
 def test_an_error_message_and_its_debug_traceback_do_not_show_the_key(serve, capsys):

@@ -10,7 +10,7 @@ import pytest
 from agent_demo import Reply, Settings, main, run
 from scripted_model import ScriptedModel
 from scripted_server import ScriptedServer, action as act
-from tools import REGISTRY, registry_of, tool
+from tools import EXPRESSION_PATTERN, REGISTRY, registry_of, tool
 
 ROOT = Path(__file__).resolve().parent.parent
 MISSION = "compute (12 + 500) * 3 and look up order A1002"
@@ -108,8 +108,11 @@ def test_schema_mode_sends_the_action_schema_rendered_from_the_registry():
     branches = schema["properties"]["actions"]["items"]["anyOf"]
     assert [b["properties"]["tool"]["enum"] for b in branches] == [[name] for name in [*REGISTRY, "finish", "fail"]]
     assert branches[0]["properties"]["args"] == {
-        "type": "object", "properties": {"expression": {"type": "string", "description": "e.g. '12 + 500' or '-3 * 4'"}},
+        "type": "object", "properties": {"expression": {
+            "type": "string", "description": "number operator number, e.g. '12 + 500' or '-3 * 4'",
+            "pattern": EXPRESSION_PATTERN}},
         "required": ["expression"], "additionalProperties": False}
+    assert branches[2]["properties"]["args"]["properties"]["result"]["anyOf"][0] == {"type": "string"}
     assert '{"actions": [' in model.requests[0]["messages"][0]["content"]
 
 
