@@ -1,5 +1,4 @@
 import math
-import re
 from typing import Literal, Union
 
 import pytest
