@@ -128,7 +128,7 @@ def parse_body(text: str) -> Any:
 
 
 def server_message(text: str) -> str:
-    """The endpoint's own words about an error, however it shapes them."""
+    """The endpoint's own words about an error, however it shapes them, in one clean line."""
     try:
         body = parse_body(text)
     except ValueError:
@@ -137,10 +137,39 @@ def server_message(text: str) -> str:
         error = body.get("error", body.get("message", body.get("detail")))
         if isinstance(error, dict):
             error = error.get("message") or error
+        if isinstance(error, list) and error and all(isinstance(item, dict) and "msg" in item for item in error):
+            error = "; ".join(_field_message(item.get("loc"), item["msg"]) for item in error)  # FastAPI's 422
         if error:
             text = error if isinstance(error, str) else prompts.to_json(error)
-            return _one_line(text)
-    return _one_line(text) or "(empty body)"
+            return _one_line(without_internals(text))
+    return _one_line(without_internals(text)) or "(empty body)"
+
+
+# pydantic's errors as Python reprs: {'type': ..., 'loc': ('body', 'response_format', 'type'), 'msg': "...", ...}
+_PYDANTIC_ERROR = re.compile(r"""'loc':\s*\(([^)]{0,300})\),\s*'msg':\s*('(?:[^'\\]|\\.){0,500}'|"(?:[^"\\]|\\.){0,500}")""")
+_FILE_LINE = re.compile(r'File "[^"]*", line \d+(?:, in [^\s,]+)?')
+_PATH = re.compile(r"(?<![\w:/.])/(?:[\w.@+-]+/)+([\w.@+-]+\.[A-Za-z0-9]+)\b")  # not a URL's path
+
+
+def _field_message(loc: Any, message: Any) -> str:
+    """One validation error as "field.path: message" ("body", where FastAPI found it, left out)."""
+    parts = [str(part) for part in loc] if isinstance(loc, (list, tuple)) else []
+    if parts[:1] == ["body"]:
+        parts = parts[1:]
+    return f"{'.'.join(parts)}: {message}" if parts else str(message)
+
+
+def without_internals(text: str) -> str:
+    """A server's message without its framework's internals: pydantic's error dumps become
+    "field: message", a traceback its last line, a file path the file's name."""
+    text = text[:20_000]  # the line shown is 300 characters; a huge body is not worth scanning
+    found = _PYDANTIC_ERROR.findall(text)
+    if found:
+        return "; ".join(_field_message([a or b for a, b in re.findall(r"'([^']*)'|(\d+)", loc)],
+                                        message[1:-1].replace("\\'", "'")) for loc, message in found)
+    if "Traceback (most recent call last)" in text:
+        text = [line for line in text.splitlines() if line.strip()][-1]
+    return _PATH.sub(r"\1", _FILE_LINE.sub("", text))
 
 
 def _one_line(text: str, limit: int = 300) -> str:

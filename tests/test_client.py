@@ -1,10 +1,11 @@
 import json
+import time
 
 import pytest
 import requests
 import responses
 
-from client import CappedRetry, ModelClient
+from client import CappedRetry, ModelClient, server_message
 from endings import EndpointError
 from settings import Settings
 
@@ -156,3 +157,35 @@ def test_a_lone_surrogate_or_nan_in_a_reply_cannot_reach_the_output():
     assert reply.content == "hi ? there"
     assert reply.tool_calls[0]["function"]["arguments"] == {"result": None}
     json.dumps(reply.tool_calls, allow_nan=False)
+
+
+# llama-cpp-python 0.3's answer to response_format json_schema, as it comes (HTTP 500).
+LLAMA_CPP_PYTHON_REJECTION = {"error": {
+    "message": "1 validation error:\n  {'type': 'literal_error', 'loc': ('body', 'response_format', 'type'), 'msg':"
+               " \"Input should be 'text' or 'json_object'\", 'input': 'json_schema', 'ctx': {'expected':"
+               " \"'text' or 'json_object'\"}}\n\n  File \"/opt/venv/lib/python3.11/site-packages/llama_cpp/server/"
+               "app.py\", line 376, in create_chat_completion\n    POST /v1/chat/completions",
+    "type": "internal_server_error", "param": None, "code": None}}
+
+
+@pytest.mark.parametrize("payload, said", [
+    (LLAMA_CPP_PYTHON_REJECTION, "response_format.type: Input should be 'text' or 'json_object'"),
+    ({"detail": [{"type": "missing", "loc": ["body", "messages", 0, "content"], "msg": "Field required",
+                  "input": {}}, {"type": "x", "loc": ["body", "model"], "msg": "Input should be a valid string"}]},
+     "messages.0.content: Field required; model: Input should be a valid string"),
+    ({"error": {"message": "Traceback (most recent call last):\n  File \"/srv/app/server.py\", line 12, in handle\n"
+                           "    check(body)\nValueError: n_ctx exceeded"}}, "ValueError: n_ctx exceeded"),
+    ({"error": {"message": "failed in /usr/lib/python3/dist-packages/app/handlers.py: bad input"}},
+     "failed in handlers.py: bad input"),
+])
+@responses.activate
+def test_a_server_message_loses_framework_dumps_and_file_paths(payload, said):
+    responses.post(URL, status=400, json=payload)
+    assert endpoint_error() == f"request rejected (HTTP 400): {said}"
+
+
+@pytest.mark.parametrize("payload", ["'loc': (" * 50_000, "/a/" + "a" * 200_000, "File \"" * 100_000])
+def test_cleaning_a_hostile_error_body_takes_no_time(payload):
+    started = time.monotonic()
+    server_message(payload)
+    assert time.monotonic() - started < 2
