@@ -81,19 +81,31 @@ def start_log(log: RunLog, conversation: Conversation, approve: Optional[Approve
 
 
 def ask(ask_model: Callable[..., Reply], conversation: Conversation, log: RunLog) -> Tuple[Reply, List[dict]]:
-    """Send the conversation; if the endpoint rejects this mode's schema or tools, fall back to json once."""
-    messages = conversation.messages()
-    try:
-        reply = ask_model(messages, **conversation.options())
-        conversation.mode_worked = True
-        return reply, messages
-    except EndpointError as error:
-        if conversation.mode == "json" or not error.rejects_request_options(conversation.mode_worked):
-            raise
-        log.fallback(conversation.mode, "json", str(error))
-        conversation.mode = "json"
+    """Send the conversation; while the endpoint refuses this mode's options, step down and send again."""
+    while True:
         messages = conversation.messages()
-        return ask_model(messages), messages
+        try:
+            reply = ask_model(messages, **conversation.options())
+        except EndpointError as error:
+            if conversation.mode == "json" or not error.rejects_request_options(conversation.mode_worked):
+                raise
+            step_down(conversation, log, f"HTTP {error.http_status}: {error.server_said}")
+        else:
+            conversation.mode_worked = True
+            return reply, messages
+
+
+def step_down(conversation: Conversation, log: RunLog, refusal: str) -> None:
+    """After a refusal, the next thing to try: schema mode's next response_format variant, else json mode."""
+    variants = prompts.SCHEMA_VARIANTS
+    variant = conversation.schema_variant if conversation.mode == "schema" else None
+    if variant in variants[:-1]:
+        conversation.schema_variant = variants[variants.index(variant) + 1]
+        log.fallback("schema", "schema", refusal, variant, conversation.schema_variant)
+    else:
+        log.fallback(conversation.mode, "json", refusal, variant)
+        conversation.mode = "json"
+    conversation.mode_worked = False  # the new form has yet to be answered
 
 
 def execute(parsed: Parsed, registry: Dict[str, Tool], watchdog: "Watchdog", number: int,

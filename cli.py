@@ -152,6 +152,8 @@ def prepare(args: argparse.Namespace, environment: Dict[str, str]) -> Job:
             setattr(settings, key, start[key])
     if recorded(args.mode, "AGENT_MODE", "mode", lambda mode: mode in MODES):
         settings.mode = start["mode"]
+        if start.get("schema_variant") in prompts.SCHEMA_VARIANTS:  # the response_format that worked
+            settings.schema_variant = start["schema_variant"]
     if recorded(args.tools, "", "tools", lambda names: isinstance(names, list)):
         registry = {name: tool for name, tool in REGISTRY.items() if name in start["tools"]}
     settings.approve = settings.approve or start.get("approve") is True  # only --yes lifts it on resume

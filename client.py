@@ -5,7 +5,7 @@ import math
 import re
 import time
 from dataclasses import dataclass, field
-from typing import Any, List, Optional
+from typing import Any, List, Optional, Tuple
 
 import requests
 import urllib3
@@ -13,7 +13,7 @@ from requests.adapters import HTTPAdapter
 from urllib3.util.retry import Retry
 
 import prompts
-from endings import EndpointError
+from endings import REFUSABLE_OPTIONS, EndpointError, names_request_options
 from settings import Settings, chat_completions_url
 
 RETRY_STATUSES = (429, 500, 502, 503, 504)
@@ -46,12 +46,16 @@ class ModelClient:
         self.settings = settings
         self.url = chat_completions_url(settings.url)
         retry_class = type("Retry", (CappedRetry,), {"retry_after_cap": settings.retry_after_cap})
-        retry = retry_class(total=settings.retries, backoff_factor=settings.backoff_factor,
-                            status_forcelist=RETRY_STATUSES, allowed_methods=None, raise_on_status=False)
+        self.retry = retry_class(total=settings.retries, backoff_factor=settings.backoff_factor,
+                                 status_forcelist=RETRY_STATUSES, allowed_methods=None, raise_on_status=False)
+        # Some servers refuse response_format or tools with a 500 (llama-cpp-python does). A request
+        # carrying them is first sent without retrying a 500, so a refusal is seen at once instead
+        # of being waited out as an outage; a 500 that does not name them is then retried as usual.
+        self.first_try = self.retry.new(status_forcelist=tuple(s for s in RETRY_STATUSES if s != 500))
         self.session = requests.Session()
-        adapter = HTTPAdapter(max_retries=retry)
-        self.session.mount("http://", adapter)
-        self.session.mount("https://", adapter)
+        self.adapter = HTTPAdapter(max_retries=self.retry)
+        self.session.mount("http://", self.adapter)
+        self.session.mount("https://", self.adapter)
         if settings.api_key:
             self.session.headers["Authorization"] = f"Bearer {settings.api_key}"
 
@@ -59,22 +63,34 @@ class ModelClient:
         """Send one chat-completions request and return the reply, or raise EndpointError."""
         body = {"model": self.settings.model, "messages": messages, **extra}
         started = time.monotonic()
+        refusable = any(name in extra for name in REFUSABLE_OPTIONS)
+        response, text = self.post(body, self.first_try if refusable else self.retry)
+        refused = refusable and response.status_code == 500 and names_request_options(server_message(text))
+        if refusable and response.status_code == 500 and not refused:
+            left = getattr(getattr(response.raw, "retries", None), "total", None)
+            left = left if isinstance(left, int) else self.settings.retries
+            if left > 0:  # an outage after all: the retries it would have had, less the try just made
+                response, text = self.post(body, self.retry.new(total=left - 1))
+        latency_ms = int((time.monotonic() - started) * 1000)
+        if response.status_code >= 400:
+            raise EndpointError(describe_http_error(response.status_code, text, self.settings, retried=not refused),
+                                response.status_code, server_message(text))
+        reply = read_reply(text)
+        reply.latency_ms = latency_ms
+        return reply
+
+    def post(self, body: dict, retry: Retry) -> Tuple[requests.Response, str]:
+        """POST the body over the run's session with this retry policy; the response and its whole text."""
+        self.adapter.max_retries = retry  # requests takes no retry policy per request, its adapter does
         try:
             response = self.session.post(self.url, json=body, stream=True,
                                          timeout=(min(10.0, self.settings.timeout), self.settings.timeout))
-            text = read_body(response, self.settings.timeout)
+            return response, read_body(response, self.settings.timeout)
         except (requests.ConnectionError, requests.Timeout) as error:
             raise EndpointError(f"cannot reach {self.url}: {describe_network_error(error, self.settings)}"
                                 f" (after {self.settings.retries} retries)") from None
         except requests.RequestException as error:
             raise EndpointError(f"request to {self.url} failed: {type(error).__name__}") from None
-        latency_ms = int((time.monotonic() - started) * 1000)
-        if response.status_code >= 400:
-            raise EndpointError(describe_http_error(response.status_code, text, self.settings),
-                                response.status_code, server_message(text))
-        reply = read_reply(text)
-        reply.latency_ms = latency_ms
-        return reply
 
     def close(self) -> None:
         self.session.close()
@@ -178,14 +194,14 @@ def _one_line(text: str, limit: int = 300) -> str:
     return text if len(text) <= limit else text[:limit] + "..."
 
 
-def describe_http_error(status: int, text: str, settings: Settings) -> str:
+def describe_http_error(status: int, text: str, settings: Settings, retried: bool = True) -> str:
     """Name the failed status, what the user can do, and what the server said."""
     message = server_message(text)
     if status in (401, 403):
         return f"authentication failed (HTTP {status}): {message} - check LLM_API_KEY"
     if status == 404:
         return f"not found (HTTP 404): {message} - check LLM_MODEL ({settings.model}) and LLM_API_URL"
-    if status in RETRY_STATUSES:
+    if status in RETRY_STATUSES and retried:
         return f"HTTP {status} after {settings.retries} retries: {message}"
     return f"request rejected (HTTP {status}): {message}"
 

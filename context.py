@@ -133,6 +133,10 @@ class Conversation:
     rounds: List[Round] = field(default_factory=list)
     mode: str = "json"
     mode_worked: bool = False  # the endpoint has answered a request in this mode
+    schema_variant: str = ""  # schema mode's response_format form; starts as the settings say
+
+    def __post_init__(self) -> None:
+        self.schema_variant = self.schema_variant or self.settings.schema_variant
 
     def pinned(self) -> List[dict]:
         """The system prompt and the task: sent first in every request, never folded."""
@@ -152,7 +156,7 @@ class Conversation:
 
     def options(self) -> dict:
         """What the request carries besides the model and the messages (schemas, tools)."""
-        return prompts.request_options(self.mode, self.registry, self.settings.max_calls)
+        return prompts.request_options(self.mode, self.registry, self.settings.max_calls, self.schema_variant)
 
     def check_fits(self) -> None:
         """ConfigError if the system prompt, task and schemas alone leave too little room for rounds."""

@@ -130,8 +130,19 @@ def action_schema(registry: Dict[str, Tool], max_calls: int = 8) -> dict:
             "required": ["actions"], "additionalProperties": False}
 
 
-def request_options(mode: str, registry: Dict[str, Tool], max_calls: int = 8) -> dict:
-    """What a request carries besides the messages, in each mode."""
+# The forms of response_format schema mode tries, in order, until the endpoint takes one:
+# OpenAI's (also vLLM, Ollama, LM Studio, llama.cpp's llama-server), llama-cpp-python's own
+# (it refuses the first with HTTP 500), and bare JSON mode. After the last comes json mode.
+SCHEMA_VARIANTS = ("json_schema", "json_object+schema", "json_object")
+
+
+def request_options(mode: str, registry: Dict[str, Tool], max_calls: int = 8,
+                    variant: str = SCHEMA_VARIANTS[0]) -> dict:
+    """What a request carries besides the messages, in each mode (and schema mode's variant)."""
+    if mode == "schema" and variant == "json_object":
+        return {"response_format": {"type": "json_object"}}
+    if mode == "schema" and variant == "json_object+schema":
+        return {"response_format": {"type": "json_object", "schema": action_schema(registry, max_calls)}}
     if mode == "schema":
         return {"response_format": {"type": "json_schema", "json_schema": {
             "name": "agent_actions", "schema": action_schema(registry, max_calls)}}}

@@ -35,6 +35,7 @@ class Settings:
     max_result_chars: int = 4_000  # a longer tool result is cut to head and tail
     keep_recent: int = 4  # rounds that stay verbatim when older ones are folded
     mode: str = "json"  # json, schema or tools: how actions are asked for
+    schema_variant: str = "json_schema"  # the response_format schema mode tries first (resume: what worked)
     max_calls: int = 8  # actions run per reply at most
     approve: bool = False  # ask before every tool call
     yes: bool = False  # never ask, even for tools with side effects

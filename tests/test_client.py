@@ -189,3 +189,21 @@ def test_cleaning_a_hostile_error_body_takes_no_time(payload):
     started = time.monotonic()
     server_message(payload)
     assert time.monotonic() - started < 2
+
+
+@responses.activate
+def test_a_500_refusing_response_format_is_not_retried_and_says_it_was_refused():
+    responses.post(URL, status=500, json=LLAMA_CPP_PYTHON_REJECTION)
+    with pytest.raises(EndpointError) as raised:
+        client().ask(MESSAGES, response_format={"type": "json_schema", "json_schema": {"name": "a", "schema": {}}})
+    assert str(raised.value) == ("request rejected (HTTP 500): response_format.type:"
+                                 " Input should be 'text' or 'json_object'")
+    assert raised.value.http_status == 500 and len(responses.calls) == 1
+
+
+@responses.activate
+def test_a_500_about_something_else_is_retried_even_with_response_format():
+    responses.post(URL, status=500, json={"error": {"message": "out of memory"}})
+    responses.post(URL, json=body("fine"))
+    assert client().ask(MESSAGES, response_format={"type": "json_object"}).content == "fine"
+    assert len(responses.calls) == 2

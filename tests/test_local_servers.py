@@ -1,0 +1,141 @@
+"""Local servers (llama.cpp, llama-cpp-python, Ollama, vLLM, LM Studio): the schema-mode variants
+and their fallbacks, tools mode on a server that drops tools, and the cap on each reply."""
+import json
+
+from agent_demo import main
+from scripted_server import action as act, like_llama_cpp_python
+
+FINISH = '{"actions": [' + act("finish", result="ok") + "]}"
+
+
+def events(trace, name):
+    return [json.loads(line) for line in trace.read_text().splitlines() if json.loads(line)["event"] == name]
+
+
+def response_formats(server):
+    """What each request carried as response_format (None when it carried none)."""
+    return [request["body"].get("response_format") for request in server.requests]
+
+
+def refusing(*types, status=400, message="response_format type {} is not supported"):
+    """A screen: refuse every request whose response_format is one of these forms."""
+    def screen(body):
+        response_format = body.get("response_format")
+        if response_format is None:
+            return None
+        form = response_format["type"] + ("+schema" if "schema" in response_format else "")
+        if form in types:
+            return {"status": status, "body": {"error": {"message": message.format(form)}}}
+        return None
+    return screen
+
+
+# --- schema mode: variants tried in order ----------------------------------------------------
+
+def test_schema_mode_sends_openai_json_schema_first(serve, capsys):
+    server = serve([FINISH])
+    assert main(["--mode", "schema", "--quiet", "hi"]) == 0
+    [sent] = response_formats(server)
+    assert sent["type"] == "json_schema" and sent["json_schema"]["name"] == "agent_actions"
+    assert sent["json_schema"]["schema"]["required"] == ["actions"]
+
+
+def test_a_llama_cpp_python_500_moves_on_to_json_object_with_the_schema_at_once(serve, capsys, tmp_path):
+    trace = tmp_path / "t.jsonl"
+    server = serve([FINISH], screen=like_llama_cpp_python)
+    assert main(["--mode", "schema", "--trace", str(trace), "hi"]) == 0
+    first, second = response_formats(server)  # the 500 was not retried as an outage
+    assert first["type"] == "json_schema"
+    assert second == {"type": "json_object", "schema": first["json_schema"]["schema"]}
+    out = capsys.readouterr().out
+    assert ("note: the endpoint rejected schema mode as json_schema (HTTP 500: response_format.type:"
+            " Input should be 'text' or 'json_object'); trying json_object+schema\n") in out
+    [fallback] = events(trace, "fallback")
+    assert (fallback["from_mode"], fallback["to_mode"], fallback["from_variant"], fallback["to_variant"]) == (
+        "schema", "schema", "json_schema", "json_object+schema")
+    assert fallback["error"] == "HTTP 500: response_format.type: Input should be 'text' or 'json_object'"
+
+
+def test_the_variants_are_tried_in_order_then_json(serve, capsys, tmp_path):
+    trace = tmp_path / "t.jsonl"
+    server = serve([act("finish", result="ok")],
+                   screen=refusing("json_schema", "json_object+schema", "json_object"))
+    assert main(["--mode", "schema", "--trace", str(trace), "hi"]) == 0
+    forms = [f and (f["type"], "schema" in f) for f in response_formats(server)]
+    assert forms == [("json_schema", False), ("json_object", True), ("json_object", False), None]
+    assert [(f["from_variant"], f["to_mode"], f.get("to_variant")) for f in events(trace, "fallback")] == [
+        ("json_schema", "schema", "json_object+schema"), ("json_object+schema", "schema", "json_object"),
+        ("json_object", "json", None)]
+    notes = [line for line in capsys.readouterr().out.splitlines() if line.startswith("note:")]
+    assert [note.rsplit("; ", 1)[1] for note in notes] == [
+        "trying json_object+schema", "trying json_object", "falling back to json mode"]
+    assert all(len(note) < 200 for note in notes)
+    assert "Reply with one JSON object and nothing else: {\"tool\"" in server.sent_messages(3)[0]["content"]
+
+
+def test_json_object_alone_still_asks_for_the_actions_envelope(serve, capsys):
+    server = serve([FINISH], screen=refusing("json_schema", "json_object+schema"))
+    assert main(["--mode", "schema", "--quiet", "hi"]) == 0
+    assert response_formats(server)[-1] == {"type": "json_object"}
+    assert '{"actions": [' in server.sent_messages(2)[0]["content"]
+
+
+def test_the_variant_that_worked_is_kept_for_the_rest_of_the_run(serve, capsys):
+    calc = '{"actions": [' + act("calculator", expression="2 + 2") + "]}"
+    server = serve([calc, '{"actions": [' + act("calculator", expression="4 * 3") + "]}", FINISH],
+                   screen=like_llama_cpp_python)
+    assert main(["--mode", "schema", "--quiet", "hi"]) == 0
+    assert [f["type"] for f in response_formats(server)] == ["json_schema", "json_object", "json_object",
+                                                            "json_object"]
+
+
+def test_a_500_that_does_not_name_response_format_is_retried_as_an_outage(serve, capsys):
+    busy = {"status": 500, "body": {"error": {"message": "the GPU is busy"}}}
+    server = serve([busy, busy, FINISH])
+    assert main(["--mode", "schema", "--quiet", "hi"]) == 0
+    assert [f["type"] for f in response_formats(server)] == ["json_schema"] * 3
+
+
+def test_a_500_that_does_not_name_response_format_keeps_the_retry_count(serve, capsys):
+    server = serve([{"status": 500, "body": {"error": {"message": "the GPU is busy"}}}])
+    assert main(["--mode", "schema", "--retries", "2", "hi"]) == 3
+    assert len(server.requests) == 3, "one request and two retries, as in json mode"
+    assert "HTTP 500 after 2 retries: the GPU is busy" in capsys.readouterr().err
+
+
+def test_a_refusal_after_the_variant_worked_is_an_endpoint_error(serve, capsys):
+    calc = '{"actions": [' + act("calculator", expression="2 + 2") + "]}"
+    server = serve([calc, {"status": 400, "body": {"error": {"message": "context length exceeded"}}}])
+    assert main(["--mode", "schema", "--quiet", "hi"]) == 3
+    assert len(server.requests) == 2
+
+
+# --- resume keeps the variant ----------------------------------------------------------------
+
+def test_resume_keeps_the_variant_that_worked(serve, capsys, tmp_path):
+    trace = tmp_path / "t.jsonl"
+    serve(['{"actions": [' + act("calculator", expression="2 + 2") + "]}"], screen=like_llama_cpp_python, key=None)
+    assert main(["--mode", "schema", "--max-rounds", "1", "--trace", str(trace), "--quiet", "hi"]) == 1
+    server = serve([FINISH], screen=like_llama_cpp_python, key=None)
+    assert main(["--resume", str(trace), "--max-rounds", "2", "--quiet"]) == 0
+    assert response_formats(server)[0]["type"] == "json_object" and len(server.requests) == 1
+
+
+def test_a_trace_without_variants_resumes_from_json_schema(serve, capsys, tmp_path):
+    trace = tmp_path / "t.jsonl"
+    serve(['{"actions": [' + act("calculator", expression="2 + 2") + "]}"], key=None)
+    assert main(["--mode", "schema", "--max-rounds", "1", "--trace", str(trace), "--quiet", "hi"]) == 1
+    assert not events(trace, "fallback")
+    server = serve([FINISH], key=None)
+    assert main(["--resume", str(trace), "--max-rounds", "2", "--quiet"]) == 0
+    assert response_formats(server)[0]["type"] == "json_schema"
+
+
+def test_resuming_with_another_mode_starts_its_own_chain(serve, capsys, tmp_path):
+    trace = tmp_path / "t.jsonl"
+    serve(['{"actions": [' + act("calculator", expression="2 + 2") + "]}"], screen=like_llama_cpp_python, key=None)
+    assert main(["--mode", "schema", "--max-rounds", "1", "--trace", str(trace), "--quiet", "hi"]) == 1
+    server = serve([act("finish", result="ok")], key=None)
+    assert main(["--resume", str(trace), "--mode", "json", "--max-rounds", "2", "--quiet"]) == 0
+    assert response_formats(server) == [None]
+
