@@ -16,7 +16,8 @@ FORMATS = {
              f"[{ACTION_FORMAT}, {ACTION_FORMAT}]"),
     "schema": ('Reply with one JSON object and nothing else: {"actions": [' + ACTION_FORMAT + "]}\n"
                "The list holds one action, or several when they do not depend on each other."),
-    "tools": "Call the tools through function calling. Make several calls at once when they do not depend on each other.",
+    "tools": ("Call the tools through function calling. Make several calls at once when they do not depend on each other.\n"
+              f"If you cannot call functions, reply with one JSON object and nothing else: {ACTION_FORMAT}"),
 }
 
 
@@ -36,10 +37,15 @@ def _describe(tool: Tool, mode: str) -> str:
     return f"- {tool.name}: {tool.description}\n  args: {args}\n  example: {to_json(example)}"
 
 
+def _name(tool: Tool) -> str:
+    """A tool in one line, for tools mode: its function schema, which the endpoint may drop, says the rest."""
+    return f"- {tool.name}({', '.join(tool.parameters)}): {tool.description} e.g. {to_json(tool.example())}"
+
+
 def render_system_prompt(registry: Dict[str, Tool], mode: str = "json", max_calls: int = 8) -> str:
-    """The system prompt: how to reply in this mode and, outside tools mode, the tool list."""
-    tool_list = "" if mode == "tools" else (
-        "\n\nTools:\n" + "\n".join(_describe(tool, mode) for tool in _every_tool(registry)))
+    """The system prompt: how to reply in this mode, and the tools (short in tools mode)."""
+    describe = _name if mode == "tools" else (lambda tool: _describe(tool, mode))
+    tool_list = "\n\nTools:\n" + "\n".join(describe(tool) for tool in _every_tool(registry))
     return f"""You are an agent that completes the user's task by calling tools.
 
 {FORMATS[mode]}{tool_list}

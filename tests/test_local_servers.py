@@ -2,8 +2,10 @@
 and their fallbacks, tools mode on a server that drops tools, and the cap on each reply."""
 import json
 
+import prompts
 from agent_demo import main
 from scripted_server import action as act, like_llama_cpp_python
+from tools import CONTROL_ACTIONS, REGISTRY
 
 FINISH = '{"actions": [' + act("finish", result="ok") + "]}"
 
@@ -139,3 +141,21 @@ def test_resuming_with_another_mode_starts_its_own_chain(serve, capsys, tmp_path
     assert main(["--resume", str(trace), "--mode", "json", "--max-rounds", "2", "--quiet"]) == 0
     assert response_formats(server) == [None]
 
+
+
+# --- tools mode on a server that drops the tools list ----------------------------------------
+
+def test_tools_mode_names_every_tool_in_the_system_prompt_with_a_text_fallback():
+    prompt = prompts.render_system_prompt(REGISTRY, "tools")
+    for described in [*REGISTRY.values(), *CONTROL_ACTIONS.values()]:
+        assert f"- {described.name}(" in prompt and prompts.to_json(described.example()) in prompt
+    assert 'reply with one JSON object and nothing else: {"tool": "<name>", "args": {...}}' in prompt
+    assert len(prompt) < len(prompts.render_system_prompt(REGISTRY, "json")) + 200, "short: the schemas say the rest"
+
+
+def test_tools_mode_works_on_a_server_that_drops_the_tools(serve, capsys):
+    server = serve([act("calculator", expression="12 + 500"), act("finish", result="512")])  # text, no tool_calls
+    assert main(["--mode", "tools", "--json", "hi"]) == 0
+    assert json.loads(capsys.readouterr().out)["calls"][0]["result"] == {"ok": True, "data": 512}
+    assert "tools" in server.requests[0]["body"]
+    assert "- calculator(expression)" in server.sent_messages(0)[0]["content"]
