@@ -68,7 +68,8 @@ def run(task: str, settings: Settings, ask_model: Callable[..., Reply],
 def start_log(log: RunLog, conversation: Conversation, approve: Optional[Approver]) -> None:
     """Record the start (or the resume) with the run's own limits, and check that the task fits."""
     settings = conversation.settings
-    limits = {"max_rounds": settings.max_rounds, "max_tokens": settings.max_tokens, "mode": settings.mode,
+    limits = {"max_rounds": settings.max_rounds, "max_tokens": settings.max_tokens,
+              "max_reply_tokens": settings.max_reply_tokens, "mode": settings.mode,
               "max_calls": settings.max_calls, "tools": list(conversation.registry), "approve": settings.approve}
     url = chat_completions_url(settings.url)
     if conversation.rounds:
@@ -190,7 +191,7 @@ def feed_back(parsed: Parsed, calls: List[Call], registry: Dict[str, Tool], sett
              for n, call in enumerate(calls, 1)]
     if parsed.answers_by_id(mode):  # every tool_call id gets its own answer
         return [{"role": "tool", "tool_call_id": call.id, "content": line} for call, line in zip(calls, lines)]
-    return [{"role": "user", "content": prompts.render_results(lines)}]
+    return [{"role": "user", "content": prompts.render_results(lines, parsed.cut_off)}]
 
 
 def end_if_done(record: Round, watchdog: "Watchdog") -> None:
@@ -305,7 +306,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         except ConfigError as error:
             outcome = RunResult(error)
         else:
-            client = ModelClient(job.settings)
+            client = ModelClient(job.settings, note=log.note)
             try:
                 outcome = run(job.task, job.settings, client.ask, job.registry, log, job.history,
                               cli.terminal_approver(redactor))

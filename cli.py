@@ -22,7 +22,8 @@ ENVIRONMENT_HELP = f"""environment (also read from ./.env; the real environment 
   LLM_API_URL             chat-completions URL or base URL ending in /v1 (default {DEFAULT_URL})
   LLM_MODEL               model name (default {DEFAULT_MODEL})
   AGENT_MAX_ROUNDS        default for --max-rounds (6)
-  AGENT_MAX_TOKENS        default for --max-tokens (no cap)
+  AGENT_MAX_TOKENS        default for --max-tokens, the run's token budget (no cap)
+  AGENT_MAX_REPLY_TOKENS  default for --max-reply-tokens (4096; 0 sends none)
   AGENT_MAX_CONTEXT       default for --max-context (24000)
   AGENT_MAX_RESULT_CHARS  a longer tool result is cut to head and tail (4000)
   AGENT_KEEP_RECENT       rounds kept verbatim when older ones are folded (4)
@@ -54,7 +55,10 @@ def build_parser() -> Parser:
     parser.add_argument("--max-rounds", type=int, metavar="N",
                         help="model requests at most, across resumes (default 6)")
     parser.add_argument("--max-tokens", type=int, metavar="N",
-                        help="stop before the next request once the run has used N tokens (default: no cap)")
+                        help="token budget of the whole run: stop before the next request once the run has used"
+                             " N tokens (default: no cap)")
+    parser.add_argument("--max-reply-tokens", type=int, metavar="N",
+                        help="cap on each reply, sent to the endpoint as max_tokens (default 4096; 0 sends none)")
     parser.add_argument("--max-context", type=int, metavar="CHARS",
                         help="fold the oldest rounds into a digest to keep each request under CHARS (default 24000)")
     parser.add_argument("--mode", choices=MODES,
@@ -150,6 +154,9 @@ def prepare(args: argparse.Namespace, environment: Dict[str, str]) -> Job:
                                 ("max_calls", args.max_calls, "AGENT_MAX_CALLS")]:
         if recorded(flag, variable, key, whole):
             setattr(settings, key, start[key])
+    if recorded(args.max_reply_tokens, "AGENT_MAX_REPLY_TOKENS", "max_reply_tokens",
+                lambda value: isinstance(value, int) and not isinstance(value, bool) and value >= 0):
+        settings.max_reply_tokens = start["max_reply_tokens"]
     if recorded(args.mode, "AGENT_MODE", "mode", lambda mode: mode in MODES):
         settings.mode = start["mode"]
         if start.get("schema_variant") in prompts.SCHEMA_VARIANTS:  # the response_format that worked

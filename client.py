@@ -5,7 +5,7 @@ import math
 import re
 import time
 from dataclasses import dataclass, field
-from typing import Any, List, Optional, Tuple
+from typing import Any, Callable, List, Optional, Tuple
 
 import requests
 import urllib3
@@ -37,13 +37,16 @@ class Reply:
     tool_calls: List[dict] = field(default_factory=list)
     usage: Optional[dict] = None
     latency_ms: int = 0
+    finish_reason: Optional[str] = None  # "length": the reply hit the cap and was cut off
 
 
 class ModelClient:
     """Sends the conversation to the endpoint over one session, with retries."""
 
-    def __init__(self, settings: Settings):
+    def __init__(self, settings: Settings, note: Callable[[str], None] = lambda text: None):
         self.settings = settings
+        self.note = note  # tells the user about a change of course
+        self.reply_cap_field = "max_tokens"  # max_completion_tokens once the endpoint asks for that
         self.url = chat_completions_url(settings.url)
         retry_class = type("Retry", (CappedRetry,), {"retry_after_cap": settings.retry_after_cap})
         self.retry = retry_class(total=settings.retries, backoff_factor=settings.backoff_factor,
@@ -60,8 +63,22 @@ class ModelClient:
             self.session.headers["Authorization"] = f"Bearer {settings.api_key}"
 
     def ask(self, messages: List[dict], **extra: Any) -> Reply:
-        """Send one chat-completions request and return the reply, or raise EndpointError."""
-        body = {"model": self.settings.model, "messages": messages, **extra}
+        """Send one chat-completions request and return the reply, or raise EndpointError. The reply
+        cap goes as max_tokens, or as max_completion_tokens from when the endpoint asks for that."""
+        try:
+            return self.send(messages, extra)
+        except EndpointError as error:
+            if not (error.http_status == 400 and "max_completion_tokens" in error.server_said
+                    and self.reply_cap_field == "max_tokens" and self.settings.max_reply_tokens):
+                raise
+        self.reply_cap_field = "max_completion_tokens"  # OpenAI's reasoning models, for one
+        self.note("the endpoint takes no max_tokens; sending the reply cap as max_completion_tokens from now on")
+        return self.send(messages, extra)
+
+    def send(self, messages: List[dict], extra: dict) -> Reply:
+        """One request with its retries, as the endpoint takes it."""
+        cap = {self.reply_cap_field: self.settings.max_reply_tokens} if self.settings.max_reply_tokens else {}
+        body = {"model": self.settings.model, "messages": messages, **cap, **extra}
         started = time.monotonic()
         refusable = any(name in extra for name in REFUSABLE_OPTIONS)
         response, text = self.post(body, self.first_try if refusable else self.retry)
@@ -162,7 +179,8 @@ def server_message(text: str) -> str:
 
 
 # pydantic's errors as Python reprs: {'type': ..., 'loc': ('body', 'response_format', 'type'), 'msg': "...", ...}
-_PYDANTIC_ERROR = re.compile(r"""'loc':\s*\(([^)]{0,300})\),\s*'msg':\s*('(?:[^'\\]|\\.){0,500}'|"(?:[^"\\]|\\.){0,500}")""")
+_PYDANTIC_ERROR = re.compile(r"""'loc':\s*\(([^)]{0,300})\),\s*"""
+                             r"""'msg':\s*('(?:[^'\\]|\\.){0,500}'|"(?:[^"\\]|\\.){0,500}")""")
 _FILE_LINE = re.compile(r'File "[^"]*", line \d+(?:, in [^\s,]+)?')
 _PATH = re.compile(r"(?<![\w:/.])/(?:[\w.@+-]+/)+([\w.@+-]+\.[A-Za-z0-9]+)\b")  # not a URL's path
 
@@ -226,8 +244,11 @@ def read_reply(text: str) -> Reply:
     content = content if isinstance(content, str) else ""
     raw_calls = message.get("tool_calls")
     tool_calls = [call for call in raw_calls if isinstance(call, dict)] if isinstance(raw_calls, list) else []
+    finish_reason = choices[0].get("finish_reason")
     if not content.strip() and not tool_calls:
-        raise EndpointError("the endpoint's reply has no content and no tool calls"
-                            f" (finish_reason: {choices[0].get('finish_reason')})")
+        hint = "; the reply cap was reached, see --max-reply-tokens" if finish_reason == "length" else ""
+        raise EndpointError(f"the endpoint's reply has no content and no tool calls"
+                            f" (finish_reason: {finish_reason}){hint}")
     usage = body.get("usage")
-    return Reply(content=content, tool_calls=tool_calls, usage=usage if isinstance(usage, dict) else None)
+    return Reply(content=content, tool_calls=tool_calls, usage=usage if isinstance(usage, dict) else None,
+                 finish_reason=finish_reason if isinstance(finish_reason, str) else None)

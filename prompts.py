@@ -16,7 +16,8 @@ FORMATS = {
              f"[{ACTION_FORMAT}, {ACTION_FORMAT}]"),
     "schema": ('Reply with one JSON object and nothing else: {"actions": [' + ACTION_FORMAT + "]}\n"
                "The list holds one action, or several when they do not depend on each other."),
-    "tools": ("Call the tools through function calling. Make several calls at once when they do not depend on each other.\n"
+    "tools": ("Call the tools through function calling."
+              " Make several calls at once when they do not depend on each other.\n"
               f"If you cannot call functions, reply with one JSON object and nothing else: {ACTION_FORMAT}"),
 }
 
@@ -79,14 +80,16 @@ def render_call_result(number: int, call: dict, result: dict) -> str:
     return to_json(line)
 
 
-def render_results(lines: List[str]) -> str:
-    """All results of a round in one message."""
-    return "\n".join([RESULTS_HEADER, *lines])
+def render_results(lines: List[str], cut_off: bool = False) -> str:
+    """All results of a round in one message; cut_off: the reply they answer hit the length limit."""
+    return "\n".join([RESULTS_HEADER, *lines, *([CUT_OFF_NOTE] if cut_off else [])])
 
 
 # --- notes fed back with a result ------------------------------------------------------
 
 TRUNCATED = "[truncated {count} chars]"
+CUT_OFF = "it was cut off at the length limit ({problem}); keep replies short, the JSON alone"
+CUT_OFF_NOTE = "Note: your last reply was cut off at the length limit; keep replies short, the JSON alone."
 CANCELLED = "cancelled: the user did not approve this call"
 NO_TERMINAL = "cancelled: this call needs the user's approval and there is no terminal to ask"
 OVER_CAP = "not run: at most {cap} calls per reply; send the rest in the next reply"

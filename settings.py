@@ -31,6 +31,7 @@ class Settings:
     backoff_factor: float = 0.5  # waits 0, 1, 2, 4 ... seconds between retries
     retry_after_cap: float = 30.0  # a server asking for longer is not waited for that long
     max_tokens: Optional[int] = None  # the run's token budget; None for no cap
+    max_reply_tokens: int = 4096  # a cap on each reply, sent as max_tokens; 0 sends none
     max_context: int = 24_000  # characters a request may carry
     max_result_chars: int = 4_000  # a longer tool result is cut to head and tail
     keep_recent: int = 4  # rounds that stay verbatim when older ones are folded
@@ -79,6 +80,8 @@ def load_settings(args: Any, environment: Dict[str, str]) -> Settings:
         timeout=args.timeout,
         retries=_whole_number(args.retries, environment, "AGENT_RETRIES", default.retries),
         max_tokens=_whole_number(args.max_tokens, environment, "AGENT_MAX_TOKENS", default.max_tokens),
+        max_reply_tokens=_whole_number(args.max_reply_tokens, environment, "AGENT_MAX_REPLY_TOKENS",
+                                       default.max_reply_tokens),
         max_context=_whole_number(args.max_context, environment, "AGENT_MAX_CONTEXT", default.max_context),
         max_result_chars=_whole_number(None, environment, "AGENT_MAX_RESULT_CHARS", default.max_result_chars),
         keep_recent=_whole_number(None, environment, "AGENT_KEEP_RECENT", default.keep_recent),
@@ -98,6 +101,8 @@ def load_settings(args: Any, environment: Dict[str, str]) -> Settings:
         raise ConfigError("--retries must be 0 or more")
     if settings.max_tokens is not None and settings.max_tokens < 1:
         raise ConfigError("--max-tokens must be at least 1")
+    if settings.max_reply_tokens < 0:
+        raise ConfigError("--max-reply-tokens (AGENT_MAX_REPLY_TOKENS) must be 0 or more")
     if settings.max_result_chars < 200:
         raise ConfigError("AGENT_MAX_RESULT_CHARS must be at least 200")
     if settings.keep_recent < 0:

@@ -2,7 +2,7 @@
 
 It plays a list of canned replies in order and records every request it gets.
 A canned reply is either a string (the assistant's content) or a dict:
-  {"content": ..., "tool_calls": [...], "usage": {...} or None,
+  {"content": ..., "tool_calls": [...], "usage": {...} or None, "finish_reason": "length",
    "status": 429, "headers": {...}, "body": "raw text" or a JSON value,
    "delay": seconds before answering, "drop": true to close without replying,
    "trickle": seconds between the pieces of a body sent in 8 pieces,
@@ -48,13 +48,14 @@ def action(tool: str, **args: Any) -> str:
     return json.dumps({"tool": tool, "args": args}, ensure_ascii=False)
 
 
-def completion(content: Any = None, tool_calls: Any = None, usage: Any = "default") -> dict:
+def completion(content: Any = None, tool_calls: Any = None, usage: Any = "default",
+               finish_reason: str = "stop") -> dict:
     """A chat-completions body with one choice."""
     message = {"role": "assistant", "content": content}
     if tool_calls:
         message["tool_calls"] = tool_calls
     body = {"id": "chatcmpl-test", "object": "chat.completion", "model": "scripted",
-            "choices": [{"index": 0, "message": message, "finish_reason": "stop"}]}
+            "choices": [{"index": 0, "message": message, "finish_reason": finish_reason}]}
     if usage == "default":
         usage = {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}
     if usage is not None:
@@ -129,8 +130,8 @@ class ScriptedServer:
             body = spec["body"]
             data = (body if isinstance(body, str) else json.dumps(body)).encode("utf-8")
         else:
-            data = json.dumps(completion(spec.get("content"), spec.get("tool_calls"),
-                                         spec.get("usage", "default"))).encode("utf-8")
+            data = json.dumps(completion(spec.get("content"), spec.get("tool_calls"), spec.get("usage", "default"),
+                                         spec.get("finish_reason", "stop"))).encode("utf-8")
         if spec.get("gzip"):
             data = gzip.compress(data)
         handler.send_response(spec.get("status", 200))

@@ -38,7 +38,7 @@ def test_request_carries_model_messages_and_bearer_key():
     assert reply.content == "hello"
     assert reply.usage == {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}
     sent = responses.calls[0].request
-    assert json.loads(sent.body) == {"model": "m1", "messages": MESSAGES}
+    assert json.loads(sent.body) == {"model": "m1", "messages": MESSAGES, "max_tokens": 4096}
     assert sent.headers["Authorization"] == "Bearer sk-test-secret"
 
 
@@ -92,7 +92,7 @@ def test_timeouts_become_an_endpoint_error_naming_the_timeout():
     (json.dumps({"choices": []}), "reply has no choices"),
     (json.dumps({"choices": [{"index": 0}]}), "has no message"),
     (json.dumps({"choices": [{"message": {"content": None}, "finish_reason": "length"}]}),
-     "no content and no tool calls (finish_reason: length)"),
+     "no content and no tool calls (finish_reason: length); the reply cap was reached, see --max-reply-tokens"),
     (json.dumps([1, 2]), "reply has no choices"),
 ])
 @responses.activate
@@ -207,3 +207,27 @@ def test_a_500_about_something_else_is_retried_even_with_response_format():
     responses.post(URL, json=body("fine"))
     assert client().ask(MESSAGES, response_format={"type": "json_object"}).content == "fine"
     assert len(responses.calls) == 2
+
+
+@responses.activate
+def test_the_reply_cap_moves_to_max_completion_tokens_once_when_the_endpoint_asks():
+    responses.post(URL, status=400, json={"error": {
+        "message": "Unsupported parameter: 'max_tokens' is not supported with this model."
+                   " Use 'max_completion_tokens' instead.", "param": "max_tokens"}})
+    responses.post(URL, json=body("one"))
+    responses.post(URL, json=body("two"))
+    notes = []
+    asker = ModelClient(Settings(url="https://llm.example.test/v1", model="m1", max_reply_tokens=64), note=notes.append)
+    assert [asker.ask(MESSAGES).content, asker.ask(MESSAGES).content] == ["one", "two"]
+    sent = [json.loads(call.request.body) for call in responses.calls]
+    assert [("max_tokens" in b, b.get("max_completion_tokens")) for b in sent] == [
+        (True, None), (False, 64), (False, 64)]
+    assert len(notes) == 1
+
+
+@responses.activate
+def test_a_reply_cut_off_keeps_its_finish_reason():
+    payload = body("{\"tool\": \"calc")
+    payload["choices"][0]["finish_reason"] = "length"
+    responses.post(URL, json=payload)
+    assert client().ask(MESSAGES).finish_reason == "length"

@@ -2,6 +2,8 @@
 and their fallbacks, tools mode on a server that drops tools, and the cap on each reply."""
 import json
 
+import pytest
+
 import prompts
 from agent_demo import main
 from scripted_server import action as act, like_llama_cpp_python
@@ -159,3 +161,110 @@ def test_tools_mode_works_on_a_server_that_drops_the_tools(serve, capsys):
     assert json.loads(capsys.readouterr().out)["calls"][0]["result"] == {"ok": True, "data": 512}
     assert "tools" in server.requests[0]["body"]
     assert "- calculator(expression)" in server.sent_messages(0)[0]["content"]
+
+
+# --- a cap on each reply -------------------------------------------------------------------
+
+OPENAI_WANTS_MAX_COMPLETION_TOKENS = {"status": 400, "body": {"error": {
+    "message": "Unsupported parameter: 'max_tokens' is not supported with this model."
+               " Use 'max_completion_tokens' instead.",
+    "type": "invalid_request_error", "param": "max_tokens", "code": "unsupported_parameter"}}}
+
+
+def wants_max_completion_tokens(body):
+    return OPENAI_WANTS_MAX_COMPLETION_TOKENS if "max_tokens" in body else None
+
+
+def reply_caps(server):
+    return [{k: v for k, v in request["body"].items() if k in ("max_tokens", "max_completion_tokens")}
+            for request in server.requests]
+
+
+@pytest.mark.parametrize("argv, environment, sent", [
+    ([], {}, {"max_tokens": 4096}),
+    (["--max-reply-tokens", "300"], {}, {"max_tokens": 300}),
+    ([], {"AGENT_MAX_REPLY_TOKENS": "200"}, {"max_tokens": 200}),
+    (["--max-reply-tokens", "300"], {"AGENT_MAX_REPLY_TOKENS": "200"}, {"max_tokens": 300}),
+    (["--max-reply-tokens", "0"], {}, {}),
+])
+def test_each_request_carries_the_reply_cap(serve, capsys, monkeypatch, argv, environment, sent):
+    for name, value in environment.items():
+        monkeypatch.setenv(name, value)
+    server = serve([act("calculator", expression="1 + 1"), act("finish", result="2")])
+    assert main([*argv, "--quiet", "hi"]) == 0
+    assert reply_caps(server) == [sent, sent]
+
+
+@pytest.mark.parametrize("argv, environment", [(["--max-reply-tokens", "-1"], {}),
+                                               ([], {"AGENT_MAX_REPLY_TOKENS": "lots"})])
+def test_a_bad_reply_cap_is_a_usage_error(monkeypatch, capsys, argv, environment):
+    monkeypatch.setenv("LLM_API_URL", "http://127.0.0.1:9/v1")
+    for name, value in environment.items():
+        monkeypatch.setenv(name, value)
+    assert main([*argv, "hi"]) == 2
+    assert "AGENT_MAX_REPLY_TOKENS" in capsys.readouterr().err
+
+
+def test_an_endpoint_that_asks_for_max_completion_tokens_gets_it_for_the_rest_of_the_run(serve, capsys, tmp_path):
+    trace = tmp_path / "t.jsonl"
+    server = serve([act("calculator", expression="1 + 1"), act("finish", result="2")],
+                   screen=wants_max_completion_tokens)
+    assert main(["--max-reply-tokens", "500", "--trace", str(trace), "hi"]) == 0
+    assert reply_caps(server) == [{"max_tokens": 500}, {"max_completion_tokens": 500}, {"max_completion_tokens": 500}]
+    assert ("note: the endpoint takes no max_tokens; sending the reply cap as max_completion_tokens from now on\n"
+            in capsys.readouterr().out)
+    assert [note["text"] for note in events(trace, "note")] == [
+        "the endpoint takes no max_tokens; sending the reply cap as max_completion_tokens from now on"]
+
+
+def test_asking_for_max_completion_tokens_is_not_a_schema_refusal(serve, capsys):
+    server = serve([FINISH], screen=wants_max_completion_tokens)
+    assert main(["--mode", "schema", "--quiet", "hi"]) == 0
+    assert [f["type"] for f in response_formats(server)] == ["json_schema", "json_schema"]
+    assert reply_caps(server)[-1] == {"max_completion_tokens": 4096}
+
+
+def test_a_400_about_max_tokens_that_names_no_alternative_is_an_error(serve, capsys):
+    server = serve([{"status": 400, "body": {"error": {"message": "max_tokens must be at most 2048"}}}])
+    assert main(["hi"]) == 3
+    assert len(server.requests) == 1
+    assert "max_tokens must be at most 2048" in capsys.readouterr().err
+
+
+def test_a_reply_cut_off_at_the_cap_is_fed_back_saying_so(serve, capsys):
+    cut = {"content": '{"tool": "calculator", "args": {"expression": "12 + 5', "finish_reason": "length"}
+    server = serve([cut, act("finish", result="ok")])
+    assert main(["hi"]) == 0
+    said = server.sent_messages(1)[-1]["content"]
+    assert said.startswith("Your reply could not be used: it was cut off at the length limit (no JSON object found);"
+                           " keep replies short")
+    assert "cut off at the length limit" in capsys.readouterr().out
+
+
+def test_a_cut_off_reply_whose_action_survived_runs_it_and_says_it_was_cut_off(serve, capsys):
+    cut = {"content": act("calculator", expression="2 + 2") + "\nLet me explain at length why",
+           "finish_reason": "length"}
+    server = serve([cut, act("finish", result="4")])
+    assert main(["--quiet", "hi"]) == 0
+    lines = server.sent_messages(1)[-1]["content"].splitlines()
+    assert json.loads(lines[1])["result"] == {"ok": True, "data": 4}
+    assert lines[-1] == "Note: your last reply was cut off at the length limit; keep replies short, the JSON alone."
+
+
+def test_resume_keeps_the_reply_cap(serve, capsys, tmp_path):
+    trace = tmp_path / "t.jsonl"
+    serve([act("calculator", expression="1 + 1")], key=None)
+    assert main(["--max-reply-tokens", "0", "--max-rounds", "1", "--trace", str(trace), "--quiet", "hi"]) == 1
+    assert events(trace, "start")[0]["max_reply_tokens"] == 0
+    server = serve([act("finish", result="2")], key=None)
+    assert main(["--resume", str(trace), "--max-rounds", "2", "--quiet"]) == 0
+    assert reply_caps(server) == [{}]
+
+
+def test_help_says_which_limit_is_the_run_budget_and_which_caps_each_reply(capsys):
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "--max-tokens N token budget of the whole run" in out
+    assert "--max-reply-tokens N cap on each reply" in out
+    assert "AGENT_MAX_REPLY_TOKENS default for --max-reply-tokens (4096; 0 sends none)" in out
