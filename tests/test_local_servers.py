@@ -268,3 +268,19 @@ def test_help_says_which_limit_is_the_run_budget_and_which_caps_each_reply(capsy
     assert "--max-tokens N token budget of the whole run" in out
     assert "--max-reply-tokens N cap on each reply" in out
     assert "AGENT_MAX_REPLY_TOKENS default for --max-reply-tokens (4096; 0 sends none)" in out
+
+
+# --- what the schema lets a constrained model write ----------------------------------------
+
+def test_in_schema_mode_finish_and_fail_come_alone():
+    calls, ending = prompts.action_schema(REGISTRY, max_calls=5)["properties"]["actions"]["anyOf"]
+    assert [b["properties"]["tool"]["enum"][0] for b in calls["items"]["anyOf"]] == list(REGISTRY)
+    assert (calls["minItems"], calls["maxItems"]) == (1, 5)
+    assert [b["properties"]["tool"]["enum"][0] for b in ending["items"]["anyOf"]] == ["finish", "fail"]
+    assert (ending["minItems"], ending["maxItems"]) == (1, 1)
+    assert "- finish or fail must come alone in a reply" in prompts.render_system_prompt(REGISTRY, "schema")
+
+
+def test_with_no_tools_exposed_the_schema_holds_only_finish_and_fail():
+    [ending] = prompts.action_schema({})["properties"]["actions"]["anyOf"]
+    assert [b["properties"]["tool"]["enum"][0] for b in ending["items"]["anyOf"]] == ["finish", "fail"]

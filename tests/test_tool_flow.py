@@ -104,8 +104,9 @@ def test_schema_mode_sends_the_action_schema_rendered_from_the_registry():
     response_format = model.requests[0]["response_format"]
     assert response_format["type"] == "json_schema"
     schema = response_format["json_schema"]["schema"]
-    assert schema["required"] == ["actions"] and schema["properties"]["actions"]["maxItems"] == 8
-    branches = schema["properties"]["actions"]["items"]["anyOf"]
+    calls, ending = schema["properties"]["actions"]["anyOf"]
+    assert schema["required"] == ["actions"] and calls["maxItems"] == 8 and ending["maxItems"] == 1
+    branches = calls["items"]["anyOf"] + ending["items"]["anyOf"]
     assert [b["properties"]["tool"]["enum"] for b in branches] == [[name] for name in [*REGISTRY, "finish", "fail"]]
     assert branches[0]["properties"]["args"] == {
         "type": "object", "properties": {"expression": {
