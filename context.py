@@ -151,8 +151,9 @@ class Conversation:
                               native_tools=self.mode == "tools")
 
     def body_size(self, messages: List[dict]) -> int:
-        """Characters of the whole request body as it goes on the wire."""
-        return len(json.dumps({"model": self.settings.model, "messages": messages, **self.options()}))
+        """Characters of the whole request body as it goes on the wire (the client adds the reply cap)."""
+        cap = {"max_completion_tokens": self.settings.max_reply_tokens} if self.settings.max_reply_tokens else {}
+        return len(json.dumps({"model": self.settings.model, "messages": messages, **cap, **self.options()}))
 
     def options(self) -> dict:
         """What the request carries besides the model and the messages (schemas, tools)."""
