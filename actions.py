@@ -113,6 +113,7 @@ class Parsed:
     actions: List[Action]
     problem: Optional[str] = None
     native: bool = False  # the actions came from the reply's tool_calls
+    cut_off: bool = False  # the reply hit the length limit (finish_reason "length")
 
     def answers_by_id(self, mode: str) -> bool:
         """In tools mode, native calls are answered one role-tool message per tool_call id."""
@@ -162,14 +163,17 @@ def parse_tool_calls(tool_calls: List[dict]) -> Parsed:
 
 def parse_reply(reply: Any, mode: str = "json") -> Parsed:
     """The actions of a reply (its .content and .tool_calls): native tool calls first in tools mode,
-    else the text, else its tool calls."""
+    else the text, else its tool calls. A reply cut off at the length limit says so."""
     if reply.tool_calls and mode == "tools":
-        return parse_tool_calls(reply.tool_calls)
-    if not reply.content.strip() and not reply.tool_calls:
-        return Parsed([], prompts.render_empty_reply(reply.finish_reason, bool(reply.reasoning.strip())))
-    parsed = parse_actions(reply.content)
-    if not parsed.actions and not reply.tool_calls and reply.finish_reason == "length":
-        parsed.problem += " " + prompts.CUT_OFF
-    if parsed.actions or not reply.tool_calls:
-        return parsed
-    return parse_tool_calls(reply.tool_calls)
+        parsed = parse_tool_calls(reply.tool_calls)
+    elif not reply.content.strip() and not reply.tool_calls:
+        parsed = Parsed([], prompts.render_empty_reply(reply.finish_reason, bool(reply.reasoning.strip())))
+    else:
+        parsed = parse_actions(reply.content)
+        if not parsed.actions and reply.tool_calls:
+            parsed = parse_tool_calls(reply.tool_calls)
+    if reply.finish_reason == "length":
+        parsed.cut_off = True
+        if parsed.problem and reply.content.strip():  # an empty reply's problem says so already
+            parsed.problem = prompts.CUT_OFF.format(problem=parsed.problem)
+    return parsed

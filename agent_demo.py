@@ -74,7 +74,8 @@ def run(task: str, settings: Settings, ask_model: Callable[..., Reply],
 def start_log(log: RunLog, conversation: Conversation, approve: Optional[Approver]) -> None:
     """Record the start (or the resume) with the run's own limits, and check that the task fits."""
     settings = conversation.settings
-    limits = {"max_rounds": settings.max_rounds, "max_tokens": settings.max_tokens, "mode": settings.mode,
+    limits = {"max_rounds": settings.max_rounds, "max_tokens": settings.max_tokens,
+              "max_reply_tokens": settings.max_reply_tokens, "mode": settings.mode,
               "max_calls": settings.max_calls, "tools": list(conversation.registry), "approve": settings.approve,
               "tools_files": settings.tools_files}
     url = display_url(chat_completions_url(settings.url))
@@ -88,19 +89,31 @@ def start_log(log: RunLog, conversation: Conversation, approve: Optional[Approve
 
 
 def ask(ask_model: Callable[..., Reply], conversation: Conversation, log: RunLog) -> Tuple[Reply, List[dict]]:
-    """Send the conversation; if the endpoint rejects this mode's schema or tools, fall back to json once."""
-    messages = conversation.messages()
-    try:
-        reply = ask_model(messages, **conversation.options())
-        conversation.mode_worked = True
-        return reply, messages
-    except EndpointError as error:
-        if conversation.mode == "json" or not error.rejects_request_options(conversation.mode_worked):
-            raise
-        log.fallback(conversation.mode, "json", str(error))
-        conversation.mode = "json"
+    """Send the conversation; while the endpoint refuses this mode's options, step down and send again."""
+    while True:
         messages = conversation.messages()
-        return ask_model(messages), messages
+        try:
+            reply = ask_model(messages, **conversation.options())
+        except EndpointError as error:
+            if conversation.mode == "json" or not error.rejects_request_options(conversation.mode_worked):
+                raise
+            step_down(conversation, log, f"HTTP {error.http_status}: {error.server_said}")
+        else:
+            conversation.mode_worked = True
+            return reply, messages
+
+
+def step_down(conversation: Conversation, log: RunLog, refusal: str) -> None:
+    """After a refusal, the next thing to try: schema mode's next response_format variant, else json mode."""
+    variants = prompts.SCHEMA_VARIANTS
+    variant = conversation.schema_variant if conversation.mode == "schema" else None
+    if variant in variants[:-1]:
+        conversation.schema_variant = variants[variants.index(variant) + 1]
+        log.fallback("schema", "schema", refusal, variant, conversation.schema_variant)
+    else:
+        log.fallback(conversation.mode, "json", refusal, variant)
+        conversation.mode = "json"
+    conversation.mode_worked = False  # the new form has yet to be answered
 
 
 def execute(parsed: Parsed, registry: Dict[str, Tool], watchdog: "Watchdog", number: int,
@@ -191,7 +204,7 @@ def feed_back(parsed: Parsed, calls: List[Call], registry: Dict[str, Tool], sett
              for n, call in enumerate(calls, 1)]
     if parsed.answers_by_id(mode):  # every tool_call id gets its own answer
         return [{"role": "tool", "tool_call_id": call.id, "content": line} for call, line in zip(calls, lines)]
-    return [{"role": "user", "content": prompts.render_results(lines)}]
+    return [{"role": "user", "content": prompts.render_results(lines, parsed.cut_off)}]
 
 
 def end_if_done(record: Round, watchdog: "Watchdog") -> None:

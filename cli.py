@@ -33,7 +33,8 @@ ENVIRONMENT_HELP = f"""environment (also read from ./.env; the real environment 
   OPENAI_API_KEY          read when LLM_API_KEY is unset
   OPENAI_BASE_URL         read when LLM_API_URL is unset
   AGENT_MAX_ROUNDS        default for --max-rounds (6)
-  AGENT_MAX_TOKENS        default for --max-tokens (no cap)
+  AGENT_MAX_TOKENS        default for --max-tokens, the run's token budget (no cap)
+  AGENT_MAX_REPLY_TOKENS  default for --max-reply-tokens (4096; 0 sends none)
   AGENT_MAX_CONTEXT       default for --max-context (24000)
   AGENT_MAX_RESULT_CHARS  a longer tool result is cut to head and tail (4000)
   AGENT_KEEP_RECENT       rounds kept verbatim when older ones are folded (4)
@@ -86,7 +87,10 @@ def build_parser() -> Parser:
     parser.add_argument("--max-rounds", type=flag_type("max_rounds"), metavar="N",
                         help="model requests at most, across resumes (default 6)")
     parser.add_argument("--max-tokens", type=flag_type("max_tokens"), metavar="N",
-                        help="stop before the next request once the run has used N tokens (default: no cap)")
+                        help="token budget of the whole run: stop before the next request once the run has used"
+                             " N tokens (default: no cap)")
+    parser.add_argument("--max-reply-tokens", type=flag_type("max_reply_tokens"), metavar="N",
+                        help="cap on each reply, sent to the endpoint as max_tokens (default 4096; 0 sends none)")
     parser.add_argument("--max-context", type=flag_type("max_context"), metavar="CHARS",
                         help="fold the oldest rounds into a digest to keep each request under CHARS (default 24000)")
     parser.add_argument("--mode", choices=MODES,
@@ -240,11 +244,15 @@ def prepare(args: argparse.Namespace, environment: Dict[str, str]) -> Job:
             ("max_rounds", args.max_rounds, "AGENT_MAX_ROUNDS", whole),
             ("max_tokens", args.max_tokens, "AGENT_MAX_TOKENS", whole),
             ("max_calls", args.max_calls, "AGENT_MAX_CALLS", whole),
+            ("max_reply_tokens", args.max_reply_tokens, "AGENT_MAX_REPLY_TOKENS",
+             lambda value: isinstance(value, int) and not isinstance(value, bool) and value >= 0),
             ("mode", args.mode, "AGENT_MODE", lambda mode: mode in MODES),
             ("model", args.model, "LLM_MODEL", text),
             ("url", args.url, "LLM_API_URL OPENAI_BASE_URL", text)]:
         if recorded(flag, variables, key, valid):
             setattr(settings, key, start[key])
+    if recorded(args.mode, "AGENT_MODE", "schema_variant", lambda variant: variant in prompts.SCHEMA_VARIANTS):
+        settings.schema_variant = start["schema_variant"]  # the response_format that worked
     if recorded(args.url, "LLM_API_URL OPENAI_BASE_URL", "url", lambda url: isinstance(url, str) and "***" in url):
         raise ConfigError("the run's URL held a password, which is not recorded: give it again with --url"
                           " or LLM_API_URL")

@@ -5,7 +5,7 @@ import math
 import re
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, List, Optional
+from typing import Any, Callable, Iterator, List, Optional, Tuple
 
 import requests
 import requests.auth
@@ -14,7 +14,7 @@ from requests.adapters import HTTPAdapter
 from urllib3.util.retry import Retry
 
 import prompts
-from endings import EndpointError, ReplyCutOff
+from endings import REFUSABLE_OPTIONS, EndpointError, ReplyCutOff, names_request_options
 from settings import STREAM_FIELDS, Settings, chat_completions_url, display_url
 from streaming import TextListener, read_stream
 
@@ -68,16 +68,20 @@ class ModelClient:
         self.url = chat_completions_url(settings.url)
         self.stream = settings.stream  # ask for server-sent events, until the endpoint refuses them
         self.on_text: Optional[TextListener] = None  # shown each piece of a streamed reply
-        self.on_note: Callable[[str], None] = lambda text: None  # told when streaming is given up
+        self.on_note: Callable[[str], None] = lambda text: None  # told of a change of course
         self.attempt: dict = {}
         retry_class = type("Retry", (CappedRetry,), {"retry_after_cap": settings.retry_after_cap,
                                                      "attempt": self.attempt})
-        retry = retry_class(total=settings.retries, backoff_factor=settings.backoff_factor,
-                            status_forcelist=RETRY_STATUSES, allowed_methods=None, raise_on_status=False)
+        self.retry = retry_class(total=settings.retries, backoff_factor=settings.backoff_factor,
+                                 status_forcelist=RETRY_STATUSES, allowed_methods=None, raise_on_status=False)
+        # Some servers refuse response_format or tools with a 500 (llama-cpp-python does). A request
+        # carrying them is first sent without retrying a 500, so a refusal is seen at once instead
+        # of being waited out as an outage; a 500 that does not name them is then retried as usual.
+        self.first_try = self.retry.new(status_forcelist=tuple(s for s in RETRY_STATUSES if s != 500))
         self.session = requests.Session()
-        adapter = HTTPAdapter(max_retries=retry)
-        self.session.mount("http://", adapter)
-        self.session.mount("https://", adapter)
+        self.adapter = HTTPAdapter(max_retries=self.retry)
+        self.session.mount("http://", self.adapter)
+        self.session.mount("https://", self.adapter)
         if settings.api_key:  # as auth, not a header: a user:password in the URL must not replace it
             self.session.auth = BearerAuth(settings.api_key)
 
@@ -86,41 +90,68 @@ class ModelClient:
         cut off after its headers is asked for again, as urllib3 retries one that never began."""
         for retries_left in range(self.settings.retries, -1, -1):
             try:
-                return self._ask_once(messages, **extra)
+                return self.send_capped(messages, extra)
             except ReplyCutOff as error:
                 if not retries_left:
                     raise ReplyCutOff(f"{error} (after {self.settings.retries} retries)") from None
         raise AssertionError("unreachable")
 
-    def _ask_once(self, messages: List[dict], **extra: Any) -> Reply:
-        body = {"model": self.settings.model, "messages": messages, **extra}
+    def send_capped(self, messages: List[dict], extra: dict) -> Reply:
+        """The reply cap goes as max_tokens, or as max_completion_tokens from when the endpoint asks for that."""
+        try:
+            return self.send(messages, extra)
+        except EndpointError as error:
+            if not (error.http_status == 400 and "max_completion_tokens" in error.server_said
+                    and self.settings.reply_cap_field == "max_tokens" and self.settings.max_reply_tokens):
+                raise
+        self.settings.reply_cap_field = "max_completion_tokens"  # OpenAI's reasoning models; the budget counts it
+        self.on_note("the endpoint takes no max_tokens; sending the reply cap as max_completion_tokens from now on")
+        return self.send(messages, extra)
+
+    def send(self, messages: List[dict], extra: dict) -> Reply:
+        """One request with its retries, as the endpoint takes it."""
+        cap = {self.settings.reply_cap_field: self.settings.max_reply_tokens} if self.settings.max_reply_tokens else {}
+        body = {"model": self.settings.model, "messages": messages, **cap, **extra}
         streaming = self.stream
         if streaming:
             body.update(STREAM_FIELDS)
-        started = self.attempt["started"] = time.monotonic()
-        timeout = self.settings.timeout
-        try:
-            response = self.session.post(self.url, json=body, stream=True, timeout=(min(10.0, timeout), timeout))
-            deadline = self.attempt["started"] + timeout  # each attempt gets the whole timeout
-            if streaming and response.ok and "text/event-stream" in response.headers.get("Content-Type", ""):
-                text = read_body(response, deadline, timeout, lambda chunks: json.dumps(
-                    read_stream(chunks, deadline, timeout, parse_body, self.on_text), ensure_ascii=False))
-            else:  # not streamed (an error, or a server that ignores stream): one JSON body
-                text = read_body(response, deadline, timeout)
-        except requests.RequestException as error:
-            raise EndpointError(describe_network_error(error, self.settings, self.url)) from None
+        started = time.monotonic()
+        refusable = any(name in extra for name in REFUSABLE_OPTIONS)
+        response, text = self.post(body, self.first_try if refusable else self.retry, streaming)
+        refused = refusable and response.status_code == 500 and names_request_options(server_message(text))
+        if refusable and response.status_code == 500 and not refused:
+            left = getattr(getattr(response.raw, "retries", None), "total", None)
+            left = left if isinstance(left, int) else self.settings.retries
+            if left > 0:  # an outage after all: the retries it would have had, less the try just made
+                response, text = self.post(body, self.retry.new(total=left - 1), streaming)
         latency_ms = int((time.monotonic() - started) * 1000)
         if response.status_code >= 400:
             said = server_message(text)
             if streaming and response.status_code in (400, 415, 422) and re.search(r"\bstream", said, re.I):
                 self.stream = False  # once, for the rest of the run
                 self.on_note(f"the endpoint refused streaming ({said}); asking without it from now on")
-                return self._ask_once(messages, **extra)
-            raise EndpointError(describe_http_error(response.status_code, text, self.settings),
+                return self.send(messages, extra)
+            raise EndpointError(describe_http_error(response.status_code, text, self.settings, retried=not refused),
                                 response.status_code, said)
         reply = read_reply(text)
         reply.latency_ms = latency_ms
         return reply
+
+    def post(self, body: dict, retry: Retry, streaming: bool) -> Tuple[requests.Response, str]:
+        """POST the body with this retry policy; the response and its whole text (a streamed reply
+        read into the body a plain one has). Each attempt gets the whole --timeout."""
+        self.adapter.max_retries = retry  # requests takes no retry policy per request, its adapter does
+        timeout = self.settings.timeout
+        self.attempt["started"] = time.monotonic()
+        try:
+            response = self.session.post(self.url, json=body, stream=True, timeout=(min(10.0, timeout), timeout))
+            deadline = self.attempt["started"] + timeout
+            if streaming and response.ok and "text/event-stream" in response.headers.get("Content-Type", ""):
+                return response, read_body(response, deadline, timeout, lambda chunks: json.dumps(
+                    read_stream(chunks, deadline, timeout, parse_body, self.on_text), ensure_ascii=False))
+            return response, read_body(response, deadline, timeout)  # an error, or a server ignoring stream
+        except requests.RequestException as error:
+            raise EndpointError(describe_network_error(error, self.settings, self.url)) from None
 
     def close(self) -> None:
         self.session.close()
@@ -199,7 +230,7 @@ def parse_body(text: str) -> Any:
 
 
 def server_message(text: str) -> str:
-    """The endpoint's own words about an error, however it shapes them."""
+    """The endpoint's own words about an error, however it shapes them, in one clean line."""
     try:
         body = parse_body(text)
     except ValueError:
@@ -208,10 +239,40 @@ def server_message(text: str) -> str:
         error = body.get("error", body.get("message", body.get("detail")))
         if isinstance(error, dict):
             error = error.get("message") or error
+        if isinstance(error, list) and error and all(isinstance(item, dict) and "msg" in item for item in error):
+            error = "; ".join(_field_message(item.get("loc"), item["msg"]) for item in error)  # FastAPI's 422
         if error:
             text = error if isinstance(error, str) else prompts.to_json(error)
-            return _one_line(text)
-    return _one_line(text) or "(empty body)"
+            return _one_line(without_internals(text))
+    return _one_line(without_internals(text)) or "(empty body)"
+
+
+# pydantic's errors as Python reprs: {'type': ..., 'loc': ('body', 'response_format', 'type'), 'msg': "...", ...}
+_PYDANTIC_ERROR = re.compile(r"""'loc':\s*\(([^)]{0,300})\),\s*"""
+                             r"""'msg':\s*('(?:[^'\\]|\\.){0,500}'|"(?:[^"\\]|\\.){0,500}")""")
+_FILE_LINE = re.compile(r'File "[^"]*", line \d+(?:, in [^\s,]+)?')
+_PATH = re.compile(r"(?<![\w:/.])/(?:[\w.@+-]+/)+([\w.@+-]+\.[A-Za-z0-9]+)\b")  # not a URL's path
+
+
+def _field_message(loc: Any, message: Any) -> str:
+    """One validation error as "field.path: message" ("body", where FastAPI found it, left out)."""
+    parts = [str(part) for part in loc] if isinstance(loc, (list, tuple)) else []
+    if parts[:1] == ["body"]:
+        parts = parts[1:]
+    return f"{'.'.join(parts)}: {message}" if parts else str(message)
+
+
+def without_internals(text: str) -> str:
+    """A server's message without its framework's internals: pydantic's error dumps become
+    "field: message", a traceback its last line, a file path the file's name."""
+    text = text[:20_000]  # the line shown is 300 characters; a huge body is not worth scanning
+    found = _PYDANTIC_ERROR.findall(text)
+    if found:
+        return "; ".join(_field_message([a or b for a, b in re.findall(r"'([^']*)'|(\d+)", loc)],
+                                        message[1:-1].replace("\\'", "'")) for loc, message in found)
+    if "Traceback (most recent call last)" in text:
+        text = [line for line in text.splitlines() if line.strip()][-1]
+    return _PATH.sub(r"\1", _FILE_LINE.sub("", text))
 
 
 def _one_line(text: str, limit: int = 300) -> str:
@@ -220,14 +281,14 @@ def _one_line(text: str, limit: int = 300) -> str:
     return text if len(text) <= limit else text[:limit] + "..."
 
 
-def describe_http_error(status: int, text: str, settings: Settings) -> str:
+def describe_http_error(status: int, text: str, settings: Settings, retried: bool = True) -> str:
     """Name the failed status, what the user can do, and what the server said."""
     message = server_message(text)
     if status in (401, 403):
         return f"authentication failed (HTTP {status}): {message} - check LLM_API_KEY"
     if status == 404:
         return f"not found (HTTP 404): {message} - check LLM_MODEL ({settings.model}) and LLM_API_URL"
-    if status in RETRY_STATUSES:
+    if status in RETRY_STATUSES and retried:
         return f"HTTP {status} after {settings.retries} retries: {message}"
     return f"request rejected (HTTP {status}): {message}"
 

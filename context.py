@@ -211,9 +211,10 @@ class Conversation:
         self.rounds: List[Round] = [] if rounds is None else rounds
         self.mode = mode
         self.mode_worked = mode_worked  # the endpoint has answered a request in this mode
+        self.schema_variant = settings.schema_variant  # schema mode's response_format form
         self.on_compaction = on_compaction  # told before the first request that carries the new digest
         self.lines = DigestLines(self.rounds, settings.max_result_chars, settings.max_context)
-        self._built_for: Optional[str] = None  # the mode the messages were built in; another rebuilds them
+        self._built_for: Optional[tuple] = None  # the _shape() the messages were built for
         self._messages: List[dict] = []
         self._turns: List[Tuple[int, List[dict], int]] = []  # the verbatim rounds: number, messages, size
         self._folded, self._omitted, self._digest = 0, 0, ""  # rounds 1..folded are in the digest, 1..omitted not shown
@@ -228,7 +229,7 @@ class Conversation:
 
     def messages(self) -> List[dict]:
         """The next request's messages: the last request's and the rounds since, compacted if over --max-context."""
-        if self._built_for != self.mode:
+        if self._built_for != self._shape():
             self._rebuild()
         for record in self.rounds[self._added:]:
             self._append(record)
@@ -236,9 +237,13 @@ class Conversation:
             self._compact()
         return list(self._messages)
 
+    def _shape(self) -> tuple:
+        """What the request's form depends on besides the rounds: a change rebuilds the messages."""
+        return self.mode, self.schema_variant, self.settings.reply_cap_field
+
     def _rebuild(self) -> None:
         """Build the messages afresh (the first request, a resumed run, another mode), from the last compaction."""
-        self._built_for, self._bare = self.mode, self.body_size(self.pinned())
+        self._built_for, self._bare = self._shape(), self.body_size(self.pinned())
         self._folded, self._omitted, self._digest, self._turns, self._added = 0, 0, "", [], 0
         last = next((index for index in range(len(self.rounds) - 1, -1, -1) if self.rounds[index].compaction), None)
         if last is not None:
@@ -250,7 +255,7 @@ class Conversation:
         self._assemble()
 
     def _turn(self, record: Round) -> Tuple[int, List[dict], int]:
-        messages = round_messages(record, self._built_for == "tools")
+        messages = round_messages(record, self.mode == "tools")
         return record.number, messages, sum(len(json.dumps(message)) + 2 for message in messages)  # 2: ", "
 
     def _append(self, record: Round) -> None:
@@ -302,13 +307,16 @@ class Conversation:
         self.on_compaction(compaction)
 
     def body_size(self, messages: List[dict]) -> int:
-        """Characters of the whole request body as it goes on the wire."""
+        """Characters of the whole request body as it goes on the wire (the client adds the reply cap,
+        and the stream fields when it streams)."""
+        cap = {self.settings.reply_cap_field: self.settings.max_reply_tokens} if self.settings.max_reply_tokens else {}
         streamed = STREAM_FIELDS if self.settings.stream else {}
-        return len(json.dumps({"model": self.settings.model, "messages": messages, **self.options(), **streamed}))
+        return len(json.dumps({"model": self.settings.model, "messages": messages, **cap, **self.options(),
+                               **streamed}))
 
     def options(self) -> dict:
         """What the request carries besides the model and the messages (schemas, tools)."""
-        return prompts.request_options(self.mode, self.registry, self.settings.max_calls)
+        return prompts.request_options(self.mode, self.registry, self.settings.max_calls, self.schema_variant)
 
     def check_fits(self) -> None:
         """ConfigError if the system prompt, task and schemas alone leave too little room for rounds."""

@@ -77,6 +77,14 @@ class ConfigError(RunEnded):
     exit_code = 2
 
 
+REFUSABLE_OPTIONS = ("response_format", "tools")  # what a request may carry that an endpoint may refuse
+
+
+def names_request_options(server_said: str) -> bool:
+    """Does the server's message name response_format or tools (or their parts)?"""
+    return any(name in server_said for name in ("response_format", "json_schema", "tools", "tool_choice"))
+
+
 class EndpointError(RunEnded):
     """The endpoint refused, failed or answered with something unusable (exit 3)."""
 
@@ -86,7 +94,7 @@ class EndpointError(RunEnded):
 
     def rejects_request_options(self, mode_worked_before: bool) -> bool:
         """Did the endpoint refuse response_format or tools (as opposed to failing for another reason)?"""
-        names_them = any(f in self.server_said for f in ("response_format", "json_schema", "tools", "tool_choice"))
+        names_them = names_request_options(self.server_said)
         if self.http_status in (400, 422):  # a first request refused, or one that says why
             return names_them or not mode_worked_before
         return bool(self.http_status and self.http_status >= 500 and names_them)

@@ -64,9 +64,15 @@ class RunLog:
         self.say(f"task: {_first_words(task)}\nmodel: {model} at {url} ({limits.get('mode', 'json')} mode)")
         self.record("start", task=task, model=model, url=url, **limits, ts=time.time())
 
-    def fallback(self, from_mode: str, to_mode: str, error: str) -> None:
-        self.say(f"note: the endpoint rejected {from_mode} mode ({error}); falling back to {to_mode} mode", "note")
-        self.record("fallback", from_mode=from_mode, to_mode=to_mode, error=error, ts=time.time())
+    def fallback(self, from_mode: str, to_mode: str, error: str, from_variant: Optional[str] = None,
+                 to_variant: Optional[str] = None) -> None:
+        """One step down after a refusal: to schema mode's next variant, or to another mode."""
+        rejected = f"{from_mode} mode" + (f" as {from_variant}" if from_variant else "")
+        then = f"trying {to_variant}" if to_variant else f"falling back to {to_mode} mode"
+        self.say(f"note: the endpoint rejected {rejected} ({error}); {then}", "note")
+        variants = {name: value for name, value in [("from_variant", from_variant), ("to_variant", to_variant)]
+                    if value}
+        self.record("fallback", from_mode=from_mode, to_mode=to_mode, **variants, error=error, ts=time.time())
 
     def note(self, text: str) -> None:
         self.say(f"note: {text}", "note")
@@ -187,4 +193,6 @@ def load_trace(path: str) -> Tuple[dict, List[Round]]:
             start.update({key: value for key, value in record.items() if key not in ("event", "ts", "after_round")})
         elif record.get("event") == "fallback":
             start["mode"] = record.get("to_mode")
+            if record.get("to_variant"):
+                start["schema_variant"] = record["to_variant"]
     return start, rounds

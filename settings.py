@@ -36,10 +36,13 @@ class Settings:
     backoff_factor: float = 0.5  # waits 0, 1, 2, 4 ... seconds between retries
     retry_after_cap: float = 30.0  # a server asking for longer is not waited for that long
     max_tokens: Optional[int] = None  # the run's token budget; None for no cap
+    max_reply_tokens: int = 4096  # a cap on each reply, sent as max_tokens; 0 sends none
     max_context: int = 24_000  # characters a request may carry
     max_result_chars: int = 4_000  # a longer tool result is cut to head and tail
     keep_recent: int = 4  # rounds that stay verbatim when older ones are folded
     mode: str = "json"  # json, schema or tools: how actions are asked for
+    reply_cap_field: str = "max_tokens"  # max_completion_tokens once the endpoint asks for that
+    schema_variant: str = "json_schema"  # the response_format schema mode tries first (resume: what worked)
     max_calls: int = 8  # actions run per reply at most
     approve: bool = False  # ask before every tool call
     yes: bool = False  # never ask, even for tools with side effects
@@ -128,6 +131,7 @@ def whole_number(least: int) -> Callable[[str], int]:
 NUMBERS = {
     "max_rounds": ("--max-rounds", "AGENT_MAX_ROUNDS", whole_number(1)),
     "max_tokens": ("--max-tokens", "AGENT_MAX_TOKENS", whole_number(1)),
+    "max_reply_tokens": ("--max-reply-tokens", "AGENT_MAX_REPLY_TOKENS", whole_number(0)),
     "max_context": ("--max-context", "AGENT_MAX_CONTEXT", whole_number(1)),
     "max_calls": ("--max-calls", "AGENT_MAX_CALLS", whole_number(1)),
     "retries": ("--retries", "AGENT_RETRIES", whole_number(0)),

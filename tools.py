@@ -10,6 +10,7 @@ import inspect
 import json
 import math
 import re
+import types
 import typing
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional
@@ -53,7 +54,11 @@ class Tool:
 
 
 _SCHEMA_TYPES = {str: "string", int: "integer", float: "number", bool: "boolean",
-                 dict: "object", list: "array"}
+                 dict: "object", list: "array", type(None): "null"}
+# Any, as a union every grammar engine compiles (an untyped field makes llama.cpp's converter
+# give up on the whole schema and fall back to plain JSON).
+ANY_JSON = {"anyOf": [{"type": name} for name in ("string", "number", "boolean", "object", "array", "null")]}
+_UNIONS = (typing.Union, getattr(types, "UnionType", typing.Union))  # Union[a, b] and, from 3.10, a | b
 _PLACEHOLDERS = {"string": "...", "integer": 1, "number": 1.5, "boolean": True, "object": {}, "array": []}
 
 
@@ -73,18 +78,17 @@ def tool(function: Optional[Callable] = None, *, example: Optional[dict] = None,
 def _json_type(hint: Any, where: str) -> dict:
     """The JSON schema of one type hint."""
     if hint is Any:
-        return {}
+        return json.loads(json.dumps(ANY_JSON))  # a copy: each argument gets its own
     origin = typing.get_origin(hint)
-    options = [option for option in typing.get_args(hint) if option is not type(None)]
-    if origin is typing.Union and len(options) == 1:  # Optional[X]: an X, or the argument left out
-        return _json_type(options[0], where)
+    if origin in _UNIONS:
+        return {"anyOf": [_json_type(member, where) for member in typing.get_args(hint)]}
     if origin is typing.Literal:
         values = list(typing.get_args(hint))
         return {**_json_type(type(values[0]), where), "enum": values}
     if hint in _SCHEMA_TYPES or origin in _SCHEMA_TYPES:
         return {"type": _SCHEMA_TYPES.get(hint) or _SCHEMA_TYPES[origin]}
     raise ToolDefinitionError(f"{where}: type {hint!r} has no JSON type; use str, int, float, bool, dict,"
-                              " list, Literal[...] or Any")
+                              " list, None, Literal[...], Union[...] or Any")
 
 
 def _docstring_parts(doc: str) -> tuple:
@@ -142,8 +146,13 @@ def registry_of(*functions: Callable) -> Dict[str, Tool]:
 
 # --- calculator ------------------------------------------------------------------------
 
-_NUMBER = r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?"
-_EXPRESSION = re.compile(rf"\s*({_NUMBER})\s*([-+*/])\s*({_NUMBER})\s*", re.ASCII)
+# One grammar serves the schema (constrained decoding writes only what matches it), the argument
+# check and the parse. It is written in the regex subset grammar engines compile: anchored, no
+# escapes ([0-9], [.] and spaces rather than \d, \. and \s), plain groups rather than (?:...).
+_NUMBER = r"([+-]?([0-9]+([.][0-9]*)?|[.][0-9]+)([eE][+-]?[0-9]+)?)"  # four groups
+EXPRESSION_PATTERN = rf"^ *{_NUMBER} *([-+*/]) *{_NUMBER} *$"
+_EXPRESSION = re.compile(EXPRESSION_PATTERN)
+ORDER_ID_PATTERN = r"^ *[A-Za-z][0-9]{1,9} *$"
 _MAX_EXPRESSION_CHARS = 200
 _CALCULATOR_HINT = "write exactly: number operator number, e.g. 12 + 500 (operators: + - * /)"
 
@@ -157,19 +166,19 @@ def _to_number(text: str):
     return value
 
 
-@tool(example={"expression": "12 + 500"})
+@tool(example={"expression": "12 + 500"}, constraints={"expression": {"pattern": EXPRESSION_PATTERN}})
 def calculator(expression: str):
     """Compute one arithmetic step: number operator number, with + - * /.
 
     Args:
-        expression: e.g. '12 + 500' or '-3 * 4'
+        expression: number operator number, e.g. '12 + 500' or '-3 * 4'
     """
     if len(expression) > _MAX_EXPRESSION_CHARS:
         raise ToolError(f"expression is longer than {_MAX_EXPRESSION_CHARS} characters")
     match = _EXPRESSION.fullmatch(expression)
     if not match:
         raise ToolError(f"cannot read {expression!r}: {_CALCULATOR_HINT}")
-    left, operator, right = _to_number(match[1]), match[2], _to_number(match[3])
+    left, operator, right = _to_number(match[1]), match[5], _to_number(match[6])
     if operator == "/" and right == 0:
         raise ToolError("division by zero; check the divisor")
     if operator == "/" and isinstance(left, int) and isinstance(right, int) and left % right == 0:
@@ -190,7 +199,7 @@ def calculator(expression: str):
 _ORDERS = {"A1001": "已发货", "A1002": "待支付", "A1003": "已完成"}
 
 
-@tool(example={"order_id": "A1001"})
+@tool(example={"order_id": "A1001"}, constraints={"order_id": {"pattern": ORDER_ID_PATTERN}})
 def get_order_status(order_id: str) -> dict:
     """Look up the status of an order by its id.
 
@@ -248,7 +257,7 @@ RECALL = CONTROL_ACTIONS["recall"]
 # --- checking and calling -----------------------------------------------------------------
 
 _PYTHON_TYPES = {"string": str, "number": (int, float), "integer": int,
-                 "boolean": bool, "object": dict, "array": list}
+                 "boolean": bool, "object": dict, "array": list, "null": type(None)}
 
 
 def parameters_schema(described: Tool) -> dict:
@@ -259,6 +268,8 @@ def parameters_schema(described: Tool) -> dict:
 
 def _check_value(name: str, spec: dict, value: Any) -> Optional[str]:
     """What is wrong with one argument's value, or None."""
+    if "anyOf" in spec and all(_check_value(name, branch, value) for branch in spec["anyOf"]):
+        return f"{name} must be one of: {', '.join(branch.get('type', '?') for branch in spec['anyOf'])}"
     expected = spec.get("type")
     python_type = _PYTHON_TYPES.get(expected)
     if python_type and (not isinstance(value, python_type) or isinstance(value, bool) and expected != "boolean"):
@@ -266,7 +277,9 @@ def _check_value(name: str, spec: dict, value: Any) -> Optional[str]:
     if "enum" in spec and value not in spec["enum"]:
         return f"{name} must be one of {json.dumps(spec['enum'], ensure_ascii=False)}"
     if "pattern" in spec and isinstance(value, str) and not re.search(spec["pattern"], value):
-        return f"{name} must match the pattern {spec['pattern']}"
+        shown = value if len(value) <= 60 else value[:60] + "..."
+        return (f"{name} must match the pattern {spec['pattern']} ({spec.get('description', name)}),"
+                f" got {json.dumps(shown, ensure_ascii=False)}")
     if "minimum" in spec and isinstance(value, (int, float)) and value < spec["minimum"]:
         return f"{name} must be at least {spec['minimum']}"
     if "maximum" in spec and isinstance(value, (int, float)) and value > spec["maximum"]:

@@ -2,7 +2,7 @@
 
 It plays a list of canned replies in order and records every request it gets.
 A canned reply is either a string (the assistant's content) or a dict:
-  {"content": ..., "tool_calls": [...], "usage": {...} or None,
+  {"content": ..., "tool_calls": [...], "usage": {...} or None, "finish_reason": "length",
    "status": 429, "headers": {...}, "body": "raw text" or a JSON value,
    "delay": seconds before answering, "drop": true to close without replying,
    "trickle": seconds between the pieces of a body sent in 8 pieces,
@@ -11,6 +11,9 @@ A canned reply is either a string (the assistant's content) or a dict:
    with a plain JSON body, "piece_delay": seconds between the events of a streamed reply}
 A request with "stream": true gets its reply as server-sent events, a few characters an event.
 When the script runs out, the last reply is repeated (a model that never finishes).
+`screen` (tests only) is a function of each request's body that may answer it instead, with a
+canned reply, without using up the script: a server that refuses some request options, say.
+`like_llama_cpp_python` is one.
 
 Run it by hand: python tests/scripted_server.py replies.json [port]
 """
@@ -21,9 +24,26 @@ import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, List, Union
+from typing import Any, Callable, List, Optional, Union
 
 Canned = Union[str, dict]
+
+# What llama-cpp-python's server (0.3) answers to response_format json_schema.
+LLAMA_CPP_PYTHON_REFUSAL = {"status": 500, "body": {"error": {
+    "message": "1 validation error:\n  {'type': 'literal_error', 'loc': ('body', 'response_format', 'type'), 'msg':"
+               " \"Input should be 'text' or 'json_object'\", 'input': 'json_schema', 'ctx': {'expected':"
+               " \"'text' or 'json_object'\"}}\n\n  File \"/opt/venv/lib/python3.11/site-packages/llama_cpp/server/"
+               "app.py\", line 376, in create_chat_completion\n    POST /v1/chat/completions",
+    "type": "internal_server_error", "param": None, "code": None}}}
+
+
+def like_llama_cpp_python(body: Any) -> Optional[Canned]:
+    """A screen: refuse what llama-cpp-python's server refuses (response_format json_schema); it
+    drops tools without a word, so those requests get the scripted reply."""
+    response_format = body.get("response_format") if isinstance(body, dict) else None
+    if isinstance(response_format, dict) and response_format.get("type") not in ("text", "json_object"):
+        return LLAMA_CPP_PYTHON_REFUSAL
+    return None
 
 
 def action(tool: str, **args: Any) -> str:
@@ -31,13 +51,14 @@ def action(tool: str, **args: Any) -> str:
     return json.dumps({"tool": tool, "args": args}, ensure_ascii=False)
 
 
-def completion(content: Any = None, tool_calls: Any = None, usage: Any = "default") -> dict:
+def completion(content: Any = None, tool_calls: Any = None, usage: Any = "default",
+               finish_reason: str = "stop") -> dict:
     """A chat-completions body with one choice."""
     message = {"role": "assistant", "content": content}
     if tool_calls:
         message["tool_calls"] = tool_calls
     body = {"id": "chatcmpl-test", "object": "chat.completion", "model": "scripted",
-            "choices": [{"index": 0, "message": message, "finish_reason": "stop"}]}
+            "choices": [{"index": 0, "message": message, "finish_reason": finish_reason}]}
     if usage == "default":
         usage = {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}
     if usage is not None:
@@ -56,8 +77,11 @@ class _QuietServer(ThreadingHTTPServer):
 class ScriptedServer:
     """Serves canned replies in order; `requests` holds what each request carried."""
 
-    def __init__(self, replies: List[Canned], port: int = 0):
+    def __init__(self, replies: List[Canned], port: int = 0,
+                 screen: Optional[Callable[[Any], Optional[Canned]]] = None):
         self.replies = list(replies)
+        self.screen = screen
+        self.played = 0  # scripted replies used up
         self.requests: List[dict] = []
         self.connections = 0
         self._lock = threading.Lock()
@@ -81,14 +105,16 @@ class ScriptedServer:
                 length = int(self.headers.get("Content-Length") or 0)
                 raw = self.rfile.read(length)
                 with server._lock:
-                    index = len(server.requests)
                     try:
                         body = json.loads(raw)
                     except ValueError:
                         body = raw.decode("utf-8", "replace")
                     server.requests.append({"path": self.path, "headers": dict(self.headers),
                                             "body": body, "time": time.monotonic()})
-                    canned = server.replies[min(index, len(server.replies) - 1)] if server.replies else ""
+                    canned = server.screen(body) if server.screen else None
+                    if canned is None:
+                        index, server.played = server.played, server.played + 1
+                        canned = server.replies[min(index, len(server.replies) - 1)] if server.replies else ""
                 wants_stream = isinstance(body, dict) and body.get("stream") is True
                 server._answer(self, canned, wants_stream)
 
@@ -113,8 +139,8 @@ class ScriptedServer:
             body = spec["body"]
             data = (body if isinstance(body, str) else json.dumps(body)).encode("utf-8")
         else:
-            data = json.dumps(completion(spec.get("content"), spec.get("tool_calls"),
-                                         spec.get("usage", "default"))).encode("utf-8")
+            data = json.dumps(completion(spec.get("content"), spec.get("tool_calls"), spec.get("usage", "default"),
+                                         spec.get("finish_reason", "stop"))).encode("utf-8")
         if spec.get("gzip"):
             data = gzip.compress(data)
         handler.send_response(spec.get("status", 200))

@@ -1,10 +1,11 @@
 import json
+import time
 
 import pytest
 import requests
 import responses
 
-from client import CappedRetry, ModelClient
+from client import CappedRetry, ModelClient, server_message
 from endings import EndpointError
 from settings import Settings
 
@@ -37,7 +38,7 @@ def test_request_carries_model_messages_and_bearer_key():
     assert reply.content == "hello"
     assert reply.usage == {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}
     sent = responses.calls[0].request
-    assert json.loads(sent.body) == {"model": "m1", "messages": MESSAGES}
+    assert json.loads(sent.body) == {"model": "m1", "messages": MESSAGES, "max_tokens": 4096}
     assert sent.headers["Authorization"] == "Bearer sk-test-secret"
 
 
@@ -155,3 +156,78 @@ def test_a_lone_surrogate_or_nan_in_a_reply_cannot_reach_the_output():
     assert reply.content == "hi ? there"
     assert reply.tool_calls[0]["function"]["arguments"] == {"result": None}
     json.dumps(reply.tool_calls, allow_nan=False)
+
+
+# llama-cpp-python 0.3's answer to response_format json_schema, as it comes (HTTP 500).
+LLAMA_CPP_PYTHON_REJECTION = {"error": {
+    "message": "1 validation error:\n  {'type': 'literal_error', 'loc': ('body', 'response_format', 'type'), 'msg':"
+               " \"Input should be 'text' or 'json_object'\", 'input': 'json_schema', 'ctx': {'expected':"
+               " \"'text' or 'json_object'\"}}\n\n  File \"/opt/venv/lib/python3.11/site-packages/llama_cpp/server/"
+               "app.py\", line 376, in create_chat_completion\n    POST /v1/chat/completions",
+    "type": "internal_server_error", "param": None, "code": None}}
+
+
+@pytest.mark.parametrize("payload, said", [
+    (LLAMA_CPP_PYTHON_REJECTION, "response_format.type: Input should be 'text' or 'json_object'"),
+    ({"detail": [{"type": "missing", "loc": ["body", "messages", 0, "content"], "msg": "Field required",
+                  "input": {}}, {"type": "x", "loc": ["body", "model"], "msg": "Input should be a valid string"}]},
+     "messages.0.content: Field required; model: Input should be a valid string"),
+    ({"error": {"message": "Traceback (most recent call last):\n  File \"/srv/app/server.py\", line 12, in handle\n"
+                           "    check(body)\nValueError: n_ctx exceeded"}}, "ValueError: n_ctx exceeded"),
+    ({"error": {"message": "failed in /usr/lib/python3/dist-packages/app/handlers.py: bad input"}},
+     "failed in handlers.py: bad input"),
+])
+@responses.activate
+def test_a_server_message_loses_framework_dumps_and_file_paths(payload, said):
+    responses.post(URL, status=400, json=payload)
+    assert endpoint_error() == f"request rejected (HTTP 400): {said}"
+
+
+@pytest.mark.parametrize("payload", ["'loc': (" * 50_000, "/a/" + "a" * 200_000, "File \"" * 100_000])
+def test_cleaning_a_hostile_error_body_takes_no_time(payload):
+    started = time.monotonic()
+    server_message(payload)
+    assert time.monotonic() - started < 2
+
+
+@responses.activate
+def test_a_500_refusing_response_format_is_not_retried_and_says_it_was_refused():
+    responses.post(URL, status=500, json=LLAMA_CPP_PYTHON_REJECTION)
+    with pytest.raises(EndpointError) as raised:
+        client().ask(MESSAGES, response_format={"type": "json_schema", "json_schema": {"name": "a", "schema": {}}})
+    assert str(raised.value) == ("request rejected (HTTP 500): response_format.type:"
+                                 " Input should be 'text' or 'json_object'")
+    assert raised.value.http_status == 500 and len(responses.calls) == 1
+
+
+@responses.activate
+def test_a_500_about_something_else_is_retried_even_with_response_format():
+    responses.post(URL, status=500, json={"error": {"message": "out of memory"}})
+    responses.post(URL, json=body("fine"))
+    assert client().ask(MESSAGES, response_format={"type": "json_object"}).content == "fine"
+    assert len(responses.calls) == 2
+
+
+@responses.activate
+def test_the_reply_cap_moves_to_max_completion_tokens_once_when_the_endpoint_asks():
+    responses.post(URL, status=400, json={"error": {
+        "message": "Unsupported parameter: 'max_tokens' is not supported with this model."
+                   " Use 'max_completion_tokens' instead.", "param": "max_tokens"}})
+    responses.post(URL, json=body("one"))
+    responses.post(URL, json=body("two"))
+    notes = []
+    asker = ModelClient(Settings(url="https://llm.example.test/v1", model="m1", max_reply_tokens=64))
+    asker.on_note = notes.append
+    assert [asker.ask(MESSAGES).content, asker.ask(MESSAGES).content] == ["one", "two"]
+    sent = [json.loads(call.request.body) for call in responses.calls]
+    assert [("max_tokens" in b, b.get("max_completion_tokens")) for b in sent] == [
+        (True, None), (False, 64), (False, 64)]
+    assert len(notes) == 1
+
+
+@responses.activate
+def test_a_reply_cut_off_keeps_its_finish_reason():
+    payload = body("{\"tool\": \"calc")
+    payload["choices"][0]["finish_reason"] = "length"
+    responses.post(URL, json=payload)
+    assert client().ask(MESSAGES).finish_reason == "length"

@@ -38,7 +38,8 @@ class Recorder(ScriptedModel):
         self.bodies, self.model_name = [], model_name
 
     def __call__(self, messages, **options):
-        self.bodies.append(json.dumps({"model": self.model_name, "messages": messages, **options}))
+        # the body as the client sends it: the reply cap between the messages and the options
+        self.bodies.append(json.dumps({"model": self.model_name, "messages": messages, "max_tokens": 4096, **options}))
         self.requests.append({"messages": messages, **options})  # not copied: read only right away
         reply = self.replies[min(len(self.requests), len(self.replies)) - 1]
         if isinstance(reply, BaseException):
@@ -130,14 +131,14 @@ def test_the_running_size_is_the_size_of_the_body_as_sent(monkeypatch, mode):
         def messages(self):
             messages = super().messages()
             seen.append((self.size, len(json.dumps({"model": self.settings.model, "messages": messages,
-                                                    **self.options()}))))
+                                                    "max_tokens": 4096, **self.options()}))))
             return messages
     monkeypatch.setattr("agent_demo.Conversation", Watched)
     lookups = [Reply(content="", tool_calls=[{"id": f"o{n}", "type": "function", "function": {
         "name": "get_order_status", "arguments": json.dumps({"order_id": f"A100{n % 3 + 1}"})}}])
         for n in range(3)] if mode == "tools" else [act("get_order_status", order_id=f"A100{n}") for n in (1, 2, 3)]
     model = Recorder(*lookups, *(native(60) if mode == "tools" else sums(60)), act("finish", result="done"))
-    play(model, max_rounds=64, max_context=6000, mode=mode)
+    play(model, max_rounds=64, max_context=8000, mode=mode)
     assert len(compactions(model.bodies)) >= 3 and "\\u5f85" in model.bodies[3], "folded, non-ASCII and all"
     assert [size for size, _ in seen] == [actual for _, actual in seen]
 
@@ -145,10 +146,10 @@ def test_the_running_size_is_the_size_of_the_body_as_sent(monkeypatch, mode):
 def test_a_fallback_to_json_after_compactions_keeps_the_digest_and_the_budget():
     rejected = EndpointError("request rejected (HTTP 400): tools are not supported", 400, "tools are not supported")
     model = Recorder(*native(40), rejected, *sums(10, start=40), act("finish", result="done"))
-    outcome = play(model, max_rounds=60, max_context=6000, mode="tools")
+    outcome = play(model, max_rounds=60, max_context=8000, mode="tools")
     assert outcome.status == "finished"
     after = json.loads(model.bodies[41])
-    assert "tools" not in after and max(len(body) for body in model.bodies) <= 6000
+    assert "tools" not in after and max(len(body) for body in model.bodies) <= 8000
     assert "Earlier rounds" in after["messages"][1]["content"]
     assert [m["role"] for m in after["messages"]][2:4] == ["assistant", "user"], "tool turns re-sent as text"
     assert messages_json(model.bodies[42]).startswith(messages_json(model.bodies[41])[:-1])
@@ -225,8 +226,8 @@ def test_recall_is_described_in_every_mode_even_with_an_allowlist(serve, mode):
     else:
         assert "- recall: " in body["messages"][0]["content"]
     if mode == "schema":
-        branches = body["response_format"]["json_schema"]["schema"]["properties"]["actions"]["items"]["anyOf"]
-        assert ["recall"] in [branch["properties"]["tool"]["enum"] for branch in branches]
+        calls, ending = body["response_format"]["json_schema"]["schema"]["properties"]["actions"]["anyOf"]
+        assert ["recall"] in [branch["properties"]["tool"]["enum"] for branch in calls["items"]["anyOf"]]
 
 
 # --- cached tokens ----------------------------------------------------------------------------

@@ -18,7 +18,8 @@ from output import Redactor, SafeStream
 from scripted_server import ScriptedServer, action as act
 
 ROOT = Path(__file__).resolve().parent.parent
-# The model says the key, then makes a tool echo it (an unknown order id is quoted back), then finishes with it.
+# The model says the key, then makes a tool echo it (an order id of the wrong shape is quoted back), then finishes
+# with it.
 ECHOING_MODEL = [f"my key is {KEY} " + act("get_order_status", order_id=KEY),
                  act("finish", result=f"the key was {KEY}")]
 
@@ -42,7 +43,7 @@ def test_the_trace_on_stderr_does_not_show_the_key(serve, capsys):
     err = capsys.readouterr().err
     assert KEY not in err
     assert "model: my key is [redacted]" in err, "the model's words"
-    assert "order '[redacted]' not found" in err, "the tool's result"
+    assert 'got \\"[redacted]\\"' in err, "the tool's result"
 
 
 def test_the_trace_file_does_not_hold_the_key(serve, tmp_path):
@@ -51,7 +52,7 @@ def test_the_trace_file_does_not_hold_the_key(serve, tmp_path):
     assert main(["--quiet", "--trace", str(trace), "hi"]) == 0
     text = trace.read_text()
     assert KEY not in text
-    assert "my key is [redacted]" in text and "order '[redacted]' not found" in text
+    assert "my key is [redacted]" in text and 'got \\"[redacted]\\"' in text
 
 
 def test_an_error_message_and_its_debug_traceback_do_not_show_the_key(serve, capsys):
@@ -64,11 +65,14 @@ def test_an_error_message_and_its_debug_traceback_do_not_show_the_key(serve, cap
 
 def test_the_approval_question_on_the_terminal_does_not_show_the_key(tmp_path):
     import pty
-    with ScriptedServer(ECHOING_MODEL) as server:
+    tools_file = tmp_path / "echo.py"
+    tools_file.write_text('def echo(text: str) -> str:\n    """Say it back."""\n    return text\n')
+    with ScriptedServer([act("echo", text=KEY), act("finish", result="done")]) as server:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("LLM_", "AGENT_"))}
         env.update(LLM_API_URL=server.url, LLM_API_KEY=KEY)
         controller, terminal = pty.openpty()
-        process = subprocess.Popen([sys.executable, str(ROOT / "agent_demo.py"), "--approve", "--quiet", "hi"],
+        process = subprocess.Popen([sys.executable, str(ROOT / "agent_demo.py"), "--approve", "--quiet",
+                                    "--tools-file", str(tools_file), "hi"],
                                    stdin=terminal, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                    env=env, cwd=tmp_path)
         shown = b""
@@ -78,7 +82,7 @@ def test_the_approval_question_on_the_terminal_does_not_show_the_key(tmp_path):
         out, err = process.communicate(timeout=30)
         os.close(controller)
         os.close(terminal)
-    assert b'approve get_order_status {"order_id": "[redacted]"}? [y/N]' in shown
+    assert b'approve echo {"text": "[redacted]"}? [y/N]' in shown
     assert KEY.encode() not in shown + out + err
 
 

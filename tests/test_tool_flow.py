@@ -10,7 +10,7 @@ import pytest
 from agent_demo import Reply, Settings, main, run
 from scripted_model import ScriptedModel
 from scripted_server import ScriptedServer, action as act
-from tools import CONTROL_ACTIONS, REGISTRY, registry_of, tool
+from tools import CONTROL_ACTIONS, EXPRESSION_PATTERN, REGISTRY, registry_of, tool
 
 ROOT = Path(__file__).resolve().parent.parent
 MISSION = "compute (12 + 500) * 3 and look up order A1002"
@@ -104,12 +104,16 @@ def test_schema_mode_sends_the_action_schema_rendered_from_the_registry():
     response_format = model.requests[0]["response_format"]
     assert response_format["type"] == "json_schema"
     schema = response_format["json_schema"]["schema"]
-    assert schema["required"] == ["actions"] and schema["properties"]["actions"]["maxItems"] == 8
-    branches = schema["properties"]["actions"]["items"]["anyOf"]
-    assert [b["properties"]["tool"]["enum"] for b in branches] == [[name] for name in [*REGISTRY, *CONTROL_ACTIONS]]
+    calls, ending = schema["properties"]["actions"]["anyOf"]
+    assert schema["required"] == ["actions"] and calls["maxItems"] == 8 and ending["maxItems"] == 1
+    branches = calls["items"]["anyOf"] + ending["items"]["anyOf"]
+    assert [b["properties"]["tool"]["enum"] for b in branches] == [[name] for name in [*REGISTRY, "recall", "finish", "fail"]]
     assert branches[0]["properties"]["args"] == {
-        "type": "object", "properties": {"expression": {"type": "string", "description": "e.g. '12 + 500' or '-3 * 4'"}},
+        "type": "object", "properties": {"expression": {
+            "type": "string", "description": "number operator number, e.g. '12 + 500' or '-3 * 4'",
+            "pattern": EXPRESSION_PATTERN}},
         "required": ["expression"], "additionalProperties": False}
+    assert branches[3]["properties"]["args"]["properties"]["result"]["anyOf"][0] == {"type": "string"}
     assert '{"actions": [' in model.requests[0]["messages"][0]["content"]
 
 
@@ -168,16 +172,17 @@ def test_the_mission_runs_in_3_requests_in_each_mode_against_the_server(serve, c
 
 @pytest.mark.parametrize("mode, field", [("schema", "response_format"), ("tools", "tools")])
 def test_a_400_for_schema_or_tools_falls_back_to_json_once_and_says_so(serve, capsys, tmp_path, mode, field):
-    server = serve([{"status": 400, "body": {"error": {"message": f"unsupported parameter: {field}"}}},
-                    act("finish", result="ok")])
+    refusal = {"status": 400, "body": {"error": {"message": f"unsupported parameter: {field}"}}}
+    server = serve([act("finish", result="ok")], screen=lambda body: refusal if field in body else None)
     trace = tmp_path / "t.jsonl"
     assert main(["--mode", mode, "--trace", str(trace), "hi"]) == 0
     assert field in server.requests[0]["body"]
-    assert field not in server.requests[1]["body"]
-    assert "Reply with one JSON object and nothing else: {\"tool\"" in server.sent_messages(1)[0]["content"]
+    assert field not in server.requests[-1]["body"]
+    assert len(server.requests) == (4 if mode == "schema" else 2), "schema mode tries its three variants first"
+    assert "Reply with one JSON object and nothing else: {\"tool\"" in server.sent_messages(-1)[0]["content"]
     assert f"note: the endpoint rejected {mode} mode" in capsys.readouterr().err
     fallback = [json.loads(line) for line in trace.read_text().splitlines() if '"fallback"' in line]
-    assert fallback[0]["from_mode"] == mode and fallback[0]["to_mode"] == "json"
+    assert fallback[-1]["from_mode"] == mode and fallback[-1]["to_mode"] == "json"
 
 
 def test_a_server_error_naming_response_format_also_falls_back(serve, capsys):
@@ -187,10 +192,10 @@ def test_a_server_error_naming_response_format_also_falls_back(serve, capsys):
     assert len(server.requests) == 2
 
 
-def test_the_fallback_happens_once(serve, capsys):
+def test_each_fallback_happens_once(serve, capsys):
     server = serve([{"status": 400, "body": {"error": {"message": "bad request"}}}])
     assert main(["--mode", "schema", "hi"]) == 3
-    assert len(server.requests) == 2
+    assert len(server.requests) == 4, "json_schema, json_object+schema, json_object, then json"
     assert "request rejected (HTTP 400): bad request" in capsys.readouterr().err
 
 

@@ -1,9 +1,8 @@
 import math
+from typing import Literal, Union
 
 import pytest
 from hypothesis import given, strategies as st
-
-from typing import Literal
 
 from tools import (CONTROL_ACTIONS, REGISTRY, ToolDefinitionError, call_tool, calculator, check_args, describe,
                    registry_of, tool)
@@ -178,3 +177,68 @@ def test_the_built_in_tools_and_finish_fail_come_from_functions():
     assert CONTROL_ACTIONS["fail"].parameters["reason"] == {"type": "string",
                                                              "description": "why the task cannot be done"}
     assert CONTROL_ACTIONS["finish"].example() == {"tool": "finish", "args": {"result": "The answer is 512."}}
+
+
+# --- schemas every grammar engine compiles ---------------------------------------------------
+
+def _leaves(schema):
+    """Every value schema inside an argument schema: anyOf branches, items, properties."""
+    yield schema
+    for branch in schema.get("anyOf", []):
+        yield from _leaves(branch)
+    for inner in schema.get("properties", {}).values():
+        yield from _leaves(inner)
+    if isinstance(schema.get("items"), dict):
+        yield from _leaves(schema["items"])
+
+
+@pytest.mark.parametrize("described", [*REGISTRY.values(), *CONTROL_ACTIONS.values()], ids=lambda t: t.name)
+def test_every_argument_of_every_tool_has_a_type(described):
+    for name, spec in described.parameters.items():
+        for leaf in _leaves(spec):
+            assert "type" in leaf or "anyOf" in leaf, f"{described.name}.{name}: {leaf}"
+
+
+def test_any_becomes_a_union_of_every_json_type():
+    result = CONTROL_ACTIONS["finish"].parameters["result"]
+    assert [branch["type"] for branch in result["anyOf"]] == ["string", "number", "boolean", "object", "array",
+                                                               "null"]
+    for value in ["text", 1536, 2.5, True, {"total": 1536}, [1, 2], None]:
+        assert check_args(CONTROL_ACTIONS["finish"], {"result": value}) is None
+
+
+def test_a_union_argument_is_checked_against_each_branch():
+    def pick(value: Literal["a", "b"], amount: Union[int, str]):
+        """Pick."""
+    described = describe(pick)
+    assert described.parameters["amount"]["anyOf"] == [{"type": "integer"}, {"type": "string"}]
+    assert check_args(described, {"value": "a", "amount": 3}) is None
+    assert check_args(described, {"value": "a", "amount": "3"}) is None
+    assert check_args(described, {"value": "a", "amount": 2.5}) == "amount must be one of: integer, string"
+
+
+@pytest.mark.parametrize("described", [*REGISTRY.values(), *CONTROL_ACTIONS.values()], ids=lambda t: t.name)
+def test_the_example_the_prompt_shows_fits_the_schema(described):
+    assert check_args(described, described.example_args) is None
+
+
+@pytest.mark.parametrize("tool_name, arg", [("calculator", "expression"), ("get_order_status", "order_id")])
+def test_the_built_in_tools_declare_a_pattern_grammar_engines_compile(tool_name, arg):
+    pattern = REGISTRY[tool_name].parameters[arg]["pattern"]
+    # llama.cpp's converter wants ^...$ and passes escapes such as \d or \. to a grammar that refuses them;
+    # (?:...) groups it does not know at all.
+    assert pattern.startswith("^") and pattern.endswith("$")
+    assert "\\" not in pattern and "(?" not in pattern
+
+
+@pytest.mark.parametrize("expression", ["(12 + 500) * 3", "12 + 500 * 3", "twelve plus 500", "512*3=1536", "1,000 + 1"])
+def test_the_calculator_pattern_refuses_what_the_calculator_cannot_read(expression):
+    result = call_tool("calculator", {"expression": expression}, REGISTRY)
+    assert result["ok"] is False
+    assert "must match the pattern" in result["error"] and "number operator number" in result["error"]
+
+
+@pytest.mark.parametrize("order_id", ["order A1002", "#A1002", "A 1002", ""])
+def test_an_order_id_of_the_wrong_shape_is_refused_with_the_pattern(order_id):
+    result = call_tool("get_order_status", {"order_id": order_id}, REGISTRY)
+    assert result["ok"] is False and "must match the pattern" in result["error"]
