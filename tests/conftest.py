@@ -8,6 +8,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from scripted_server import ScriptedServer  # noqa: E402
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 KEY = "sk-live-DO-NOT-LEAK-0123456789"
 
 
@@ -44,3 +45,22 @@ def said_lines(err):
     and without the command that continues a run cut short."""
     return [line for line in err.splitlines()
             if line.startswith("agent-demo:") and not line.startswith("agent-demo: to continue:")]
+
+
+def answer_on_a_terminal(argv, env, cwd, answer=b"y\n"):
+    """Run the CLI with stdin on a pseudo terminal, answer its first [y/N] question; return
+    (what the terminal showed, stdout, stderr, exit code)."""
+    import pty
+    import select
+    import subprocess
+    controller, terminal = pty.openpty()
+    process = subprocess.Popen([sys.executable, os.path.join(ROOT, "agent_demo.py"), *argv], stdin=terminal,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=cwd)
+    shown = b""
+    while b"[y/N]" not in shown and select.select([controller], [], [], 20)[0]:
+        shown += os.read(controller, 1024)
+    os.write(controller, answer)
+    out, err = process.communicate(timeout=30)
+    os.close(controller)
+    os.close(terminal)
+    return shown, out, err, process.returncode

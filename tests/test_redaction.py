@@ -5,15 +5,13 @@ that the path shows [redacted] instead, so dropping the redaction from any one p
 """
 import json
 import os
-import select
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
 from agent_demo import main
-from conftest import KEY
+from conftest import KEY, answer_on_a_terminal
 from output import Redactor, SafeStream
 from scripted_server import ScriptedServer, action as act
 
@@ -64,24 +62,13 @@ def test_an_error_message_and_its_debug_traceback_do_not_show_the_key(serve, cap
 
 
 def test_the_approval_question_on_the_terminal_does_not_show_the_key(tmp_path):
-    import pty
     tools_file = tmp_path / "echo.py"
     tools_file.write_text('def echo(text: str) -> str:\n    """Say it back."""\n    return text\n')
     with ScriptedServer([act("echo", text=KEY), act("finish", result="done")]) as server:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("LLM_", "AGENT_"))}
         env.update(LLM_API_URL=server.url, LLM_API_KEY=KEY)
-        controller, terminal = pty.openpty()
-        process = subprocess.Popen([sys.executable, str(ROOT / "agent_demo.py"), "--approve", "--quiet",
-                                    "--tools-file", str(tools_file), "hi"],
-                                   stdin=terminal, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                   env=env, cwd=tmp_path)
-        shown = b""
-        while b"[y/N]" not in shown and select.select([controller], [], [], 20)[0]:
-            shown += os.read(controller, 1024)
-        os.write(controller, b"y\n")
-        out, err = process.communicate(timeout=30)
-        os.close(controller)
-        os.close(terminal)
+        shown, out, err, _ = answer_on_a_terminal(["--approve", "--quiet", "--tools-file", str(tools_file), "hi"],
+                                                  env, tmp_path)
     assert b'approve echo {"text": "[redacted]"}? [y/N]' in shown
     assert KEY.encode() not in shown + out + err
 

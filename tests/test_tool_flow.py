@@ -1,13 +1,12 @@
 """Tool flow: batches, the three modes, the fallback, the allowlist, approval."""
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from agent_demo import Reply, Settings, main, run
+from conftest import answer_on_a_terminal
 from scripted_model import ScriptedModel
 from scripted_server import ScriptedServer, action as act
 from tools import CONTROL_ACTIONS, EXPRESSION_PATTERN, REGISTRY, registry_of, tool
@@ -283,24 +282,12 @@ def test_approve_without_a_terminal_refuses_every_call_and_says_so(serve, capsys
 
 
 def test_approve_asks_on_a_real_terminal_even_with_json_and_stderr_redirected(tmp_path):
-    import pty
-    import select
     with ScriptedServer([act("calculator", expression="2 + 2"), act("finish", result="four")]) as server:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("LLM_", "AGENT_"))}
         env["LLM_API_URL"] = server.url
-        controller, terminal = pty.openpty()
-        process = subprocess.Popen([sys.executable, str(ROOT / "agent_demo.py"), "--approve", "--json", "hi"],
-                                   stdin=terminal, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                                   env=env, cwd=tmp_path)
-        shown = b""
-        while b"[y/N]" not in shown and select.select([controller], [], [], 20)[0]:
-            shown += os.read(controller, 1024)
-        os.write(controller, b"y\n")
-        out, _ = process.communicate(timeout=30)
-        os.close(controller)
-        os.close(terminal)
+        shown, out, _, code = answer_on_a_terminal(["--approve", "--json", "hi"], env, tmp_path)
     assert b'approve calculator {"expression": "2 + 2"}? [y/N]' in shown
-    assert process.returncode == 0 and json.loads(out)["result"] == "four"
+    assert code == 0 and json.loads(out)["result"] == "four"
     assert '"data": 4' in server.sent_messages(1)[-1]["content"]
 
 
