@@ -11,6 +11,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import cli
 import prompts
+import runs
 from actions import Action, Parsed, parse_reply
 from client import ModelClient, Reply
 from context import Conversation, digest_line, recall_rounds, request_size, shorten_args, truncate_result
@@ -330,7 +331,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             return Interrupted.exit_code
         redactor.add(*secrets_of(environment, args.url))
         if unreadable or args.runs:
-            return cli.report(RunResult(unreadable), args, answer) if unreadable else cli.list_runs(environment)
+            return cli.report(RunResult(unreadable), args, answer) if unreadable else runs.list_runs(environment)
         outcome, job = start(args, environment, redactor)
         try:
             if args.debug or environment.get("AGENT_DEBUG", "") not in ("", "0"):

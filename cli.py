@@ -222,12 +222,12 @@ def prepare(args: argparse.Namespace, environment: Dict[str, str]) -> Job:
     settings = load_settings(args, environment)
     tools_files = [os.path.abspath(path) for path in args.tools_file or []]
     if args.resume is None:
-        trace = args.trace or (None if args.no_log else new_log_file(environment))
+        trace = args.trace or (None if args.no_log else runs.new_log_file(environment))
         settings.tools_files = tools_files
         return Job(settings, build_registry(tools_files, args.tools, settings.tool_timeout), args.task, [], trace)
     if args.task:
         raise ConfigError("--resume continues the task recorded in the trace; give no task with it")
-    path = args.resume or latest_run(environment)
+    path = args.resume or runs.latest_run(environment)
     if args.trace and os.path.abspath(args.trace) != os.path.abspath(path):
         raise ConfigError("--resume appends to its own trace file; --trace cannot name another one")
     try:
@@ -264,25 +264,6 @@ def prepare(args: argparse.Namespace, environment: Dict[str, str]) -> Job:
         registry = {name: tool for name, tool in registry.items() if name in start["tools"]}
     settings.approve = settings.approve or start.get("approve") is True  # only --yes lifts it on resume
     return Job(settings, registry, start["task"], rounds, path)
-
-
-def new_log_file(environment: Dict[str, str]) -> str:
-    """A new file in the run log folder, or ConfigError saying how to do without."""
-    folder = runs.log_dir(environment)
-    try:
-        return str(runs.new_run_path(folder))
-    except OSError as error:
-        raise ConfigError(f"cannot create the run log folder {folder}: {error.strerror or error};"
-                          " set AGENT_DEMO_LOG_DIR, or use --no-log or --trace FILE") from None
-
-
-def latest_run(environment: Dict[str, str]) -> str:
-    """The most recent unfinished run in the run log folder, for --resume without a file."""
-    folder = runs.log_dir(environment)
-    path = runs.latest_unfinished(folder)
-    if path is None:
-        raise ConfigError(f"--resume: no unfinished run in {folder}; name a trace file: --resume FILE")
-    return str(path)
 
 
 def continue_command(trace_path: str, outcome: RunResult, settings: Optional[Settings],
@@ -371,13 +352,6 @@ def watched(client: ModelClient, log: RunLog) -> Callable[..., Reply]:
             client.on_text = status.feed
             return client.ask(messages, **options)
     return ask
-
-
-def list_runs(environment: Dict[str, str]) -> int:
-    """--runs: the recent runs in the run log folder, newest first."""
-    folder = runs.log_dir(environment)
-    print(runs.render_runs(runs.recent_runs(folder), folder))
-    return 0
 
 
 def report(outcome: RunResult, args: argparse.Namespace, answer: TextIO, trace_path: Optional[str] = None,

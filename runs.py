@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Dict, List, Optional
 
+from endings import ConfigError
+
 try:
     import fcntl
 except ImportError:  # Windows: runs are not locked
@@ -181,3 +183,29 @@ def render_runs(runs: List[RunSummary], folder: Path) -> str:
         when = time.strftime("%Y-%m-%d %H:%M", time.localtime(run.started))
         lines.append(f"{when:<16}  {run.status:<11}  {run.rounds:>6}  {tokens:>8}  {words:<40}  {run.path}")
     return "\n".join(lines)
+
+
+def new_log_file(environment: Dict[str, str]) -> str:
+    """A new file in the run log folder, or ConfigError saying how to do without."""
+    folder = log_dir(environment)
+    try:
+        return str(new_run_path(folder))
+    except OSError as error:
+        raise ConfigError(f"cannot create the run log folder {folder}: {error.strerror or error};"
+                          " set AGENT_DEMO_LOG_DIR, or use --no-log or --trace FILE") from None
+
+
+def latest_run(environment: Dict[str, str]) -> str:
+    """The most recent unfinished run in the run log folder, for --resume without a file."""
+    folder = log_dir(environment)
+    path = latest_unfinished(folder)
+    if path is None:
+        raise ConfigError(f"--resume: no unfinished run in {folder}; name a trace file: --resume FILE")
+    return str(path)
+
+
+def list_runs(environment: Dict[str, str]) -> int:
+    """--runs: print the recent runs in the run log folder, newest first."""
+    folder = log_dir(environment)
+    print(render_runs(recent_runs(folder), folder))
+    return 0
