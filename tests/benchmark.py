@@ -55,7 +55,7 @@ class Stopwatch:
 
 def harness_run(server: ScriptedServer, rounds: int, max_context: int) -> tuple:
     """The real CLI, in this process: (Stopwatch, its --json outcome, the bodies it sent, connections it opened)."""
-    server.requests.clear()  # the script starts over
+    server.restart()
     connections = server.connections
     os.environ["LLM_API_URL"] = server.url
     stdout = io.StringIO()
@@ -68,7 +68,7 @@ def harness_run(server: ScriptedServer, rounds: int, max_context: int) -> tuple:
 
 def bare_loop(server: ScriptedServer, bodies: list) -> Stopwatch:
     """What any client pays per round: post each body on one session and read the reply."""
-    server.requests.clear()  # the script starts over
+    server.restart()
     session = requests.Session()
     url = server.url + "/chat/completions"
     with Stopwatch() as watch:

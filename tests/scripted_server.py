@@ -206,6 +206,12 @@ class ScriptedServer:
         self.httpd.shutdown()
         self.httpd.server_close()
 
+    def restart(self) -> None:
+        """Play the script again from its first reply, with no requests recorded."""
+        with self._lock:
+            self.requests.clear()
+            self.played = 0
+
     def sent_messages(self, index: int) -> List[dict]:
         """The messages of request number index (0-based)."""
         return self.requests[index]["body"]["messages"]
