@@ -45,10 +45,11 @@ def run(task: str, settings: Settings, ask_model: Callable[..., Reply],
             if settings.max_tokens is not None and usage.get("total_tokens", 0) >= settings.max_tokens:
                 raise BudgetSpent()
             reply, messages = ask(ask_model, conversation, log)
-            log.reply(number, settings.max_rounds, reply)
+            counted = count_usage(reply, messages)
+            log.reply(number, settings.max_rounds, reply, *counted)
             parsed = parse_reply(reply, conversation.mode)
             calls = execute(parsed, registry, watchdog, number, approve, settings, conversation.rounds)
-            record = make_round(number, reply, messages, parsed, calls,
+            record = make_round(number, reply, counted, parsed, calls,
                                 feed_back(parsed, calls, registry, settings, conversation.mode), conversation.mode)
             conversation.rounds.append(record)
             add_usage(usage, record)
@@ -258,10 +259,10 @@ class Watchdog:
 
 # --- usage ---------------------------------------------------------------------------------
 
-def make_round(number: int, reply: Reply, messages: List[dict], parsed: Parsed, calls: List[Call],
+def make_round(number: int, reply: Reply, counted: Tuple[dict, bool], parsed: Parsed, calls: List[Call],
                feedback: List[dict], mode: str) -> Round:
     """One round as the run remembers it: enough to show it, and to rebuild the conversation."""
-    usage, estimated = count_usage(reply, messages)
+    usage, estimated = counted
     tool_calls = None
     if parsed.answers_by_id(mode):  # re-sent as the model wrote them, broken arguments too
         tool_calls = [{"id": action.id, "type": "function", "function": {

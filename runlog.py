@@ -89,15 +89,13 @@ class RunLog:
                  f" ({limits.get('mode', 'json')} mode)")
         self.record("resume", model=model, url=url, after_round=done_rounds, **limits, ts=time.time())
 
-    def reply(self, number: int, max_rounds: int, reply: Any) -> None:
-        """Show what the model said, with the round's time and tokens, before its calls run (and
-        before --approve asks about them); think blocks are shortened here, not in the trace file."""
-        usage = reply.usage or {}
-        tokens = usage.get("total_tokens")
-        if not isinstance(tokens, int) and all(isinstance(usage.get(k), int) for k in ("prompt_tokens",
-                                                                                        "completion_tokens")):
-            tokens = usage["prompt_tokens"] + usage["completion_tokens"]
-        counted = f", {tokens:,} tokens" if isinstance(tokens, int) else ""
+    def reply(self, number: int, max_rounds: int, reply: Any, usage: Optional[dict] = None,
+              estimated: bool = False) -> None:
+        """Show what the model said, with the round's time and tokens (~ when estimated), before its
+        calls run (and before --approve asks about them); think blocks are shortened here, not in
+        the trace file."""
+        tokens = (usage or {}).get("total_tokens")
+        counted = f", {'~' if estimated else ''}{tokens:,} tokens" if isinstance(tokens, int) else ""
         self.say(f"\n--- round {number}/{max_rounds} --- {reply.latency_ms / 1000:.1f} s{counted}", "header")
         if reply.reasoning.strip():
             self.say(f"thinking: {shorten_reasoning(reply.reasoning)}", "dim")

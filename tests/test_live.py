@@ -221,3 +221,10 @@ def test_the_status_line_fits_the_terminal_with_wide_characters():
 ])
 def test_think_blocks_the_server_cut_open_or_never_closed_are_shortened_too(text, shown):
     assert shorten_think(text) == shown
+
+
+def test_a_round_header_estimates_the_tokens_when_the_endpoint_reports_none(serve, capsys):
+    serve([{"content": act("finish", result="ok"), "usage": None}])
+    assert main(["hi"]) == 0
+    header = next(line for line in capsys.readouterr().err.splitlines() if line.startswith("--- round 1/6 ---"))
+    assert header.endswith(" tokens") and ", ~" in header
