@@ -191,5 +191,5 @@ def load_settings(args: Any, environment: Dict[str, str]) -> Settings:
         raise ConfigError("LLM_API_KEY holds spaces or characters that cannot go in an HTTP header;"
                           " check for a stray quote, zero-width space or non-ASCII character")
     if not settings.api_key and host in HOSTS_NEEDING_A_KEY:
-        raise ConfigError(f"LLM_API_KEY is not set, and {host} needs one (see .env.example)")
+        raise ConfigError(f"LLM_API_KEY (or OPENAI_API_KEY) is not set, and {host} needs one (see .env.example)")
     return settings

@@ -160,7 +160,7 @@ def test_json_reports_errors_as_one_object_too(serve, capsys):
 def test_missing_key_for_openai_is_a_configuration_error_before_any_request(monkeypatch, capsys):
     assert main(["hi"]) == 2
     assert capsys.readouterr().err.strip() == (
-        "agent-demo: error: LLM_API_KEY is not set, and api.openai.com needs one (see .env.example)")
+        "agent-demo: error: LLM_API_KEY (or OPENAI_API_KEY) is not set, and api.openai.com needs one (see .env.example)")
 
 
 def test_no_key_for_a_local_server_sends_no_authorization(serve, capsys):
