@@ -16,7 +16,8 @@ from actions import Action, Parsed, parse_reply
 from client import ModelClient, Reply
 from context import Conversation, digest_line, recall_rounds, request_size, shorten_args, truncate_result
 from endings import (BudgetSpent, ConfigError, EndpointError, Finished, GaveUp, InternalError, Interrupted,
-                     OutputClosed, RoundLimit, RunEnded, RunResult, Stuck)
+                     OutputClosed, RequestChanged, RoundLimit, RunEnded, RunResult, SigTerm, Stuck,
+                     Terminated)
 from output import Redactor, protected, stray_prints_to_stderr
 from records import Call, Round
 from runlog import RunLog
@@ -60,6 +61,8 @@ def run(task: str, settings: Settings, ask_model: Callable[..., Reply],
         ending = ended
     except KeyboardInterrupt:
         ending = Interrupted()
+    except SigTerm:
+        ending = Terminated("terminated by SIGTERM")
     except Exception as error:  # a bug of ours: the run still ends with its record, and --debug shows it
         ending = InternalError(f"internal error: {type(error).__name__}: {error}")
         ending.__cause__ = error
@@ -79,7 +82,8 @@ def start_log(log: RunLog, conversation: Conversation, approve: Optional[Approve
     limits = {"max_rounds": settings.max_rounds, "max_tokens": settings.max_tokens,
               "max_reply_tokens": settings.max_reply_tokens, "mode": settings.mode,
               "max_calls": settings.max_calls, "tools": list(conversation.registry), "approve": settings.approve,
-              "tools_files": settings.tools_files}
+              "tools_files": settings.tools_files, "max_context": settings.max_context,
+              "tool_timeout": settings.tool_timeout}
     url = display_url(chat_completions_url(settings.url))
     if conversation.rounds:
         log.resume(conversation.task, settings.model, url, len(conversation.rounds), limits)
@@ -96,6 +100,8 @@ def ask(ask_model: Callable[..., Reply], conversation: Conversation, log: RunLog
         messages = conversation.messages()
         try:
             reply = ask_model(messages, **conversation.options())
+        except RequestChanged as change:  # the request is built again, to the budget, in the new form
+            log.setting(change.setting, change.value, str(change))
         except EndpointError as error:
             if conversation.mode == "json" or not error.rejects_request_options(conversation.mode_worked):
                 raise
@@ -351,7 +357,8 @@ def start(args: Any, environment: Dict[str, str], redactor: Redactor) -> Tuple[R
         return RunResult(error), None
     except KeyboardInterrupt:
         return RunResult(Interrupted()), None
-    job.settings.stream = cli.wants_stream(args)
+    except SigTerm:
+        return RunResult(Terminated("terminated by SIGTERM")), None
     client = ModelClient(job.settings)
     try:
         with cli.ending_on_sigterm(), stray_prints_to_stderr():

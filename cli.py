@@ -16,7 +16,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, TextIO
 import prompts
 import runs
 from client import ModelClient, Reply
-from endings import ConfigError, RunResult, Terminated
+from endings import ConfigError, RunResult, SigTerm
 from output import Redactor, SafeStream
 from records import Round
 from runlog import RunLog, load_trace
@@ -172,7 +172,7 @@ def read_stdin() -> str:
 def ending_on_sigterm() -> Iterator[None]:
     """While the run lasts, SIGTERM ends it like Ctrl-C does: the end record is written, exit 143."""
     def terminate(signum: int, frame: Any) -> None:
-        raise Terminated("terminated by SIGTERM")
+        raise SigTerm()
     try:
         previous = signal.signal(signal.SIGTERM, terminate)
     except ValueError:  # not the main thread: leave signals alone
@@ -219,11 +219,11 @@ def build_registry(files: List[str], names: Optional[str], tool_timeout: float) 
 
 def prepare(args: argparse.Namespace, environment: Dict[str, str]) -> Job:
     """Settings, the tools, the task, the rounds already done and the trace path, or ConfigError."""
-    settings = load_settings(args, environment)
     tools_files = [os.path.abspath(path) for path in args.tools_file or []]
     if args.resume is None:
+        settings = load_settings(args, environment)
+        settings.stream, settings.tools_files = wants_stream(args), tools_files
         trace = args.trace or (None if args.no_log else runs.new_log_file(environment))
-        settings.tools_files = tools_files
         return Job(settings, build_registry(tools_files, args.tools, settings.tool_timeout), args.task, [], trace)
     if args.task:
         raise ConfigError("--resume continues the task recorded in the trace; give no task with it")
@@ -238,24 +238,25 @@ def prepare(args: argparse.Namespace, environment: Dict[str, str]) -> Job:
     # The run's own settings hold across resumes unless the user gives them again.
     def recorded(flag: Any, variables: str, key: str, valid: Callable[[Any], bool]) -> bool:
         return flag is None and not any(environment.get(v) for v in variables.split()) and valid(start.get(key))
-    whole = lambda value: isinstance(value, int) and not isinstance(value, bool) and value >= 1  # noqa: E731
     text = lambda value: isinstance(value, str) and value != "" and "***" not in value  # noqa: E731
-    for key, flag, variables, valid in [
-            ("max_rounds", args.max_rounds, "AGENT_MAX_ROUNDS", whole),
-            ("max_tokens", args.max_tokens, "AGENT_MAX_TOKENS", whole),
-            ("max_calls", args.max_calls, "AGENT_MAX_CALLS", whole),
-            ("max_reply_tokens", args.max_reply_tokens, "AGENT_MAX_REPLY_TOKENS",
-             lambda value: isinstance(value, int) and not isinstance(value, bool) and value >= 0),
-            ("mode", args.mode, "AGENT_MODE", lambda mode: mode in MODES),
-            ("model", args.model, "LLM_MODEL", text),
-            ("url", args.url, "LLM_API_URL OPENAI_BASE_URL", text)]:
-        if recorded(flag, variables, key, valid):
-            setattr(settings, key, start[key])
-    if recorded(args.mode, "AGENT_MODE", "schema_variant", lambda variant: variant in prompts.SCHEMA_VARIANTS):
-        settings.schema_variant = start["schema_variant"]  # the response_format that worked
     if recorded(args.url, "LLM_API_URL OPENAI_BASE_URL", "url", lambda url: isinstance(url, str) and "***" in url):
         raise ConfigError("the run's URL held a password, which is not recorded: give it again with --url"
                           " or LLM_API_URL")
+    as_recorded = argparse.Namespace(**vars(args))  # the run's endpoint, checked like one given as flags
+    for key in ("url", "model"):
+        if recorded(getattr(args, key), {"url": "LLM_API_URL OPENAI_BASE_URL", "model": "LLM_MODEL"}[key], key, text):
+            setattr(as_recorded, key, start[key])
+    settings = load_settings(as_recorded, environment)
+    for key, (flag, variable, parse) in NUMBERS.items():
+        if recorded(getattr(args, key, None) if flag else None, variable, key, lambda value: _parses(parse, value)):
+            setattr(settings, key, start[key])
+    if recorded(args.mode, "AGENT_MODE", "mode", lambda mode: mode in MODES):
+        settings.mode = start["mode"]
+    if settings.mode == start.get("mode") and start.get("schema_variant") in prompts.SCHEMA_VARIANTS:
+        settings.schema_variant = start["schema_variant"]  # the response_format that worked
+    if start.get("reply_cap_field") in ("max_tokens", "max_completion_tokens"):
+        settings.reply_cap_field = start["reply_cap_field"]  # the endpoint asked for it
+    settings.stream = wants_stream(args) and start.get("stream") is not False  # False: it refused streaming
     if recorded(args.tools_file, "", "tools_files", lambda paths: isinstance(paths, list)):
         tools_files = [str(path) for path in start["tools_files"]]
     settings.tools_files = tools_files
@@ -264,6 +265,16 @@ def prepare(args: argparse.Namespace, environment: Dict[str, str]) -> Job:
         registry = {name: tool for name, tool in registry.items() if name in start["tools"]}
     settings.approve = settings.approve or start.get("approve") is True  # only --yes lifts it on resume
     return Job(settings, registry, start["task"], rounds, path)
+
+
+def _parses(parse: Callable[[str], Any], value: Any) -> bool:
+    """Is a recorded number one its flag would take?"""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    try:
+        return parse(str(value)) == value
+    except ValueError:
+        return False
 
 
 def continue_command(trace_path: str, outcome: RunResult, settings: Optional[Settings],
@@ -280,6 +291,8 @@ def continue_command(trace_path: str, outcome: RunResult, settings: Optional[Set
         command += f" -m {shlex.quote(settings.model)}"
     if settings and args.url and "***" not in display_url(settings.url):
         command += f" --url {shlex.quote(settings.url)}"
+    if args.yes:  # never assumed on resume: said again, in the open
+        command += " --yes"
     if settings and outcome.status == "max_rounds":
         command += f" --max-rounds {settings.max_rounds * 2}"
     if settings and outcome.status == "budget" and settings.max_tokens:
@@ -345,7 +358,6 @@ def wants_stream(args: argparse.Namespace) -> bool:
 
 def watched(client: ModelClient, log: RunLog) -> Callable[..., Reply]:
     """client.ask, with the live status line (and the streamed reply) on the terminal while it works."""
-    client.on_note = log.note
 
     def ask(messages: List[dict], **options: Any) -> Reply:
         with log.working() as status:

@@ -14,7 +14,7 @@ from requests.adapters import HTTPAdapter
 from urllib3.util.retry import Retry
 
 import prompts
-from endings import REFUSABLE_OPTIONS, EndpointError, ReplyCutOff, names_request_options
+from endings import REFUSABLE_OPTIONS, EndpointError, ReplyCutOff, RequestChanged, names_request_options
 from settings import STREAM_FIELDS, Settings, chat_completions_url, display_url
 from streaming import TextListener, read_stream
 
@@ -68,7 +68,6 @@ class ModelClient:
         self.url = chat_completions_url(settings.url)
         self.stream = settings.stream  # ask for server-sent events, until the endpoint refuses them
         self.on_text: Optional[TextListener] = None  # shown each piece of a streamed reply
-        self.on_note: Callable[[str], None] = lambda text: None  # told of a change of course
         self.attempt: dict = {}
         retry_class = type("Retry", (CappedRetry,), {"retry_after_cap": settings.retry_after_cap,
                                                      "attempt": self.attempt})
@@ -104,9 +103,9 @@ class ModelClient:
             if not (error.http_status == 400 and "max_completion_tokens" in error.server_said
                     and self.settings.reply_cap_field == "max_tokens" and self.settings.max_reply_tokens):
                 raise
-        self.settings.reply_cap_field = "max_completion_tokens"  # OpenAI's reasoning models; the budget counts it
-        self.on_note("the endpoint takes no max_tokens; sending the reply cap as max_completion_tokens from now on")
-        return self.send(messages, extra)
+        self.settings.reply_cap_field = "max_completion_tokens"  # OpenAI's reasoning models, for one
+        raise RequestChanged("reply_cap_field", "max_completion_tokens", "the endpoint takes no max_tokens;"
+                             " sending the reply cap as max_completion_tokens from now on")
 
     def send(self, messages: List[dict], extra: dict) -> Reply:
         """One request with its retries, as the endpoint takes it."""
@@ -128,9 +127,9 @@ class ModelClient:
         if response.status_code >= 400:
             said = server_message(text)
             if streaming and response.status_code in (400, 415, 422) and re.search(r"\bstream", said, re.I):
-                self.stream = False  # once, for the rest of the run
-                self.on_note(f"the endpoint refused streaming ({said}); asking without it from now on")
-                return self.send(messages, extra)
+                self.stream = self.settings.stream = False  # once, for the rest of the run (and a resume)
+                raise RequestChanged("stream", False, f"the endpoint refused streaming ({said});"
+                                     " asking without it from now on")
             raise EndpointError(describe_http_error(response.status_code, text, self.settings, retried=not refused),
                                 response.status_code, said)
         reply = read_reply(text)

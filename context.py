@@ -239,7 +239,7 @@ class Conversation:
 
     def _shape(self) -> tuple:
         """What the request's form depends on besides the rounds: a change rebuilds the messages."""
-        return self.mode, self.schema_variant, self.settings.reply_cap_field
+        return self.mode, self.schema_variant, self.settings.reply_cap_field, self.settings.stream
 
     def _rebuild(self) -> None:
         """Build the messages afresh (the first request, a resumed run, another mode), from the last compaction."""

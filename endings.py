@@ -61,6 +61,11 @@ class Terminated(Interrupted):
     exit_code = 143
 
 
+class SigTerm(BaseException):
+    """Raised by the SIGTERM handler. Not an Exception, like KeyboardInterrupt, so that no
+    `except Exception` on the way (a tool's, a library's) can swallow it; the loop ends the run."""
+
+
 class OutputClosed(RunEnded):
     """stdout cannot be written (its reader went away, a full disk): the answer is lost, nothing else."""
 
@@ -98,6 +103,15 @@ class EndpointError(RunEnded):
         if self.http_status in (400, 422):  # a first request refused, or one that says why
             return names_them or not mode_worked_before
         return bool(self.http_status and self.http_status >= 500 and names_them)
+
+
+class RequestChanged(EndpointError):
+    """The endpoint wants the request in another form (the reply cap under another name, no
+    streaming); the settings now say so, and the loop builds and sends the request again."""
+
+    def __init__(self, setting: str, value: Any, message: str):
+        super().__init__(message)
+        self.setting, self.value = setting, value
 
 
 class ReplyCutOff(EndpointError):

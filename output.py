@@ -17,6 +17,9 @@ REDACTED = "[redacted]"
 # A key shorter than this is a placeholder ("5", "none"): redacted only where it stands
 # as a whole token, so the result 1536 does not become 1[redacted]36.
 MIN_SECRET_CHARS = 8
+# A cut (a message or a result shortened to a length) can leave a long secret's first or last
+# characters: this many of them, or more, are redacted too.
+FRAGMENT_CHARS = 12
 
 
 class Redactor:
@@ -45,7 +48,31 @@ class Redactor:
         self.longest = max(map(len, self.forms), default=0)
 
     def __call__(self, text: str) -> str:
-        return self.pattern.sub(REDACTED, text) if self.pattern else text
+        if not self.pattern:
+            return text
+        return self._fragments(self.pattern.sub(REDACTED, text))
+
+    def _fragments(self, text: str) -> str:
+        """A long secret's beginning or end left by a cut (a server message or a result shortened to a
+        length, "...[truncated N chars]..."): FRAGMENT_CHARS or more of its first or last characters."""
+        for form in self.forms:
+            if len(form) < 2 * FRAGMENT_CHARS:
+                continue
+            head, tail = form[:FRAGMENT_CHARS], form[-FRAGMENT_CHARS:]
+            for seed, forward in ((head, True), (tail, False)):
+                start = text.find(seed)
+                while start != -1:
+                    if forward:  # as much of the secret as follows its first characters
+                        end = start + FRAGMENT_CHARS
+                        while end < len(text) and end - start < len(form) and text[end] == form[end - start]:
+                            end += 1
+                    else:  # as much of the secret as comes before its last characters
+                        end, start = start + FRAGMENT_CHARS, start
+                        while start > 0 and end - start < len(form) and text[start - 1] == form[-(end - start) - 1]:
+                            start -= 1
+                    text = text[:start] + REDACTED + text[end:]
+                    start = text.find(seed, start + len(REDACTED))
+        return text
 
     def unsafe_tail(self, text: str) -> int:
         """How many characters at the end of text could be the start of a secret still being written."""

@@ -78,7 +78,9 @@ def round_from_line(line: dict) -> Round:
              for call in line["calls"]]
     if not isinstance(line["round"], int) or any(not isinstance(call.result, dict) or not isinstance(
             call.result.get("ok"), bool) for call in calls) or not all(
-            isinstance(m, dict) and isinstance(m.get("role"), str) for m in line["feedback"]):
+            isinstance(m, dict) and isinstance(m.get("role"), str) for m in line["feedback"]) \
+            or not isinstance(line.get("model_output") or "", str) \
+            or not isinstance(line.get("tool_calls") or [], list):
         raise ValueError("not a round this version wrote")
     error = (line.get("result") or {}).get("error")
     problem = None

@@ -74,6 +74,11 @@ class RunLog:
                     if value}
         self.record("fallback", from_mode=from_mode, to_mode=to_mode, **variants, error=error, ts=time.time())
 
+    def setting(self, name: str, value: Any, text: str) -> None:
+        """A setting the endpoint made the run change (kept by --resume), and why."""
+        self.say(f"note: {text}", "note")
+        self.record("setting", name=name, value=value, text=text, ts=time.time())
+
     def note(self, text: str) -> None:
         self.say(f"note: {text}", "note")
         self.record("note", text=text, ts=time.time())
@@ -168,7 +173,8 @@ def load_trace(path: str) -> Tuple[dict, List[Round]]:
         if record.get("event") == "end":
             status = record.get("status")
         elif record.get("event") == "round":
-            endings = [call.get("ends_run") for call in record.get("calls") or [] if isinstance(call, dict)]
+            calls = record.get("calls") if isinstance(record.get("calls"), list) else []
+            endings = [call.get("ends_run") for call in calls if isinstance(call, dict)]
             status = next((s for s in endings if s in ("finished", "failed")), None)
     if status is not None and status not in RESUMABLE:
         raise ValueError(f"{path} holds a run that already ended with status {status!r};"
@@ -189,6 +195,8 @@ def load_trace(path: str) -> Tuple[dict, List[Round]]:
     for record in run:  # what a later resume or a fallback set holds for the next resume too
         if record.get("event") == "resume":
             start.update({key: value for key, value in record.items() if key not in ("event", "ts", "after_round")})
+        elif record.get("event") == "setting" and record.get("name") in ("reply_cap_field", "stream"):
+            start[record["name"]] = record.get("value")
         elif record.get("event") == "fallback":
             start["mode"] = record.get("to_mode")
             if record.get("to_variant"):

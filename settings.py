@@ -62,8 +62,12 @@ def chat_completions_url(url: str) -> str:
 
 def display_url(url: str) -> str:
     """The URL as it may be shown and recorded: a password in it becomes ***."""
-    parts = urlsplit(url)
-    if parts.password is None:
+    try:
+        parts = urlsplit(url)
+        password = parts.password
+    except ValueError:  # not even a URL: hide whatever stands before an @
+        return re.sub(r"(://[^/@]*:)[^/@]*@", r"\1***@", url)
+    if password is None:
         return url
     host = parts.netloc.rpartition("@")[2]
     return urlunsplit(parts._replace(netloc=f"{parts.username}:***@{host}"))

@@ -11,6 +11,7 @@ import sys
 import threading
 from typing import Any, Callable, Dict, Optional
 
+from endings import SigTerm
 from tools import Tool, ToolDefinitionError, ToolError, registry_of
 
 
@@ -28,7 +29,7 @@ def load_tools_file(path: str, timeout: float) -> Dict[str, Tool]:
     try:
         with contextlib.redirect_stdout(sys.stderr):  # what it prints while loading is not the answer
             spec.loader.exec_module(module)
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, SigTerm):
         raise
     except BaseException as error:  # a syntax error, a missing import, even sys.exit(): a usage error
         del sys.modules[module_name]

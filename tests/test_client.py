@@ -6,7 +6,7 @@ import requests
 import responses
 
 from client import CappedRetry, ModelClient, server_message
-from endings import EndpointError
+from endings import EndpointError, RequestChanged
 from settings import Settings
 
 URL = "https://llm.example.test/v1/chat/completions"
@@ -215,14 +215,16 @@ def test_the_reply_cap_moves_to_max_completion_tokens_once_when_the_endpoint_ask
                    " Use 'max_completion_tokens' instead.", "param": "max_tokens"}})
     responses.post(URL, json=body("one"))
     responses.post(URL, json=body("two"))
-    notes = []
-    asker = ModelClient(Settings(url="https://llm.example.test/v1", model="m1", max_reply_tokens=64))
-    asker.on_note = notes.append
+    settings = Settings(url="https://llm.example.test/v1", model="m1", max_reply_tokens=64)
+    asker = ModelClient(settings)
+    with pytest.raises(RequestChanged) as changed:  # the loop builds the request again, to the budget
+        asker.ask(MESSAGES)
+    assert (changed.value.setting, changed.value.value) == ("reply_cap_field", "max_completion_tokens")
+    assert settings.reply_cap_field == "max_completion_tokens"
     assert [asker.ask(MESSAGES).content, asker.ask(MESSAGES).content] == ["one", "two"]
     sent = [json.loads(call.request.body) for call in responses.calls]
     assert [("max_tokens" in b, b.get("max_completion_tokens")) for b in sent] == [
         (True, None), (False, 64), (False, 64)]
-    assert len(notes) == 1
 
 
 @responses.activate

@@ -315,12 +315,13 @@ def test_a_trace_without_compaction_records_still_resumes_within_the_budget(serv
     assert len(json.dumps(server.requests[0]["body"])) <= 5000
 
 
-@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("stream, cap_field", [(False, "max_tokens"), (True, "max_tokens"),
+                                               (False, "max_completion_tokens")])
 @responses_lib.activate
-def test_the_running_size_counts_what_the_client_sends_streaming_included(stream):
+def test_the_running_size_counts_what_the_client_sends_streaming_included(stream, cap_field):
     url = "http://127.0.0.1:9/v1/chat/completions"
     responses_lib.post(url, json={"choices": [{"message": {"content": "x"}}]})
-    settings = Settings(url=url, stream=stream)
+    settings = Settings(url=url, stream=stream, reply_cap_field=cap_field)
     conversation = context.Conversation("add things up", REGISTRY, settings)
     ModelClient(settings).ask(conversation.messages(), **conversation.options())
     assert conversation.size == len(responses_lib.calls[0].request.body)

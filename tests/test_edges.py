@@ -364,3 +364,83 @@ def test_a_closed_or_full_stdout_or_stderr_is_no_traceback(tmp_path, redirect):
         answered = len(server.requests)
     assert process.returncode == 0 and answered == 2, "the run goes on and finishes"
     assert "Traceback" not in (process.stderr or "")
+
+
+# --- found by a second review, after the merges ---------------------------------------------------
+
+def test_sigterm_during_a_tool_call_ends_the_run_as_terminated(tmp_path):
+    tools = tmp_path / "sleepy.py"
+    tools.write_text("import time\n\ndef nap(seconds: float) -> str:\n    '''Sleep.'''\n"
+                     "    time.sleep(seconds)\n    return 'rested'\n")
+    trace = tmp_path / "t.jsonl"
+    with ScriptedServer([act("nap", seconds=20), act("finish", result="all done")]) as server:
+        process = cli("--tools-file", str(tools), "--trace", str(trace), "x", env_extra={"LLM_API_URL": server.url},
+                      stdin=subprocess.DEVNULL)
+        wait_for_requests(server, 1)
+        time.sleep(0.8)  # the call is running
+        process.send_signal(signal.SIGTERM)
+        out, err = process.communicate(timeout=20)
+    assert process.returncode == 143 and out == "" and "Traceback" not in err
+    assert json.loads(trace.read_text().splitlines()[-1])["status"] == "interrupted"
+
+
+LONG_KEY = "sk-test-ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789abcdefgh"
+
+
+def test_a_key_cut_short_by_a_message_limit_is_still_redacted(serve, tmp_path, capsys):
+    message = "Invalid API key: " + "y" * (300 - 17 - len(LONG_KEY) + 5) + LONG_KEY + " (check it)"
+    serve([{"status": 401, "body": {"error": {"message": message}}}], key=LONG_KEY)
+    trace = tmp_path / "t.jsonl"
+    assert main(["--trace", str(trace), "hi"]) == 3
+    out, err = capsys.readouterr()
+    assert LONG_KEY[:20] not in out + err + trace.read_text() and "[redacted]" in err
+
+
+def test_a_run_started_with_url_resumes_against_it_with_nothing_in_the_environment(serve, monkeypatch, capsys):
+    server = serve([act("calculator", expression="1 + 1"), act("finish", result="2")], key=None)
+    monkeypatch.delenv("LLM_API_URL")
+    assert main(["--url", server.url, "--max-rounds", "1", "--quiet", "x"]) == 1
+    assert main(["--resume", "--max-rounds", "2", "--quiet"]) == 0
+    assert capsys.readouterr().out == "2\n" and len(server.requests) == 2
+
+
+def test_resume_keeps_the_context_budget_and_the_continue_command_says_yes_again(serve, tmp_path, capsys):
+    trace = tmp_path / "t.jsonl"
+    serve([act("calculator", expression=f"{n} + 1") for n in range(3)])
+    assert main(["--max-context", "9000", "--yes", "--trace", str(trace), "--max-rounds", "1", "x"]) == 1
+    command = capsys.readouterr().err.split("agent-demo: to continue: ", 1)[1]
+    assert " --yes" in command and " --max-rounds 2" in command
+    assert json.loads(trace.read_text().splitlines()[0])["max_context"] == 9000
+    assert main(["--resume", str(trace), "--max-rounds", "2", "--quiet"]) == 1
+    assert [json.loads(line).get("max_context") for line in trace.read_text().splitlines()
+            if '"event": "resume"' in line] == [9000]
+
+
+def test_the_schema_variant_that_worked_is_kept_on_resume_even_with_agent_mode_set(serve, monkeypatch, tmp_path):
+    from test_local_servers import like_llama_cpp_python, response_formats
+    trace = tmp_path / "t.jsonl"
+    server = serve([act("calculator", expression="1 + 1"), act("finish", result="2")], screen=like_llama_cpp_python)
+    monkeypatch.setenv("AGENT_MODE", "schema")
+    assert main(["--trace", str(trace), "--max-rounds", "1", "--quiet", "x"]) == 1
+    assert main(["--resume", str(trace), "--max-rounds", "2", "--quiet"]) == 0
+    assert [f["type"] for f in response_formats(server)][-1:] == ["json_object"]
+    assert len(response_formats(server)) == 3, "no refused request again after the resume"
+
+
+@pytest.mark.parametrize("url", ["http://[::1", "http://u:pw@[::1/v1"])
+def test_a_malformed_url_is_one_line_and_exit_2(url, monkeypatch, capsys):
+    monkeypatch.setenv("LLM_API_URL", url)
+    assert main(["x"]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "LLM_API_URL must be an http(s) URL" in err and "pw@" not in err
+
+
+@pytest.mark.parametrize("damage", [{"calls": 5}, {"model_output": 7}, {"tool_calls": "x"}])
+def test_a_damaged_round_is_refused_with_exit_2(tmp_path, monkeypatch, capsys, damage):
+    monkeypatch.setenv("LLM_API_URL", "http://127.0.0.1:9/v1")
+    trace = tmp_path / "t.jsonl"
+    good = {"event": "round", "round": 1, "model_output": "", "calls": [], "feedback": [],
+            "result": {"ok": False, "error": "format error: x"}}
+    trace.write_text(json.dumps({"event": "start", "task": "t"}) + "\n" + json.dumps({**good, **damage}) + "\n")
+    assert main(["--resume", str(trace)]) == 2
+    assert "Traceback" not in capsys.readouterr().err

@@ -92,12 +92,15 @@ def test_streamed_native_tool_calls_arrive_in_pieces_and_still_run(serve, capsys
 def test_an_endpoint_that_refuses_streaming_is_asked_without_it_once_and_for_all(serve, capsys, tmp_path):
     trace = tmp_path / "t.jsonl"
     server = serve([{"refuse_stream": True, "content": act("calculator", expression="1 + 1")},
-                    {"refuse_stream": True, "content": act("calculator", expression="1 + 1")},
-                    act("finish", result="2")])
-    assert main(["--stream", "--trace", str(trace), "x"]) == 0
+                    {"refuse_stream": True, "content": act("calculator", expression="2 + 2")},
+                    act("calculator", expression="3 + 3"), act("finish", result="6")])
+    assert main(["--stream", "--trace", str(trace), "--max-rounds", "2", "x"]) == 1
     assert [r["body"].get("stream") for r in server.requests] == [True, None, None]
     assert "refused streaming" in capsys.readouterr().err
-    assert any(json.loads(line).get("event") == "note" for line in trace.read_text().splitlines())
+    assert [(r["name"], r["value"]) for r in map(json.loads, trace.read_text().splitlines())
+            if r["event"] == "setting"] == [("stream", False)]
+    assert main(["--stream", "--resume", str(trace), "--max-rounds", "3", "--quiet"]) == 0
+    assert "stream" not in server.requests[3]["body"], "a resumed run does not ask again"
 
 
 def test_an_endpoint_that_ignores_stream_and_answers_plainly_is_read(serve, capsys):

@@ -218,8 +218,18 @@ def test_an_endpoint_that_asks_for_max_completion_tokens_gets_it_for_the_rest_of
     assert reply_caps(server) == [{"max_tokens": 500}, {"max_completion_tokens": 500}, {"max_completion_tokens": 500}]
     assert ("note: the endpoint takes no max_tokens; sending the reply cap as max_completion_tokens from now on\n"
             in capsys.readouterr().err)
-    assert [note["text"] for note in events(trace, "note")] == [
-        "the endpoint takes no max_tokens; sending the reply cap as max_completion_tokens from now on"]
+    assert [(s["name"], s["value"], s["text"]) for s in events(trace, "setting")] == [
+        ("reply_cap_field", "max_completion_tokens",
+         "the endpoint takes no max_tokens; sending the reply cap as max_completion_tokens from now on")]
+
+
+def test_resume_keeps_the_reply_cap_field_the_endpoint_asked_for(serve, capsys, tmp_path):
+    trace = tmp_path / "t.jsonl"
+    server = serve([act("calculator", expression="1 + 1"), act("finish", result="2")],
+                   screen=wants_max_completion_tokens)
+    assert main(["--trace", str(trace), "--max-rounds", "1", "--quiet", "hi"]) == 1
+    assert main(["--resume", str(trace), "--max-rounds", "2", "--quiet"]) == 0
+    assert reply_caps(server) == [{"max_tokens": 4096}, *[{"max_completion_tokens": 4096}] * 2]
 
 
 def test_asking_for_max_completion_tokens_is_not_a_schema_refusal(serve, capsys):
