@@ -45,7 +45,7 @@ ENVIRONMENT_HELP = f"""environment (also read from ./.env; the real environment 
   AGENT_TOOL_TIMEOUT      default for --tool-timeout (60)
   AGENT_DEMO_LOG_DIR      the run log folder (else $XDG_STATE_HOME/agent-demo/runs,
                           else ~/.local/state/agent-demo/runs)
-  NO_COLOR                set to anything: no colour in the trace, even on a terminal
+  NO_COLOR                set (not empty): no colour in the trace, even on a terminal
   AGENT_DEBUG=1           same as --debug
 
 exit codes: 0 finished; 1 not completed (gave up, round limit, token budget,
