@@ -181,8 +181,9 @@ class ScriptedServer:
                                "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
         handler.wfile.write(b"5\r\n: hi\n\r\n")  # a comment line, which readers skip
         content = spec.get("content") or ""
-        for start in range(0, len(content), 7):
-            send(chunk({"content": content[start:start + 7]}))
+        size = 7 if len(content) < 500 else 250  # a few characters an event; long replies in bigger pieces
+        for start in range(0, len(content), size):
+            send(chunk({"content": content[start:start + size]}))
         for index, call in enumerate(spec.get("tool_calls") or []):
             arguments = call["function"].get("arguments", "")
             send(chunk({"tool_calls": [{"index": index, "id": call.get("id"), "type": "function",
