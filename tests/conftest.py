@@ -3,7 +3,7 @@ import sys
 
 import pytest
 
-# The project is top-level modules; make them importable without installing.
+# The project is three top-level modules and one package; importable without installing.
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from scripted_server import ScriptedServer  # noqa: E402

@@ -1,25 +1,42 @@
-"""A scripted model for loop tests: plays canned replies in order and keeps every request."""
+"""A scripted model for in-process loop tests: the real client, with canned replies in place of HTTP.
+
+Retries, form changes and everything else the client decides still run; only the
+attempt itself is played from the script, and every request body is kept.
+"""
 import copy
-from typing import Any, List, Optional
+from typing import Any, List, Optional, Sequence
 
-from client import Reply
+from agent_demo import Agent
+from agent_demo_kit.client import ModelClient, Reply, RequestForm
+from agent_demo_kit.settings import Settings
+from tools import REGISTRY
 
 
-class ScriptedModel:
-    """Called like ModelClient.ask. A reply is text, a Reply, or an exception to raise;
-    the last one repeats forever (a model that never finishes)."""
+class ScriptedModel(ModelClient):
+    """A reply is text, a Reply, or an exception to raise; the last one repeats forever (a model
+    that never finishes)."""
 
     def __init__(self, *replies: Any, usage: Optional[dict] = None):
+        super().__init__(Settings())
         self.replies, self.usage = list(replies), usage
-        self.requests: List[dict] = []  # each request's messages and options, as sent
+        self.requests: List[dict] = []  # each request body, as it would have been sent
 
-    def __call__(self, messages: List[dict], **options: Any) -> Reply:
-        self.requests.append({"messages": copy.deepcopy(messages), **options})
+    def attempt(self, body: dict) -> Reply:
+        self.requests.append(copy.deepcopy(body))
         reply = self.replies[min(len(self.requests), len(self.replies)) - 1]
         if isinstance(reply, BaseException):
             raise reply
-        return reply if isinstance(reply, Reply) else Reply(content=reply, usage=self.usage)
+        return copy.deepcopy(reply) if isinstance(reply, Reply) else Reply(content=reply, usage=self.usage)
 
     def messages(self, index: int) -> List[dict]:
         """The messages of request number index (0-based; -1 for the last)."""
         return self.requests[index]["messages"]
+
+
+def run(task: str, settings: Settings, model: ScriptedModel, registry=REGISTRY, log=None,
+        history: Sequence = (), approve=None):
+    """Run the agent in-process against a scripted model, as the command line would."""
+    model.settings, model.form = settings, RequestForm(mode=settings.mode, stream=settings.stream)
+    if log is not None:
+        model.trace = log
+    return Agent(settings, model, registry, log, approve).run(task, history)

@@ -5,9 +5,9 @@ import pytest
 import requests
 import responses
 
-from client import CappedRetry, ModelClient, server_message
-from endings import EndpointError, RequestChanged
-from settings import Settings
+from agent_demo_kit.client import ModelClient, server_message
+from agent_demo_kit.endings import EndpointError
+from agent_demo_kit.settings import Settings
 
 URL = "https://llm.example.test/v1/chat/completions"
 MESSAGES = [{"role": "user", "content": "hi"}]
@@ -24,17 +24,22 @@ def client(**overrides):
     return ModelClient(settings)
 
 
+def ask(asker: ModelClient, messages=MESSAGES, **options):
+    """One request through the client's whole loop (retries, form changes); the reply."""
+    return asker.ask(lambda: (messages, options))[0]
+
+
 def endpoint_error(**overrides) -> str:
     """The message of the EndpointError one request raises."""
     with pytest.raises(EndpointError) as raised:
-        client(**overrides).ask(MESSAGES)
+        ask(client(**overrides))
     return str(raised.value)
 
 
 @responses.activate
 def test_request_carries_model_messages_and_bearer_key():
     responses.post(URL, json=body("hello"))
-    reply = client().ask(MESSAGES)
+    reply = ask(client())
     assert reply.content == "hello"
     assert reply.usage == {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}
     sent = responses.calls[0].request
@@ -45,7 +50,7 @@ def test_request_carries_model_messages_and_bearer_key():
 @responses.activate
 def test_no_key_sends_no_authorization_header():
     responses.post("http://127.0.0.1:8080/v1/chat/completions", json=body())
-    ModelClient(Settings(url="http://127.0.0.1:8080/v1")).ask(MESSAGES)
+    ask(ModelClient(Settings(url="http://127.0.0.1:8080/v1")))
     assert "Authorization" not in responses.calls[0].request.headers
 
 
@@ -54,7 +59,7 @@ def test_429_and_5xx_are_retried_then_answered():
     responses.post(URL, status=429, headers={"Retry-After": "0"}, json={"error": {"message": "slow down"}})
     responses.post(URL, status=503, body="upstream busy")
     responses.post(URL, json=body("finally"))
-    assert client().ask(MESSAGES).content == "finally"
+    assert ask(client()).content == "finally"
     assert len(responses.calls) == 3
 
 
@@ -106,7 +111,7 @@ def test_extra_fields_and_missing_usage_are_fine():
     del payload["usage"]
     payload["system_fingerprint"] = "fp"
     responses.post(URL, json=payload)
-    reply = client().ask(MESSAGES)
+    reply = ask(client())
     assert reply.content == "{}" and reply.usage is None
 
 
@@ -114,14 +119,29 @@ def test_extra_fields_and_missing_usage_are_fine():
 def test_native_tool_calls_with_empty_content_are_kept():
     call = {"id": "c1", "type": "function", "function": {"name": "calculator", "arguments": "{}"}}
     responses.post(URL, json=body(None, tool_calls=[call]))
-    assert client().ask(MESSAGES).tool_calls == [call]
+    assert ask(client()).tool_calls == [call]
 
 
-def test_retry_after_is_capped():
-    class FakeResponse:
-        headers = {"Retry-After": "3600"}
-    retry = type("R", (CappedRetry,), {"retry_after_cap": 12.0})(total=1)
-    assert retry.get_retry_after(FakeResponse()) == 12.0
+class Retries:
+    """A trace that keeps what the client says about each retry."""
+
+    def __init__(self):
+        self.said = []
+
+    def retry(self, cause, attempt, retries, wait):
+        self.said.append((cause, attempt, retries, wait))
+
+
+@responses.activate
+def test_retry_after_is_waited_for_up_to_its_cap_and_each_retry_is_told():
+    responses.post(URL, status=429, headers={"Retry-After": "3600"}, json={"error": {"message": "slow down"}})
+    responses.post(URL, status=503, json={"error": {"message": "busy"}})
+    responses.post(URL, json=body("fine"))
+    trace = Retries()
+    asker = ModelClient(Settings(url="https://llm.example.test/v1", retries=2, backoff_factor=0,
+                                 retry_after_cap=0.01), trace)
+    assert ask(asker).content == "fine"
+    assert trace.said == [("HTTP 429", 1, 2, 0.01), ("HTTP 503", 2, 2, 0)]
 
 
 @responses.activate
@@ -143,7 +163,7 @@ def test_a_body_nested_too_deeply_is_an_endpoint_error(payload, status):
 @responses.activate
 def test_odd_content_shapes_are_read_safely():
     responses.post(URL, json=body([{"type": "text", "text": None}, {"type": "text", "text": "ok"}, "junk"]))
-    assert client().ask(MESSAGES).content == "ok"
+    assert ask(client()).content == "ok"
 
 
 @responses.activate
@@ -152,7 +172,7 @@ def test_a_lone_surrogate_or_nan_in_a_reply_cannot_reach_the_output():
     text = json.dumps(body("hi \ud800 there", tool_calls=[call]))
     assert "NaN" in text
     responses.post(URL, body=text)
-    reply = client().ask(MESSAGES)
+    reply = ask(client())
     assert reply.content == "hi ? there"
     assert reply.tool_calls[0]["function"]["arguments"] == {"result": None}
     json.dumps(reply.tool_calls, allow_nan=False)
@@ -194,7 +214,7 @@ def test_cleaning_a_hostile_error_body_takes_no_time(payload):
 def test_a_500_refusing_response_format_is_not_retried_and_says_it_was_refused():
     responses.post(URL, status=500, json=LLAMA_CPP_PYTHON_REJECTION)
     with pytest.raises(EndpointError) as raised:
-        client().ask(MESSAGES, response_format={"type": "json_schema", "json_schema": {"name": "a", "schema": {}}})
+        ask(client(), response_format={"type": "json_schema", "json_schema": {"name": "a", "schema": {}}})
     assert str(raised.value) == ("request rejected (HTTP 500): response_format.type:"
                                  " Input should be 'text' or 'json_object'")
     assert raised.value.http_status == 500 and len(responses.calls) == 1
@@ -204,7 +224,7 @@ def test_a_500_refusing_response_format_is_not_retried_and_says_it_was_refused()
 def test_a_500_about_something_else_is_retried_even_with_response_format():
     responses.post(URL, status=500, json={"error": {"message": "out of memory"}})
     responses.post(URL, json=body("fine"))
-    assert client().ask(MESSAGES, response_format={"type": "json_object"}).content == "fine"
+    assert ask(client(), response_format={"type": "json_object"}).content == "fine"
     assert len(responses.calls) == 2
 
 
@@ -217,11 +237,8 @@ def test_the_reply_cap_moves_to_max_completion_tokens_once_when_the_endpoint_ask
     responses.post(URL, json=body("two"))
     settings = Settings(url="https://llm.example.test/v1", model="m1", max_reply_tokens=64)
     asker = ModelClient(settings)
-    with pytest.raises(RequestChanged) as changed:  # the loop builds the request again, to the budget
-        asker.ask(MESSAGES)
-    assert (changed.value.setting, changed.value.value) == ("reply_cap_field", "max_completion_tokens")
-    assert settings.reply_cap_field == "max_completion_tokens"
-    assert [asker.ask(MESSAGES).content, asker.ask(MESSAGES).content] == ["one", "two"]
+    assert [ask(asker).content, ask(asker).content] == ["one", "two"]
+    assert asker.form.reply_cap_field == "max_completion_tokens"
     sent = [json.loads(call.request.body) for call in responses.calls]
     assert [("max_tokens" in b, b.get("max_completion_tokens")) for b in sent] == [
         (True, None), (False, 64), (False, 64)]
@@ -232,4 +249,4 @@ def test_a_reply_cut_off_keeps_its_finish_reason():
     payload = body("{\"tool\": \"calc")
     payload["choices"][0]["finish_reason"] = "length"
     responses.post(URL, json=payload)
-    assert client().ask(MESSAGES).finish_reason == "length"
+    assert ask(client()).finish_reason == "length"

@@ -10,10 +10,12 @@ from pathlib import Path
 import pytest
 import responses as responses_lib
 
-import context
-from agent_demo import RunLog, Settings, main, run
-from client import ModelClient, Reply
-from endings import EndpointError
+from agent_demo_kit import context
+from agent_demo import main
+from agent_demo_kit.settings import Settings
+from agent_demo_kit.trace import RunLog
+from scripted_model import run
+from agent_demo_kit.client import AttemptFailed, ModelClient, Reply, RequestForm
 from scripted_model import ScriptedModel
 from scripted_server import ScriptedServer, action as act
 from tools import REGISTRY, registry_of
@@ -31,16 +33,16 @@ def play(model, registry=REGISTRY, log=None, **settings):
 
 
 class Recorder(ScriptedModel):
-    """A scripted model that keeps each request as the JSON of its body (cheaper than deep copies)."""
+    """A scripted model that keeps each request as the JSON of its body, exactly as the client would
+    send it (cheaper than deep copies)."""
 
-    def __init__(self, *replies, model_name="gpt-4o-mini", **kwargs):
+    def __init__(self, *replies, **kwargs):
         super().__init__(*replies, **kwargs)
-        self.bodies, self.model_name = [], model_name
+        self.bodies = []
 
-    def __call__(self, messages, **options):
-        # the body as the client sends it: the reply cap between the messages and the options
-        self.bodies.append(json.dumps({"model": self.model_name, "messages": messages, "max_tokens": 4096, **options}))
-        self.requests.append({"messages": messages, **options})  # not copied: read only right away
+    def attempt(self, body):
+        self.bodies.append(json.dumps(body))
+        self.requests.append(body)  # not copied: read only right away
         reply = self.replies[min(len(self.requests), len(self.replies)) - 1]
         if isinstance(reply, BaseException):
             raise reply
@@ -91,7 +93,7 @@ def native(count, start=0):
 @pytest.mark.parametrize("mode", ["json", "schema", "tools"])
 def test_no_request_passes_the_budget_over_a_long_run_and_the_prefix_holds(mode):
     calls = native(399) if mode == "tools" else sums(399, think="t" * 500)
-    model = Recorder(*calls, act("finish", result="done"), model_name="m" * 200)
+    model = Recorder(*calls, act("finish", result="done"))
     run("keep adding", Settings(model="m" * 200, max_rounds=400, max_context=10_000, mode=mode), model)
     sizes = [len(body) for body in model.bodies]
     assert len(sizes) == 400 and max(sizes) <= 10_000
@@ -109,42 +111,32 @@ def test_a_full_digest_leaves_out_old_rounds_in_large_steps_and_otherwise_only_g
     assert grew >= 0.6 * (len(digests) - 1), "most compactions keep the whole digest before them"
 
 
-def test_building_a_request_does_not_revisit_every_earlier_round(monkeypatch):
-    built, lines = [], []
-    real_messages, real_line = context.round_messages, context.digest_line
-    monkeypatch.setattr(context, "round_messages", lambda record, *a: built.append(record.number) or
-                        real_messages(record, *a))
-    monkeypatch.setattr(context, "digest_line", lambda record, *a: lines.append(record.number) or
-                        real_line(record, *a))
-    model = Recorder(*sums(299, think="t" * 200), act("finish", result="done"))
-    play(model, max_rounds=300, max_context=10_000)
-    assert len(compactions(model.bodies)) >= 5
-    assert len(built) == 299, "each round's messages are built once"
-    assert len(lines) <= 3 * 299, "each digest line is written at most once per width"
+class SizeWatcher(Recorder):
+    """Keeps, for each request, the conversation's running size and the size of the body sent."""
+
+    def __init__(self, *replies, **kwargs):
+        super().__init__(*replies, **kwargs)
+        self.sizes = []
+
+    def ask(self, request):
+        answer = super().ask(request)
+        self.sizes.append((request.__self__.size, len(self.bodies[-1])))
+        return answer
 
 
 @pytest.mark.parametrize("mode", ["json", "tools"])
-def test_the_running_size_is_the_size_of_the_body_as_sent(monkeypatch, mode):
-    seen = []
-
-    class Watched(context.Conversation):
-        def messages(self):
-            messages = super().messages()
-            seen.append((self.size, len(json.dumps({"model": self.settings.model, "messages": messages,
-                                                    "max_tokens": 4096, **self.options()}))))
-            return messages
-    monkeypatch.setattr("agent_demo.Conversation", Watched)
+def test_the_running_size_is_the_size_of_the_body_as_sent(mode):
     lookups = [Reply(content="", tool_calls=[{"id": f"o{n}", "type": "function", "function": {
         "name": "get_order_status", "arguments": json.dumps({"order_id": f"A100{n % 3 + 1}"})}}])
         for n in range(3)] if mode == "tools" else [act("get_order_status", order_id=f"A100{n}") for n in (1, 2, 3)]
-    model = Recorder(*lookups, *(native(60) if mode == "tools" else sums(60)), act("finish", result="done"))
+    model = SizeWatcher(*lookups, *(native(60) if mode == "tools" else sums(60)), act("finish", result="done"))
     play(model, max_rounds=64, max_context=8000, mode=mode)
     assert len(compactions(model.bodies)) >= 3 and "\\u5f85" in model.bodies[3], "folded, non-ASCII and all"
-    assert [size for size, _ in seen] == [actual for _, actual in seen]
+    assert [size for size, _ in model.sizes] == [actual for _, actual in model.sizes]
 
 
 def test_a_fallback_to_json_after_compactions_keeps_the_digest_and_the_budget():
-    rejected = EndpointError("request rejected (HTTP 400): tools are not supported", 400, "tools are not supported")
+    rejected = AttemptFailed("HTTP 400", 400, '{"error": {"message": "tools are not supported"}}')
     model = Recorder(*native(40), rejected, *sums(10, start=40), act("finish", result="done"))
     outcome = play(model, max_rounds=60, max_context=8000, mode="tools")
     assert outcome.status == "finished"
@@ -321,7 +313,8 @@ def test_a_trace_without_compaction_records_still_resumes_within_the_budget(serv
 def test_the_running_size_counts_what_the_client_sends_streaming_included(stream, cap_field):
     url = "http://127.0.0.1:9/v1/chat/completions"
     responses_lib.post(url, json={"choices": [{"message": {"content": "x"}}]})
-    settings = Settings(url=url, stream=stream, reply_cap_field=cap_field)
-    conversation = context.Conversation("add things up", REGISTRY, settings)
-    ModelClient(settings).ask(conversation.messages(), **conversation.options())
+    settings = Settings(url=url)
+    client = ModelClient(settings, form=RequestForm(stream=stream, reply_cap_field=cap_field))
+    conversation = context.Conversation("add things up", settings, REGISTRY, client)
+    client.ask(conversation.request)
     assert conversation.size == len(responses_lib.calls[0].request.body)

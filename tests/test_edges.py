@@ -12,7 +12,7 @@ import pytest
 from agent_demo import main
 from conftest import KEY, said_lines
 from scripted_server import ScriptedServer, action as act
-from settings import chat_completions_url
+from agent_demo_kit.settings import chat_completions_url
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -252,7 +252,7 @@ def test_a_run_log_folder_that_cannot_be_made_is_one_line_and_exit_2(serve, monk
 
 
 def test_a_run_still_going_is_neither_resumed_nor_picked_by_resume_alone(serve, tmp_path, capsys):
-    from runlog import RunLog
+    from agent_demo_kit.trace import RunLog
     serve([act("calculator", expression="1 + 1")])
     assert main(["--max-rounds", "1", "--quiet", "older task"]) == 1
     [older] = list((tmp_path / "state" / "agent-demo" / "runs").glob("*.jsonl"))

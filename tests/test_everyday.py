@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-import cli
+from agent_demo_kit import cli
 from agent_demo import main
 from conftest import said_lines
 from scripted_server import ScriptedServer, action as act

@@ -5,8 +5,11 @@ import re
 import pytest
 
 
-from agent_demo import RunLog, Settings, main, run
-from context import request_size
+from agent_demo import main
+from agent_demo_kit.settings import Settings
+from agent_demo_kit.trace import RunLog
+from scripted_model import run
+from agent_demo_kit.context import request_size
 from scripted_model import ScriptedModel
 from scripted_server import action as act
 from tools import REGISTRY, registry_of
@@ -181,7 +184,7 @@ def test_stuck_shows_in_the_json_output(serve, capsys):
 
 
 def test_a_truncated_error_keeps_its_other_fields():
-    from context import truncate_result
+    from agent_demo_kit.context import truncate_result
     result = {"ok": False, "error": "x" * 5000, "available_tools": ["calculator", "finish"]}
     cut = truncate_result(result, 1000)
     assert cut["available_tools"] == ["calculator", "finish"] and cut["truncated"] is True

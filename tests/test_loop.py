@@ -3,7 +3,11 @@ import json
 import pytest
 
 import prompts
-from agent_demo import EndpointError, Reply, RunLog, Settings, run
+from agent_demo_kit.client import Reply
+from agent_demo_kit.endings import EndpointError
+from agent_demo_kit.settings import Settings
+from agent_demo_kit.trace import RunLog
+from scripted_model import run
 from scripted_model import ScriptedModel as Scripted
 from tools import CONTROL_ACTIONS, REGISTRY
 

@@ -1,8 +1,12 @@
 import pytest
 from hypothesis import given, strategies as st
 
-from actions import Action, parse_actions, parse_reply
-from client import Reply
+from agent_demo_kit.actions import Action, parse_actions, parse_reply
+from agent_demo_kit.client import Reply
+from agent_demo_kit.settings import Settings
+from scripted_model import ScriptedModel, run
+from scripted_server import action as act
+from tools import registry_of
 
 CALC = Action("calculator", {"expression": "12 + 500"})
 CALC_JSON = '{"tool": "calculator", "args": {"expression": "12 + 500"}}'
@@ -115,6 +119,15 @@ def test_hostile_replies_are_format_errors_not_crashes(hostile):
     assert parse_actions(hostile).problem.startswith("no JSON object found")
 
 
-def test_an_action_written_twice_in_one_reply_counts_once():
-    reply = f"I will call {CALC_JSON} now:\n```json\n{CALC_JSON}\n```"
-    assert parse_actions(reply).actions == [CALC]
+def test_an_action_written_twice_in_one_reply_runs_once_and_both_copies_get_its_result():
+    ran = []
+
+    def count(n: int) -> int:
+        """Count."""
+        ran.append(n)
+        return len(ran)
+    twice = '{"tool": "count", "args": {"n": 1}}'
+    model = ScriptedModel(f"I will call {twice} now:\n```json\n{twice}\n```", act("finish", result="done"))
+    outcome = run("count", Settings(), model, registry=registry_of(count))
+    assert outcome.status == "finished" and ran == [1]
+    assert [call["result"] for call in outcome.calls[:2]] == [{"ok": True, "data": 1}] * 2

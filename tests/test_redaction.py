@@ -12,7 +12,7 @@ import pytest
 
 from agent_demo import main
 from conftest import KEY, answer_on_a_terminal
-from output import Redactor, SafeStream
+from agent_demo_kit.terminal import Redactor, SafeStream
 from scripted_server import ScriptedServer, action as act
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -9,7 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from agent_demo import RunLog, Settings, main, run
+from agent_demo import main
+from agent_demo_kit.settings import Settings
+from agent_demo_kit.trace import RunLog
+from scripted_model import run
 from scripted_model import ScriptedModel
 from scripted_server import ScriptedServer, action as act
 

@@ -5,7 +5,10 @@ from pathlib import Path
 
 import pytest
 
-from agent_demo import Reply, Settings, main, run
+from agent_demo import main
+from agent_demo_kit.client import Reply
+from agent_demo_kit.settings import Settings
+from scripted_model import run
 from conftest import answer_on_a_terminal
 from scripted_model import ScriptedModel
 from scripted_server import ScriptedServer, action as act

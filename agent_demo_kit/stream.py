@@ -1,16 +1,41 @@
-"""Reading a streamed chat completion (server-sent events) into the body a plain request returns.
+"""Reading what the endpoint sends back: a Reply, from a plain JSON body or from server-sent events.
 
 Servers differ: CRLF or LF line ends, comments and `event:` lines, a `data:` field
 split over several lines, a usage chunk with no choices, `[DONE]` or just the end of
-the stream, tool-call arguments in pieces. All of it is folded into one
-chat-completions body, so the rest of the client reads both the same way.
+the stream, tool-call arguments in pieces. All of it is folded into the same Reply a
+plain request gives.
 """
-import time
+import json
+import math
+from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterator, List, Optional
 
-from endings import EndpointError
+from agent_demo_kit.endings import EndpointError
 
-TextListener = Callable[[str], None]  # gets each piece of text as it arrives
+TextListener = Callable[[str], None]  # gets each piece of a streamed reply as it arrives
+
+
+@dataclass
+class Reply:
+    """What the model said in one round, however it arrived."""
+
+    content: str
+    tool_calls: List[dict] = field(default_factory=list)
+    usage: Optional[dict] = None
+    latency_ms: int = 0
+    finish_reason: Optional[str] = None  # "length" when the reply was cut off
+    reasoning: str = ""  # reasoning_content, which some servers send beside the content
+
+
+def parse_body(text: str) -> Any:
+    """A body's JSON, made safe to print and to send back: NaN and Infinity become null, and
+    lone surrogates (from \\ud800-style escapes) become "?". ValueError if it is not JSON."""
+    try:
+        body = json.loads(text, parse_constant=lambda name: None,
+                          parse_float=lambda number: float(number) if math.isfinite(float(number)) else None)
+    except RecursionError:
+        raise ValueError("nested too deeply") from None
+    return json.loads(json.dumps(body, ensure_ascii=False).encode("utf-8", "replace").decode("utf-8"))
 
 
 def events(chunks: Iterator[bytes]) -> Iterator[str]:
@@ -65,8 +90,8 @@ class StreamedReply:
         delta = choice.get("delta") if isinstance(choice.get("delta"), dict) else choice.get("message")
         if not isinstance(delta, dict):
             return
-        for field, pieces in (("reasoning_content", self.reasoning), ("content", self.content)):
-            piece = delta.get(field)
+        for name, pieces in (("reasoning_content", self.reasoning), ("content", self.content)):
+            piece = delta.get(name)
             if isinstance(piece, str) and piece:
                 pieces.append(piece)
                 if self.on_text:
@@ -94,41 +119,26 @@ class StreamedReply:
         elif arguments is not None:  # a server that sends the arguments whole, as an object
             known["function"]["arguments"] = arguments
 
-    def body(self) -> dict:
-        """The chat-completions body a plain request would have returned."""
+    def reply(self) -> Reply:
+        """The same Reply a plain request would have given."""
         calls = [self.tool_calls[index] for index in sorted(self.tool_calls)]
-        message = {"role": "assistant", "content": "".join(self.content)}
-        if calls:
-            message["tool_calls"] = [{**call, "id": call["id"] or f"call_{n}"} for n, call in enumerate(calls, 1)]
-        if self.reasoning:
-            message["reasoning_content"] = "".join(self.reasoning)
-        body: Dict[str, Any] = {"choices": [{"index": 0, "message": message, "finish_reason": self.finish_reason}]}
-        if self.usage is not None:
-            body["usage"] = self.usage
-        return body
+        return Reply(content="".join(self.content), usage=self.usage, finish_reason=self.finish_reason,
+                     tool_calls=[{**call, "id": call["id"] or f"call_{n}"} for n, call in enumerate(calls, 1)],
+                     reasoning="".join(self.reasoning))
 
 
-def read_stream(chunks: Iterator[bytes], deadline: float, seconds: float, parse: Callable[[str], Any],
-                on_text: Optional[TextListener] = None) -> dict:
-    """Read a whole event stream into a chat-completions body, within the same deadline as a plain reply."""
+def read_stream(chunks: Iterator[bytes], on_text: Optional[TextListener] = None) -> Reply:
+    """Read a whole event stream into a Reply; EndpointError if it ends before the reply is complete."""
     reply, done = StreamedReply(on_text), False
-
-    def in_time(arriving: Iterator[bytes]) -> Iterator[bytes]:  # keep-alive comments count too
-        for chunk in arriving:
-            if time.monotonic() > deadline:
-                raise EndpointError(f"the reply did not finish arriving within {seconds:g} s"
-                                    " (the server is sending too slowly)")
-            yield chunk
-    for data in events(in_time(chunks)):
+    for data in events(chunks):
         if data.strip() == "[DONE]":
             done = True
             break
         try:
-            chunk = parse(data)
+            chunk = parse_body(data)
         except ValueError:
             continue  # a line of some other dialect: the next events still count
         reply.add(chunk)
     if not done and reply.finish_reason is None:  # neither [DONE] nor a finish_reason: it was cut off
         raise EndpointError("the reply stopped arriving: the stream ended before the reply was complete")
-    return reply.body()
-
+    return reply.reply()

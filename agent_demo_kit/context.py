@@ -15,10 +15,10 @@ import json
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import prompts
-from actions import strip_think
-from endings import ConfigError
-from records import Call, Compaction, Round
-from settings import STREAM_FIELDS, Settings
+from agent_demo_kit.actions import strip_think
+from agent_demo_kit.endings import ConfigError
+from agent_demo_kit.settings import Settings
+from agent_demo_kit.trace import Call, Compaction, Round
 from tools import RECALL, Tool, failure, success
 
 
@@ -204,22 +204,23 @@ class Conversation:
     """The messages of every request, kept from one request to the next: a round appends its
     messages; a compaction, when the next request would pass --max-context, folds the oldest."""
 
-    def __init__(self, task: str, registry: Dict[str, Tool], settings: Settings, rounds: Optional[List[Round]] = None,
-                 mode: str = "json", mode_worked: bool = False,
+    def __init__(self, task: str, settings: Settings, registry: Dict[str, Tool], client: Any,
                  on_compaction: Callable[[Compaction], None] = lambda compaction: None):
-        self.task, self.registry, self.settings = task, registry, settings
-        self.rounds: List[Round] = [] if rounds is None else rounds
-        self.mode = mode
-        self.mode_worked = mode_worked  # the endpoint has answered a request in this mode
-        self.schema_variant = settings.schema_variant  # schema mode's response_format form
+        self.task, self.settings, self.registry = task, settings, registry
+        self.client = client  # owns the request's form (mode, schema variant, ...) and builds its body
+        self.rounds: List[Round] = []
         self.on_compaction = on_compaction  # told before the first request that carries the new digest
         self.lines = DigestLines(self.rounds, settings.max_result_chars, settings.max_context)
-        self._built_for: Optional[tuple] = None  # the _shape() the messages were built for
+        self._built_for: Optional[tuple] = None  # the form the messages were built for
         self._messages: List[dict] = []
         self._turns: List[Tuple[int, List[dict], int]] = []  # the verbatim rounds: number, messages, size
         self._folded, self._omitted, self._digest = 0, 0, ""  # rounds 1..folded are in the digest, 1..omitted not shown
         self._added = 0  # rounds taken in so far, folded or verbatim
         self._bare = self.size = 0  # the request's size on the wire: without any round, and as it stands
+
+    @property
+    def mode(self) -> str:
+        return self.client.form.mode
 
     def pinned(self) -> List[dict]:
         """The system prompt and the task: sent first in every request, never folded."""
@@ -227,9 +228,13 @@ class Conversation:
                     self.registry, self.mode, self.settings.max_calls)},
                 {"role": "user", "content": prompts.render_task(self.task)}]
 
+    def request(self) -> Tuple[List[dict], dict]:
+        """The next request's messages and options, in the client's current form."""
+        return self.messages(), self.options()
+
     def messages(self) -> List[dict]:
         """The next request's messages: the last request's and the rounds since, compacted if over --max-context."""
-        if self._built_for != self._shape():
+        if self._built_for != self.client.form.shape():
             self._rebuild()
         for record in self.rounds[self._added:]:
             self._append(record)
@@ -237,13 +242,9 @@ class Conversation:
             self._compact()
         return list(self._messages)
 
-    def _shape(self) -> tuple:
-        """What the request's form depends on besides the rounds: a change rebuilds the messages."""
-        return self.mode, self.schema_variant, self.settings.reply_cap_field, self.settings.stream
-
     def _rebuild(self) -> None:
         """Build the messages afresh (the first request, a resumed run, another mode), from the last compaction."""
-        self._built_for, self._bare = self._shape(), self.body_size(self.pinned())
+        self._built_for, self._bare = self.client.form.shape(), self.body_size(self.pinned())
         self._folded, self._omitted, self._digest, self._turns, self._added = 0, 0, "", [], 0
         last = next((index for index in range(len(self.rounds) - 1, -1, -1) if self.rounds[index].compaction), None)
         if last is not None:
@@ -307,16 +308,13 @@ class Conversation:
         self.on_compaction(compaction)
 
     def body_size(self, messages: List[dict]) -> int:
-        """Characters of the whole request body as it goes on the wire (the client adds the reply cap,
-        and the stream fields when it streams)."""
-        cap = {self.settings.reply_cap_field: self.settings.max_reply_tokens} if self.settings.max_reply_tokens else {}
-        streamed = STREAM_FIELDS if self.settings.stream else {}
-        return len(json.dumps({"model": self.settings.model, "messages": messages, **cap, **self.options(),
-                               **streamed}))
+        """Characters of the whole request body as it goes on the wire."""
+        return len(json.dumps(self.client.body(messages, self.options())))
 
     def options(self) -> dict:
         """What the request carries besides the model and the messages (schemas, tools)."""
-        return prompts.request_options(self.mode, self.registry, self.settings.max_calls, self.schema_variant)
+        form = self.client.form
+        return prompts.request_options(form.mode, self.registry, self.settings.max_calls, form.schema_variant)
 
     def check_fits(self) -> None:
         """ConfigError if the system prompt, task and schemas alone leave too little room for rounds."""

@@ -1,5 +1,5 @@
 """The command line around the loop: flags and help, preparing a run (or a resume),
-the approval question, and printing the outcome."""
+running it, and printing the outcome."""
 import argparse
 import contextlib
 import json
@@ -14,17 +14,14 @@ from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, List, Optional, TextIO
 
 import prompts
-import runs
-from client import ModelClient, Reply
-from endings import ConfigError, RunResult, SigTerm
-from output import Redactor, SafeStream
-from records import Round
-from runlog import RunLog, load_trace
-from settings import DEFAULT_MODEL, DEFAULT_URL, MODES, NUMBERS, Settings, display_url, load_settings
+from agent_demo_kit import __version__
+from agent_demo_kit.endings import ConfigError, Interrupted, OutputClosed, RunResult, SigTerm, Terminated
+from agent_demo_kit.settings import (DEFAULT_MODEL, DEFAULT_URL, MODES, Settings, display_url, flag_parser, given,
+                                     load_settings, read_environment, secrets_of)
+from agent_demo_kit.terminal import Redactor, protected, stray_prints_to_stderr, terminal_approver
+from agent_demo_kit import trace as runs
+from agent_demo_kit.trace import Round, RunLog, load_trace
 from tools import CONTROL_ACTIONS, REGISTRY, Tool, ToolDefinitionError
-from user_tools import load_tools_file
-
-__version__ = "0.2.0"
 
 ENVIRONMENT_HELP = f"""environment (also read from ./.env; the real environment wins):
   LLM_API_KEY             bearer key; optional for local servers (no Authorization header then)
@@ -66,7 +63,7 @@ class Parser(argparse.ArgumentParser):
 
 def flag_type(name: str) -> Callable[[str], Any]:
     """The argparse type of a number flag: the same check as its environment variable."""
-    parse = NUMBERS[name][2]
+    parse = flag_parser(name)
 
     def checked(text: str) -> Any:
         try:
@@ -194,6 +191,7 @@ class Job:
     task: str
     history: List[Round]
     trace_path: Optional[str]
+    form: Any = None  # what the endpoint took when the run was cut short (a resume starts there)
 
 
 def build_registry(files: List[str], names: Optional[str], tool_timeout: float) -> Dict[str, Tool]:
@@ -201,6 +199,7 @@ def build_registry(files: List[str], names: Optional[str], tool_timeout: float) 
     a file gives no usable tools, a name clashes, or --tools names a tool that does not exist."""
     registry = dict(REGISTRY)
     for path in files:
+        from agent_demo_kit.tools_file import load_tools_file
         try:
             found = load_tools_file(path, tool_timeout)
         except ToolDefinitionError as error:
@@ -220,12 +219,12 @@ def build_registry(files: List[str], names: Optional[str], tool_timeout: float) 
 
 def prepare(args: argparse.Namespace, environment: Dict[str, str]) -> Job:
     """Settings, the tools, the task, the rounds already done and the trace path, or ConfigError."""
-    tools_files = [os.path.abspath(path) for path in args.tools_file or []]
     if args.resume is None:
         settings = load_settings(args, environment)
-        settings.stream, settings.tools_files = wants_stream(args), tools_files
+        settings.stream = wants_stream(args)
         trace = args.trace or (None if args.no_log else runs.new_log_file(environment))
-        return Job(settings, build_registry(tools_files, args.tools, settings.tool_timeout), args.task, [], trace)
+        return Job(settings, build_registry(settings.tools_files, args.tools, settings.tool_timeout), args.task, [],
+                   trace)
     if args.task:
         raise ConfigError("--resume continues the task recorded in the trace; give no task with it")
     path = args.resume or runs.latest_run(environment)
@@ -235,47 +234,27 @@ def prepare(args: argparse.Namespace, environment: Dict[str, str]) -> Job:
         start, rounds = load_trace(path)
     except ValueError as error:
         raise ConfigError(str(error)) from None
-
-    # The run's own settings hold across resumes unless the user gives them again.
-    def recorded(flag: Any, variables: str, key: str, valid: Callable[[Any], bool]) -> bool:
-        return flag is None and not any(environment.get(v) for v in variables.split()) and valid(start.get(key))
-    text = lambda value: isinstance(value, str) and value != "" and "***" not in value  # noqa: E731
-    if recorded(args.url, "LLM_API_URL OPENAI_BASE_URL", "url", lambda url: isinstance(url, str) and "***" in url):
+    if "***" in str(start.get("url")) and not given("url", args, environment):
         raise ConfigError("the run's URL held a password, which is not recorded: give it again with --url"
                           " or LLM_API_URL")
-    as_recorded = argparse.Namespace(**vars(args))  # the run's endpoint, checked like one given as flags
-    for key in ("url", "model"):
-        if recorded(getattr(args, key), {"url": "LLM_API_URL OPENAI_BASE_URL", "model": "LLM_MODEL"}[key], key, text):
-            setattr(as_recorded, key, start[key])
-    settings = load_settings(as_recorded, environment)
-    for key, (flag, variable, parse) in NUMBERS.items():
-        if recorded(getattr(args, key, None) if flag else None, variable, key, lambda value: _parses(parse, value)):
-            setattr(settings, key, start[key])
-    if recorded(args.mode, "AGENT_MODE", "mode", lambda mode: mode in MODES):
-        settings.mode = start["mode"]
-    if settings.mode == start.get("mode") and start.get("schema_variant") in prompts.SCHEMA_VARIANTS:
-        settings.schema_variant = start["schema_variant"]  # the response_format that worked
-    if start.get("reply_cap_field") in ("max_tokens", "max_completion_tokens"):
-        settings.reply_cap_field = start["reply_cap_field"]  # the endpoint asked for it
-    settings.stream = wants_stream(args) and start.get("stream") is not False  # False: it refused streaming
-    if recorded(args.tools_file, "", "tools_files", lambda paths: isinstance(paths, list)):
-        tools_files = [str(path) for path in start["tools_files"]]
-    settings.tools_files = tools_files
-    registry = build_registry(tools_files, args.tools, settings.tool_timeout)
-    if recorded(args.tools, "", "tools", lambda names: isinstance(names, list)):
+    settings = load_settings(args, environment, recorded=start)  # the run's own settings, unless given again
+    settings.stream = wants_stream(args)
+    registry = build_registry(settings.tools_files, args.tools, settings.tool_timeout)
+    if args.tools is None and isinstance(start.get("tools"), list):
         registry = {name: tool for name, tool in registry.items() if name in start["tools"]}
-    settings.approve = settings.approve or start.get("approve") is True  # only --yes lifts it on resume
-    return Job(settings, registry, start["task"], rounds, path)
+    return Job(settings, registry, start["task"], rounds, path, resumed_form(settings, start, rounds))
 
 
-def _parses(parse: Callable[[str], Any], value: Any) -> bool:
-    """Is a recorded number one its flag would take?"""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return False
-    try:
-        return parse(str(value)) == value
-    except ValueError:
-        return False
+def resumed_form(settings: Settings, start: dict, rounds: List[Round]) -> Any:
+    """The request form a resumed run starts from: what the endpoint took before, for the mode in force."""
+    from agent_demo_kit.client import RequestForm
+    form = RequestForm(mode=settings.mode, stream=settings.stream and start.get("stream") is not False)
+    if settings.mode == start.get("mode") and start.get("schema_variant") in prompts.SCHEMA_VARIANTS:
+        form.schema_variant = start["schema_variant"]
+    if start.get("reply_cap_field") in ("max_tokens", "max_completion_tokens"):
+        form.reply_cap_field = start["reply_cap_field"]
+    form.mode_worked = any(record.mode == form.mode for record in rounds)
+    return form
 
 
 def continue_command(trace_path: str, outcome: RunResult, settings: Optional[Settings],
@@ -324,27 +303,6 @@ def open_log(args: argparse.Namespace, trace_path: Optional[str], redactor: Reda
     return log
 
 
-def terminal_approver(redactor: Redactor) -> Optional[Callable[[dict], bool]]:
-    """Ask y/N about each call on the terminal the user types into; None when stdin is no terminal."""
-    if sys.stdin is None or not sys.stdin.isatty():
-        return None
-
-    def approve(call: dict) -> bool:
-        try:  # the terminal itself, so the question shows even with stdout and stderr redirected
-            terminal = SafeStream(open(os.ttyname(sys.stdin.fileno()), "w", encoding="utf-8"), redactor, "drop")
-        except OSError:
-            terminal = sys.stderr
-        terminal.write(f"approve {call['tool']} {prompts.to_json(call['args'])}? [y/N] ")
-        terminal.flush()
-        answer = sys.stdin.readline()
-        if not answer:  # Ctrl-D: end the line the question left open
-            terminal.write("\n")
-        if terminal is not sys.stderr:
-            terminal.close()
-        return answer.strip().lower() in ("y", "yes")
-    return approve
-
-
 def show_traceback(outcome: RunResult) -> None:
     """For --debug: the traceback of the error that ended the run, through the redacting stderr."""
     error = outcome.ending
@@ -355,16 +313,6 @@ def show_traceback(outcome: RunResult) -> None:
 def wants_stream(args: argparse.Namespace) -> bool:
     """--stream, --no-stream, or on when the trace goes to a terminal."""
     return args.stream if args.stream is not None else not args.quiet and on_terminal(sys.stderr)
-
-
-def watched(client: ModelClient, log: RunLog) -> Callable[..., Reply]:
-    """client.ask, with the live status line (and the streamed reply) on the terminal while it works."""
-
-    def ask(messages: List[dict], **options: Any) -> Reply:
-        with log.working() as status:
-            client.on_text = status.feed
-            return client.ask(messages, **options)
-    return ask
 
 
 def report(outcome: RunResult, args: argparse.Namespace, answer: TextIO, trace_path: Optional[str] = None,
@@ -388,3 +336,51 @@ def report(outcome: RunResult, args: argparse.Namespace, answer: TextIO, trace_p
 def display(value: Any) -> str:
     """A result as people read it: text as is, anything else as JSON."""
     return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, indent=2)
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    """The command line: read flags and settings, run, print the outcome; returns the exit code."""
+    try:
+        environment, unreadable = read_environment(), None
+    except ConfigError as error:  # reported once the flags say how (--json or not)
+        environment, unreadable = dict(os.environ), error
+    redactor = Redactor(*secrets_of(environment))
+    with protected(redactor) as answer:
+        try:
+            args = parse_args(argv)
+        except KeyboardInterrupt:  # Ctrl-C while a piped task was being read
+            return Interrupted.exit_code
+        redactor.add(*secrets_of(environment, args.url))
+        if unreadable or args.runs:
+            return report(RunResult(unreadable), args, answer) if unreadable else runs.list_runs(environment)
+        outcome, job = start(args, environment, redactor)
+        try:
+            if args.debug or environment.get("AGENT_DEBUG", "") not in ("", "0"):
+                show_traceback(outcome)
+            return report(outcome, args, answer, job and job.trace_path, job and job.settings)
+        except OutputClosed:  # the reader took what it wanted (| head): the run's own ending stands
+            return outcome.exit_code
+
+
+def start(args: argparse.Namespace, environment: Dict[str, str], redactor: Redactor) -> tuple:
+    """Prepare the run (or the resume) and run it; the outcome, and the job once the run started."""
+    try:
+        job = prepare(args, environment)
+        log = open_log(args, job.trace_path, redactor, environment)
+    except ConfigError as error:
+        return RunResult(error), None
+    except KeyboardInterrupt:
+        return RunResult(Interrupted()), None
+    except SigTerm:
+        return RunResult(Terminated("terminated by SIGTERM")), None
+    from agent_demo import Agent
+    from agent_demo_kit.client import ModelClient  # requests: imported only when a run starts
+    client = ModelClient(job.settings, log, job.form)
+    try:
+        with ending_on_sigterm(), stray_prints_to_stderr():
+            agent = Agent(job.settings, client, job.registry, log, terminal_approver(redactor))
+            outcome = agent.run(job.task, job.history)
+    finally:
+        client.close()
+        log.close()
+    return outcome, job

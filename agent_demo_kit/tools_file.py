@@ -11,7 +11,7 @@ import sys
 import threading
 from typing import Any, Callable, Dict, Optional
 
-from endings import SigTerm
+from agent_demo_kit.endings import SigTerm
 from tools import Tool, ToolDefinitionError, ToolError, registry_of
 
 

@@ -2,7 +2,7 @@
 and the small result object the command line formats.
 
 An ending is raised where it is detected (the endpoint client, the settings, the
-loop) and caught once, in `agent_demo.run`.
+loop) and caught once, in `Agent.run` (agent_demo.py).
 """
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
@@ -82,40 +82,12 @@ class ConfigError(RunEnded):
     exit_code = 2
 
 
-REFUSABLE_OPTIONS = ("response_format", "tools")  # what a request may carry that an endpoint may refuse
-
-
-def names_request_options(server_said: str) -> bool:
-    """Does the server's message name response_format or tools (or their parts)?"""
-    return any(name in server_said for name in ("response_format", "json_schema", "tools", "tool_choice"))
-
-
 class EndpointError(RunEnded):
     """The endpoint refused, failed or answered with something unusable (exit 3)."""
 
     def __init__(self, message: str, http_status: Optional[int] = None, server_said: str = ""):
         super().__init__(message)
         self.http_status, self.server_said = http_status, server_said
-
-    def rejects_request_options(self, mode_worked_before: bool) -> bool:
-        """Did the endpoint refuse response_format or tools (as opposed to failing for another reason)?"""
-        names_them = names_request_options(self.server_said)
-        if self.http_status in (400, 422):  # a first request refused, or one that says why
-            return names_them or not mode_worked_before
-        return bool(self.http_status and self.http_status >= 500 and names_them)
-
-
-class RequestChanged(EndpointError):
-    """The endpoint wants the request in another form (the reply cap under another name, no
-    streaming); the settings now say so, and the loop builds and sends the request again."""
-
-    def __init__(self, setting: str, value: Any, message: str):
-        super().__init__(message)
-        self.setting, self.value = setting, value
-
-
-class ReplyCutOff(EndpointError):
-    """The headers came but the body did not, or not in time: the request is tried again."""
 
 
 @dataclass

@@ -8,29 +8,37 @@ import json
 import math
 import re
 from dataclasses import dataclass
-from typing import Any, List, Optional
+from typing import Any, List, Optional, Tuple
 
 import prompts
-from output import printable
+from agent_demo_kit.terminal import printable
 
-_THINK_TAG = re.compile(r"<(/?)think(?:ing)?>", re.I)
+_THINK_TAG = re.compile(r"<(/?)(think|thinking)>", re.I)
+
+
+def think_pieces(text: str) -> List[Tuple[str, str, str]]:
+    """text as (opening tag, piece, closing tag): a thought has at least one tag, plain text none.
+    A thought is a reasoning block, one never closed (cut off mid-thought), or everything before
+    a lone closing tag (the server ate the opening one). Linear time."""
+    pieces: List[Tuple[str, str, str]] = []
+    position, opening = 0, None  # opening: the tag of the block we are inside
+    for tag in _THINK_TAG.finditer(text):
+        if tag.group(1) and opening is None:
+            pieces = [("", text[:tag.start()], tag.group(0))]  # all so far was reasoning
+            position = tag.end()
+        elif tag.group(1) and opening is not None:
+            pieces.append((opening, text[position:tag.start()], tag.group(0)))
+            opening, position = None, tag.end()
+        elif not tag.group(1) and opening is None:
+            pieces.append(("", text[position:tag.start()], ""))
+            opening, position = tag.group(0), tag.end()
+    pieces.append((opening or "", text[position:], ""))
+    return [piece for piece in pieces if any(piece)]
 
 
 def strip_think(text: str) -> str:
-    """Drop reasoning blocks, an unclosed one, and all before a lone closing tag (linear time)."""
-    kept, position, inside = [], 0, False
-    for tag in _THINK_TAG.finditer(text):
-        closing = tag.group(1) == "/"
-        if closing and not inside:  # the server ate the opening tag: all so far was reasoning
-            kept, position = [], tag.end()
-        elif closing:
-            inside, position = False, tag.end()
-        elif not inside:
-            kept.append(text[position:tag.start()])
-            inside = True
-    if not inside:  # a block never closed was cut off mid-thought: drop it
-        kept.append(text[position:])
-    return "".join(kept)
+    """text without its thoughts."""
+    return "".join(piece for opening, piece, closing in think_pieces(text) if not (opening or closing))
 
 
 # Where an object or an array of objects may start; "{{{{" and "[[[[" in prose are not tried.
@@ -137,10 +145,7 @@ def parse_actions(text: str) -> Parsed:
             problem += (f" (your reply is {len(text):,} characters long; only its first and last"
                         f" {MAX_PARSED_CHARS:,} were read: keep replies short)")
         return Parsed([], problem)
-    unique = {}  # a model that writes its action twice (in prose, then in a fence) means it once
-    for value in found:
-        unique.setdefault(json.dumps(value, sort_keys=True), Action(value["tool"], value.get("args", {})))
-    actions = list(unique.values())
+    actions = [Action(value["tool"], value.get("args", {})) for value in found]  # copies: the loop answers once
     if not isinstance(actions[0].args, dict):
         return Parsed([], f"\"args\" of {actions[0].tool} must be a JSON object")
     return Parsed(actions)
