@@ -11,7 +11,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import prompts
 from agent_demo_kit.actions import Parsed, parse_reply
-from agent_demo_kit.client import Reply
+from agent_demo_kit.stream import Reply
 from agent_demo_kit.context import Conversation, digest_line, recall_rounds, request_size, shorten_args, truncate_result
 from agent_demo_kit.endings import (BudgetSpent, Finished, GaveUp, InternalError, Interrupted, RoundLimit, RunEnded,
                                     RunResult, SigTerm, Stuck, Terminated)

@@ -130,7 +130,7 @@ class ModelClient:
             wait = retry.get_retry_after(raw) if raw is not None else None
         except InvalidHeader:
             wait = None
-        wait = min(self.settings.retry_after_cap, retry.get_backoff_time() if wait is None else wait)
+        wait = min(self.settings.max_retry_wait, retry.get_backoff_time() if wait is None else wait)
         cause = f"HTTP {failure.status}" if failure.status else str(failure).split(":")[0]
         self.trace.retry(cause, retries - retry.total, retries, wait)
         time.sleep(wait)

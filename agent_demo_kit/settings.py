@@ -140,7 +140,7 @@ class Settings:
     yes: bool = setting(False, "--yes", resume=False)  # never ask, even for tools with side effects
     stream: bool = setting(False, "--stream", resume=False)  # ask for server-sent events
     backoff_factor: float = setting(0.5, resume=False)  # waits 0, 1, 2, 4 ... seconds between retries
-    retry_after_cap: float = setting(30.0, resume=False)  # a server asking for longer is not waited for that long
+    max_retry_wait: float = setting(30.0, None, ("AGENT_MAX_RETRY_WAIT",), seconds)  # Retry-After or backoff, at most
 
 
 def _fields() -> Dict[str, Any]:

@@ -1,4 +1,6 @@
 import os
+import shlex
+import subprocess
 import sys
 
 import pytest
@@ -14,12 +16,14 @@ KEY = "sk-live-DO-NOT-LEAK-0123456789"
 
 @pytest.fixture(autouse=True)
 def clean_environment(monkeypatch, tmp_path):
-    """Each test starts without the developer's LLM_/AGENT_/OPENAI_ variables, in an empty folder,
+    """Each test starts without the developer's LLM_/AGENT_/OPENAI_ variables (retries wait 0.05 s at most),
+    in an empty folder,
     with its run log folder under its own state home (subprocesses inherit XDG_STATE_HOME too)."""
     for name in list(os.environ):
         if name.startswith(("LLM_", "AGENT_", "OPENAI_")):
             monkeypatch.delenv(name)
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    monkeypatch.setenv("AGENT_MAX_RETRY_WAIT", "0.05")  # no real waits between retries, unless a test sets its own
     monkeypatch.chdir(tmp_path)
 
 
@@ -47,15 +51,40 @@ def said_lines(err):
             if line.startswith("agent-demo:") and not line.startswith("agent-demo: to continue:")]
 
 
+def child_environment(extra=None):
+    """This test's environment for a child process, plus extra. Bytecode may be written, so each
+    child does not compile the project again (some shells set PYTHONDONTWRITEBYTECODE)."""
+    env = {name: value for name, value in os.environ.items() if name != "PYTHONDONTWRITEBYTECODE"}
+    env.update(extra or {})
+    return env
+
+
+def start_cli(*args, env=None, shell_tail=None, python_flags=(), **popen):
+    """The real command line in a child process, the one way tests start it: python agent_demo.py ARGS
+    (then shell_tail, such as "| head -c 1" or ">&-", through the shell). Text pipes; stdin empty."""
+    command = [sys.executable, *python_flags, os.path.join(ROOT, "agent_demo.py"), *map(str, args)]
+    if shell_tail:
+        command = f"{shlex.join(command)} {shell_tail}"
+    options = {"stdin": subprocess.DEVNULL, "stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True,
+               **popen}
+    return subprocess.Popen(command, shell=bool(shell_tail), env=child_environment(env), **options)
+
+
+def run_cli(*args, stdin=None, env=None, timeout=60, **popen):
+    """Run the command line to its end: (exit code, stdout, stderr)."""
+    process = start_cli(*args, env=env, stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+                        **popen)
+    out, err = process.communicate(stdin, timeout=timeout)
+    return process.returncode, out, err
+
+
 def answer_on_a_terminal(argv, env, cwd, answer=b"y\n"):
     """Run the CLI with stdin on a pseudo terminal, answer its first [y/N] question; return
     (what the terminal showed, stdout, stderr, exit code)."""
     import pty
     import select
-    import subprocess
     controller, terminal = pty.openpty()
-    process = subprocess.Popen([sys.executable, os.path.join(ROOT, "agent_demo.py"), *argv], stdin=terminal,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=cwd)
+    process = start_cli(*argv, env=env, cwd=cwd, stdin=terminal, text=False)
     shown = b""
     while b"[y/N]" not in shown and select.select([controller], [], [], 20)[0]:
         shown += os.read(controller, 1024)

@@ -120,7 +120,7 @@ class ScriptedServer:
 
         self.httpd = _QuietServer(("127.0.0.1", port), Handler)
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
-        self._thread = threading.Thread(target=self.httpd.serve_forever, args=(0.05,), daemon=True)
+        self._thread = threading.Thread(target=self.httpd.serve_forever, args=(0.005,), daemon=True)  # stops within 5 ms
 
     def _answer(self, handler: BaseHTTPRequestHandler, canned: Canned, wants_stream: bool = False) -> None:
         spec = {"content": canned} if isinstance(canned, str) else dict(canned)

@@ -4,7 +4,6 @@ import os
 import re
 import signal
 import socket
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -12,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from agent_demo import main
-from conftest import KEY, said_lines
+from conftest import KEY, said_lines, start_cli
 from scripted_server import ScriptedServer, action as act
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -109,11 +108,13 @@ def test_debug_shows_the_traceback(serve, capsys):
     assert "Traceback" in capsys.readouterr().err
 
 
-def test_a_429_with_retry_after_is_waited_for_then_the_run_goes_on(serve, capsys):
+def test_a_429_with_retry_after_is_waited_for_then_the_run_goes_on(serve, capsys, monkeypatch):
+    monkeypatch.setenv("AGENT_MAX_RETRY_WAIT", "0.2")  # Retry-After: 1, waited for as long as the cap allows
     server = serve([{"status": 429, "headers": {"Retry-After": "1"}, "body": {"error": {"message": "slow"}}},
                     act("finish", result="ok")])
-    assert main(["--quiet", "hi"]) == 0
-    assert server.requests[1]["time"] - server.requests[0]["time"] >= 0.9
+    assert main(["hi"]) == 0
+    assert server.requests[1]["time"] - server.requests[0]["time"] >= 0.19
+    assert "note: HTTP 429, retry 1/3 in 0.2 s" in capsys.readouterr().err
 
 
 def test_a_429_that_never_ends_exits_3_after_the_retries(serve, capsys):
@@ -130,9 +131,9 @@ def test_a_dropped_connection_is_retried(serve, capsys):
 
 
 def test_a_read_timeout_is_retried_then_reported(serve, capsys):
-    server = serve([{"delay": 1.5, "content": act("finish", result="late")}])
-    assert main(["--timeout", "0.3", "--retries", "1", "hi"]) == 3
-    assert "no reply within 0.3 s" in capsys.readouterr().err
+    server = serve([{"delay": 0.5, "content": act("finish", result="late")}])
+    assert main(["--timeout", "0.2", "--retries", "1", "hi"]) == 3
+    assert "no reply within 0.2 s" in capsys.readouterr().err
     assert len(server.requests) == 2
 
 
@@ -195,10 +196,7 @@ def test_an_unwritable_trace_file_is_a_configuration_error(serve, capsys, tmp_pa
 
 
 def run_cli(*args, env_extra=None, **popen):
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("LLM_", "AGENT_"))}
-    env.update(env_extra or {})
-    return subprocess.Popen([sys.executable, str(ROOT / "agent_demo.py"), *args], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen)
+    return start_cli(*args, env=env_extra, **popen)
 
 
 def test_ctrl_c_exits_130_and_writes_the_end_record(tmp_path):
@@ -255,9 +253,9 @@ def test_with_json_an_error_is_one_line_on_stderr(serve, capsys):
 
 
 def test_a_server_that_trickles_its_reply_is_cut_off_at_the_timeout(serve, capsys):
-    serve([{"trickle": 0.4, "content": act("finish", result="slow")}])
-    assert main(["--timeout", "1", "--retries", "0", "hi"]) == 3
-    assert "the reply did not finish arriving within 1 s" in capsys.readouterr().err
+    serve([{"trickle": 0.1, "content": act("finish", result="slow")}])
+    assert main(["--timeout", "0.25", "--retries", "0", "hi"]) == 3
+    assert "the reply did not finish arriving within 0.25 s" in capsys.readouterr().err
 
 
 def test_a_reply_with_malformed_tool_calls_is_an_endpoint_error_not_a_crash(serve, capsys):

@@ -139,7 +139,7 @@ def test_retry_after_is_waited_for_up_to_its_cap_and_each_retry_is_told():
     responses.post(URL, json=body("fine"))
     trace = Retries()
     asker = ModelClient(Settings(url="https://llm.example.test/v1", retries=2, backoff_factor=0,
-                                 retry_after_cap=0.01), trace)
+                                 max_retry_wait=0.01), trace)
     assert ask(asker).content == "fine"
     assert trace.said == [("HTTP 429", 1, 2, 0.01), ("HTTP 503", 2, 2, 0)]
 

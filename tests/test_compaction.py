@@ -3,7 +3,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -16,6 +15,7 @@ from agent_demo_kit.settings import Settings
 from agent_demo_kit.trace import RunLog
 from scripted_model import run
 from agent_demo_kit.client import AttemptFailed, ModelClient, Reply, RequestForm
+from conftest import run_cli, start_cli
 from scripted_model import ScriptedModel
 from scripted_server import ScriptedServer, action as act
 from tools import REGISTRY, registry_of
@@ -276,20 +276,18 @@ def test_kill_9_in_the_request_right_after_a_compaction_then_resume_sends_it_aga
     stop = compactions(probe.bodies)[1]  # 0-based index of a request that compacted (the second one)
     replies = sums(stop) + [{"delay": 60, "content": "never answered"}] + sums(3, start=stop) + [
         act("finish", result="done")]
-    trace, cli = tmp_path / "run.jsonl", [sys.executable, str(ROOT / "agent_demo.py")]
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("LLM_", "AGENT_"))}
+    trace = tmp_path / "run.jsonl"
     with ScriptedServer(replies) as server:
-        env["LLM_API_URL"] = server.url
-        process = subprocess.Popen([*cli, "--trace", str(trace), "--max-rounds", "60", "--max-context", "5000", "x"],
-                                   env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=tmp_path)
+        env = {"LLM_API_URL": server.url}
+        process = start_cli("--trace", trace, "--max-rounds", "60", "--max-context", "5000", "x", env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 30
         while len(server.requests) <= stop and time.monotonic() < deadline:
             time.sleep(0.02)
         os.kill(process.pid, signal.SIGKILL)
         process.wait(timeout=10)
-        resumed = subprocess.run([*cli, "--resume", str(trace), "--max-context", "5000", "--quiet"], env=env,
-                                 capture_output=True, text=True, timeout=60, cwd=tmp_path)
-    assert (resumed.returncode, resumed.stdout) == (0, "done\n")
+        code, out, _ = run_cli("--resume", trace, "--max-context", "5000", "--quiet", env=env)
+    assert (code, out) == (0, "done\n")
     interrupted, redone = server.requests[stop]["body"], server.requests[stop + 1]["body"]
     assert json.dumps(redone) == json.dumps(interrupted), "the same bytes, digest and all"
     assert "Earlier rounds" in interrupted["messages"][1]["content"]

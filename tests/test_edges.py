@@ -3,14 +3,13 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
 from agent_demo import main
-from conftest import KEY, said_lines
+from conftest import KEY, run_cli as run_to_end, said_lines, start_cli
 from scripted_server import ScriptedServer, action as act
 from agent_demo_kit.settings import chat_completions_url
 
@@ -22,30 +21,28 @@ def events(trace):
 
 
 def cli(*args, env_extra=None, **popen):
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("LLM_", "AGENT_"))}
-    env.update(env_extra or {})
-    return subprocess.Popen([sys.executable, str(ROOT / "agent_demo.py"), *args], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen)
+    return start_cli(*args, env=env_extra, **popen)
 
 
 # --- losing a reply that arrived ------------------------------------------------------------
 
 def test_a_retry_that_answers_quickly_is_not_cut_off_by_the_first_attempts_time(serve, capsys):
-    server = serve([{"delay": 1.6, "content": act("finish", result="late")}, act("finish", result="retried")])
-    assert main(["--timeout", "1", "--retries", "1", "--quiet", "hi"]) == 0
+    server = serve([{"delay": 0.5, "content": act("finish", result="late")},
+                    {"delay": 0.15, "content": act("finish", result="retried")}])  # in time for its own attempt
+    assert main(["--timeout", "0.25", "--retries", "1", "--quiet", "hi"]) == 0
     assert capsys.readouterr().out == "retried\n"
     assert len(server.requests) == 2
 
 
 @pytest.mark.parametrize("canned, said", [
-    ({"delay": 1.5, "content": "{}"}, "no reply within 0.5 s from http://127.0.0.1:"),
-    ({"trickle": 0.3, "content": act("finish", result="slow")}, "the reply did not finish arriving within 0.5 s"),
+    ({"delay": 0.5, "content": "{}"}, "no reply within 0.2 s from http://127.0.0.1:"),
+    ({"trickle": 0.1, "content": act("finish", result="slow")}, "the reply did not finish arriving within 0.2 s"),
     ({"short": True, "content": act("finish", result="x")}, "the reply stopped arriving"),
     ({"drop": True}, "the server closed the connection without replying"),
 ])
 def test_a_server_that_was_reached_is_not_called_unreachable(serve, capsys, canned, said):
     serve([canned])
-    assert main(["--timeout", "0.5", "--retries", "0", "hi"]) == 3
+    assert main(["--timeout", "0.2", "--retries", "0", "hi"]) == 3
     err = capsys.readouterr().err
     assert said in err and "cannot reach" not in err and "Traceback" not in err
 
@@ -107,11 +104,7 @@ def test_a_lone_surrogate_in_an_action_does_not_crash_the_run(serve, capsys, tmp
 def test_closing_stdout_early_is_no_traceback_and_the_trace_still_ends(tmp_path):
     trace = tmp_path / "t.jsonl"
     with ScriptedServer([act("calculator", expression="1 + 1")] * 3 + [act("finish", result="x\n" * 50_000)]) as server:
-        process = subprocess.Popen(
-            f"{sys.executable} {ROOT / 'agent_demo.py'} --trace {trace} hi | head -c 1",
-            shell=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-            env={**{k: v for k, v in os.environ.items() if not k.startswith(("LLM_", "AGENT_"))},
-                 "LLM_API_URL": server.url})
+        process = start_cli("--trace", trace, "hi", shell_tail="| head -c 1", env={"LLM_API_URL": server.url})
         out, err = process.communicate(timeout=60)
     assert "Traceback" not in err and "BrokenPipe" not in err and "Exception ignored" not in err
     assert events(trace)[-1] == "end"
@@ -165,14 +158,11 @@ def test_sigterm_and_ctrl_c_end_the_run_with_its_end_record(tmp_path, sent, code
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
 def test_a_trace_file_whose_write_fails_is_closed(serve, tmp_path):
     with ScriptedServer([act("finish", result="ok")]) as server:
-        process = subprocess.run(
-            [sys.executable, "-X", "dev", "-W", "error::ResourceWarning", str(ROOT / "agent_demo.py"),
-             "--trace", "/dev/full", "hi"], capture_output=True, text=True, timeout=30,
-            env={**{k: v for k, v in os.environ.items() if not k.startswith(("LLM_", "AGENT_"))},
-                 "LLM_API_URL": server.url})
-    assert process.returncode == 2
-    assert "ResourceWarning" not in process.stderr and "Exception ignored" not in process.stderr
-    assert said_lines(process.stderr) == ["agent-demo: error: cannot write the trace file: No space left on device"]
+        code, _, err = run_to_end("--trace", "/dev/full", "hi", python_flags=("-X", "dev", "-W", "error::ResourceWarning"),
+                               env={"LLM_API_URL": server.url})
+    assert code == 2
+    assert "ResourceWarning" not in err and "Exception ignored" not in err
+    assert said_lines(err) == ["agent-demo: error: cannot write the trace file: No space left on device"]
 
 
 # --- endpoint URLs -------------------------------------------------------------------------------
@@ -356,28 +346,27 @@ def test_a_damaged_trace_is_refused_not_a_traceback(tmp_path, capsys, monkeypatc
 @pytest.mark.parametrize("redirect", [">&-", ">/dev/full", "2>&-", "2>/dev/full"])
 def test_a_closed_or_full_stdout_or_stderr_is_no_traceback(tmp_path, redirect):
     with ScriptedServer([act("calculator", expression="1 + 1"), act("finish", result="ok")]) as server:
-        process = subprocess.run(f"{sys.executable} {ROOT / 'agent_demo.py'} hi {redirect}", shell=True,
-                                 capture_output=not redirect.startswith("2"), text=True, timeout=60,
-                                 stdin=subprocess.DEVNULL, env={**{k: v for k, v in os.environ.items()
-                                                                   if not k.startswith("LLM_")},
-                                                                "LLM_API_URL": server.url})
+        process = start_cli("hi", shell_tail=redirect, env={"LLM_API_URL": server.url})
+        _, err = process.communicate(timeout=60)
         answered = len(server.requests)
     assert process.returncode == 0 and answered == 2, "the run goes on and finishes"
-    assert "Traceback" not in (process.stderr or "")
+    assert "Traceback" not in err
 
 
 # --- found by a second review, after the merges ---------------------------------------------------
 
 def test_sigterm_during_a_tool_call_ends_the_run_as_terminated(tmp_path):
     tools = tmp_path / "sleepy.py"
-    tools.write_text("import time\n\ndef nap(seconds: float) -> str:\n    '''Sleep.'''\n"
-                     "    time.sleep(seconds)\n    return 'rested'\n")
+    started = tmp_path / "started"
+    tools.write_text(f"import pathlib, time\n\ndef nap(seconds: float) -> str:\n    '''Sleep.'''\n"
+                     f"    pathlib.Path({str(started)!r}).touch()\n    time.sleep(seconds)\n    return 'rested'\n")
     trace = tmp_path / "t.jsonl"
     with ScriptedServer([act("nap", seconds=20), act("finish", result="all done")]) as server:
         process = cli("--tools-file", str(tools), "--trace", str(trace), "x", env_extra={"LLM_API_URL": server.url},
                       stdin=subprocess.DEVNULL)
-        wait_for_requests(server, 1)
-        time.sleep(0.8)  # the call is running
+        deadline = time.monotonic() + 20
+        while not started.exists() and time.monotonic() < deadline:  # until the call is running
+            time.sleep(0.02)
         process.send_signal(signal.SIGTERM)
         out, err = process.communicate(timeout=20)
     assert process.returncode == 143 and out == "" and "Traceback" not in err

@@ -4,7 +4,6 @@ import os
 import signal
 import stat
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -12,7 +11,7 @@ import pytest
 
 from agent_demo_kit import cli
 from agent_demo import main
-from conftest import said_lines
+from conftest import child_environment, run_cli, said_lines, start_cli
 from scripted_server import ScriptedServer, action as act
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -21,12 +20,7 @@ FINISH = act("finish", result="done")
 
 def agent(*args, stdin=None, env_extra=None, timeout=60):
     """The real CLI in a subprocess: returns (exit code, stdout, stderr)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("LLM_", "AGENT_", "OPENAI_"))}
-    env.update(env_extra or {})
-    process = subprocess.run([sys.executable, str(ROOT / "agent_demo.py"), *args], input=stdin, env=env,
-                             capture_output=True, text=True, timeout=timeout,
-                             stdin=None if stdin is not None else subprocess.DEVNULL)
-    return process.returncode, process.stdout, process.stderr
+    return run_cli(*args, stdin=stdin, env=env_extra, timeout=timeout)
 
 
 # --- the task from stdin ------------------------------------------------------------------
@@ -166,10 +160,8 @@ def test_the_continue_command_works_as_printed(tmp_path):
         code, out, err = agent("--max-rounds", "1", "hi", env_extra=env)
         assert code == 1
         command = err.split("agent-demo: to continue: ", 1)[1].strip()
-        finished = subprocess.run(command, shell=True, capture_output=True, text=True,
-                                  timeout=60, stdin=subprocess.DEVNULL,
-                                  env={**{k: v for k, v in os.environ.items() if not k.startswith("LLM_")},
-                                       **env})
+        finished = subprocess.run(command, shell=True, capture_output=True, text=True,  # as a user pastes it
+                                  timeout=60, stdin=subprocess.DEVNULL, env=child_environment(env))
     assert (finished.returncode, finished.stdout) == (0, "done\n")
 
 
@@ -204,6 +196,7 @@ def shout(text: str) -> str:
 
 def nap(seconds: float) -> str:
     """Sleep, then say so."""
+    open("nap-started", "w").close()  # in the run's folder: the test knows the call is running
     time.sleep(seconds)
     return "rested"
 
@@ -264,9 +257,9 @@ def test_tools_and_approve_apply_to_a_files_tools(serve, tmp_path, capsys):
 def test_a_tool_that_hangs_is_answered_as_an_error_and_the_run_goes_on(serve, tmp_path, capsys):
     server = serve([act("nap", seconds=30), FINISH])
     started = time.monotonic()
-    assert main(["--tools-file", write_tools(tmp_path), "--tool-timeout", "0.5", "--quiet", "x"]) == 0
+    assert main(["--tools-file", write_tools(tmp_path), "--tool-timeout", "0.2", "--quiet", "x"]) == 0
     assert time.monotonic() - started < 10
-    assert "nap did not finish within 0.5 s" in server.sent_messages(1)[-1]["content"]
+    assert "nap did not finish within 0.2 s" in server.sent_messages(1)[-1]["content"]
 
 
 def test_resume_reloads_the_same_tools_files(serve, tmp_path, capsys):
@@ -281,18 +274,11 @@ def test_resume_reloads_the_same_tools_files(serve, tmp_path, capsys):
 def test_ctrl_c_during_a_long_tool_call_still_ends_the_run_properly(tmp_path):
     trace = tmp_path / "t.jsonl"
     with ScriptedServer([act("nap", seconds=30), FINISH]) as server:
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("LLM_", "AGENT_"))}
-        env["LLM_API_URL"] = server.url
-        process = subprocess.Popen([sys.executable, str(ROOT / "agent_demo.py"), "--tools-file",
-                                    write_tools(tmp_path), "--trace", str(trace), "x"], env=env,
-                                   stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                   text=True)
+        process = start_cli("--tools-file", write_tools(tmp_path), "--trace", trace, "x",
+                            env={"LLM_API_URL": server.url})
         deadline = time.monotonic() + 20
-        while "action: nap" not in (trace.read_text() if trace.exists() else "") and time.monotonic() < deadline:
-            time.sleep(0.1)
-            if len(server.requests) >= 1:
-                time.sleep(0.5)
-                break
+        while not (tmp_path / "nap-started").exists() and time.monotonic() < deadline:  # the call is running
+            time.sleep(0.02)
         process.send_signal(signal.SIGINT)
         out, err = process.communicate(timeout=20)
     assert process.returncode == 130 and "Traceback" not in err

@@ -2,14 +2,13 @@
 import json
 import os
 import select
-import subprocess
-import sys
 import unicodedata
 from pathlib import Path
 
 import pytest
 
 from agent_demo import main
+from conftest import run_cli, start_cli
 from scripted_server import ScriptedServer, action as act
 from agent_demo_kit.terminal import Status, shorten_think
 from agent_demo_kit.endings import EndpointError
@@ -107,9 +106,9 @@ def test_an_endpoint_that_ignores_stream_and_answers_plainly_is_read(serve, caps
 
 
 def test_a_stream_that_trickles_past_the_timeout_is_cut_off(serve, capsys):
-    serve([{"piece_delay": 0.3, "content": act("finish", result="slow" * 10)}])
-    assert main(["--stream", "--timeout", "1", "--retries", "0", "x"]) == 3
-    assert "did not finish arriving within 1 s" in capsys.readouterr().err
+    serve([{"piece_delay": 0.1, "content": act("finish", result="slow" * 10)}])
+    assert main(["--stream", "--timeout", "0.25", "--retries", "0", "x"]) == 3
+    assert "did not finish arriving within 0.25 s" in capsys.readouterr().err
 
 
 # --- the human trace ---------------------------------------------------------------------------------
@@ -129,11 +128,8 @@ def on_a_terminal(*args, env_extra=None, replies=GOOD):
     """Run the CLI with stderr on a pseudo terminal; return (exit code, stdout, what the terminal showed)."""
     import pty
     with ScriptedServer(replies) as server:
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("LLM_", "AGENT_", "NO_COLOR"))}
-        env.update(LLM_API_URL=server.url, **(env_extra or {}))
         controller, terminal = pty.openpty()
-        process = subprocess.Popen([sys.executable, str(ROOT / "agent_demo.py"), *args], stdin=subprocess.DEVNULL,
-                                   stdout=subprocess.PIPE, stderr=terminal, env=env)
+        process = start_cli(*args, stderr=terminal, text=False, env={"LLM_API_URL": server.url, **(env_extra or {})})
         os.close(terminal)
         shown = b""
         while True:
@@ -172,12 +168,9 @@ def test_no_color_turns_colour_off_even_on_a_terminal():
 
 def test_off_a_terminal_there_is_no_colour_no_status_line_and_no_streaming(serve, tmp_path):
     with ScriptedServer(SLOW) as server:
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("LLM_", "AGENT_"))}
-        env["LLM_API_URL"] = server.url
-        process = subprocess.run([sys.executable, str(ROOT / "agent_demo.py"), "add"], capture_output=True,
-                                 text=True, env=env, stdin=subprocess.DEVNULL, timeout=60)
-    assert process.returncode == 0
-    assert "\x1b[" not in process.stderr and "model working" not in process.stderr and "\r" not in process.stderr
+        code, _, err = run_cli("add", env={"LLM_API_URL": server.url})
+    assert code == 0
+    assert "\x1b[" not in err and "model working" not in err and "\r" not in err
     assert "stream" not in server.requests[0]["body"]
 
 

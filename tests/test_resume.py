@@ -3,7 +3,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -14,6 +13,7 @@ from agent_demo_kit.settings import Settings
 from agent_demo_kit.trace import RunLog
 from scripted_model import run
 from scripted_model import ScriptedModel
+from conftest import run_cli, start_cli
 from scripted_server import ScriptedServer, action as act
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -121,21 +121,18 @@ def test_kill_9_in_the_middle_of_a_request_then_resume_loses_and_repeats_nothing
     replies = [act("calculator", expression="1 + 1"), act("calculator", expression="2 + 2"),
                {"delay": 60, "content": act("calculator", expression="never answered")},
                act("calculator", expression="3 + 3"), act("finish", result=12)]
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("LLM_", "AGENT_"))}
-    cli = [sys.executable, str(ROOT / "agent_demo.py")]
     with ScriptedServer(replies) as server:
-        env["LLM_API_URL"] = server.url
-        process = subprocess.Popen([*cli, "--trace", str(trace), "--max-rounds", "9", "add"], env=env,
-                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=tmp_path)
+        env = {"LLM_API_URL": server.url}
+        process = start_cli("--trace", trace, "--max-rounds", "9", "add", env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 30
         while len(server.requests) < 3 and time.monotonic() < deadline:
             time.sleep(0.02)
         os.kill(process.pid, signal.SIGKILL)
         process.wait(timeout=10)
         assert round_numbers(trace) == [1, 2] and records(trace)[-1]["event"] == "round"
-        resumed = subprocess.run([*cli, "--resume", str(trace), "--max-rounds", "9", "--quiet"], env=env,
-                                 capture_output=True, text=True, timeout=60, cwd=tmp_path)
-    assert (resumed.returncode, resumed.stdout, resumed.stderr) == (0, "12\n", "")
+        resumed = run_cli("--resume", trace, "--max-rounds", "9", "--quiet", env=env)
+    assert resumed == (0, "12\n", "")
     assert server.sent_messages(3) == server.sent_messages(2), "the unfinished round is redone as it was"
     assert round_numbers(trace) == [1, 2, 3, 4]
     end = records(trace)[-1]
