@@ -131,7 +131,7 @@ class ModelClient:
         except InvalidHeader:
             wait = None
         wait = min(self.settings.max_retry_wait, retry.get_backoff_time() if wait is None else wait)
-        cause = f"HTTP {failure.status}" if failure.status else str(failure).split(":")[0]
+        cause = f"HTTP {failure.status}" if failure.status else re.split(r": | \(| from http", str(failure))[0]
         self.trace.retry(cause, retries - retry.total, retries, wait)
         time.sleep(wait)
         return retry
@@ -224,23 +224,23 @@ def _pieces(response: requests.Response, deadline: float, seconds: float) -> Ite
 
 def describe_network_error(error: Exception, settings: Settings, url: str) -> str:
     """What happened, in words: no connection, no reply in time, or a reply that stopped arriving."""
-    text, tries = str(error), f" (after {settings.retries} retries)"
+    text = str(error)  # the number of retries is added once they are spent
     shown = display_url(url)
     if isinstance(error, (requests.ReadTimeout, requests.exceptions.ConnectionError)) and "Read timed out" in text:
-        return f"no reply within {settings.timeout:g} s from {shown}: the server is busy or still generating{tries}"
+        return f"no reply within {settings.timeout:g} s from {shown}: the server is busy or still generating"
     if isinstance(error, requests.ConnectTimeout):
-        return f"cannot reach {shown}: no connection within {min(10.0, settings.timeout):g} s{tries}"
+        return f"cannot reach {shown}: no connection within {min(10.0, settings.timeout):g} s"
     if isinstance(error, requests.exceptions.ChunkedEncodingError):
-        return f"the reply stopped arriving from {shown}: the connection broke mid-reply{tries}"
+        return f"the reply stopped arriving from {shown}: the connection broke mid-reply"
     if "RemoteDisconnected" in text or "Connection aborted" in text:
-        return f"the server closed the connection without replying ({shown}){tries}"
+        return f"the server closed the connection without replying ({shown})"
     if "Connection refused" in text:
-        return f"cannot reach {shown}: connection refused{tries}"
+        return f"cannot reach {shown}: connection refused"
     if "Name or service not known" in text or "NameResolution" in text or "nodename nor servname" in text:
-        return f"cannot reach {shown}: host name not found{tries}"
+        return f"cannot reach {shown}: host name not found"
     if isinstance(error, requests.ConnectionError):
         without_reprs = re.sub(r"<[^>]*>:?\s*", "", text)[:200]
-        return f"cannot reach {shown}: {without_reprs}{tries}"
+        return f"cannot reach {shown}: {without_reprs}"
     return f"request to {shown} failed: {type(error).__name__}"
 
 

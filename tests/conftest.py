@@ -59,10 +59,14 @@ def child_environment(extra=None):
     return env
 
 
-def start_cli(*args, env=None, shell_tail=None, python_flags=(), **popen):
-    """The real command line in a child process, the one way tests start it: python agent_demo.py ARGS
-    (then shell_tail, such as "| head -c 1" or ">&-", through the shell). Text pipes; stdin empty."""
-    command = [sys.executable, *python_flags, os.path.join(ROOT, "agent_demo.py"), *map(str, args)]
+def start_cli(*args, env=None, shell_tail=None, python_flags=(), as_module=False, **popen):
+    """The real command line in a child process, the one way tests start it: python agent_demo.py ARGS,
+    or python -m agent_demo ARGS with the project on PYTHONPATH as an install puts it (then shell_tail,
+    such as "| head -c 1" or ">&-", through the shell). Text pipes; stdin empty."""
+    program = ["-m", "agent_demo"] if as_module else [os.path.join(ROOT, "agent_demo.py")]
+    command = [sys.executable, *python_flags, *program, *map(str, args)]
+    if as_module:
+        env = {"PYTHONPATH": ROOT, **(env or {})}
     if shell_tail:
         command = f"{shlex.join(command)} {shell_tail}"
     options = {"stdin": subprocess.DEVNULL, "stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True,

@@ -97,7 +97,6 @@ def test_a_bad_key_exits_3_with_one_line_and_never_shows_the_key(serve, capsys, 
     assert said_lines(err) == [
         "agent-demo: error: authentication failed (HTTP 401): Incorrect API key provided: [redacted]"
         " - check LLM_API_KEY"]
-    assert "Traceback" not in err
     for text in (out, err, trace.read_text()):
         assert KEY not in text
 
@@ -141,7 +140,9 @@ def test_a_dead_endpoint_exits_3(monkeypatch, capsys):
     monkeypatch.setenv("LLM_API_URL", f"http://127.0.0.1:{free_port()}/v1")
     assert main(["--retries", "1", "hi"]) == 3
     err = capsys.readouterr().err
-    assert "connection refused (after 1 retries)" in err and "Traceback" not in err
+    [said] = said_lines(err)
+    assert said.startswith("agent-demo: error: cannot reach http://127.0.0.1:")
+    assert said.endswith("connection refused (after 1 retries)")
 
 
 def test_a_garbage_body_exits_3(serve, capsys):
@@ -186,7 +187,8 @@ def test_usage_errors_exit_2(argv, monkeypatch, capsys):
     with pytest.raises(SystemExit) as raised:
         sys.exit(main(argv))
     assert raised.value.code == 2
-    assert "Traceback" not in capsys.readouterr().err
+    [said] = said_lines(capsys.readouterr().err)
+    assert said.startswith("agent-demo: error: ") and "internal error" not in said
 
 
 def test_an_unwritable_trace_file_is_a_configuration_error(serve, capsys, tmp_path):
@@ -291,7 +293,8 @@ def test_a_body_cut_short_is_an_endpoint_error_not_a_traceback(serve, capsys):
     serve([{"short": True, "content": act("finish", result="x")}])
     assert main(["--retries", "0", "hi"]) == 3
     err = capsys.readouterr().err
-    assert "the reply stopped arriving" in err and "Traceback" not in err
+    [said] = said_lines(err)
+    assert said.startswith("agent-demo: error: the reply stopped arriving")
 
 
 def test_a_dotenv_that_is_not_utf8_is_a_configuration_error(tmp_path, capsys):
@@ -304,3 +307,21 @@ def test_every_module_is_installed_with_the_command():
     """pyproject's py-modules lists every top-level module, or the installed agent-demo cannot import it."""
     listed = re.search(r"py-modules = \[([^\]]*)\]", (ROOT / "pyproject.toml").read_text())[1]
     assert sorted(re.findall(r'"(\w+)"', listed)) == sorted(path.stem for path in ROOT.glob("*.py"))
+
+
+@pytest.mark.parametrize("as_module", [False, True], ids=["python agent_demo.py", "python -m agent_demo"])
+def test_it_runs_from_a_folder_with_its_own_settings_records_client_and_cli(tmp_path, as_module):
+    for name in ("settings", "records", "client", "cli", "runs", "output", "endings"):
+        (tmp_path / f"{name}.py").write_text(f"raise ImportError('the folder\\'s own {name}.py was imported')\n")
+    with ScriptedServer([act("calculator", expression="2 + 3"), act("finish", result=5)]) as server:
+        process = start_cli("--no-log", "add", as_module=as_module, cwd=tmp_path, env={"LLM_API_URL": server.url})
+        out, err = process.communicate(timeout=60)
+    assert (process.returncode, out) == (0, "5\n"), err
+
+
+def test_the_install_adds_three_modules_and_one_package():
+    project = (ROOT / "pyproject.toml").read_text()
+    assert re.search(r'packages = \["agent_demo_kit"\]', project)
+    assert sorted(path.name for path in ROOT.glob("*.py")) == ["agent_demo.py", "prompts.py", "tools.py"]
+    version = re.search(r'__version__ = "([^"]+)"', (ROOT / "agent_demo_kit" / "__init__.py").read_text())[1]
+    assert sum(version in path.read_text() for path in ROOT.rglob("*.py")) == 1, "the version lives in one place"

@@ -44,7 +44,8 @@ def test_a_server_that_was_reached_is_not_called_unreachable(serve, capsys, cann
     serve([canned])
     assert main(["--timeout", "0.2", "--retries", "0", "hi"]) == 3
     err = capsys.readouterr().err
-    assert said in err and "cannot reach" not in err and "Traceback" not in err
+    [line] = said_lines(err)
+    assert said in line and "cannot reach" not in line
 
 
 def test_a_dead_endpoint_is_called_unreachable(monkeypatch, capsys):
@@ -96,7 +97,7 @@ def test_a_lone_surrogate_in_an_action_does_not_crash_the_run(serve, capsys, tmp
                     '{"tool": "finish", "args": {"result": "done \\ud83d\\ude00 \\udc00"}}'])
     assert main(["--trace", str(trace), "hi"]) == 0
     out, err = capsys.readouterr()
-    assert "Traceback" not in err and out.rstrip().endswith("done 😀 ?")
+    assert said_lines(err) == [] and out.rstrip().endswith("done 😀 ?")
     assert events(trace) == ["start", "round", "round", "end"]
     json.dumps(server.requests[1]["body"]).encode("utf-8")
 
@@ -120,7 +121,8 @@ def test_a_number_flag_that_is_not_a_sensible_number_is_a_usage_error(argv, serv
     with pytest.raises(SystemExit) as raised:
         main(argv)
     assert raised.value.code == 2
-    assert server.requests == [] and "Traceback" not in capsys.readouterr().err
+    [said] = said_lines(capsys.readouterr().err)
+    assert server.requests == [] and said.startswith("agent-demo: error: argument --")
 
 
 @pytest.mark.parametrize("name, value", [
@@ -133,7 +135,8 @@ def test_a_number_variable_that_is_not_a_sensible_number_is_a_configuration_erro
     monkeypatch.setenv(name, value)
     assert main(["x"]) == 2
     err = capsys.readouterr().err
-    assert name in err and server.requests == [] and "Traceback" not in err
+    [said] = said_lines(err)
+    assert said.startswith(f"agent-demo: error: {name} must") and server.requests == []
 
 
 def wait_for_requests(server, count):
@@ -277,7 +280,8 @@ def test_runs_lists_what_it_can_of_damaged_files(serve, tmp_path, monkeypatch, c
     (folder / "20200101-000000-abcdef.jsonl").write_text("\n".join(lines) + "\n")
     monkeypatch.setenv("AGENT_DEMO_LOG_DIR", str(folder))
     assert main(["--runs"]) == 0
-    assert "Traceback" not in capsys.readouterr().err
+    out, err = capsys.readouterr()
+    assert said_lines(err) == [] and out.startswith(("when", "no runs yet"))
 
 
 def test_a_reply_cut_off_after_its_headers_is_asked_for_again(serve, capsys):
@@ -421,7 +425,8 @@ def test_a_malformed_url_is_one_line_and_exit_2(url, monkeypatch, capsys):
     monkeypatch.setenv("LLM_API_URL", url)
     assert main(["x"]) == 2
     err = capsys.readouterr().err
-    assert "Traceback" not in err and "LLM_API_URL must be an http(s) URL" in err and "pw@" not in err
+    [said] = said_lines(err)
+    assert said.startswith("agent-demo: error: LLM_API_URL must be an http(s) URL") and "pw@" not in err
 
 
 @pytest.mark.parametrize("damage", [{"calls": 5}, {"model_output": 7}, {"tool_calls": "x"}])
@@ -432,4 +437,5 @@ def test_a_damaged_round_is_refused_with_exit_2(tmp_path, monkeypatch, capsys, d
             "result": {"ok": False, "error": "format error: x"}}
     trace.write_text(json.dumps({"event": "start", "task": "t"}) + "\n" + json.dumps({**good, **damage}) + "\n")
     assert main(["--resume", str(trace)]) == 2
-    assert "Traceback" not in capsys.readouterr().err
+    [said] = said_lines(capsys.readouterr().err)
+    assert said.startswith("agent-demo: error: ") and "cannot resume" in said
