@@ -28,6 +28,15 @@ ENDING_RULES = {  # schema mode's schema lets finish and fail come only alone
 }
 
 
+def clip(text: str, limit: int) -> str:
+    """text in about `limit` characters: its head and its tail, and between them how much was left out.
+    The one way anything is shortened, for the model and for people."""
+    if len(text) <= limit:
+        return text
+    head, tail = limit * 2 // 3, limit // 3
+    return f"{text[:head]} ...{TRUNCATED.format(count=len(text) - head - tail)}... {text[len(text) - tail:]}"
+
+
 def to_json(value: Any) -> str:
     """JSON as the model reads it: compact, non-ASCII kept readable."""
     return json.dumps(value, ensure_ascii=False)

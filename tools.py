@@ -4,7 +4,7 @@ A tool is a plain Python function with type hints and a docstring. Its name,
 description, argument schema and example are read from the function, so the
 system prompt, the JSON schemas sent to the endpoint and the argument checks
 cannot drift apart. `@tool(...)` adds what a signature cannot say. Adding a
-tool is writing one function and listing it in REGISTRY (README, "Adding a tool").
+tool is writing one function and listing it in REGISTRY (docs/tools.md, "Adding a tool").
 """
 import inspect
 import json
@@ -277,7 +277,8 @@ def _check_value(name: str, spec: dict, value: Any) -> Optional[str]:
     if "enum" in spec and value not in spec["enum"]:
         return f"{name} must be one of {json.dumps(spec['enum'], ensure_ascii=False)}"
     if "pattern" in spec and isinstance(value, str) and not re.search(spec["pattern"], value):
-        shown = value if len(value) <= 60 else value[:60] + "..."
+        from prompts import clip  # prompts is built on this module
+        shown = clip(value, 60)
         return (f"{name} must match the pattern {spec['pattern']} ({spec.get('description', name)}),"
                 f" got {json.dumps(shown, ensure_ascii=False)}")
     if "minimum" in spec and isinstance(value, (int, float)) and value < spec["minimum"]:

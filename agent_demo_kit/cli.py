@@ -40,6 +40,7 @@ ENVIRONMENT_HELP = f"""environment (also read from ./.env; the real environment 
   AGENT_RETRIES           default for --retries (3)
   AGENT_TIMEOUT           default for --timeout (30)
   AGENT_TOOL_TIMEOUT      default for --tool-timeout (60)
+  AGENT_MAX_RETRY_WAIT    the longest wait before a retry, in seconds (30)
   AGENT_DEMO_LOG_DIR      the run log folder (else $XDG_STATE_HOME/agent-demo/runs,
                           else ~/.local/state/agent-demo/runs)
   NO_COLOR                set (not empty): no colour in the trace, even on a terminal

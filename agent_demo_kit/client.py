@@ -239,7 +239,7 @@ def describe_network_error(error: Exception, settings: Settings, url: str) -> st
     if "Name or service not known" in text or "NameResolution" in text or "nodename nor servname" in text:
         return f"cannot reach {shown}: host name not found"
     if isinstance(error, requests.ConnectionError):
-        without_reprs = re.sub(r"<[^>]*>:?\s*", "", text)[:200]
+        without_reprs = prompts.clip(re.sub(r"<[^>]*>:?\s*", "", text), 200)
         return f"cannot reach {shown}: {without_reprs}"
     return f"request to {shown} failed: {type(error).__name__}"
 
@@ -292,8 +292,7 @@ def without_internals(text: str) -> str:
 
 def _one_line(text: str, limit: int = 300) -> str:
     """A server's words fit for a one-line error: whitespace folded, long text cut."""
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[:limit] + "..."
+    return prompts.clip(" ".join(text.split()), limit)
 
 
 def describe_http_error(status: int, text: str, settings: Settings, retried: bool = True) -> str:
@@ -313,7 +312,7 @@ def reply_from_body(text: str) -> Reply:
     try:
         body = parse_body(text)
     except ValueError:
-        snippet = " ".join(text.split())[:200]
+        snippet = prompts.clip(" ".join(text.split()), 200)
         raise EndpointError(f"the endpoint's reply is not JSON: {snippet or '(empty body)'}") from None
     choices = body.get("choices") if isinstance(body, dict) else None
     if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):

@@ -27,14 +27,6 @@ def request_size(messages: List[dict]) -> int:
     return len(json.dumps(messages))
 
 
-def _cut(text: str, keep: int) -> str:
-    """Head and tail of text with a marker saying how much was dropped in between."""
-    if len(text) <= keep:
-        return text
-    head, tail = keep * 2 // 3, keep // 3
-    return f"{text[:head]} ...{prompts.TRUNCATED.format(count=len(text) - head - tail)}... {text[len(text) - tail:]}"
-
-
 def truncate_result(result: dict, max_chars: int) -> dict:
     """A result whose JSON is longer than max_chars, cut to head and tail and marked truncated."""
     if len(prompts.to_json(result)) <= max_chars:
@@ -42,16 +34,16 @@ def truncate_result(result: dict, max_chars: int) -> dict:
     key = "data" if "data" in result else "error"
     value = result.get(key)
     text = value if isinstance(value, str) else prompts.to_json(value)
-    rest = {name: _cut(prompts.to_json(v), 200) if len(prompts.to_json(v)) > 200 else v
+    rest = {name: prompts.clip(prompts.to_json(v), 200) if len(prompts.to_json(v)) > 200 else v
             for name, v in result.items() if name != key}
     room = max(100, max_chars - len(prompts.to_json(rest)) - 100)  # 100: the marker and the two new fields
-    return {**rest, key: _cut(text, room), "truncated": True, "original_chars": len(text)}
+    return {**rest, key: prompts.clip(text, room), "truncated": True, "original_chars": len(text)}
 
 
 def shorten_args(args: Any, max_chars: int = 200) -> Any:
     """Arguments as a label: unchanged when short, else their JSON cut to head and tail."""
     text = prompts.to_json(args)
-    return args if len(text) <= max_chars else _cut(text, max_chars)
+    return args if len(text) <= max_chars else prompts.clip(text, max_chars)
 
 
 def assistant_message(record: Round, native_tools: bool = False) -> dict:
@@ -77,7 +69,7 @@ def round_messages(record: Round, native_tools: bool = False) -> List[dict]:
 def digest_line(record: Round, result_chars: int) -> str:
     """One folded round: each call and its result, without the model's prose; bounded in length."""
     if not record.calls:
-        return f"round {record.number}: no valid action ({_cut(str(record.result.get('error')), result_chars)})"
+        return f"round {record.number}: no valid action ({prompts.clip(str(record.result.get('error')), result_chars)})"
     return f"round {record.number}: " + "; ".join(_call_summary(call, result_chars) for call in record.calls)
 
 
@@ -92,7 +84,7 @@ def _call_summary(call: Call, result_chars: int) -> str:
     shown = _as_text(result.get("data")) if result.get("ok") else "error: " + _as_text(result.get("error"))
     if call.tool == RECALL.name and result.get("ok"):  # a copy of older rounds: folding it again would only repeat them
         shown = "(recalled; recall again if needed)"
-    return f"{_cut(call.tool, 60)}({_cut(shown_args, 120)}) -> {_cut(shown, result_chars)}"
+    return f"{prompts.clip(call.tool, 60)}({prompts.clip(shown_args, 120)}) -> {prompts.clip(shown, result_chars)}"
 
 
 def _encoded(text: str) -> int:

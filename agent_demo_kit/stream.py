@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterator, List, Optional
 
 from agent_demo_kit.endings import EndpointError
+from prompts import clip
 
 TextListener = Callable[[str], None]  # gets each piece of a streamed reply as it arrives
 
@@ -78,7 +79,7 @@ class StreamedReply:
         if chunk.get("error"):
             error = chunk["error"]
             message = error.get("message") if isinstance(error, dict) else error
-            raise EndpointError(f"the endpoint reported an error mid-reply: {' '.join(str(message).split())[:300]}")
+            raise EndpointError(f"the endpoint reported an error mid-reply: {clip(' '.join(str(message).split()), 300)}")
         if isinstance(chunk.get("usage"), dict):
             self.usage = chunk["usage"]
         choices = chunk.get("choices")

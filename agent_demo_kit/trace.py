@@ -21,6 +21,7 @@ from typing import IO, Any, ContextManager, Dict, List, Optional, TextIO, Tuple
 
 from agent_demo_kit.endings import ConfigError
 from agent_demo_kit.terminal import Redactor, SafeStream, Screen, Status
+from prompts import clip
 from tools import failure
 
 try:
@@ -195,7 +196,7 @@ class RunLog:
 
     def start(self, task: str, model: str, url: str, limits: dict) -> None:
         """limits: the run's own settings (max_rounds, mode, ...), kept for --resume."""
-        self.say(f"task: {_first_words(task)}\nmodel: {model} at {url} ({limits.get('mode', 'json')} mode)")
+        self.say(f"task: {clip(task, 300)}\nmodel: {model} at {url} ({limits.get('mode', 'json')} mode)")
         self.record("start", task=task, model=model, url=url, **limits, ts=time.time())
 
     def fallback(self, from_mode: str, to_mode: str, error: str, from_variant: Optional[str] = None,
@@ -229,7 +230,7 @@ class RunLog:
         self.record("compaction", **compaction_to_line(compaction), ts=time.time())
 
     def resume(self, task: str, model: str, url: str, done_rounds: int, limits: dict) -> None:
-        self.say(f"resuming after round {done_rounds}: {_first_words(task)}\nmodel: {model} at {url}"
+        self.say(f"resuming after round {done_rounds}: {clip(task, 300)}\nmodel: {model} at {url}"
                  f" ({limits.get('mode', 'json')} mode)")
         self.record("resume", model=model, url=url, after_round=done_rounds, **limits, ts=time.time())
 
@@ -267,11 +268,6 @@ class RunLog:
                 trace_file.close()
             except OSError:
                 pass  # a full disk refuses the last flush too; the file is closed all the same
-
-
-def _first_words(task: str, limit: int = 300) -> str:
-    """The task as the trace shows it: piped-in material can be long."""
-    return task if len(task) <= limit else task[:limit] + f"… ({len(task):,} chars)"
 
 
 def load_trace(path: str) -> Tuple[dict, List[Round]]:

@@ -7,7 +7,7 @@ Runs the CLI --runs times per mode on the task below, each with a trace file, an
 the share of rounds whose reply became actions (no format error), the share whose calls were all
 valid too (a known tool, arguments that fit its schema), how many runs finished and how many of
 those with the right answer (1536 and 待支付), how the runs ended, the schema variants the runs
-settled on, and the longest reply in tokens. README, "Local servers", has the figures it gave.
+settled on, and the longest reply in tokens. docs/modes.md, "Local servers", has the figures it gave.
 """
 import argparse
 import collections
