@@ -19,7 +19,7 @@ from agent_demo_kit.endings import ConfigError, Interrupted, OutputClosed, RunRe
 from agent_demo_kit.settings import (DEFAULT_MODEL, DEFAULT_URL, MODES, Settings, display_url, flag_parser, given,
                                      load_settings, read_environment, secrets_of)
 from agent_demo_kit.terminal import Redactor, protected, stray_prints_to_stderr, terminal_approver
-from agent_demo_kit import trace as runs
+from agent_demo_kit import log_folder
 from agent_demo_kit.trace import Round, RunLog, load_trace
 from tools import CONTROL_ACTIONS, REGISTRY, Tool, ToolDefinitionError
 
@@ -223,12 +223,12 @@ def prepare(args: argparse.Namespace, environment: Dict[str, str]) -> Job:
     if args.resume is None:
         settings = load_settings(args, environment)
         settings.stream = wants_stream(args)
-        trace = args.trace or (None if args.no_log else runs.new_log_file(environment))
+        trace = args.trace or (None if args.no_log else log_folder.new_log_file(environment))
         return Job(settings, build_registry(settings.tools_files, args.tools, settings.tool_timeout), args.task, [],
                    trace)
     if args.task:
         raise ConfigError("--resume continues the task recorded in the trace; give no task with it")
-    path = args.resume or runs.latest_run(environment)
+    path = args.resume or log_folder.latest_run(environment)
     if args.trace and os.path.abspath(args.trace) != os.path.abspath(path):
         raise ConfigError("--resume appends to its own trace file; --trace cannot name another one")
     try:
@@ -300,7 +300,7 @@ def open_log(args: argparse.Namespace, trace_path: Optional[str], redactor: Reda
     except OSError as error:
         raise ConfigError(f"cannot open the trace file: {error}") from None
     if trace_path and not args.trace and args.resume is None:  # a new run in the run log folder
-        runs.prune(Path(trace_path).parent)
+        log_folder.prune(Path(trace_path).parent)
     return log
 
 
@@ -329,7 +329,7 @@ def report(outcome: RunResult, args: argparse.Namespace, answer: TextIO, trace_p
     elif outcome.status != "finished" and args.quiet:  # otherwise the trace ended with it
         lines = [f"agent-demo: {outcome.summary()}", *(f"  {line}" for line in outcome.progress)]
         print("\n".join(lines), file=sys.stderr)
-    if trace_path and outcome.status in runs.RESUMABLE and outcome.exit_code != 2:  # 2: change flags first
+    if trace_path and outcome.status in log_folder.RESUMABLE and outcome.exit_code != 2:  # 2: change flags first
         print(f"agent-demo: to continue: {continue_command(trace_path, outcome, settings, args)}", file=sys.stderr)
     return outcome.exit_code
 
@@ -353,7 +353,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             return Interrupted.exit_code
         redactor.add(*secrets_of(environment, args.url))
         if unreadable or args.runs:
-            return report(RunResult(unreadable), args, answer) if unreadable else runs.list_runs(environment)
+            return report(RunResult(unreadable), args, answer) if unreadable else log_folder.list_runs(environment)
         outcome, job = start(args, environment, redactor)
         try:
             if args.debug or environment.get("AGENT_DEBUG", "") not in ("", "0"):

@@ -4,35 +4,21 @@ A round holds everything needed to show it and to rebuild the conversation (the
 model's output, its calls and results, the exact feedback sent), and a compaction
 the exact digest it put in the requests, so `--resume` replays the trace file
 instead of guessing. `RunLog` writes each event to the trace file (JSON Lines) and
-to the screen; the run log folder keeps one such file per run, per user:
-$AGENT_DEMO_LOG_DIR, else $XDG_STATE_HOME/agent-demo/runs, else ~/.local/state/agent-demo/runs.
+to the screen; the run log folder (log_folder.py) keeps one such file per run.
 """
 import contextlib
 import json
-import math
 import os
-import re
-import secrets
 import sys
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import IO, Any, ContextManager, Dict, List, Optional, TextIO, Tuple
+from typing import Any, ContextManager, Dict, List, Optional, TextIO, Tuple
 
 from agent_demo_kit.endings import ConfigError
+from agent_demo_kit.log_folder import RESUMABLE, lock
 from agent_demo_kit.terminal import Redactor, SafeStream, Screen, Status
 from prompts import clip
 from tools import failure
-
-try:
-    import fcntl
-except ImportError:  # Windows: runs are not locked
-    fcntl = None
-
-KEEP_RUNS = 500
-RESUMABLE = {"max_rounds", "budget", "stuck", "error", "interrupted"}  # not finished, not failed
-_TAIL_BYTES = 256 * 1024  # the end record and the last rounds are found here, however long the run
-
 
 
 @dataclass
@@ -327,191 +313,3 @@ def load_trace(path: str) -> Tuple[dict, List[Round]]:
             if record.get("to_variant"):
                 start["schema_variant"] = record["to_variant"]
     return start, rounds
-
-
-# --- the run log folder --------------------------------------------------------------------
-
-def lock(trace: IO) -> bool:
-    """Mark an open trace file as in use by this run, for as long as it stays open (on systems
-    with flock); False if another run holds it."""
-    if fcntl is None:
-        return True
-    try:
-        fcntl.flock(trace.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        return True
-    except OSError:
-        return False
-
-
-def in_use(path: Path) -> bool:
-    """Is a run still writing this file?"""
-    try:
-        with open(path, "a") as trace:
-            return not lock(trace)
-    except OSError:
-        return False
-
-
-def log_dir(environment: Dict[str, str]) -> Path:
-    """Where this user's runs are kept."""
-    if environment.get("AGENT_DEMO_LOG_DIR"):
-        return Path(environment["AGENT_DEMO_LOG_DIR"]).expanduser()
-    state = environment.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
-    return Path(state) / "agent-demo" / "runs"
-
-
-def new_run_path(folder: Path) -> Path:
-    """A fresh file name for a new run: its start time, then a few random letters."""
-    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
-    return folder / f"{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}.jsonl"
-
-
-_OUR_NAME = re.compile(r"\d{8}-\d{6}-[0-9a-f]{6}\.jsonl")  # what new_run_path names a file
-
-
-def prune(folder: Path, keep: int = KEEP_RUNS) -> None:
-    """Delete our oldest run files beyond `keep`; files named otherwise are not ours to delete."""
-    ours = [path for path in _run_files(folder) if _OUR_NAME.fullmatch(path.name)]
-    for old in ours[keep:]:
-        try:
-            old.unlink()
-        except OSError:
-            pass  # another run removed it, or it is not ours to remove
-
-
-def _run_files(folder: Path) -> List[Path]:
-    """The folder's run files, newest first (by last write: a resumed run counts as recent)."""
-    try:
-        files = [path for path in folder.glob("*.jsonl") if path.is_file()]
-    except OSError:
-        return []
-    return sorted(files, key=lambda path: (_mtime(path), path.name), reverse=True)
-
-
-def _mtime(path: Path) -> float:
-    try:
-        return path.stat().st_mtime
-    except OSError:
-        return 0.0
-
-
-@dataclass
-class RunSummary:
-    """One line of --runs: how a run stands, from its first and last records."""
-
-    path: Path
-    started: float
-    status: str  # an end status, or "unfinished" for a run killed before its end record
-    rounds: int
-    tokens: Optional[int]
-    task: str
-
-    @property
-    def resumable(self) -> bool:
-        return self.status in RESUMABLE or self.status == "unfinished"
-
-
-def summarize(path: Path) -> Optional[RunSummary]:
-    """How the last run in a trace file stands, read from its first line and its tail; None if not a trace."""
-    try:
-        with open(path, "rb") as trace:
-            first = trace.readline(_TAIL_BYTES)  # a task with megabytes of piped material: its start is enough
-            size = trace.seek(0, os.SEEK_END)
-            trace.seek(max(0, size - _TAIL_BYTES))
-            tail = trace.read().split(b"\n")
-    except OSError:
-        return None
-    head = _record(first) if first.endswith(b"\n") else _long_start(first)
-    records = [head, *(_record(line) for line in tail)]
-    records = [record for record in records if record]
-    start = next((r for r in reversed(records) if r.get("event") == "start"), None)
-    if not start:
-        return None
-    after_start = records[len(records) - 1 - records[::-1].index(start):]
-    status, rounds, tokens = "unfinished", 0, None
-    for record in after_start:
-        if record.get("event") == "round" and isinstance(record.get("round"), int):
-            rounds, status = record["round"], "unfinished"
-        elif record.get("event") in ("resume", "start"):
-            status = "unfinished"
-        elif record.get("event") == "end":
-            status, rounds = str(record.get("status")), record.get("rounds") or rounds
-            usage = record.get("usage") if isinstance(record.get("usage"), dict) else {}
-            tokens = usage.get("total_tokens") if isinstance(usage.get("total_tokens"), int) else None
-    started = start.get("ts")
-    if not (isinstance(started, (int, float)) and math.isfinite(started) and 0 <= started < 1e11):
-        started = _mtime(path)
-    return RunSummary(path, started, status, rounds if isinstance(rounds, int) else 0, tokens,
-                      str(start.get("task") or ""))
-
-
-def _long_start(head: bytes) -> Optional[dict]:
-    """The start record of a run whose first line is too long to read whole: its task's beginning."""
-    if not head.startswith(b'{"event": "start"'):
-        return None
-    match = re.search(rb'"task": "((?:[^"\\]|\\.){0,200})', head)
-    task = match[1].decode("utf-8", errors="replace") if match else ""
-    return {"event": "start", "task": task + "…"}
-
-
-def _record(line: bytes) -> Optional[dict]:
-    try:
-        record = json.loads(line.decode("utf-8", errors="replace"))
-    except (ValueError, RecursionError):
-        return None
-    return record if isinstance(record, dict) else None
-
-
-def recent_runs(folder: Path, limit: int = 20) -> List[RunSummary]:
-    """The newest runs first."""
-    summaries = (summarize(path) for path in _run_files(folder))
-    return [summary for summary in summaries if summary][:limit]
-
-
-def latest_unfinished(folder: Path) -> Optional[Path]:
-    """The most recent run that can go on, or None."""
-    for path in _run_files(folder):
-        summary = summarize(path)
-        if summary and summary.resumable and not in_use(path):
-            return path
-    return None
-
-
-def render_runs(runs: List[RunSummary], folder: Path) -> str:
-    """The --runs table: when, status, rounds, tokens, the task's first words, the file."""
-    if not runs:
-        return f"no runs yet in {folder}"
-    lines = [f"{'when':<16}  {'status':<11}  {'rounds':>6}  {'tokens':>8}  {'task':<40}  file"]
-    for run in runs:
-        words = " ".join(run.task.split())
-        words = words if len(words) <= 40 else words[:39] + "…"
-        tokens = "-" if run.tokens is None else str(run.tokens)
-        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(run.started))
-        lines.append(f"{when:<16}  {run.status:<11}  {run.rounds:>6}  {tokens:>8}  {words:<40}  {run.path}")
-    return "\n".join(lines)
-
-
-def new_log_file(environment: Dict[str, str]) -> str:
-    """A new file in the run log folder, or ConfigError saying how to do without."""
-    folder = log_dir(environment)
-    try:
-        return str(new_run_path(folder))
-    except OSError as error:
-        raise ConfigError(f"cannot create the run log folder {folder}: {error.strerror or error};"
-                          " set AGENT_DEMO_LOG_DIR, or use --no-log or --trace FILE") from None
-
-
-def latest_run(environment: Dict[str, str]) -> str:
-    """The most recent unfinished run in the run log folder, for --resume without a file."""
-    folder = log_dir(environment)
-    path = latest_unfinished(folder)
-    if path is None:
-        raise ConfigError(f"--resume: no unfinished run in {folder}; name a trace file: --resume FILE")
-    return str(path)
-
-
-def list_runs(environment: Dict[str, str]) -> int:
-    """--runs: print the recent runs in the run log folder, newest first."""
-    folder = log_dir(environment)
-    print(render_runs(recent_runs(folder), folder))
-    return 0
