@@ -47,6 +47,7 @@ class Tool:
     example_args: Dict[str, Any]
     function: Optional[Callable[..., Any]] = field(default=None, compare=False)
     side_effects: bool = False  # such tools ask before running unless --yes
+    warning: Optional[str] = None  # said in the approval question (an MCP server marks the tool destructive)
 
     def example(self) -> dict:
         """The action the prompt shows for this tool."""

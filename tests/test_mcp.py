@@ -1,0 +1,351 @@
+"""MCP servers' tools: naming servers, schemas every mode can use, calls and their results, and
+servers that misbehave. The servers are real processes: tests/mcp_servers/toolbox.py (the SDK's
+own server, over streamable HTTP), mcp_server_time (the SDK's, over stdio) when installed, and
+bare.py, a plain-Python stdio server that starts in a blink, for the tests that start servers
+again and again (one built on the SDK takes seconds: it imports the SDK)."""
+import importlib.util
+import io
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+# Checked without importing it: the SDK takes a second or two to import, and the HTTP server
+# below starts meanwhile.
+if importlib.util.find_spec("mcp") is None:
+    pytest.skip("needs the mcp package: pip install -e '.[test]' (Python 3.10+)", allow_module_level=True)
+
+import jsonschema  # noqa: E402  (the mcp SDK depends on it)
+
+import prompts  # noqa: E402
+import tools  # noqa: E402
+from agent_demo_kit.mcp import DESTRUCTIVE, McpError, McpTools, parse_server_specs, simplify_schema  # noqa: E402
+from agent_demo_kit.mcp import _parameters  # noqa: E402
+from conftest import ROOT  # noqa: E402
+
+SERVERS = os.path.join(ROOT, "tests", "mcp_servers")
+TOOLBOX = os.path.join(SERVERS, "toolbox.py")
+BARE = os.path.join(SERVERS, "bare.py")
+with open(os.path.join(SERVERS, "odd_schema.json")) as odd_file:
+    ODD_SCHEMA = json.load(odd_file)
+
+
+def pids(sink: io.StringIO) -> list:
+    """The pid each start of a server said on its stderr (copied to the sink)."""
+    return [int(pid) for pid in re.findall(r"^mcp \w+: pid (\d+)$", sink.getvalue(), re.MULTILINE)]
+
+
+def is_gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+# --- naming servers -----------------------------------------------------------------------------
+
+def test_each_server_gets_a_short_name_from_its_command_url_or_config(tmp_path):
+    config = tmp_path / "mcp.json"
+    config.write_text(json.dumps({"mcpServers": {
+        "files": {"command": "npx", "args": ["-y", "@modelcontextprotocol/server-filesystem", "/tmp"],
+                  "env": {"ROOT": "/tmp"}},
+        "docs": {"url": "https://example.com/mcp"},
+        "time": {"command": "uvx", "args": ["mcp-server-time"]}}}))
+    specs = parse_server_specs(["python -m mcp_server_time", "uvx mcp-server-fetch", "https://mcp.deepwiki.com/mcp",
+                                "http://127.0.0.1:8000/mcp"], str(config))
+    assert [spec.name for spec in specs] == ["time", "fetch", "deepwiki", "local_8000", "files", "docs", "time_2"]
+    assert specs[0].command == ("python", "-m", "mcp_server_time")
+    assert specs[2].url == "https://mcp.deepwiki.com/mcp"
+    assert specs[4].command == ("npx", "-y", "@modelcontextprotocol/server-filesystem", "/tmp")
+    assert specs[4].env == {"ROOT": "/tmp"}
+
+
+@pytest.mark.parametrize("content, said", [
+    (None, "no such file"),
+    ("{not json", "not valid JSON"),
+    ('{"servers": {}}', 'expected {"mcpServers"'),
+    ('{"mcpServers": {"x": {"args": ["a"]}}}', 'server x has neither "command" nor "url"'),
+    ('{"mcpServers": {"x": {"command": "run", "args": "a b"}}}', 'server x: "args" must be a list of strings'),
+    ('{"mcpServers": {"x": {"command": "run", "env": {"N": 1}}}}', 'server x: "env" must map names to strings'),
+    ('{"mcpServers": {"x": {"url": "ftp://example.com"}}}', 'server x: "url" must be an http:// or https:// URL'),
+])
+def test_a_bad_config_file_is_one_clear_error(tmp_path, content, said):
+    path = tmp_path / "mcp.json"
+    if content is not None:
+        path.write_text(content)
+    with pytest.raises(McpError) as raised:
+        parse_server_specs([], str(path))
+    assert said in str(raised.value) and str(path) in str(raised.value) and "\n" not in str(raised.value)
+
+
+def test_a_command_with_unbalanced_quotes_is_an_error():
+    with pytest.raises(McpError, match="--mcp"):
+        parse_server_specs(["python 'server.py"], None)
+
+
+def test_importing_the_module_does_not_import_the_sdk():
+    code = "import sys, agent_demo_kit.mcp; print('mcp' in sys.modules)"
+    shown = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert shown.stdout.strip() == "False"
+
+
+# --- schemas every mode can use ---------------------------------------------------------------
+
+REJECTED_BY_GRAMMAR_CONVERTERS = {"$ref", "$defs", "definitions", "allOf", "oneOf", "not", "if", "then", "else",
+                                  "patternProperties", "format", "dependentRequired", "dependentSchemas"}
+
+
+def every_schema_in(schema: dict):
+    yield schema
+    for value in schema.get("properties", {}).values():
+        yield from every_schema_in(value)
+    for value in schema.get("anyOf", []):
+        yield from every_schema_in(value)
+    for key in ("items", "additionalProperties"):
+        if isinstance(schema.get(key), dict):
+            yield from every_schema_in(schema[key])
+
+
+def test_a_simplified_schema_is_typed_throughout_and_free_of_what_grammar_converters_reject():
+    parameters, required = _parameters(ODD_SCHEMA)
+    assert required == ["point", "when"]
+    assert parameters["point"]["properties"] == {"x": {"type": "integer"}, "y": {"type": "integer"}}
+    assert parameters["anything"]["anyOf"] == tools.ANY_JSON["anyOf"]
+    assert parameters["when"]["description"] == "when (format: date-time)"
+    assert "pattern" not in parameters["code"]  # unanchored: grammar engines refuse it
+    assert parameters["choice"]["anyOf"][0]["pattern"] == "^[a-z]+$"
+    for name, schema in parameters.items():
+        assert schema["description"], name
+        for part in every_schema_in(schema):
+            assert "type" in part or "anyOf" in part, (name, part)
+            assert not REJECTED_BY_GRAMMAR_CONVERTERS & set(part), (name, part)
+
+
+def test_alternative_argument_sets_offer_every_argument_and_require_none():
+    either = {"type": "object", "oneOf": [{"properties": {"path": {"type": "string"}}, "required": ["path"]},
+                                          {"properties": {"url": {"type": "string"}}, "required": ["url"]}]}
+    parameters, required = _parameters(either)
+    assert set(parameters) == {"path", "url"} and required == []
+    described = tools.Tool("fetch", "a tool", parameters, required, {})
+    assert tools.check_args(described, {"url": "https://example.com"}) is None
+
+
+def test_a_recursive_schema_is_cut_off_rather_than_followed_forever():
+    tree = {"$defs": {"Node": {"type": "object", "properties": {
+        "children": {"type": "array", "items": {"$ref": "#/$defs/Node"}}}}}, "$ref": "#/$defs/Node"}
+    simple = simplify_schema(tree)
+    assert simple["properties"]["children"]["items"]["anyOf"] == tools.ANY_JSON["anyOf"]
+
+
+# Each value is valid under its schema; the simplified one must take it too.
+ACCEPTED = [
+    ({"type": ["integer", "null"]}, None),
+    ({"oneOf": [{"type": "string"}, {"type": "integer"}]}, 3),
+    ({"$ref": "#/$defs/Point"}, {"x": 1, "y": 2}),
+    ({"allOf": [{"type": "integer"}, {"minimum": 1}]}, 5),
+    ({"enum": [1, "a"]}, "a"),
+    ({"enum": [1, 2.5]}, 1),
+    ({"const": "x"}, "x"),
+    ({}, {"any": ["thing"]}),
+    ({"description": "untyped"}, 1.5),
+    ({"type": "string", "pattern": "[0-9]"}, "a1b"),
+    ({"type": "string", "format": "email"}, "not an email"),
+    ({"type": "object", "patternProperties": {"^t_": {"type": "string"}}, "additionalProperties": False}, {"t_a": "x"}),
+    ({"type": "array", "prefixItems": [{"type": "string"}]}, ["a", 1]),
+    ({"type": "number", "exclusiveMinimum": 0}, 0.5),
+    ({"type": "integer", "not": {"const": 13}}, 14),
+    ({"anyOf": [{"type": "object"}, {"type": "array", "items": {"type": "integer"}}]}, [1]),
+    ({"if": {"type": "string"}, "then": {"minLength": 2}}, "ab"),
+    ({"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"]}, {"a": "x", "b": 1}),
+]
+
+
+@pytest.mark.parametrize("schema, value", ACCEPTED)
+def test_the_simplified_schema_takes_what_the_original_takes(schema, value):
+    whole = {"type": "object", "$defs": ODD_SCHEMA["$defs"], "properties": {"v": schema}, "required": ["v"]}
+    jsonschema.validate({"v": value}, whole)
+    parameters, required = _parameters(whole)
+    described = tools.Tool("t", "a tool", parameters, required, {})
+    assert tools.check_args(described, {"v": value}) is None
+
+
+# --- servers that work: the toolbox over HTTP, bare and the time server over stdio -----------------
+
+@pytest.fixture(scope="module")
+def servers(tmp_path_factory):
+    """One run's servers, started together: the toolbox over HTTP ("web"), bare over stdio, and the
+    time server when it is installed; yields (McpTools, the sink their stderr went to)."""
+    listening = socket.create_server(("127.0.0.1", 0))  # ours: the client can connect before the server is up
+    web = subprocess.Popen([sys.executable, TOOLBOX, str(listening.fileno())], pass_fds=[listening.fileno()],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{listening.getsockname()[1]}/mcp"
+    listening.close()
+    entries = {"web": {"url": url}, "bare": {"command": sys.executable, "args": [BARE]}}
+    if importlib.util.find_spec("mcp_server_time"):
+        entries["time"] = {"command": sys.executable, "args": ["-m", "mcp_server_time", "--local-timezone", "UTC"]}
+    config = tmp_path_factory.mktemp("mcp") / "mcp.json"
+    config.write_text(json.dumps({"mcpServers": entries}))
+    sink, mcp_tools = io.StringIO(), McpTools()
+    try:
+        mcp_tools.start(parse_server_specs([], str(config)), tool_timeout=10, taken_names=tools.REGISTRY,
+                        stderr=sink, startup_timeout=30)
+        yield mcp_tools, sink
+    finally:
+        mcp_tools.close()
+        web.kill()
+        web.wait()
+
+
+def call(servers, name, **args):
+    return tools.call_tool(name, args, servers[0].tools)
+
+
+def test_tools_join_the_registry_and_a_clash_gets_the_server_name_in_front(servers):
+    mcp_tools, _ = servers
+    assert {"web_echo", "bare_echo", "web_calculator", "add", "odd", "crash"} <= set(mcp_tools.tools)
+    assert not {"echo", "calculator"} & set(mcp_tools.tools)  # no tool hides another
+    assert "MCP server web: its tool calculator is called web_calculator here, since another tool is named" \
+           " calculator" in mcp_tools.notes
+    assert all(re.fullmatch(r"[a-zA-Z0-9_-]{1,64}", name) for name in mcp_tools.tools)
+    assert call(servers, "web_echo", text="over http") == {"ok": True, "data": "over http"}
+    assert call(servers, "bare_echo", text="over stdio") == {"ok": True, "data": "over stdio"}
+    assert call(servers, "web_calculator", text="1 + 1") == {"ok": True, "data": '{"text": "1 + 1"}'}
+
+
+def test_every_mode_can_send_the_tools(servers):
+    registry = {**tools.REGISTRY, **servers[0].tools}
+    for mode in ("json", "schema", "tools"):
+        assert "web_echo" in prompts.render_system_prompt(registry, mode)
+        json.dumps(prompts.request_options(mode, registry), allow_nan=False)
+    function = next(entry["function"] for entry in prompts.request_options("tools", registry)["tools"]
+                    if entry["function"]["name"] == "odd")
+    assert function["parameters"]["required"] == ["point", "when"]
+    assert "$ref" not in json.dumps(function["parameters"])
+
+
+def test_a_result_is_its_text_or_its_structured_content(servers):
+    assert call(servers, "web_echo", text="héllo") == {"ok": True, "data": "héllo"}
+    assert call(servers, "add", a=2, b=3) == {"ok": True, "data": {"sum": 5}}
+
+
+def test_an_is_error_result_is_a_failed_call_with_its_message(servers):
+    assert call(servers, "broken") == {"ok": False, "error": "the disk is on fire"}
+
+
+def test_images_and_binary_resources_are_described_not_sent(servers):
+    assert call(servers, "picture") == {"ok": True, "data": "a red dot\n[image image/png, 70 bytes, not shown]"}
+    assert call(servers, "documents")["data"].splitlines() == [
+        "buy milk",
+        "[resource file:///data.bin: application/octet-stream, 300 bytes, not shown]",
+        "[resource link: https://example.com/report.pdf]"]
+
+
+def test_annotations_decide_whether_a_call_asks_first_and_what_the_question_says(servers):
+    registry = servers[0].tools
+    assert (registry["add"].side_effects, registry["add"].warning) == (False, None)
+    assert (registry["touch"].side_effects, registry["touch"].warning) == (True, None)
+    assert (registry["erase"].side_effects, registry["erase"].warning) == (True, DESTRUCTIVE)
+
+
+def test_arguments_are_judged_by_the_server_own_schema(servers):
+    point = {"x": 1, "y": 2}
+    taken = call(servers, "odd", point=point, when="now", size=14, tags={"t_a": "x"}, code="a123")
+    assert taken["ok"] and json.loads(taken["data"])["tags"] == {"t_a": "x"}
+    refused = call(servers, "odd", point=point, when="now", size=13)
+    assert refused["ok"] is False and refused["error"].startswith("bad arguments for odd: size: ")
+    assert call(servers, "odd", point={"x": 1}, when="now")["error"] == \
+        "bad arguments for odd: point: 'y' is a required property"
+    assert call(servers, "odd", point=point, when="now", code="abc")["error"].startswith("bad arguments for odd: code:")
+    assert call(servers, "odd", when="now")["error"].startswith("bad arguments for odd: missing point")  # ours
+
+
+def test_a_server_stderr_goes_to_the_sink_line_by_line(servers):
+    assert re.search(r"^mcp bare: pid \d+$", servers[1].getvalue(), re.MULTILINE)
+
+
+def test_a_recorded_description_tells_what_changed(servers):
+    mcp_tools, _ = servers
+    recorded = json.loads(json.dumps(mcp_tools.describe()))
+    web, bare = recorded[0], recorded[1]
+    assert web["url"].startswith("http://127.0.0.1:") and web["tools"]["web_calculator"] == "calculator"
+    assert bare["command"] == [sys.executable, BARE] and bare["digest"].startswith("sha256:")
+    assert mcp_tools.changes_since(recorded) == []
+    web["digest"], web["tools"] = "sha256:0", {**web["tools"], "paint": "paint"}
+    web["tools"].pop("add")
+    recorded.remove(bare)
+    recorded.append({"name": "gone", "command": ["old-server"], "tools": {}, "digest": "sha256:1"})
+    assert mcp_tools.changes_since(recorded) == [
+        "MCP server web's tool list changed (new: add; gone: paint)",
+        "MCP server gone is not connected now",
+        "MCP server bare is new"]
+
+
+def test_the_time_server_tells_the_time(servers):
+    if "get_current_time" not in servers[0].tools:
+        pytest.skip("mcp-server-time is not installed")
+    answer = call(servers, "get_current_time", timezone="UTC")
+    assert answer["ok"] and answer["data"]["timezone"] == "UTC" and "T" in answer["data"]["datetime"]
+    assert servers[0].tools["get_current_time"].side_effects is False
+
+
+# --- servers that misbehave ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("command, said", [
+    ("/nonexistent/mcp-server", "cannot run it: No such file or directory"),
+    (f"{sys.executable} {BARE} --exit-on-initialize", "its stderr ended with: "),
+    (f"{sys.executable} {BARE} --silent", "no answer to the handshake within 0.3 s"),
+])
+def test_a_server_that_does_not_start_is_one_line_naming_it(command, said):
+    started = time.monotonic()
+    with pytest.raises(McpError) as raised, McpTools() as mcp_tools:
+        mcp_tools.start(parse_server_specs([command]), stderr=io.StringIO(), startup_timeout=0.3)
+    message = str(raised.value)
+    assert message.startswith(f"MCP server {parse_server_specs([command])[0].name} (") and said in message
+    assert "\n" not in message and time.monotonic() - started < 5
+    if "--exit" in command:
+        assert message.endswith("bare: cannot open the database")
+
+
+def test_a_server_that_crashes_is_restarted_once_then_its_calls_fail(capfd):
+    sink = io.StringIO()
+    with McpTools() as mcp_tools:
+        registry = mcp_tools.start(parse_server_specs([f"{sys.executable} {BARE}"]), stderr=sink)
+        assert tools.call_tool("echo", {"text": "a"}, registry) == {"ok": True, "data": "a"}
+        crashed = tools.call_tool("crash", {}, registry)
+        assert crashed["error"] == ("crash failed: MCP server bare stopped and was restarted; the call may not"
+                                    " have run: try it again if needed")
+        assert tools.call_tool("echo", {"text": "b"}, registry) == {"ok": True, "data": "b"}
+        assert "again" in tools.call_tool("crash", {}, registry)["error"]
+        assert tools.call_tool("echo", {"text": "c"}, registry)["error"] == "echo failed: MCP server bare is not running"
+    first, second = pids(sink)
+    assert is_gone(first) and is_gone(second)
+    shown = capfd.readouterr()
+    assert shown.out == "" and "bare:" not in shown.err  # a server's stderr goes to the sink alone
+
+
+def test_a_call_that_hangs_ends_at_the_tool_timeout_and_the_server_goes_on():
+    with McpTools() as mcp_tools:
+        registry = mcp_tools.start(parse_server_specs([f"{sys.executable} {BARE}"]), tool_timeout=0.3,
+                                   stderr=io.StringIO())
+        started = time.monotonic()
+        assert tools.call_tool("hang", {}, registry) == {
+            "ok": False, "error": "hang did not finish within 0.3 s (--tool-timeout); it may still be running"}
+        assert time.monotonic() - started < 2
+        assert tools.call_tool("echo", {"text": "still here"}, registry)["data"] == "still here"
+
+
+def test_close_ends_every_server_process_and_can_be_called_again():
+    sink, mcp_tools = io.StringIO(), McpTools()
+    registry = mcp_tools.start(parse_server_specs([f"{sys.executable} {BARE}", f"{sys.executable} {BARE}"]),
+                               stderr=sink)
+    assert set(registry) == {"bare_echo", "bare_crash", "bare_hang", "bare_2_echo", "bare_2_crash", "bare_2_hang"}
+    mcp_tools.close()
+    mcp_tools.close()
+    assert len(pids(sink)) == 2 and all(is_gone(pid) for pid in pids(sink))
+    assert "not running" in tools.call_tool("bare_echo", {"text": "x"}, registry)["error"]
