@@ -170,7 +170,7 @@ class Agent:
         if (settings.approve or tool.side_effects) and not settings.yes and not check_args(tool, call.args):
             if self.approver is None:
                 return failure(prompts.NO_TERMINAL, cancelled=True)
-            if not self.approver(call.action):
+            if not self.approver({**call.action, "warning": tool.warning} if tool.warning else call.action):
                 return failure(prompts.CANCELLED, cancelled=True)
         return call_tool(call.tool, call.args, self.registry)
 

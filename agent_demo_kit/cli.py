@@ -9,7 +9,7 @@ import signal
 import stat
 import sys
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, List, Optional, TextIO
 
@@ -100,6 +100,11 @@ def build_parser() -> Parser:
                         help=f"expose only these tools (available: {', '.join(REGISTRY)}); finish, fail and recall always")
     parser.add_argument("--tools-file", action="append", metavar="PATH",
                         help="make each public function in the Python file PATH a tool (repeatable)")
+    parser.add_argument("--mcp", action="append", metavar="SERVER",
+                        help="add the tools of an MCP server: a command run over stdio, or an http(s):// URL"
+                             " (repeatable; needs pip install 'agent-demo[mcp]')")
+    parser.add_argument("--mcp-config", metavar="FILE",
+                        help='add the tools of each server in an {"mcpServers": {...}} JSON file')
     parser.add_argument("--tool-timeout", type=flag_type("tool_timeout"), metavar="SECONDS",
                         help="answer a tool call still running after SECONDS as an error (default 60)")
     parser.add_argument("--approve", action="store_true", help="ask y/N on the terminal before each tool call")
@@ -187,28 +192,35 @@ def ending_on_sigterm() -> Iterator[None]:
 class Job:
     """A run ready to start: its settings, tools and task, and the rounds already done if it resumes."""
 
-    settings: Settings
-    registry: Dict[str, Tool]
-    task: str
-    history: List[Round]
-    trace_path: Optional[str]
+    settings: Settings = field(default_factory=Settings)
+    registry: Dict[str, Tool] = field(default_factory=dict)
+    task: str = ""
+    history: List[Round] = field(default_factory=list)
+    trace_path: Optional[str] = None
     form: Any = None  # what the endpoint took when the run was cut short (a resume starts there)
+    recorded: Optional[dict] = None  # a resumed run's start record
+    start_fields: Dict[str, Any] = field(default_factory=dict)  # recorded with the start (the MCP servers)
+    notes: List[str] = field(default_factory=list)  # said once the trace is open
+    closing: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)  # what the run started
 
 
-def build_registry(files: List[str], names: Optional[str], tool_timeout: float) -> Dict[str, Tool]:
-    """The built-in tools and those of each --tools-file, cut down to --tools NAME,NAME; ConfigError if
-    a file gives no usable tools, a name clashes, or --tools names a tool that does not exist."""
+def build_registry(settings: Settings, names: Optional[str], job: "Job") -> Dict[str, Tool]:
+    """The built-in tools, those of each --tools-file and of each MCP server, cut down to --tools
+    NAME,NAME; ConfigError if a file gives no usable tools, a name clashes, a server does not start,
+    or --tools names a tool that does not exist."""
     registry = dict(REGISTRY)
-    for path in files:
+    for path in settings.tools_files:
         from agent_demo_kit.tools_file import load_tools_file
         try:
-            found = load_tools_file(path, tool_timeout)
+            found = load_tools_file(path, settings.tool_timeout)
         except ToolDefinitionError as error:
             raise ConfigError(f"--tools-file {path}: {error}") from None
         clash = next((name for name in found if name in registry or name in CONTROL_ACTIONS), None)
         if clash:
             raise ConfigError(f"--tools-file {path}: the tool {clash} clashes with another tool of that name")
         registry.update(found)
+    if settings.mcp_servers or settings.mcp_config:
+        registry.update(start_mcp_servers(settings, registry, job))
     if names is None:
         return registry
     wanted = [name.strip() for name in names.split(",") if name.strip()]
@@ -218,14 +230,42 @@ def build_registry(files: List[str], names: Optional[str], tool_timeout: float) 
     return {name: tool for name, tool in registry.items() if name in wanted}
 
 
+def start_mcp_servers(settings: Settings, registry: Dict[str, Tool], job: "Job") -> Dict[str, Tool]:
+    """The tools of the MCP servers named; they are stopped when the job closes."""
+    from agent_demo_kit.mcp_servers import McpTools
+    from agent_demo_kit.mcp_tools import McpError, parse_server_specs
+    servers = job.closing.enter_context(McpTools())
+    try:
+        specs = parse_server_specs(settings.mcp_servers, settings.mcp_config)
+        found = servers.start(specs, settings.tool_timeout, taken_names=[*registry, *CONTROL_ACTIONS],
+                              stderr=sys.stderr)
+    except McpError as error:
+        raise ConfigError(str(error)) from None
+    job.start_fields["mcp"] = servers.describe()
+    job.notes += servers.notes
+    if job.recorded is not None:
+        job.notes += servers.changes_since(job.recorded.get("mcp"))
+    return found
+
+
 def prepare(args: argparse.Namespace, environment: Dict[str, str]) -> Job:
+    """prepare_job, closing what it started (MCP servers) if it fails."""
+    job = Job()
+    try:
+        return prepare_job(args, environment, job)
+    except BaseException:
+        job.closing.close()
+        raise
+
+
+def prepare_job(args: argparse.Namespace, environment: Dict[str, str], job: Job) -> Job:
     """Settings, the tools, the task, the rounds already done and the trace path, or ConfigError."""
     if args.resume is None:
-        settings = load_settings(args, environment)
-        settings.stream = wants_stream(args)
-        trace = args.trace or (None if args.no_log else log_folder.new_log_file(environment))
-        return Job(settings, build_registry(settings.tools_files, args.tools, settings.tool_timeout), args.task, [],
-                   trace)
+        job.settings = load_settings(args, environment)
+        job.settings.stream = wants_stream(args)
+        job.registry, job.task = build_registry(job.settings, args.tools, job), args.task
+        job.trace_path = args.trace or (None if args.no_log else log_folder.new_log_file(environment))
+        return job
     if args.task:
         raise ConfigError("--resume continues the task recorded in the trace; give no task with it")
     path = args.resume or log_folder.latest_run(environment)
@@ -238,12 +278,15 @@ def prepare(args: argparse.Namespace, environment: Dict[str, str]) -> Job:
     if "***" in str(start.get("url")) and not given("url", args, environment):
         raise ConfigError("the run's URL held a password, which is not recorded: give it again with --url"
                           " or LLM_API_URL")
-    settings = load_settings(args, environment, recorded=start)  # the run's own settings, unless given again
+    job.recorded = start
+    job.settings = settings = load_settings(args, environment, recorded=start)  # the run's own, unless given again
     settings.stream = wants_stream(args)
-    registry = build_registry(settings.tools_files, args.tools, settings.tool_timeout)
+    job.registry = build_registry(settings, args.tools, job)
     if args.tools is None and isinstance(start.get("tools"), list):
-        registry = {name: tool for name, tool in registry.items() if name in start["tools"]}
-    return Job(settings, registry, start["task"], rounds, path, resumed_form(settings, start, rounds))
+        job.registry = {name: tool for name, tool in job.registry.items() if name in start["tools"]}
+    job.task, job.history, job.trace_path = start["task"], rounds, path
+    job.form = resumed_form(settings, start, rounds)
+    return job
 
 
 def resumed_form(settings: Settings, start: dict, rounds: List[Round]) -> Any:
@@ -365,20 +408,31 @@ def main(argv: Optional[List[str]] = None) -> int:
 
 def start(args: argparse.Namespace, environment: Dict[str, str], redactor: Redactor) -> tuple:
     """Prepare the run (or the resume) and run it; the outcome, and the job once the run started."""
+    with ending_on_sigterm():
+        try:
+            job = prepare(args, environment)
+        except ConfigError as error:
+            return RunResult(error), None
+        except KeyboardInterrupt:
+            return RunResult(Interrupted()), None
+        except SigTerm:
+            return RunResult(Terminated("terminated by SIGTERM")), None
+        with job.closing:  # the MCP servers it started are stopped whatever happens
+            return run_job(job, args, environment, redactor)
+
+
+def run_job(job: Job, args: argparse.Namespace, environment: Dict[str, str], redactor: Redactor) -> tuple:
+    """Open the trace and run the prepared job; the outcome, and the job once the run started."""
     try:
-        job = prepare(args, environment)
         log = open_log(args, job.trace_path, redactor, environment)
     except ConfigError as error:
         return RunResult(error), None
-    except KeyboardInterrupt:
-        return RunResult(Interrupted()), None
-    except SigTerm:
-        return RunResult(Terminated("terminated by SIGTERM")), None
+    log.start_fields, log.start_notes = job.start_fields, job.notes
     from agent_demo import Agent
     from agent_demo_kit.client import ModelClient  # requests: imported only when a run starts
     client = ModelClient(job.settings, log, job.form)
     try:
-        with ending_on_sigterm(), stray_prints_to_stderr():
+        with stray_prints_to_stderr():
             agent = Agent(job.settings, client, job.registry, log, terminal_approver(redactor))
             outcome = agent.run(job.task, job.history)
     finally:

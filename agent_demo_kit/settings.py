@@ -136,6 +136,8 @@ class Settings:
     retries: int = setting(3, "--retries", ("AGENT_RETRIES",), whole_number(0))
     tool_timeout: float = setting(60.0, "--tool-timeout", ("AGENT_TOOL_TIMEOUT",), seconds)
     tools_files: List[str] = setting([], "--tools-file")  # kept for --resume
+    mcp_servers: List[str] = setting([], "--mcp")  # commands or URLs of MCP servers, kept for --resume
+    mcp_config: Optional[str] = setting(None, "--mcp-config")  # an mcpServers JSON file
     approve: bool = setting(False, "--approve")  # ask before every tool call; a resume keeps it on
     yes: bool = setting(False, "--yes", resume=False)  # never ask, even for tools with side effects
     stream: bool = setting(False, "--stream", resume=False)  # ask for server-sent events
@@ -203,6 +205,7 @@ def load_settings(args: Any, environment: Dict[str, str], recorded: Optional[dic
     if recorded and recorded.get("approve") is True:
         settings.approve = True  # only --yes lifts it on resume
     settings.tools_files = [os.path.abspath(path) for path in settings.tools_files]
+    settings.mcp_config = settings.mcp_config and os.path.abspath(settings.mcp_config)
     try:
         host = urlsplit(chat_completions_url(settings.url)).hostname
     except ValueError:  # a port that is not a number, a bracket left open

@@ -350,6 +350,8 @@ def terminal_approver(redactor: Redactor) -> Optional[Callable[[dict], bool]]:
             terminal = SafeStream(open(os.ttyname(sys.stdin.fileno()), "w", encoding="utf-8"), redactor, "drop")
         except OSError:
             terminal = sys.stderr
+        if call.get("warning"):
+            terminal.write(f"warning: {call['tool']}: {call['warning']}\n")
         terminal.write(f"approve {call['tool']} {to_json(call['args'])}? [y/N] ")
         terminal.flush()
         answer = sys.stdin.readline()

@@ -148,6 +148,8 @@ class RunLog:
                  redactor: Optional[Redactor] = None, colour: bool = False, live: bool = False):
         self.human = human
         self.screen = Screen(human, colour, live, redactor) if human else None
+        self.start_fields: Dict[str, Any] = {}  # recorded with the start or resume (the MCP servers used)
+        self.start_notes: List[str] = []  # said right after it
         self.trace_file = None
         if trace_path:  # a new file is readable only by the user: it holds the task and every result
             raw = open(os.open(trace_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600), "a", encoding="utf-8")
@@ -183,7 +185,12 @@ class RunLog:
     def start(self, task: str, model: str, url: str, limits: dict) -> None:
         """limits: the run's own settings (max_rounds, mode, ...), kept for --resume."""
         self.say(f"task: {clip(task, 300)}\nmodel: {model} at {url} ({limits.get('mode', 'json')} mode)")
-        self.record("start", task=task, model=model, url=url, **limits, ts=time.time())
+        self.record("start", task=task, model=model, url=url, **limits, **self.start_fields, ts=time.time())
+        self._say_start_notes()
+
+    def _say_start_notes(self) -> None:
+        for text in self.start_notes:
+            self.note(text)
 
     def fallback(self, from_mode: str, to_mode: str, error: str, from_variant: Optional[str] = None,
                  to_variant: Optional[str] = None) -> None:
@@ -218,7 +225,9 @@ class RunLog:
     def resume(self, task: str, model: str, url: str, done_rounds: int, limits: dict) -> None:
         self.say(f"resuming after round {done_rounds}: {clip(task, 300)}\nmodel: {model} at {url}"
                  f" ({limits.get('mode', 'json')} mode)")
-        self.record("resume", model=model, url=url, after_round=done_rounds, **limits, ts=time.time())
+        self.record("resume", model=model, url=url, after_round=done_rounds, **limits, **self.start_fields,
+                    ts=time.time())
+        self._say_start_notes()
 
     def reply(self, number: int, max_rounds: int, reply: Any, usage: Optional[dict] = None,
               estimated: bool = False) -> None:

@@ -24,9 +24,12 @@ import jsonschema  # noqa: E402  (the mcp SDK depends on it)
 
 import prompts  # noqa: E402
 import tools  # noqa: E402
-from agent_demo_kit.mcp import DESTRUCTIVE, McpError, McpTools, parse_server_specs, simplify_schema  # noqa: E402
-from agent_demo_kit.mcp import _parameters  # noqa: E402
-from conftest import ROOT  # noqa: E402
+from agent_demo_kit.mcp_servers import DESTRUCTIVE, McpTools  # noqa: E402
+from agent_demo_kit.mcp_tools import McpError, parse_server_specs  # noqa: E402
+from agent_demo_kit.mcp_tools import parameters_of as _parameters, simplify_schema  # noqa: E402
+from agent_demo import main  # noqa: E402
+from conftest import ROOT, said_lines  # noqa: E402
+from scripted_server import action as act  # noqa: E402
 
 SERVERS = os.path.join(ROOT, "tests", "mcp_servers")
 TOOLBOX = os.path.join(SERVERS, "toolbox.py")
@@ -90,7 +93,7 @@ def test_a_command_with_unbalanced_quotes_is_an_error():
 
 
 def test_importing_the_module_does_not_import_the_sdk():
-    code = "import sys, agent_demo_kit.mcp; print('mcp' in sys.modules)"
+    code = "import sys, agent_demo_kit.mcp_servers; print('mcp' in sys.modules)"
     shown = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert shown.stdout.strip() == "False"
 
@@ -349,3 +352,66 @@ def test_close_ends_every_server_process_and_can_be_called_again():
     mcp_tools.close()
     assert len(pids(sink)) == 2 and all(is_gone(pid) for pid in pids(sink))
     assert "not running" in tools.call_tool("bare_echo", {"text": "x"}, registry)["error"]
+
+
+# --- through the command line ---------------------------------------------------------------------
+
+def echo_then_finish(mode: str) -> list:
+    """A scripted model that calls bare.py's echo in this mode, then finishes."""
+    if mode == "tools":
+        call = {"id": "e1", "type": "function", "function": {"name": "echo", "arguments": '{"text": "hello mcp"}'}}
+        return [{"content": "", "tool_calls": [call]}, act("finish", result="done")]
+    if mode == "schema":
+        return [json.dumps({"actions": [{"tool": "echo", "args": {"text": "hello mcp"}}]}),
+                json.dumps({"actions": [{"tool": "finish", "args": {"result": "done"}}]})]
+    return [act("echo", text="hello mcp"), act("finish", result="done")]
+
+
+@pytest.mark.parametrize("mode", ["json", "schema", "tools"])
+def test_a_server_named_with_mcp_serves_its_tools_in_every_mode(serve, capsys, mode):
+    server = serve(echo_then_finish(mode))
+    assert main(["--mcp", f"{sys.executable} {BARE}", "--mode", mode, "--yes", "--quiet", "say hello"]) == 0
+    first = server.requests[0]["body"]
+    assert "echo" in json.dumps(first["messages"][0]["content"] if mode == "json" else first)
+    assert "hello mcp" in json.dumps(server.requests[1]["body"]["messages"][-1])
+    [pid] = pids_said(capsys.readouterr().err)
+    assert is_gone(pid), "the server is stopped when the run ends"
+
+
+def pids_said(err: str) -> list:
+    return [int(pid) for pid in re.findall(r"^mcp \w+: pid (\d+)$", err, re.MULTILINE)]
+
+
+def test_a_server_from_mcp_config_and_its_side_effects_are_asked_about(serve, capsys, tmp_path):
+    config = tmp_path / "servers.json"
+    config.write_text(json.dumps({"mcpServers": {"box": {"command": sys.executable, "args": [BARE]}}}))
+    server = serve(echo_then_finish("json"))
+    assert main(["--mcp-config", str(config), "--quiet", "say hello"]) == 0
+    told = json.dumps(server.requests[1]["body"]["messages"][-1])
+    assert "needs the user's approval" in told and '\\"ok\\": true' not in told, "no terminal to ask: refused"
+
+
+def test_a_server_that_does_not_start_is_a_configuration_error(serve, capsys):
+    server = serve([act("finish", result="never")])
+    assert main(["--mcp", f"{sys.executable} {BARE} --exit-on-initialize", "x"]) == 2
+    [said] = said_lines(capsys.readouterr().err)
+    assert said.startswith("agent-demo: error: ") and "cannot open the database" in said
+    assert server.requests == []
+
+
+def test_resume_starts_the_same_servers(serve, capsys, tmp_path):
+    trace = tmp_path / "t.jsonl"
+    serve([act("echo", text="one")])
+    assert main(["--mcp", f"{sys.executable} {BARE}", "--yes", "--max-rounds", "1", "--trace", str(trace), "x"]) == 1
+    assert json.loads(trace.read_text().splitlines()[0])["mcp"][0]["name"] == "bare"
+    server = serve([act("echo", text="two"), act("finish", result="done")])
+    assert main(["--resume", str(trace), "--yes", "--max-rounds", "3", "--quiet"]) == 0
+    assert "two" in json.dumps(server.requests[1]["body"]["messages"][-1])
+
+
+@pytest.mark.skipif(importlib.util.find_spec("mcp_server_time") is None, reason="needs mcp-server-time")
+def test_a_reference_server_from_the_package_registry_answers_through_the_command_line(serve, capsys):
+    server = serve([act("get_current_time", timezone="UTC"), act("finish", result="done")])
+    assert main(["--mcp", f"{sys.executable} -m mcp_server_time", "--quiet", "what time is it in UTC?"]) == 0
+    told = json.dumps(server.requests[1]["body"]["messages"][-1])
+    assert '\\"ok\\": true' in told and "UTC" in told, told
