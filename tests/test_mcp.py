@@ -409,9 +409,45 @@ def test_resume_starts_the_same_servers(serve, capsys, tmp_path):
     assert "two" in json.dumps(server.requests[1]["body"]["messages"][-1])
 
 
+def time_call(mode: str) -> list:
+    """A scripted model that asks the reference time server for the time in UTC, in this mode, then finishes."""
+    if mode == "tools":
+        call = {"id": "t1", "type": "function", "function": {"name": "get_current_time",
+                                                             "arguments": '{"timezone": "UTC"}'}}
+        return [{"content": "", "tool_calls": [call]}, act("finish", result="done")]
+    if mode == "schema":
+        return [json.dumps({"actions": [{"tool": "get_current_time", "args": {"timezone": "UTC"}}]}),
+                json.dumps({"actions": [{"tool": "finish", "args": {"result": "done"}}]})]
+    return [act("get_current_time", timezone="UTC"), act("finish", result="done")]
+
+
 @pytest.mark.skipif(importlib.util.find_spec("mcp_server_time") is None, reason="needs mcp-server-time")
-def test_a_reference_server_from_the_package_registry_answers_through_the_command_line(serve, capsys):
-    server = serve([act("get_current_time", timezone="UTC"), act("finish", result="done")])
-    assert main(["--mcp", f"{sys.executable} -m mcp_server_time", "--quiet", "what time is it in UTC?"]) == 0
+@pytest.mark.parametrize("mode, named_by", [("json", "--mcp"), ("schema", "--mcp-config"), ("tools", "--mcp")])
+def test_a_reference_server_from_the_package_registry_answers_in_every_mode(serve, capsys, tmp_path, mode, named_by):
+    server = serve(time_call(mode))
+    config = tmp_path / "servers.json"
+    config.write_text(json.dumps({"mcpServers": {"time": {"command": sys.executable, "args": ["-m", "mcp_server_time"]}}}))
+    named = ["--mcp", f"{sys.executable} -m mcp_server_time"] if named_by == "--mcp" else ["--mcp-config", str(config)]
+    assert main([*named, "--mode", mode, "--quiet", "what time is it in UTC?"]) == 0
     told = json.dumps(server.requests[1]["body"]["messages"][-1])
-    assert '\\"ok\\": true' in told and "UTC" in told, told
+    assert '\\"ok\\": true' in told and "UTC" in told and "datetime" in told, told
+
+
+def test_no_server_process_is_left_after_sigterm_mid_call(tmp_path):
+    from conftest import start_cli
+    from scripted_server import ScriptedServer
+    with ScriptedServer([act("hang")]) as server:
+        process = start_cli("--mcp", f"{sys.executable} {BARE}", "--yes", "--tool-timeout", "30", "x",
+                            env={"LLM_API_URL": server.url})
+        deadline = time.monotonic() + 20
+        while not server.requests and time.monotonic() < deadline:
+            time.sleep(0.02)
+        time.sleep(0.1)  # the call is on its way to the server
+        process.terminate()
+        _, err = process.communicate(timeout=20)
+    assert process.returncode == 143
+    [pid] = pids_said(err)
+    deadline = time.monotonic() + 5
+    while not is_gone(pid) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert is_gone(pid), "the server process was stopped with the run"
