@@ -111,8 +111,8 @@ def build_parser() -> Parser:
     parser.add_argument("--yes", action="store_true",
                         help="run every call without asking, even tools marked as having side effects")
     parser.add_argument("--timeout", type=flag_type("timeout"), metavar="SECONDS",
-                        help="each attempt of a model request, from sending it to the last byte of the reply"
-                             " (default 30)")
+                        help="the longest silence from the endpoint: no first byte, or no next piece of a"
+                             " reply (default 30)")
     parser.add_argument("--retries", type=flag_type("retries"), metavar="N",
                         help="retries on 429, 5xx, dropped connections and timeouts (default 3)")
     parser.add_argument("--trace", metavar="FILE",
@@ -127,8 +127,8 @@ def build_parser() -> Parser:
                              " the trace goes to stderr")
     parser.add_argument("--quiet", action="store_true", help="no round-by-round trace; only the result")
     parser.add_argument("--stream", action=argparse.BooleanOptionalAction, default=None,
-                        help="ask for the reply as server-sent events and show it as it arrives"
-                             " (default: on when the trace goes to a terminal)")
+                        help="ask for the reply as server-sent events (default: on; an endpoint that refuses"
+                             " it is asked without it)")
     parser.add_argument("--debug", action="store_true", help="show tracebacks for errors")
     parser.add_argument("--version", action="version", version=f"agent-demo {__version__}")
     return parser
@@ -355,8 +355,9 @@ def show_traceback(outcome: RunResult) -> None:
 
 
 def wants_stream(args: argparse.Namespace) -> bool:
-    """--stream, --no-stream, or on when the trace goes to a terminal."""
-    return args.stream if args.stream is not None else not args.quiet and on_terminal(sys.stderr)
+    """--stream, --no-stream, or on: a streamed reply shows progress, so --timeout can measure silence
+    (an endpoint that refuses streaming is asked without it, once)."""
+    return args.stream if args.stream is not None else True
 
 
 def report(outcome: RunResult, args: argparse.Namespace, answer: TextIO, trace_path: Optional[str] = None,

@@ -6,6 +6,7 @@ The client owns what it negotiated with the endpoint (`RequestForm`): the mode t
 works, schema mode's response_format variant, the reply cap's field name, streaming.
 The conversation asks it, and the trace records each change, so a resume starts there.
 """
+import ipaddress
 import re
 import time
 from dataclasses import dataclass
@@ -16,6 +17,7 @@ import requests.auth
 import urllib3
 from urllib3.exceptions import InvalidHeader, MaxRetryError
 from urllib3.util.retry import Retry
+from urllib.parse import urlsplit
 
 import prompts
 from agent_demo_kit.endings import EndpointError
@@ -61,9 +63,11 @@ class AttemptFailed(Exception):
     """One attempt did not bring a reply: an HTTP error (status, the server's words, the
     response) or no usable answer at all (a network error, a reply cut off)."""
 
-    def __init__(self, message: str, status: Optional[int] = None, text: str = "", response: Any = None):
+    def __init__(self, message: str, status: Optional[int] = None, text: str = "", response: Any = None,
+                 unanswered: bool = False):
         super().__init__(message)
         self.status, self.text, self.response = status, text, response
+        self.unanswered = unanswered  # the server took the request and said nothing within --timeout
         self.said = server_message(text) if status else ""
 
 
@@ -114,6 +118,9 @@ class ModelClient:
         """Sleep before the next attempt, as Retry-After or the backoff says; EndpointError when
         the failure is not worth retrying or the retries are spent."""
         retries = self.settings.retries
+        if failure.unanswered and is_local(self.url):  # a copy would queue behind the first: never stack them
+            raise EndpointError(f"{failure}; a local server may still be working on it, so it is not sent again"
+                                " (give it longer with --timeout)")
         if failure.status and (failure.status not in RETRY_STATUSES  # a 500 that names response_format refuses it
                                or refuses_options(failure.status, failure.said, mode_worked=True)):
             raise EndpointError(describe_http_error(failure.status, failure.text, self.settings, retried=False),
@@ -167,20 +174,24 @@ class ModelClient:
         form.mode_worked = False  # the new form has yet to be answered
 
     def attempt(self, body: dict) -> Reply:
-        """One POST and its whole reply, within --timeout from sending to the last byte; AttemptFailed if not."""
+        """One POST and its whole reply; AttemptFailed if the server stays silent for --timeout (no first
+        byte, or no next piece): a slow model that keeps writing is never cut off."""
         timeout = self.settings.timeout
-        deadline = time.monotonic() + timeout
-        try:
+        try:  # the read timeout is the longest wait for the next bytes, not for the whole reply
             response = self.session.post(self.url, json=body, stream=True, timeout=(min(10.0, timeout), timeout))
         except requests.RequestException as error:
-            raise AttemptFailed(describe_network_error(error, self.settings, self.url)) from None
+            raise AttemptFailed(describe_network_error(error, self.settings, self.url),
+                                unanswered=isinstance(error, requests.ReadTimeout)) from None
         streamed = body.get("stream") and response.ok and "text/event-stream" in response.headers.get(
             "Content-Type", "")
+        pieces = _pieces(response)
         try:
             if streamed:
-                reply = read_stream(_pieces(response, deadline, timeout), self.on_text)
+                reply = read_stream(pieces, self.on_text)
+                for _ in pieces:  # what follows [DONE], so the connection goes back to the pool
+                    pass
             else:
-                text = b"".join(_pieces(response, deadline, timeout)).decode(response.encoding or "utf-8", "replace")
+                text = b"".join(pieces).decode(response.encoding or "utf-8", "replace")
         except (requests.RequestException, urllib3.exceptions.HTTPError, OSError) as error:
             response.close()
             if "timed out" in str(error).lower():
@@ -191,7 +202,6 @@ class ModelClient:
             response.close()
             raise AttemptFailed(str(error)) from None
         if streamed:
-            response.close()  # what follows [DONE] is not waited for
             return reply
         if response.status_code >= 400:
             raise AttemptFailed(f"HTTP {response.status_code}", response.status_code, text, response)
@@ -209,17 +219,23 @@ def refuses_options(status: Optional[int], said: str, mode_worked: bool) -> bool
     return bool(status and status >= 500 and names_them)
 
 
-def _pieces(response: requests.Response, deadline: float, seconds: float) -> Iterator[bytes]:
-    """The body as it arrives; AttemptFailed once it is still arriving at the deadline (a server
-    trickling its reply; keep-alive comments count too)."""
+def _pieces(response: requests.Response) -> Iterator[bytes]:
+    """The body as it arrives, each piece as soon as it does (the socket's read timeout is --timeout)."""
     read_some = getattr(response.raw, "read1", None)  # what has arrived, without waiting for a full buffer
-    arriving = (iter(lambda: read_some(65536, decode_content=True), b"") if read_some
-                else response.iter_content(1024))  # urllib3 1.x has no read1
-    for chunk in arriving:
-        if time.monotonic() > deadline:
-            raise AttemptFailed(f"the reply did not finish arriving within {seconds:g} s"
-                                " (the server is sending too slowly)")
-        yield chunk
+    return (iter(lambda: read_some(65536, decode_content=True), b"") if read_some
+            else response.iter_content(1024))  # urllib3 1.x has no read1
+
+
+def is_local(url: str) -> bool:
+    """Is the endpoint on this machine or this network (a server the user runs, busy with one request at a time)?"""
+    host = (urlsplit(url).hostname or "").lower()
+    if host == "localhost" or host.endswith(".local"):
+        return True
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return address.is_loopback or address.is_private or address.is_link_local
 
 
 def describe_network_error(error: Exception, settings: Settings, url: str) -> str:

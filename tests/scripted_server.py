@@ -9,7 +9,9 @@ A canned reply is either a string (the assistant's content) or a dict:
    "gzip": true to compress the body, "short": true to promise more body than is sent,
    "refuse_stream": true to answer a streaming request with a 400, "no_stream": true to answer it
    with a plain JSON body, "piece_delay": seconds between the events of a streamed reply}
-A request with "stream": true gets its reply as server-sent events, a few characters an event.
+A request with "stream": true gets its reply as server-sent events, a few characters an event
+(but "short", "gzip" and "trickle" are about a plain body: those replies come as one, as from a
+server that ignores "stream").
 When the script runs out, the last reply is repeated (a model that never finishes).
 `screen` (tests only) is a function of each request's body that may answer it instead, with a
 canned reply, without using up the script: a server that refuses some request options, say.
@@ -132,7 +134,7 @@ class ScriptedServer:
             return
         if wants_stream and spec.get("refuse_stream"):
             spec = {"status": 400, "body": {"error": {"message": "stream is not supported by this server"}}}
-        elif wants_stream and "body" not in spec and not spec.get("no_stream"):
+        elif wants_stream and not spec.keys() & {"body", "no_stream", "short", "gzip", "trickle"}:
             self._stream(handler, spec)
             return
         if "body" in spec:

@@ -129,13 +129,6 @@ def test_a_dropped_connection_is_retried(serve, capsys):
     assert len(server.requests) == 2
 
 
-def test_a_read_timeout_is_retried_then_reported(serve, capsys):
-    server = serve([{"delay": 0.5, "content": act("finish", result="late")}])
-    assert main(["--timeout", "0.2", "--retries", "1", "hi"]) == 3
-    assert "no reply within 0.2 s" in capsys.readouterr().err
-    assert len(server.requests) == 2
-
-
 def test_a_dead_endpoint_exits_3(monkeypatch, capsys):
     monkeypatch.setenv("LLM_API_URL", f"http://127.0.0.1:{free_port()}/v1")
     assert main(["--retries", "1", "hi"]) == 3
@@ -252,12 +245,6 @@ def test_with_json_an_error_is_one_line_on_stderr(serve, capsys):
     assert main(["--json", "hi"]) == 3
     err_lines = [line for line in capsys.readouterr().err.splitlines() if "bad key" in line]
     assert err_lines == ["agent-demo: error: authentication failed (HTTP 401): bad key - check LLM_API_KEY"]
-
-
-def test_a_server_that_trickles_its_reply_is_cut_off_at_the_timeout(serve, capsys):
-    serve([{"trickle": 0.1, "content": act("finish", result="slow")}])
-    assert main(["--timeout", "0.25", "--retries", "0", "hi"]) == 3
-    assert "the reply did not finish arriving within 0.25 s" in capsys.readouterr().err
 
 
 def test_a_reply_with_malformed_tool_calls_is_an_endpoint_error_not_a_crash(serve, capsys):

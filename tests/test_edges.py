@@ -26,17 +26,32 @@ def cli(*args, env_extra=None, **popen):
 
 # --- losing a reply that arrived ------------------------------------------------------------
 
-def test_a_retry_that_answers_quickly_is_not_cut_off_by_the_first_attempts_time(serve, capsys):
-    server = serve([{"delay": 0.5, "content": act("finish", result="late")},
-                    {"delay": 0.15, "content": act("finish", result="retried")}])  # in time for its own attempt
-    assert main(["--timeout", "0.25", "--retries", "1", "--quiet", "hi"]) == 0
-    assert capsys.readouterr().out == "retried\n"
+@pytest.mark.parametrize("stream", ["--stream", "--no-stream"])
+def test_a_slow_writer_is_never_cut_off_only_silence_is(serve, capsys, stream):
+    server = serve([{"trickle": 0.1, "piece_delay": 0.03, "content": act("finish", result="slow but steady " * 8)},
+                    {"trickle": 0.5, "content": act("finish", result="stalled")}])
+    assert main(["--timeout", "0.25", stream, "--quiet", "hi"]) == 0  # 8 pieces, 0.1 s apart: 0.8 s in all
+    assert capsys.readouterr().out.startswith("slow but steady")
+    assert main(["--timeout", "0.25", "--no-stream", "--retries", "0", "hi"]) == 3
+    assert said_lines(capsys.readouterr().err) == ["agent-demo: error: the reply stopped arriving: nothing more came"
+                                                   " within 0.25 s (after 0 retries)"]
     assert len(server.requests) == 2
+
+
+def test_a_local_server_that_says_nothing_is_not_sent_the_request_again(serve, capsys):
+    server = serve([{"delay": 0.5, "content": act("finish", result="late")}, act("finish", result="again")])
+    assert main(["--timeout", "0.2", "--retries", "3", "hi"]) == 3
+    [said] = said_lines(capsys.readouterr().err)
+    assert said.startswith("agent-demo: error: no reply within 0.2 s from http://127.0.0.1:")
+    assert said.endswith("a local server may still be working on it, so it is not sent again"
+                         " (give it longer with --timeout)")
+    assert len(server.requests) == 1, "no copies stacked behind the first"
 
 
 @pytest.mark.parametrize("canned, said", [
     ({"delay": 0.5, "content": "{}"}, "no reply within 0.2 s from http://127.0.0.1:"),
-    ({"trickle": 0.1, "content": act("finish", result="slow")}, "the reply did not finish arriving within 0.2 s"),
+    ({"trickle": 0.4, "content": act("finish", result="slow")}, "the reply stopped arriving: nothing more came"
+                                                                " within 0.2 s"),
     ({"short": True, "content": act("finish", result="x")}, "the reply stopped arriving"),
     ({"drop": True}, "the server closed the connection without replying"),
 ])
