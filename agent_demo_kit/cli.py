@@ -21,7 +21,7 @@ from agent_demo_kit.settings import (DEFAULT_MODEL, DEFAULT_URL, MODES, Settings
 from agent_demo_kit.terminal import Redactor, protected, stray_prints_to_stderr, terminal_approver
 from agent_demo_kit import log_folder
 from agent_demo_kit.trace import Round, RunLog, load_trace
-from tools import CONTROL_ACTIONS, REGISTRY, Tool, ToolDefinitionError
+from tools import CONTROL_ACTIONS, REGISTRY, Tool, ToolDefinitionError, material_reader
 
 ENVIRONMENT_HELP = f"""environment (also read from ./.env; the real environment wins):
   LLM_API_KEY             bearer key; optional for local servers (no Authorization header then)
@@ -139,14 +139,14 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
     parser = build_parser()
     parser.json_output = "--json" in (sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
-    words = " ".join(args.task).strip()
+    words, args.material = " ".join(args.task).strip(), ""
     if args.resume is None and not args.runs:
         if words == "-":
             words = read_stdin().strip()
         elif not words:
             words = read_stdin().strip() if stdin_is_piped(any_kind=True) else ""
         elif stdin_is_piped():
-            words = prompts.render_task_with_material(words, read_stdin())
+            args.material = read_stdin()
         if not words:
             parser.error("the task is empty: say what the agent should do (or pipe it in: echo TASK | agent-demo)")
     args.task = words
@@ -263,7 +263,8 @@ def prepare_job(args: argparse.Namespace, environment: Dict[str, str], job: Job)
     if args.resume is None:
         job.settings = load_settings(args, environment)
         job.settings.stream = wants_stream(args)
-        job.registry, job.task = build_registry(job.settings, args.tools, job), args.task
+        job.registry = build_registry(job.settings, args.tools, job)
+        job.task = with_material(job, args.task, args.material)
         job.trace_path = args.trace or (None if args.no_log else log_folder.new_log_file(environment))
         return job
     if args.task:
@@ -285,8 +286,22 @@ def prepare_job(args: argparse.Namespace, environment: Dict[str, str], job: Job)
     if args.tools is None and isinstance(start.get("tools"), list):
         job.registry = {name: tool for name, tool in job.registry.items() if name in start["tools"]}
     job.task, job.history, job.trace_path = start["task"], rounds, path
+    if isinstance(start.get("material"), str):  # read a page at a time, as when the run started
+        job.registry["read_material"] = material_reader(start["material"], settings.max_result_chars - 200)
     job.form = resumed_form(settings, start, rounds)
     return job
+
+
+def with_material(job: Job, task: str, material: str) -> str:
+    """The task with the material piped in: whole when it takes at most a quarter of --max-context,
+    else its beginning, with read_material among the tools to read the rest (and the material
+    recorded for a resume). Material of any size never makes a request too big."""
+    settings = job.settings
+    if len(material) <= settings.max_context // 4:
+        return prompts.render_task_with_material(task, material)
+    job.registry["read_material"] = material_reader(material, settings.max_result_chars - 200)
+    job.start_fields["material"] = material
+    return prompts.render_task_with_material(task, material, shown_chars=settings.max_context // 8)
 
 
 def resumed_form(settings: Settings, start: dict, rounds: List[Round]) -> Any:

@@ -310,7 +310,8 @@ class Conversation:
 
     def check_fits(self) -> None:
         """ConfigError if the system prompt, task and schemas alone leave too little room for rounds."""
-        bare = self.body_size(self.pinned())
-        if bare > self.settings.max_context // 2:
-            raise ConfigError(f"--max-context {self.settings.max_context} is too small: the system prompt,"
-                              f" task and tool schemas alone take {bare} characters")
+        bare, budget = self.body_size(self.pinned()), self.settings.max_context
+        if bare > budget // 2:
+            raise ConfigError(f"--max-context {budget} is too small: the system prompt, the task and the tool"
+                              f" schemas, sent with every request, take {bare:,} characters, and they may take at"
+                              f" most half of it (the rest is for the rounds); use --max-context {2 * bare} or more")

@@ -4,6 +4,7 @@ import os
 import signal
 import stat
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -45,6 +46,44 @@ def test_piped_text_beside_a_task_is_the_material_it_is_about():
 def test_an_empty_pipe_and_no_task_is_a_usage_error():
     code, out, err = agent("-", stdin="  \n")
     assert code == 2 and "the task is empty" in err
+
+
+def piped(monkeypatch, tmp_path, text):
+    """stdin is a file holding text, as with agent-demo "task" < file."""
+    path = tmp_path / "piped.txt"
+    path.write_text(text)
+    monkeypatch.setattr(sys, "stdin", open(path, encoding="utf-8"))
+
+
+@pytest.mark.parametrize("lines", [500, 30_000], ids=["10 KB", "1 MB"])
+def test_piped_material_of_any_size_is_read_a_page_at_a_time_within_the_budget(serve, monkeypatch, tmp_path,
+                                                                                capsys, lines):
+    material = "".join(f"log line number {n}\n" for n in range(1, lines + 1))
+    piped(monkeypatch, tmp_path, material)
+    server = serve([act("read_material", offset=3000), act("read_material", offset=len(material) - 100),
+                    act("finish", result="summarized")])
+    assert main(["--quiet", "summarize this"]) == 0
+    assert capsys.readouterr().out == "summarized\n"
+    task = server.sent_messages(0)[1]["content"]
+    assert f"It is {len(material):,} characters ({lines + 1:,} lines)" in task and "read_material" in task
+    assert all(len(json.dumps(request["body"])) <= 24_000 for request in server.requests)
+    first_page = json.loads(server.sent_messages(1)[-1]["content"].splitlines()[1])["result"]["data"]
+    assert first_page["offset"] == 3000 and first_page["text"].startswith(material[3000:3020])
+    assert material[first_page["next_offset"] - 20:first_page["next_offset"]] == first_page["text"][-20:]
+    last_page = json.loads(server.sent_messages(2)[-1]["content"].splitlines()[1])["result"]["data"]
+    assert last_page["next_offset"] is None and last_page["text"].endswith(f"number {lines}\n")
+
+
+def test_a_resumed_run_reads_its_material_as_before(serve, monkeypatch, tmp_path, capsys):
+    material = "x" * 50_000
+    piped(monkeypatch, tmp_path, material)
+    trace = tmp_path / "t.jsonl"
+    serve([act("calculator", expression="1 + 1")])
+    assert main(["--quiet", "--max-rounds", "1", "--trace", str(trace), "count the x"]) == 1
+    server = serve([act("read_material", offset=49_990), act("finish", result="done")])
+    assert main(["--quiet", "--resume", str(trace), "--max-rounds", "3"]) == 0
+    page = json.loads(server.sent_messages(1)[-1]["content"].splitlines()[1])["result"]["data"]
+    assert page["text"] == "x" * 10 and page["total_chars"] == 50_000
 
 
 # --- stdout is for the answer -----------------------------------------------------------------
