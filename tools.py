@@ -6,6 +6,7 @@ system prompt, the JSON schemas sent to the endpoint and the argument checks
 cannot drift apart. `@tool(...)` adds what a signature cannot say. Adding a
 tool is writing one function and listing it in REGISTRY (docs/tools.md, "Adding a tool").
 """
+import datetime
 import inspect
 import json
 import math
@@ -291,6 +292,32 @@ RECALL = CONTROL_ACTIONS["recall"]
 
 # --- checking and calling -----------------------------------------------------------------
 
+def as_json(value: Any, converted: List[str]) -> Any:
+    """value as JSON can hold it: dates and times as ISO text, sets and tuples as lists, anything
+    else JSON has no form for (Decimal, Path, NaN, an object) as its str(); each kind converted is
+    named in `converted`."""
+    if value is None or isinstance(value, (str, bool, int)):
+        return value
+    if isinstance(value, float):
+        if math.isfinite(value):
+            return value
+    elif isinstance(value, dict):
+        return {key if isinstance(key, str) else str(as_json(key, converted)): as_json(item, converted)
+                for key, item in value.items()}
+    elif isinstance(value, list):
+        return [as_json(item, converted) for item in value]
+    elif isinstance(value, (tuple, set, frozenset)):
+        converted.append(f"{type(value).__name__} to a list")
+        items = sorted(value, key=repr) if isinstance(value, (set, frozenset)) else value
+        return [as_json(item, converted) for item in items]
+    elif isinstance(value, (datetime.date, datetime.time)):
+        converted.append(f"{type(value).__name__} to ISO 8601 text")
+        return value.isoformat()
+    converted.append(f"{type(value).__name__} to text")
+    return str(value)
+
+
+
 _PYTHON_TYPES = {"string": str, "number": (int, float), "integer": int,
                  "boolean": bool, "object": dict, "array": list, "null": type(None)}
 
@@ -350,9 +377,9 @@ def call_tool(name: str, args: dict, registry: Dict[str, Tool]) -> dict:
     if problem:
         return failure(f"bad arguments for {name}: {problem}", example=described.example())
     try:
-        data = described.function(**args)
-        json.dumps(data, allow_nan=False)  # the result goes back to the model as JSON
-        return success(data)
+        converted: List[str] = []
+        data = as_json(described.function(**args), converted)  # the result goes back to the model as JSON
+        return {**success(data), "converted": sorted(set(converted))} if converted else success(data)
     except ToolError as error:
         return failure(str(error))
     except Exception as error:  # a tool bug must not end the run: the model can work around it

@@ -1,3 +1,4 @@
+import json
 import math
 from typing import Literal, Union
 
@@ -102,15 +103,6 @@ def test_an_exception_inside_a_tool_becomes_an_error_result():
     registry = registry_of(broken)
     assert call_tool("broken", {"x": "a"}, registry) == {
         "ok": False, "error": "broken failed: RuntimeError: disk on fire"}
-
-
-def test_a_tool_returning_something_that_is_not_json_is_an_error_result():
-    def odd(x: str) -> set:
-        """Returns a set."""
-        return {1, 2}
-    registry = registry_of(odd)
-    result = call_tool("odd", {"x": "a"}, registry)
-    assert result["ok"] is False and "not JSON serializable" in result["error"]
 
 
 # --- tools described from plain functions ---------------------------------------------------
@@ -242,3 +234,21 @@ def test_the_calculator_pattern_refuses_what_the_calculator_cannot_read(expressi
 def test_an_order_id_of_the_wrong_shape_is_refused_with_the_pattern(order_id):
     result = call_tool("get_order_status", {"order_id": order_id}, REGISTRY)
     assert result["ok"] is False and "must match the pattern" in result["error"]
+
+
+def test_a_result_json_cannot_hold_is_converted_and_the_conversion_noted():
+    import datetime
+    import decimal
+    import pathlib
+
+    def look(kind: str):
+        """Return something JSON has no form for."""
+        return {"when": datetime.datetime(2026, 12, 1, 9, 30), "price": decimal.Decimal("1.10"),
+                "where": pathlib.Path("/tmp/x"), "tags": {"b", "a"}, "pair": (1, 2), "ratio": float("nan")}
+    result = call_tool("look", {"kind": "x"}, registry_of(look))
+    assert result["ok"] is True
+    assert result["data"] == {"when": "2026-12-01T09:30:00", "price": "1.10", "where": "/tmp/x", "tags": ["a", "b"],
+                              "pair": [1, 2], "ratio": "nan"}
+    assert result["converted"] == ["Decimal to text", "PosixPath to text", "datetime to ISO 8601 text",
+                                   "float to text", "set to a list", "tuple to a list"]
+    assert json.loads(json.dumps(result, allow_nan=False)) == result
