@@ -23,6 +23,15 @@ from agent_demo_kit import log_folder
 from agent_demo_kit.trace import Round, RunLog, load_trace
 from tools import CONTROL_ACTIONS, REGISTRY, Tool, ToolDefinitionError, material_reader
 
+HELP_START = """Run a task with a tool-calling LLM agent loop over any OpenAI-compatible endpoint.
+
+examples:
+  agent-demo "compute (12 + 500) * 3 and look up order A1002"
+  cat report.txt | agent-demo "summarize this"        # piped text is the material
+  agent-demo -m qwen2.5:7b --url http://localhost:11434/v1 --approve "look up order A1002"
+
+stdout holds only the answer; the round-by-round trace goes to stderr."""
+
 ENVIRONMENT_HELP = f"""environment (also read from ./.env; the real environment wins):
   LLM_API_KEY             bearer key; optional for local servers (no Authorization header then)
   LLM_API_URL             chat-completions URL or base URL ending in /v1 (default {DEFAULT_URL})
@@ -59,7 +68,7 @@ class Parser(argparse.ArgumentParser):
     def error(self, message: str):
         if self.json_output:
             print(json.dumps(RunResult(ConfigError(f"usage: {message}")).to_json()))
-        super().error(message)  # usage and the message on stderr, exit 2
+        self.exit(2, f"agent-demo: error: {message} (see agent-demo --help)\n")  # one line, not the usage block
 
 
 def flag_type(name: str) -> Callable[[str], Any]:
@@ -76,8 +85,8 @@ def flag_type(name: str) -> Callable[[str], Any]:
 
 def build_parser() -> Parser:
     parser = Parser(
-        prog="agent-demo", description="Run a task with a tool-calling LLM agent loop.",
-        epilog=ENVIRONMENT_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+        prog="agent-demo", usage="agent-demo [options] TASK...   (or -: the task from stdin)",
+        description=HELP_START, epilog=ENVIRONMENT_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("task", nargs="*", help='what to do, e.g. "compute (12 + 500) * 3"; "-" reads it from'
                         " stdin, and text piped to stdin beside a task is the material the task is about")
     parser.add_argument("-m", "--model", metavar="NAME", help=f"model name (LLM_MODEL; default {DEFAULT_MODEL})")
@@ -125,12 +134,12 @@ def build_parser() -> Parser:
     parser.add_argument("--json", action="store_true",
                         help="print one JSON object with status, result, rounds, usage, calls (and error);"
                              " the trace goes to stderr")
-    parser.add_argument("--quiet", action="store_true", help="no round-by-round trace; only the result")
+    parser.add_argument("-q", "--quiet", action="store_true", help="no round-by-round trace; only the result")
     parser.add_argument("--stream", action=argparse.BooleanOptionalAction, default=None,
                         help="ask for the reply as server-sent events (default: on; an endpoint that refuses"
                              " it is asked without it)")
     parser.add_argument("--debug", action="store_true", help="show tracebacks for errors")
-    parser.add_argument("--version", action="version", version=f"agent-demo {__version__}")
+    parser.add_argument("-V", "--version", action="version", version=f"agent-demo {__version__}")
     return parser
 
 
@@ -142,6 +151,8 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
     words, args.material = " ".join(args.task).strip(), ""
     if args.resume is None and not args.runs:
         if words == "-":
+            if on_terminal(sys.stdin):
+                print("agent-demo: reading the task from the terminal; end it with Ctrl-D", file=sys.stderr)
             words = read_stdin().strip()
         elif not words:
             words = read_stdin().strip() if stdin_is_piped(any_kind=True) else ""
@@ -351,7 +362,7 @@ def open_log(args: argparse.Namespace, trace_path: Optional[str], redactor: Reda
     """The run log: the human trace on stderr (none under --quiet), so stdout holds only the answer;
     on a terminal it is live and in colour (never with NO_COLOR set)."""
     human = None if args.quiet else sys.stderr
-    terminal = on_terminal(human)
+    terminal = on_terminal(human) and environment.get("TERM") != "dumb"  # a dumb terminal takes no escape codes
     try:
         log = RunLog(human, trace_path, redactor, colour=terminal and not environment.get("NO_COLOR"),
                      live=terminal)

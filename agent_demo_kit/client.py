@@ -311,13 +311,20 @@ def _one_line(text: str, limit: int = 300) -> str:
     return prompts.clip(" ".join(text.split()), limit)
 
 
+def _given(settings: Settings, name: str, variable: str) -> str:
+    """The flag or variable the user gave a setting with, to say what to check; else its usual variable."""
+    source = settings.sources.get(name, "")
+    return source if source.startswith(("-", "LLM_", "OPENAI_")) else variable
+
+
 def describe_http_error(status: int, text: str, settings: Settings, retried: bool = True) -> str:
     """Name the failed status, what the user can do, and what the server said."""
     message = server_message(text)
     if status in (401, 403):
-        return f"authentication failed (HTTP {status}): {message} - check LLM_API_KEY"
+        return f"authentication failed (HTTP {status}): {message} - check {_given(settings, 'api_key', 'LLM_API_KEY')}"
     if status == 404:
-        return f"not found (HTTP 404): {message} - check LLM_MODEL ({settings.model}) and LLM_API_URL"
+        return (f"not found (HTTP 404): {message} - check {_given(settings, 'model', 'LLM_MODEL')} ({settings.model})"
+                f" and {_given(settings, 'url', 'LLM_API_URL')}")
     if status in RETRY_STATUSES and retried:
         return f"HTTP {status} after {settings.retries} retries: {message}"
     return f"request rejected (HTTP {status}): {message}"

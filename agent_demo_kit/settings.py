@@ -143,6 +143,7 @@ class Settings:
     stream: bool = setting(False, "--stream", resume=False)  # ask for server-sent events
     backoff_factor: float = setting(0.5, resume=False)  # waits 0, 1, 2, 4 ... seconds between retries
     max_retry_wait: float = setting(30.0, None, ("AGENT_MAX_RETRY_WAIT",), seconds)  # Retry-After or backoff, at most
+    sources: Dict[str, str] = setting({}, resume=False)  # where each setting came from, for messages
 
 
 def _fields() -> Dict[str, Any]:
@@ -197,11 +198,13 @@ def load_settings(args: Any, environment: Dict[str, str], recorded: Optional[dic
     ConfigError. recorded: a resumed run's start record, whose values hold where nothing is given again."""
     settings = Settings()
     for name, item in _fields().items():
-        default = getattr(settings, name)
+        default, settings.sources[name] = getattr(settings, name), "default"
         if recorded and item.metadata["resume"] and _restorable(item, recorded.get(name)):
-            default = recorded[name]
+            default, settings.sources[name] = recorded[name], "the resumed run"
         setattr(settings, name, _from(name, args, environment, default))
+        settings.sources[name] = given(name, args, environment) or settings.sources[name]
     settings.api_key = api_key(environment)
+    settings.sources["api_key"] = "LLM_API_KEY" if (environment.get("LLM_API_KEY") or "").strip() else "OPENAI_API_KEY"
     if recorded and recorded.get("approve") is True:
         settings.approve = True  # only --yes lifts it on resume
     settings.tools_files = [os.path.abspath(path) for path in settings.tools_files]
@@ -213,10 +216,9 @@ def load_settings(args: Any, environment: Dict[str, str], recorded: Optional[dic
     if not host or urlsplit(settings.url).scheme not in ("http", "https"):
         source = given("url", args, environment) or "LLM_API_URL"
         raise ConfigError(f"{source} must be an http(s) URL, got {display_url(settings.url)!r}")
-    key_source = "LLM_API_KEY" if environment.get("LLM_API_KEY") else "OPENAI_API_KEY"
     if settings.api_key and not re.fullmatch(r"[\x21-\x7e]+", settings.api_key) or re.search(r"[\"'\\]",
                                                                                           settings.api_key or ""):
-        raise ConfigError(f"{key_source} holds spaces or characters that cannot go in an HTTP header;"
+        raise ConfigError(f"{settings.sources['api_key']} holds spaces or characters that cannot go in an HTTP header;"
                           " check for a stray quote, zero-width space or non-ASCII character")
     if not settings.api_key and host in HOSTS_NEEDING_A_KEY:
         raise ConfigError(f"LLM_API_KEY (or OPENAI_API_KEY) is not set, and {host} needs one (see .env.example)")

@@ -313,3 +313,44 @@ def test_the_install_adds_three_modules_and_one_package():
     version = re.search(r'__version__ = "([^"]+)"', (ROOT / "agent_demo_kit" / "__init__.py").read_text())[1]
     ours = [*ROOT.glob("*.py"), *ROOT.glob("agent_demo_kit/*.py"), *ROOT.glob("tests/*.py"), ROOT / "pyproject.toml"]
     assert sum(version in path.read_text() for path in ours) == 1, "the version lives in one place"
+
+
+def test_short_flags_q_and_capital_v(serve, capsys):
+    serve([act("finish", result="ok")])
+    assert main(["-q", "hi"]) == 0
+    out, err = capsys.readouterr()
+    assert (out, err) == ("ok\n", "")
+    with pytest.raises(SystemExit) as raised:
+        main(["-V"])
+    assert raised.value.code == 0 and capsys.readouterr().out.startswith("agent-demo ")
+
+
+def test_a_usage_error_is_one_line_that_points_to_help(capsys):
+    with pytest.raises(SystemExit) as raised:
+        main(["--max-rounds", "many", "hi"])
+    assert raised.value.code == 2
+    assert capsys.readouterr().err == ("agent-demo: error: argument --max-rounds: must be a whole number, got 'many'"
+                                       " (see agent-demo --help)\n")
+
+
+def test_help_starts_with_examples_that_fit_one_screen(capsys):
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    head = capsys.readouterr().out.split("positional arguments:")[0].splitlines()
+    examples = head[head.index("examples:") + 1:]
+    assert len(head) <= 24 and sum(line.startswith("  ") and "agent-demo " in line for line in examples) == 3
+
+
+@pytest.mark.parametrize("variable", ["LLM_API_KEY", "OPENAI_API_KEY"])
+def test_an_authentication_error_names_the_variable_the_key_came_from(serve, monkeypatch, capsys, variable):
+    serve([{"status": 401, "body": {"error": {"message": "bad key"}}}], key=None)
+    monkeypatch.setenv(variable, "sk-wrong-key-123456")
+    assert main(["hi"]) == 3
+    assert said_lines(capsys.readouterr().err) == [
+        f"agent-demo: error: authentication failed (HTTP 401): bad key - check {variable}"]
+
+
+def test_a_bad_url_flag_is_reported_as_the_flag(capsys):
+    assert main(["--url", "localhost:1234/v1", "hi"]) == 2
+    assert said_lines(capsys.readouterr().err) == [
+        "agent-demo: error: --url must be an http(s) URL, got 'localhost:1234/v1'"]

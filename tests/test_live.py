@@ -210,3 +210,9 @@ def test_a_round_header_estimates_the_tokens_when_the_endpoint_reports_none(serv
     assert main(["hi"]) == 0
     header = next(line for line in capsys.readouterr().err.splitlines() if line.startswith("--- round 1/6 ---"))
     assert header.endswith(" tokens") and ", ~" in header
+
+
+def test_a_dumb_terminal_gets_no_colour_and_no_status_line():
+    code, out, shown = on_a_terminal("add", env_extra={"TERM": "dumb"}, replies=SLOW)
+    assert code == 0 and "finished after" in shown
+    assert "\x1b[" not in shown and "model working" not in shown
