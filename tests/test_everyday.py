@@ -322,3 +322,17 @@ def test_ctrl_c_during_a_long_tool_call_still_ends_the_run_properly(tmp_path):
         out, err = process.communicate(timeout=20)
     assert process.returncode == 130 and "Traceback" not in err
     assert json.loads(trace.read_text().splitlines()[-1])["status"] == "interrupted"
+
+
+def test_the_task_from_a_terminal_says_how_to_end_it(tmp_path):
+    import pty
+    controller, terminal = pty.openpty()
+    with ScriptedServer([FINISH]) as server:
+        process = start_cli("--quiet", "-", stdin=terminal, env={"LLM_API_URL": server.url})
+        os.write(controller, b"look up order A1002\n\x04")
+        out, err = process.communicate(timeout=30)
+    os.close(controller)
+    os.close(terminal)
+    assert (process.returncode, out) == (0, "done\n")
+    assert err == "agent-demo: reading the task from the terminal; end it with Ctrl-D\n"
+    assert server.sent_messages(0)[1]["content"] == "Task: look up order A1002"
