@@ -12,7 +12,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import prompts
 from agent_demo_kit.actions import Parsed, parse_reply
 from agent_demo_kit.stream import Reply
-from agent_demo_kit.context import Conversation, digest_line, recall_rounds, request_size, shorten_args, truncate_result
+from agent_demo_kit.context import Conversation, recall_rounds, request_size, shorten_args, truncate_result
 from agent_demo_kit.endings import (BudgetSpent, Finished, GaveUp, InternalError, Interrupted, RoundLimit, RunEnded,
                                     RunResult, SigTerm, Stuck, Terminated)
 from agent_demo_kit.settings import Settings, chat_completions_url, display_url, recorded_settings
@@ -63,9 +63,11 @@ class Agent:
             raise BudgetSpent()
         reply, messages = self.ask()
         usage, estimated = count_usage(reply, messages)
-        self.trace.reply(number, settings.max_rounds, reply, usage, estimated)
         mode = self.conversation.mode
         parsed = parse_reply(reply, mode)
+        tokens = f", {'~' if estimated else ''}{usage['total_tokens']:,} tokens" if "total_tokens" in usage else ""
+        self.trace.reply(f"\n--- round {number}/{settings.max_rounds} --- {reply.latency_ms / 1000:.1f} s{tokens}",
+                         reply, parsed.prose)
         calls = self.execute(parsed, number)
         record = Round(number, reply.content, calls, self.feed_back(parsed, calls), mode, reply.latency_ms,
                        usage, estimated, problem=parsed.problem, tool_calls=native_calls(parsed, mode))
@@ -109,7 +111,8 @@ class Agent:
         keys = [Watchdog.key(action) if isinstance(action.args, dict) else str(index)
                 for index, action in enumerate(parsed.actions)]
         distinct = list(dict.fromkeys(keys))  # the actions, each once, in order
-        for action, key in zip(parsed.actions, keys):
+        for index, (action, key) in enumerate(zip(parsed.actions, keys), 1):
+            self.trace.action(f"action {index}/{len(keys)}" if len(keys) > 1 else "action", action.tool, action.args)
             if key in first_of:
                 call = Call(action.tool, action.args, first_of[key].result, watchdog="cached", note=prompts.SAME_REPLY)
             else:
@@ -124,6 +127,7 @@ class Agent:
                 first_of[key] = call
             call.id = action.id
             calls.append(call)
+            self.trace.result(call, truncate_result(call.result, self.settings.max_result_chars))
         self.watchdog.count_reply(calls)
         return calls
 
@@ -172,7 +176,8 @@ class Agent:
                 return failure(prompts.NO_TERMINAL, cancelled=True)
             if not self.approver({**call.action, "warning": tool.warning} if tool.warning else call.action):
                 return failure(prompts.CANCELLED, cancelled=True)
-        return call_tool(call.tool, call.args, self.registry)
+        with self.trace.working(f"running {call.tool}"):
+            return call_tool(call.tool, call.args, self.registry)
 
     def feed_back(self, parsed: Parsed, calls: List[Call]) -> List[dict]:
         """The messages that answer this round: each result, cut to size, labelled with its call."""
@@ -200,9 +205,7 @@ class Agent:
         rounds = self.conversation.rounds
         outcome = RunResult(ending, rounds=len(rounds), usage=self.usage,
                             calls=[{"round": record.number, "tool": call.tool, "args": call.args,
-                                    "result": call.result} for record in rounds for call in record.calls],
-                            progress=[] if ending.status in ("finished", "failed")
-                            else [digest_line(record, 200) for record in rounds])  # what was done, for a run cut short
+                                    "result": call.result} for record in rounds for call in record.calls])
         self.trace.end(outcome)
         return outcome
 

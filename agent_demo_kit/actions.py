@@ -64,15 +64,16 @@ def _no_constants(name: str):
 DECODER = json.JSONDecoder(strict=False, parse_float=_finite_float, parse_constant=_no_constants)
 
 
-def json_values(text: str):
-    """Yield each top-level JSON object or array in text, left to right.
+def json_values(text: str, spans: Optional[List[str]] = None):
+    """Yield each top-level JSON object or array in text, left to right (and add each one's text to
+    spans, when given).
 
     A reply longer than MAX_PARSED_CHARS is read at its beginning and at its end (where an
     action after long reasoning stands), so the scan stays linear in what is read.
     """
     if len(text) > MAX_PARSED_CHARS:
-        yield from json_values(text[:MAX_PARSED_CHARS])
-        yield from json_values(text[-MAX_PARSED_CHARS:])
+        yield from json_values(text[:MAX_PARSED_CHARS], spans)
+        yield from json_values(text[-MAX_PARSED_CHARS:], spans)
         return
     position, failed = 0, 0
     while failed < MAX_FAILED_STARTS:
@@ -81,6 +82,8 @@ def json_values(text: str):
             return
         try:
             value, position = DECODER.raw_decode(text, match.start())
+            if spans is not None:
+                spans.append(text[match.start():position])
             yield _printable(value)
         except (ValueError, RecursionError):  # not JSON, too deep, NaN, or a 5,000-digit number
             position, failed = match.start() + 1, failed + 1
@@ -122,6 +125,7 @@ class Parsed:
     problem: Optional[str] = None
     native: bool = False  # the actions came from the reply's tool_calls
     cut_off: bool = False  # the reply hit the length limit (finish_reason "length")
+    prose: str = ""  # what the reply said besides its actions (all of it, when it held none)
 
     def answers_by_id(self, mode: str) -> bool:
         """In tools mode, native calls are answered one role-tool message per tool_call id."""
@@ -130,8 +134,8 @@ class Parsed:
 
 def parse_actions(text: str) -> Parsed:
     """Find the actions in a model's text: action objects, arrays of them, or {"actions": [...]}."""
-    found, saw_json = [], False
-    for value in json_values(strip_think(text)):
+    found, saw_json, spans, action_spans = [], False, [], []
+    for value in json_values(strip_think(text), spans):
         saw_json = True
         if isinstance(value, dict) and isinstance(value.get("actions"), list):
             value = value["actions"]  # schema mode's envelope
@@ -139,16 +143,31 @@ def parse_actions(text: str) -> Parsed:
             found.append(value)
         elif isinstance(value, list) and value and all(is_action(item) for item in value):
             found.extend(value)
+        else:
+            continue
+        action_spans.append(spans[-1])
     if not found:
         problem = "found JSON, but no action object with a string \"tool\"" if saw_json else "no JSON object found"
         if len(text) > MAX_PARSED_CHARS:
             problem += (f" (your reply is {len(text):,} characters long; only its first and last"
                         f" {MAX_PARSED_CHARS:,} were read: keep replies short)")
-        return Parsed([], problem)
+        return Parsed([], problem, prose=text)
     actions = [Action(value["tool"], value.get("args", {})) for value in found]  # copies: the loop answers once
     if not isinstance(actions[0].args, dict):
         return Parsed([], f"\"args\" of {actions[0].tool} must be a JSON object")
-    return Parsed(actions)
+    return Parsed(actions, prose=_without(text, action_spans))
+
+
+def _without(text: str, snippets: List[str]) -> str:
+    """text without these pieces (the actions, in order) and without code fences: what else the model said."""
+    kept, position = [], 0
+    for snippet in snippets:
+        found = text.find(snippet, position)
+        if found != -1:
+            kept.append(text[position:found])
+            position = found + len(snippet)
+    kept.append(text[position:])
+    return re.sub(r"```[a-z]*", "", "".join(kept))
 
 
 def parse_tool_calls(tool_calls: List[dict]) -> Parsed:
@@ -171,12 +190,14 @@ def parse_reply(reply: Any, mode: str = "json") -> Parsed:
     else the text, else its tool calls. A reply cut off at the length limit says so."""
     if reply.tool_calls and mode == "tools":
         parsed = parse_tool_calls(reply.tool_calls)
+        parsed.prose = reply.content
     elif not reply.content.strip() and not reply.tool_calls:
         parsed = Parsed([], prompts.render_empty_reply(reply.finish_reason, bool(reply.reasoning.strip())))
     else:
         parsed = parse_actions(reply.content)
         if not parsed.actions and reply.tool_calls:
             parsed = parse_tool_calls(reply.tool_calls)
+            parsed.prose = reply.content
     if reply.finish_reason == "length":
         parsed.cut_off = True
         if parsed.problem and reply.content.strip():  # an empty reply's problem says so already

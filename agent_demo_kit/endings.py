@@ -98,7 +98,6 @@ class RunResult:
     rounds: int = 0
     usage: Dict[str, Any] = field(default_factory=dict)
     calls: List[dict] = field(default_factory=list)  # every call of the run, with its round and result
-    progress: List[str] = field(default_factory=list)  # one line per round, for a run cut short
 
     @property
     def status(self) -> str:

@@ -242,26 +242,42 @@ class Screen:
             self._clear_status()
             print(self.paint(kind, text) if kind else text, file=self.stream, flush=True)
 
-    def show_reply(self, header: str, reply: Any) -> None:
-        """What the model said, before its calls run (and before --approve asks about them)."""
+    def show_reply(self, header: str, reply: Any, prose: str) -> None:
+        """What the model said besides its actions (its JSON is not echoed: the action lines show it),
+        before its calls run and before --approve asks about them."""
         self.say(header, "header")
         if reply.reasoning.strip():
             self.say(f"thinking: {_summary(reply.reasoning)}", "dim")
-        shown = shorten_think(reply.content.strip()) or (to_json(reply.tool_calls) if reply.tool_calls
-                                                         else f"(empty reply, finish_reason {reply.finish_reason})")
-        self.say("model: " + shown)
+        if prose.strip():
+            self.say("model: " + shorten_think(prose.strip()))
+        elif not reply.content.strip() and not reply.tool_calls:
+            self.say(f"model: (empty reply, finish_reason {reply.finish_reason})")
 
-    def show_round(self, record: Any) -> None:
-        """The round's calls, with the watchdog's word and each result."""
-        for number, call in enumerate(record.calls, 1):
-            label = f"action {number}/{len(record.calls)}" if len(record.calls) > 1 else "action"
-            self.say(f"{label}: {call.tool} {to_json(call.args)}", "action")
-            if call.watchdog:
-                self.say(f"watchdog: {call.watchdog}", "note")
-            if not call.ends_run:
-                self.say(f"result: {to_json(call.result)}", "ok" if call.result.get("ok") else "error")
-        if not record.calls:
-            self.say(f"result: {to_json(record.result)}", "error")
+    def show_action(self, label: str, tool: str, args: Any) -> None:
+        """One action, before it runs: name(arguments)."""
+        if isinstance(args, dict) and tool in ("finish", "fail"):  # the answer is printed once, at the end
+            args = {name: "..." if name == "result" else value for name, value in args.items()}
+        shown = ", ".join(f"{name}={to_json(value)}" for name, value in args.items()) if isinstance(args, dict) \
+            else to_json(args)
+        self.say(f"{label}: {tool}({shown})", "action")
+
+    def show_result(self, call: Any, result: dict) -> None:
+        """What the model was told of one call: the result as sent (cut the same way), text as lines."""
+        if call.watchdog:
+            self.say(f"watchdog: {call.watchdog}", "note")
+        if call.ends_run:
+            return
+        data = result.get("data") if result.get("ok") else result.get("error")
+        rest = {name: value for name, value in result.items() if name not in ("ok", "data", "error")}
+        kind = "ok" if result.get("ok") else "error"
+        if isinstance(data, str) and "\n" in data:
+            lines = data.rstrip("\n").split("\n")
+            self.say(f"result{'' if result.get('ok') else ' (error)'}: {len(lines)} lines"
+                     + (f" {to_json(rest)}" if rest else ""), kind)
+            for line in lines:
+                self.say(f"  | {line}", kind)
+        else:
+            self.say(f"result: {to_json(result)}", kind)
 
     def _clear_status(self) -> None:
         if self._status is not None:  # spaces, not an escape code: no escape codes at all under NO_COLOR
@@ -269,9 +285,10 @@ class Screen:
             self._status = None
 
     @contextlib.contextmanager
-    def working(self) -> Iterator["Status"]:
-        """While the model works: a status line with the seconds so far and the reply's latest words."""
-        status = Status()
+    def working(self, label: str = "model working") -> Iterator["Status"]:
+        """While the model (or a tool, or a check) works: a status line with the seconds so far and,
+        for the model, the reply's latest words."""
+        status = Status(label)
         if not self.live:
             yield status
             return
@@ -315,7 +332,8 @@ def _last_columns(text: str, room: int) -> str:
 class Status:
     """What the live line shows: seconds since the request went out, and the reply as it arrives."""
 
-    def __init__(self) -> None:
+    def __init__(self, label: str = "model working") -> None:
+        self.label = label
         self.started = time.monotonic()
         self.pieces: List[str] = []
         self.size = 0
@@ -329,7 +347,7 @@ class Status:
 
     def line(self, width: int, redactor: Redactor) -> str:
         """One line that fits the terminal: 'model working 12 s (340 chars): ...the latest words'."""
-        head = f"model working {time.monotonic() - self.started:.0f} s"
+        head = f"{self.label} {time.monotonic() - self.started:.0f} s"
         if not self.size:
             return (head + " …")[:width]
         tail = redactor(" ".join("".join(self.pieces)[-600:].split()))

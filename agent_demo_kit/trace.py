@@ -16,7 +16,7 @@ from typing import Any, ContextManager, Dict, List, Optional, TextIO, Tuple
 
 from agent_demo_kit.endings import ConfigError
 from agent_demo_kit.log_folder import RESUMABLE, lock
-from agent_demo_kit.terminal import Redactor, SafeStream, Screen, Status
+from agent_demo_kit.terminal import Redactor, SafeStream, Screen, Status, to_json
 from prompts import clip
 from tools import failure
 
@@ -168,9 +168,10 @@ class RunLog:
         if self.screen:
             self.screen.say(text, kind)
 
-    def working(self) -> ContextManager[Status]:
-        """Around a request: on a terminal, a live line shows the model working and its reply arriving."""
-        return self.screen.working() if self.screen else contextlib.nullcontext(Status())
+    def working(self, label: str = "model working") -> ContextManager[Status]:
+        """Around a request, a tool call or a check: on a terminal, a live line shows it working (and
+        the model's reply arriving)."""
+        return self.screen.working(label) if self.screen else contextlib.nullcontext(Status(label))
 
     def record(self, event: str, **fields: Any) -> None:
         if self.trace_file:
@@ -229,28 +230,31 @@ class RunLog:
                     ts=time.time())
         self._say_start_notes()
 
-    def reply(self, number: int, max_rounds: int, reply: Any, usage: Optional[dict] = None,
-              estimated: bool = False) -> None:
-        """Show what the model said, with the round's time and tokens (~ when estimated), before its
-        calls run (and before --approve asks about them); think blocks are shortened here, not in
-        the trace file."""
-        tokens = (usage or {}).get("total_tokens")
-        counted = f", {'~' if estimated else ''}{tokens:,} tokens" if isinstance(tokens, int) else ""
+    def reply(self, header: str, reply: Any, prose: str) -> None:
+        """Show what the model said besides its actions, under the round's header, before its calls
+        run; think blocks are shortened here, not in the trace file."""
         if self.screen:
-            self.screen.show_reply(f"\n--- round {number}/{max_rounds} --- {reply.latency_ms / 1000:.1f} s{counted}",
-                                   reply)
+            self.screen.show_reply(header, reply, prose)
+
+    def action(self, label: str, tool: str, args: Any) -> None:
+        """Show an action before it runs (a tool's own prints come after this line)."""
+        if self.screen:
+            self.screen.show_action(label, tool, args)
+
+    def result(self, call: Any, sent: dict) -> None:
+        """Show what the model is told of a call: its result as sent."""
+        if self.screen:
+            self.screen.show_result(call, sent)
 
     def round(self, record: Round) -> None:
-        """Show the round's calls and results, and append the round to the trace file."""
-        if self.screen:
-            self.screen.show_round(record)
+        """Append the round to the trace file (its calls were shown as they ran)."""
+        if self.screen and not record.calls:
+            self.screen.say(f"result: {to_json(record.result)}", "error")
         self.record("round", **round_to_line(record))
 
     def end(self, outcome: Any) -> None:
         if outcome.status != "error":  # an error is one line on stderr, said by the CLI
             self.say(f"\n=== {outcome.summary()} ===", "finished" if outcome.status == "finished" else "stopped")
-        for line in outcome.progress:
-            self.say(f"  {line}")
         try:
             self.record("end", **{k: v for k, v in outcome.to_json().items() if k != "calls"})
         except TraceWriteError as error:  # the outcome stands; only its record is missing

@@ -336,3 +336,19 @@ def test_the_task_from_a_terminal_says_how_to_end_it(tmp_path):
     assert (process.returncode, out) == (0, "done\n")
     assert err == "agent-demo: reading the task from the terminal; end it with Ctrl-D\n"
     assert server.sent_messages(0)[1]["content"] == "Task: look up order A1002"
+
+
+def test_the_trace_shows_each_action_before_it_runs_and_the_result_as_the_model_got_it(serve, tmp_path, capsys):
+    tools = write_tools(tmp_path, "def dump(n: int) -> str:\n    '''Print a greeting, return n lines.'''\n"
+                                  "    print('hello from the tool')\n"
+                                  "    return ''.join(f'row {i}\\n' for i in range(n))\n", name="dump_tools.py")
+    serve([act("dump", n=2000), act("finish", result="done")])
+    assert main(["--tools-file", tools, "list rows"]) == 0
+    err = capsys.readouterr().err.splitlines()
+    at = err.index("action: dump(n=2000)")
+    assert err[at + 1] == "hello from the tool", "the tool's own print comes after its action line"
+    assert err[at + 2] == "result: 481 lines {\"truncated\": true, \"original_chars\": 16890}"
+    shown = err[at + 3:err.index("", at)]
+    assert shown[0] == "  | row 0" and all(line.startswith("  | ") for line in shown)
+    assert any("[truncated " in line for line in shown), "cut as it was for the model, and marked"
+    assert sum(len(line) - 4 for line in shown) < 4000, "no more than the model got"
