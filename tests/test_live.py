@@ -216,3 +216,14 @@ def test_a_dumb_terminal_gets_no_colour_and_no_status_line():
     code, out, shown = on_a_terminal("add", env_extra={"TERM": "dumb"}, replies=SLOW)
     assert code == 0 and "finished after" in shown
     assert "\x1b[" not in shown and "model working" not in shown
+
+
+def test_a_running_tool_shows_on_the_status_line_under_its_action(tmp_path):
+    tools = tmp_path / "slow_tools.py"
+    tools.write_text("import time\n\ndef nap(seconds: float) -> str:\n    '''Sleep.'''\n"
+                     "    time.sleep(seconds)\n    return 'rested'\n")
+    code, out, shown = on_a_terminal("--tools-file", str(tools), "rest",
+                                     replies=[act("nap", seconds=0.5), act("finish", result="rested")])
+    assert (code, out) == (0, "rested\n")
+    action = shown.index("action: nap(seconds=0.5)")
+    assert shown.index("running nap 0 s", action) < shown.index("result: ", action)
