@@ -394,6 +394,10 @@ def report(outcome: RunResult, args: argparse.Namespace, answer: TextIO, trace_p
         print(json.dumps(outcome.to_json(), ensure_ascii=False), file=answer)
     elif outcome.status == "finished":
         print(display(outcome.result), file=answer)
+    refused = sum(call["result"].get("error") == prompts.NO_TERMINAL for call in outcome.calls)
+    if refused:  # even under --quiet: the run may have "finished" without doing what was asked
+        print(f"agent-demo: {refused} tool call(s) refused: they need approval and there was no terminal"
+              " to ask; --yes runs them", file=sys.stderr)
     if outcome.status == "error":
         print(f"agent-demo: error: {outcome.error}", file=sys.stderr)
     elif outcome.status != "finished" and args.quiet:  # otherwise the trace ended with it

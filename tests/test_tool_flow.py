@@ -9,7 +9,7 @@ from agent_demo import main
 from agent_demo_kit.client import Reply
 from agent_demo_kit.settings import Settings
 from scripted_model import run
-from conftest import answer_on_a_terminal
+from conftest import answer_on_a_terminal, said_lines
 from scripted_model import ScriptedModel
 from scripted_server import ScriptedServer, action as act
 from tools import CONTROL_ACTIONS, EXPRESSION_PATTERN, REGISTRY, registry_of, tool
@@ -357,3 +357,10 @@ def test_odd_tool_call_shapes_are_answered_not_crashed_on(odd_call):
     assert outcome.status == "finished"
     answer = model.requests[1]["messages"][-1]
     assert answer["role"] == "tool" and answer["tool_call_id"] == str(odd_call["id"])
+
+
+def test_calls_refused_for_want_of_a_terminal_are_said_even_under_quiet(serve, capsys):
+    serve([act("calculator", expression="2 + 2"), act("finish", result="4?")])
+    assert main(["--approve", "--quiet", "hi"]) == 0
+    assert said_lines(capsys.readouterr().err) == [
+        "agent-demo: 1 tool call(s) refused: they need approval and there was no terminal to ask; --yes runs them"]
