@@ -246,10 +246,14 @@ class Screen:
         """What the model said besides its actions (its JSON is not echoed: the action lines show it),
         before its calls run and before --approve asks about them."""
         self.say(header, "header")
-        if reply.reasoning.strip():
-            self.say(f"thinking: {_summary(reply.reasoning)}", "dim")
-        if prose.strip():
-            self.say("model: " + shorten_think(prose.strip()))
+        from agent_demo_kit.actions import think_pieces
+        pieces = think_pieces(prose)
+        for thought in [reply.reasoning, *(piece for opening, piece, closing in pieces if opening or closing)]:
+            if thought.strip():
+                self.say(f"thinking: {_summary(thought)}", "dim")
+        said = "".join(piece for opening, piece, closing in pieces if not (opening or closing)).strip()
+        if said:
+            self.say("model: " + said)
         elif not reply.content.strip() and not reply.tool_calls:
             self.say(f"model: (empty reply, finish_reason {reply.finish_reason})")
 

@@ -120,7 +120,7 @@ def test_each_round_header_shows_its_time_and_tokens_and_think_blocks_are_shorte
     err = capsys.readouterr().err
     header = next(line for line in err.splitlines() if line.startswith("--- round 2/6 ---"))
     assert header.endswith(" s, 15 tokens")
-    assert "model: <think>First I add 2 and 2. … (" in err and "Then I check it carefully" not in err
+    assert "thinking: First I add 2 and 2. … (" in err and "Then I check it carefully" not in err
     assert "Then I check it carefully" in trace.read_text(), "the trace file keeps the think block whole"
 
 
