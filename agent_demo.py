@@ -17,7 +17,7 @@ from agent_demo_kit.endings import (BudgetSpent, Finished, GaveUp, InternalError
                                     RunResult, SigTerm, Stuck, Terminated)
 from agent_demo_kit.settings import Settings, chat_completions_url, display_url, recorded_settings
 from agent_demo_kit.trace import Call, Round, RunLog
-from tools import CONTROL_ACTIONS, FAIL, FINISH, RECALL, REGISTRY, Tool, call_tool, check_args, failure
+from tools import CONTROL_ACTIONS, FAIL, FINISH, NOTE, RECALL, REGISTRY, Tool, call_tool, check_args, failure
 
 FORMAT_ERRORS_BEFORE_STUCK = 3
 ENDINGS = (FINISH.name, FAIL.name)  # may only come last in a reply
@@ -128,8 +128,8 @@ class Agent:
         return calls
 
     def execute_call(self, action: Any, number: int) -> Call:
-        """Run one action: finish and fail end the run, recall reads the rounds done; a repeated call
-        is cached, refused, then stuck."""
+        """Run one action: finish and fail end the run, recall reads the rounds done, note adds to the
+        working notes; a repeated call is cached, refused, then stuck."""
         if action.problem or not isinstance(action.args, dict):
             problem = action.problem or f"\"args\" of {action.tool} must be a JSON object"
             return Call(action.tool, action.args, failure(problem), format_error=True)
@@ -142,6 +142,8 @@ class Agent:
             if control is RECALL:  # no side effects, and asking again after a fold is fair: never watched
                 return Call(action.tool, action.args, recall_rounds(
                     self.conversation.rounds, max_chars=self.settings.max_result_chars, **action.args))
+            if control is NOTE:  # no side effects either; the same note twice is kept once
+                return Call(action.tool, action.args, self.conversation.notes.add(number, action.args["text"]))
             value = action.args["result" if control is FINISH else "reason"]
             return Call(action.tool, action.args, {"ok": True, "data": value},
                         ends_run="finished" if control is FINISH else "failed")

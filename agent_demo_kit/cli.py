@@ -97,7 +97,8 @@ def build_parser() -> Parser:
                              " or native tool calls (default json)")
     parser.add_argument("--max-calls", type=flag_type("max_calls"), metavar="N", help="actions run per reply at most (default 8)")
     parser.add_argument("--tools", metavar="NAME,NAME",
-                        help=f"expose only these tools (available: {', '.join(REGISTRY)}); finish, fail and recall always")
+                        help=f"expose only these tools (available: {', '.join(REGISTRY)});"
+                             " finish, fail, recall and note always")
     parser.add_argument("--tools-file", action="append", metavar="PATH",
                         help="make each public function in the Python file PATH a tool (repeatable)")
     parser.add_argument("--tool-timeout", type=flag_type("tool_timeout"), metavar="SECONDS",

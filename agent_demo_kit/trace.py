@@ -115,23 +115,28 @@ class Compaction:
     digest: str  # exactly as sent, after the task
     chars_before: int = 0  # the request's size had it not compacted
     chars_after: int = 0
+    notes: str = ""  # the working notes of the folded rounds, exactly as sent after the digest
 
 
 def compaction_to_line(compaction: Compaction) -> dict:
     """A compaction as the trace file keeps it (the "compaction" event, without the event name)."""
-    return {"before_round": compaction.before_round, "folded": compaction.folded, "omitted": compaction.omitted,
+    line = {"before_round": compaction.before_round, "folded": compaction.folded, "omitted": compaction.omitted,
             "chars_before": compaction.chars_before, "chars_after": compaction.chars_after,
             "digest": compaction.digest}
+    if compaction.notes:
+        line["notes"] = compaction.notes
+    return line
 
 
 def compaction_from_line(line: dict) -> Compaction:
     """A compaction read back from its trace line; KeyError or TypeError if the line is not one."""
     before_round, folded, omitted = line["before_round"], line["folded"], line.get("omitted", 0)
     if not all(isinstance(n, int) for n in (before_round, folded, omitted)) \
-            or not 0 <= omitted <= folded < before_round or not isinstance(line["digest"], str):
+            or not 0 <= omitted <= folded < before_round or not isinstance(line["digest"], str) \
+            or not isinstance(line.get("notes") or "", str):
         raise TypeError("not a compaction")
     return Compaction(before_round, folded, omitted, line["digest"], chars_before=line.get("chars_before") or 0,
-                      chars_after=line.get("chars_after") or 0)
+                      chars_after=line.get("chars_after") or 0, notes=line.get("notes") or "")
 
 
 # --- writing ------------------------------------------------------------------------------
