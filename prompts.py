@@ -180,6 +180,15 @@ def render_note_too_long(length: int, limit: int) -> str:
     return f"a note takes at most {limit:,} characters and this one has {length:,}; keep only what matters"
 
 
+def render_check_rejection(check: dict, attempts_left: int, timeout: float) -> str:
+    """Why a finish was not accepted: what --check said of the answer, and whether another may come."""
+    how = (f"exited with {check['exit_code']}" if check["exit_code"] is not None
+           else f"did not finish within {timeout:g} s")
+    then = (f"fix the answer and finish again ({attempts_left} attempt{'s' if attempts_left > 1 else ''} left)"
+            if attempts_left > 0 else "no attempts are left")
+    return f"not accepted: the answer check {how}; {then}. It said:\n{check['output'].strip() or '(nothing)'}"
+
+
 def render_cached_note(first_round: int) -> str:
     """Said when a repeated call is answered from its earlier result."""
     return (f"you already made this exact call in round {first_round}; this is its earlier result, "

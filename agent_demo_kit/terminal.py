@@ -258,7 +258,9 @@ class Screen:
             self.say(f"{label}: {call.tool} {to_json(call.args)}", "action")
             if call.watchdog:
                 self.say(f"watchdog: {call.watchdog}", "note")
-            if not call.ends_run:
+            if call.check:  # its output is the result: one line says both
+                self.say(check_line(call.check), "ok" if call.check["exit_code"] == 0 else "error")
+            elif not call.ends_run:
                 self.say(f"result: {to_json(call.result)}", "ok" if call.result.get("ok") else "error")
         if not record.calls:
             self.say(f"result: {to_json(record.result)}", "error")
@@ -269,9 +271,10 @@ class Screen:
             self._status = None
 
     @contextlib.contextmanager
-    def working(self) -> Iterator["Status"]:
-        """While the model works: a status line with the seconds so far and the reply's latest words."""
-        status = Status()
+    def working(self, doing: str = "model working") -> Iterator["Status"]:
+        """While the model works (or a check runs): a status line with the seconds so far and the reply's
+        latest words."""
+        status = Status(doing)
         if not self.live:
             yield status
             return
@@ -298,6 +301,16 @@ class Screen:
                 self._status = line
 
 
+def check_line(check: dict) -> str:
+    """What --check said, in one line: the command, how it ended, and the start of its output."""
+    seconds = f"{check['ms'] / 1000:.1f} s"
+    ended = f"exit {check['exit_code']} after {seconds}" if check["exit_code"] is not None \
+        else f"still running after {seconds}, stopped"
+    command = "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in check["command"])
+    output = " ".join(check["output"].split())
+    return f"check: {command} -> {ended}" + (f": {to_json(output[:200])}" if output else "")
+
+
 def _columns(character: str) -> int:
     """How many terminal columns a character takes: two for wide (CJK) ones."""
     return 2 if unicodedata.east_asian_width(character) in "WF" else 1
@@ -315,7 +328,8 @@ def _last_columns(text: str, room: int) -> str:
 class Status:
     """What the live line shows: seconds since the request went out, and the reply as it arrives."""
 
-    def __init__(self) -> None:
+    def __init__(self, doing: str = "model working") -> None:
+        self.doing = doing
         self.started = time.monotonic()
         self.pieces: List[str] = []
         self.size = 0
@@ -329,7 +343,7 @@ class Status:
 
     def line(self, width: int, redactor: Redactor) -> str:
         """One line that fits the terminal: 'model working 12 s (340 chars): ...the latest words'."""
-        head = f"model working {time.monotonic() - self.started:.0f} s"
+        head = f"{self.doing} {time.monotonic() - self.started:.0f} s"
         if not self.size:
             return (head + " …")[:width]
         tail = redactor(" ".join("".join(self.pieces)[-600:].split()))

@@ -34,6 +34,7 @@ class Call:
     watched: bool = False  # counted by the watchdog (a real tool call, not finish or a refusal)
     format_error: bool = False  # the action itself was malformed
     ends_run: Optional[str] = None  # "finished", "failed" or "stuck"
+    check: Optional[dict] = None  # what --check said of a finish: command, exit_code, output, ms
 
     @property
     def action(self) -> dict:
@@ -62,7 +63,7 @@ class Round:
         return self.calls[0].result if self.calls else failure("format error: " + (self.problem or ""))
 
 
-_CALL_FLAGS = ("id", "note", "watchdog", "watched", "format_error", "ends_run")
+_CALL_FLAGS = ("id", "note", "watchdog", "watched", "format_error", "ends_run", "check")
 
 
 def round_to_line(record: Round) -> dict:
@@ -89,7 +90,7 @@ def round_from_line(line: dict) -> Round:
                   **{name: call[name] for name in _CALL_FLAGS if call.get(name)})
              for call in line["calls"]]
     if not isinstance(line["round"], int) or any(not isinstance(call.result, dict) or not isinstance(
-            call.result.get("ok"), bool) for call in calls) or not all(
+            call.result.get("ok"), bool) or not isinstance(call.check or {}, dict) for call in calls) or not all(
             isinstance(m, dict) and isinstance(m.get("role"), str) for m in line["feedback"]) \
             or not isinstance(line.get("model_output") or "", str) \
             or not isinstance(line.get("tool_calls") or [], list):
@@ -171,9 +172,10 @@ class RunLog:
         if self.screen:
             self.screen.say(text, kind)
 
-    def working(self) -> ContextManager[Status]:
-        """Around a request: on a terminal, a live line shows the model working and its reply arriving."""
-        return self.screen.working() if self.screen else contextlib.nullcontext(Status())
+    def working(self, doing: str = "model working") -> ContextManager[Status]:
+        """Around a request (or a check): on a terminal, a live line shows what is going on, for how long,
+        and the reply arriving."""
+        return self.screen.working(doing) if self.screen else contextlib.nullcontext(Status(doing))
 
     def record(self, event: str, **fields: Any) -> None:
         if self.trace_file:
@@ -248,7 +250,7 @@ class RunLog:
         for line in outcome.progress:
             self.say(f"  {line}")
         try:
-            self.record("end", **{k: v for k, v in outcome.to_json().items() if k != "calls"})
+            self.record("end", **{k: v for k, v in outcome.to_json().items() if k not in ("calls", "checks")})
         except TraceWriteError as error:  # the outcome stands; only its record is missing
             print(f"agent-demo: warning: {error}", file=self.human or sys.stderr)
 
