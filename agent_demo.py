@@ -188,7 +188,7 @@ class Agent:
     def rejected_answers(self) -> List[dict]:
         """What --check said of each answer it rejected so far, resumed runs included."""
         return [call.check for record in self.conversation.rounds for call in record.calls
-                if call.check and call.check["exit_code"] != 0]
+                if call.check and call.check.get("exit_code") != 0]
 
     def run_tool(self, call: Call) -> dict:
         """Call the tool, first asking the user when --approve or the tool's side effects say so (not

@@ -227,8 +227,9 @@ class Notes:
     def take_in(self, record: Round) -> None:
         """The notes a recorded round took, taken again (a resumed run)."""
         for call in record.calls:
-            if call.tool == NOTE.name and call.result.get("ok"):
-                self.add(record.number, call.args["text"])
+            text = call.args.get("text") if isinstance(call.args, dict) else None
+            if call.tool == NOTE.name and call.result.get("ok") and isinstance(text, str):
+                self.add(record.number, text)
 
     def pinned(self, through_round: int) -> str:
         """The notes taken up to this round, as sent after the digest; "" when there are none."""
