@@ -13,11 +13,12 @@ import prompts
 from agent_demo_kit.actions import Parsed, parse_reply
 from agent_demo_kit.stream import Reply
 from agent_demo_kit.context import Conversation, recall_rounds, request_size, shorten_args, truncate_result
-from agent_demo_kit.endings import (BudgetSpent, Finished, GaveUp, InternalError, Interrupted, RoundLimit, RunEnded,
-                                    RunResult, SigTerm, Stuck, Terminated)
+from agent_demo_kit.check import check_command, run_check
+from agent_demo_kit.endings import (BudgetSpent, CheckFailed, Finished, GaveUp, InternalError, Interrupted, RoundLimit,
+                                    RunEnded, RunResult, SigTerm, Stuck, Terminated, answer_text)
 from agent_demo_kit.settings import Settings, chat_completions_url, display_url, recorded_settings
 from agent_demo_kit.trace import Call, Round, RunLog
-from tools import CONTROL_ACTIONS, FAIL, FINISH, RECALL, REGISTRY, Tool, call_tool, check_args, failure
+from tools import CONTROL_ACTIONS, FAIL, FINISH, NOTE, RECALL, REGISTRY, Tool, call_tool, check_args, failure
 
 FORMAT_ERRORS_BEFORE_STUCK = 3
 ENDINGS = (FINISH.name, FAIL.name)  # may only come last in a reply
@@ -33,6 +34,7 @@ class Agent:
         self.trace = trace or RunLog()
         self.approver = approver
         self.watchdog = Watchdog()
+        self.check: Optional[List[str]] = None  # how --check is started, once it is known to start
         self.usage: dict = {}
         self.conversation = Conversation("", settings, registry, client, self.trace.compaction)
 
@@ -95,6 +97,8 @@ class Agent:
         if settings.approve and not settings.yes and self.approver is None:
             self.trace.note("--approve: there is no terminal to ask, so every tool call will be refused")
         self.conversation.check_fits()
+        if settings.check is not None:
+            self.check = check_command(settings.check)
 
     def ask(self) -> Tuple[Reply, List[dict]]:
         """The model's reply to the conversation (and the messages sent), with the live status line meanwhile."""
@@ -132,8 +136,8 @@ class Agent:
         return calls
 
     def execute_call(self, action: Any, number: int) -> Call:
-        """Run one action: finish and fail end the run, recall reads the rounds done; a repeated call
-        is cached, refused, then stuck."""
+        """Run one action: finish and fail end the run, recall reads the rounds done, note adds to the
+        working notes; a repeated call is cached, refused, then stuck."""
         if action.problem or not isinstance(action.args, dict):
             problem = action.problem or f"\"args\" of {action.tool} must be a JSON object"
             return Call(action.tool, action.args, failure(problem), format_error=True)
@@ -146,7 +150,11 @@ class Agent:
             if control is RECALL:  # no side effects, and asking again after a fold is fair: never watched
                 return Call(action.tool, action.args, recall_rounds(
                     self.conversation.rounds, max_chars=self.settings.max_result_chars, **action.args))
+            if control is NOTE:  # no side effects either; the same note twice is kept once
+                return Call(action.tool, action.args, self.conversation.notes.add(number, action.args["text"]))
             value = action.args["result" if control is FINISH else "reason"]
+            if control is FINISH and self.check:
+                return self.check_answer(action, value)
             return Call(action.tool, action.args, {"ok": True, "data": value},
                         ends_run="finished" if control is FINISH else "failed")
         if action.tool not in self.registry:
@@ -166,6 +174,25 @@ class Agent:
             call.watchdog = call.ends_run = "stuck"
         self.watchdog.remember(number, call)
         return call
+
+    def check_answer(self, action: Any, answer: Any) -> Call:
+        """Run --check on a finish: it ends the run when the check exits 0; otherwise the model gets the
+        check's output and goes on, until the run has had its --check-attempts."""
+        settings = self.settings
+        with self.trace.working(f"check running ({prompts.clip(settings.check, 60)})"):
+            check = run_check(self.check, settings.check, answer_text(answer), self.conversation.task,
+                              settings.tool_timeout)
+        call = Call(action.tool, action.args, {"ok": True, "data": answer}, ends_run="finished", check=check)
+        if check["exit_code"] != 0:
+            left = settings.check_attempts - len(self.rejected_answers()) - 1
+            call.result = failure(prompts.render_check_rejection(check, left, settings.tool_timeout))
+            call.ends_run = None if left > 0 else "failed"
+        return call
+
+    def rejected_answers(self) -> List[dict]:
+        """What --check said of each answer it rejected so far, resumed runs included."""
+        return [call.check for record in self.conversation.rounds for call in record.calls
+                if call.check and call.check.get("exit_code") != 0]
 
     def run_tool(self, call: Call) -> dict:
         """Call the tool, first asking the user when --approve or the tool's side effects say so (not
@@ -197,6 +224,9 @@ class Agent:
         ending = next((call for call in record.calls if call.ends_run), None)
         if self.watchdog.format_errors_in_a_row >= FORMAT_ERRORS_BEFORE_STUCK or ending and ending.ends_run == "stuck":
             raise Stuck()
+        if ending and ending.check and ending.ends_run == "failed":
+            raise CheckFailed(f"the check rejected {len(self.rejected_answers())} answers",
+                              result=ending.check["output"])
         if ending:
             raise (Finished if ending.ends_run == "finished" else GaveUp)(result=ending.result["data"])
 
@@ -205,9 +235,18 @@ class Agent:
         rounds = self.conversation.rounds
         outcome = RunResult(ending, rounds=len(rounds), usage=self.usage,
                             calls=[{"round": record.number, "tool": call.tool, "args": call.args,
-                                    "result": call.result} for record in rounds for call in record.calls])
+                                    "result": call.result} for record in rounds for call in record.calls],
+                            progress=self.progress(ending),
+                            checks=[{"round": record.number, **call.check} for record in rounds
+                                    for call in record.calls if call.check])
         self.trace.end(outcome)
         return outcome
+
+    def progress(self, ending: RunEnded) -> List[str]:
+        """The lines shown after the outcome: the check's last output, when the check ended the run."""
+        if isinstance(ending, CheckFailed):
+            return prompts.clip(ending.result, 4000).splitlines() or ["(it printed nothing)"]
+        return []
 
 
 # --- the watchdog -----------------------------------------------------------------------

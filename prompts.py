@@ -7,7 +7,7 @@ Three ways to ask for actions (`mode`): "json" (JSON in the reply text),
 import json
 from typing import Any, Dict, Iterable, List, Optional
 
-from tools import CONTROL_ACTIONS, FAIL, FINISH, RECALL, Tool, parameters_schema
+from tools import CONTROL_ACTIONS, FAIL, FINISH, NOTE, RECALL, Tool, parameters_schema
 
 ACTION_FORMAT = '{"tool": "<name>", "args": {...}}'
 FORMATS = {
@@ -158,6 +158,44 @@ def render_digest(lines: List[str], dropped: int = 0) -> str:
     return "\n".join([header, *lines])
 
 
+NOTES_HEADER = "Your notes (kept in every request; add to them with note):"
+NOTE_EMPTY = "the note is empty; write what you want to keep"
+NOTE_KNOWN = "already in your notes"
+
+
+def render_note_line(number: int, text: str) -> str:
+    """One note as pinned: the round that took it, and its text as written."""
+    return f"- round {number}: {text}"
+
+
+def render_notes(notes: List[tuple]) -> str:
+    """The working notes pinned after the digest: each (round, text), oldest first."""
+    return "\n".join([NOTES_HEADER, *(render_note_line(number, text) for number, text in notes)])
+
+
+def render_note_taken(used: int, limit: int, dropped: List[int]) -> str:
+    """What the model is told about a note it took, and which older notes no longer fit."""
+    if not dropped:
+        return f"noted ({used:,} of {limit:,} characters of notes used)"
+    rounds = ("round " if len(dropped) == 1 else "rounds ") + ", ".join(map(str, dropped))
+    return (f"noted; your notes are full ({limit:,} characters), so the oldest, from {rounds}, are no longer kept"
+            " in every request: they are in the digest of earlier rounds, and recall gets them back")
+
+
+def render_note_too_long(length: int, limit: int) -> str:
+    """Why a note was not taken: it alone is more than the notes may take."""
+    return f"a note takes at most {limit:,} characters and this one has {length:,}; keep only what matters"
+
+
+def render_check_rejection(check: dict, attempts_left: int, timeout: float) -> str:
+    """Why a finish was not accepted: what --check said of the answer, and whether another may come."""
+    how = (f"exited with {check['exit_code']}" if check["exit_code"] is not None
+           else f"did not finish within {timeout:g} s")
+    then = (f"fix the answer and finish again ({attempts_left} attempt{'s' if attempts_left > 1 else ''} left)"
+            if attempts_left > 0 else "no attempts are left")
+    return f"not accepted: the answer check {how}; {then}. It said:\n{check['output'].strip() or '(nothing)'}"
+
+
 def render_cached_note(first_round: int) -> str:
     """Said when a repeated call is answered from its earlier result."""
     return (f"you already made this exact call in round {first_round}; this is its earlier result, "
@@ -185,7 +223,8 @@ def action_schema(registry: Dict[str, Tool], max_calls: int = 8) -> dict:
     Alone, because a model held to the schema writes whatever it allows: given the choice, a small
     one ends the run in the reply that makes its first call, with an answer it has not seen."""
     ending = {"type": "array", "items": _one_of([FINISH, FAIL]), "minItems": 1, "maxItems": 1}
-    calls = {"type": "array", "items": _one_of([*registry.values(), RECALL]), "minItems": 1, "maxItems": max_calls}
+    calls = {"type": "array", "items": _one_of([*registry.values(), RECALL, NOTE]), "minItems": 1,
+             "maxItems": max_calls}
     return {"type": "object", "properties": {"actions": {"anyOf": [calls, ending]}},
             "required": ["actions"], "additionalProperties": False}
 

@@ -285,9 +285,19 @@ def recall(first_round: int, last_round: int = 0):
     """
 
 
-CONTROL_ACTIONS: Dict[str, Tool] = registry_of(finish, fail, recall)
+# Answered by the loop: the note is pinned in every request (agent_demo_kit/context.py, Notes).
+@tool(example={"text": "A1002 is unpaid; 512 * 3 still to do"})
+def note(text: str):
+    """Add to your notes, which every request keeps: facts you established, your plan, what you ruled out.
+
+    Args:
+        text: a line to keep
+    """
+
+
+CONTROL_ACTIONS: Dict[str, Tool] = registry_of(finish, fail, recall, note)
 FINISH, FAIL = CONTROL_ACTIONS["finish"], CONTROL_ACTIONS["fail"]
-RECALL = CONTROL_ACTIONS["recall"]
+RECALL, NOTE = CONTROL_ACTIONS["recall"], CONTROL_ACTIONS["note"]
 
 
 # --- checking and calling -----------------------------------------------------------------

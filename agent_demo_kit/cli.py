@@ -15,7 +15,8 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, TextIO
 
 import prompts
 from agent_demo_kit import __version__
-from agent_demo_kit.endings import ConfigError, Interrupted, OutputClosed, RunResult, SigTerm, Terminated
+from agent_demo_kit.endings import (ConfigError, Interrupted, OutputClosed, RunResult, SigTerm, Terminated,
+                                    answer_text)
 from agent_demo_kit.settings import (DEFAULT_MODEL, DEFAULT_URL, MODES, Settings, display_url, flag_parser, given,
                                      load_settings, read_environment, secrets_of)
 from agent_demo_kit.terminal import Redactor, protected, stray_prints_to_stderr, terminal_approver
@@ -49,15 +50,17 @@ ENVIRONMENT_HELP = f"""environment (also read from ./.env; the real environment 
   AGENT_RETRIES           default for --retries (3)
   AGENT_TIMEOUT           default for --timeout (30)
   AGENT_TOOL_TIMEOUT      default for --tool-timeout (60)
+  AGENT_CHECK             default for --check (none)
+  AGENT_CHECK_ATTEMPTS    default for --check-attempts (3)
   AGENT_MAX_RETRY_WAIT    the longest wait before a retry, in seconds (30)
   AGENT_DEMO_LOG_DIR      the run log folder (else $XDG_STATE_HOME/agent-demo/runs,
                           else ~/.local/state/agent-demo/runs)
   NO_COLOR                set (not empty): no colour in the trace, even on a terminal
   AGENT_DEBUG=1           same as --debug
 
-exit codes: 0 finished; 1 not completed (gave up, round limit, token budget,
-stuck, or an internal error); 2 usage or configuration error; 3 endpoint failed;
-130 interrupted (Ctrl-C); 143 terminated (SIGTERM)"""
+exit codes: 0 finished; 1 not completed (gave up, --check rejected the answers,
+round limit, token budget, stuck, or an internal error); 2 usage or configuration
+error; 3 endpoint failed; 130 interrupted (Ctrl-C); 143 terminated (SIGTERM)"""
 
 
 class Parser(argparse.ArgumentParser):
@@ -106,7 +109,8 @@ def build_parser() -> Parser:
                              " or native tool calls (default json)")
     parser.add_argument("--max-calls", type=flag_type("max_calls"), metavar="N", help="actions run per reply at most (default 8)")
     parser.add_argument("--tools", metavar="NAME,NAME",
-                        help=f"expose only these tools (available: {', '.join(REGISTRY)}); finish, fail and recall always")
+                        help=f"expose only these tools (available: {', '.join(REGISTRY)});"
+                             " finish, fail, recall and note always")
     parser.add_argument("--tools-file", action="append", metavar="PATH",
                         help="make each public function in the Python file PATH a tool (repeatable)")
     parser.add_argument("--mcp", action="append", metavar="SERVER",
@@ -116,6 +120,11 @@ def build_parser() -> Parser:
                         help='add the tools of each server in an {"mcpServers": {...}} JSON file')
     parser.add_argument("--tool-timeout", type=flag_type("tool_timeout"), metavar="SECONDS",
                         help="answer a tool call still running after SECONDS as an error (default 60)")
+    parser.add_argument("--check", metavar="COMMAND",
+                        help="accept a finish only when COMMAND exits 0, with the answer on its stdin and in"
+                             " AGENT_ANSWER, the task in AGENT_TASK; otherwise its output goes back to the model")
+    parser.add_argument("--check-attempts", type=flag_type("check_attempts"), metavar="N",
+                        help="end the run as failed after N answers --check rejected (default 3)")
     parser.add_argument("--approve", action="store_true", help="ask y/N on the terminal before each tool call")
     parser.add_argument("--yes", action="store_true",
                         help="run every call without asking, even tools marked as having side effects")
@@ -393,7 +402,7 @@ def report(outcome: RunResult, args: argparse.Namespace, answer: TextIO, trace_p
     if args.json:
         print(json.dumps(outcome.to_json(), ensure_ascii=False), file=answer)
     elif outcome.status == "finished":
-        print(display(outcome.result), file=answer)
+        print(answer_text(outcome.result), file=answer)
     refused = sum(call["result"].get("error") == prompts.NO_TERMINAL for call in outcome.calls)
     if refused:  # even under --quiet: the run may have "finished" without doing what was asked
         print(f"agent-demo: {refused} tool call(s) refused: they need approval and there was no terminal"
@@ -401,15 +410,11 @@ def report(outcome: RunResult, args: argparse.Namespace, answer: TextIO, trace_p
     if outcome.status == "error":
         print(f"agent-demo: error: {outcome.error}", file=sys.stderr)
     elif outcome.status != "finished" and args.quiet:  # otherwise the trace ended with it
-        print(f"agent-demo: {outcome.summary()}", file=sys.stderr)
+        lines = [f"agent-demo: {outcome.summary()}", *(f"  {line}" for line in outcome.progress)]
+        print("\n".join(lines), file=sys.stderr)
     if trace_path and outcome.status in log_folder.RESUMABLE and outcome.exit_code != 2:  # 2: change flags first
         print(f"agent-demo: to continue: {continue_command(trace_path, outcome, settings, args)}", file=sys.stderr)
     return outcome.exit_code
-
-
-def display(value: Any) -> str:
-    """A result as people read it: text as is, anything else as JSON."""
-    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, indent=2)
 
 
 def main(argv: Optional[List[str]] = None) -> int:

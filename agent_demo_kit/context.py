@@ -8,7 +8,10 @@ falls to about half the budget, and the new beginning holds for many rounds
 again. Compactions are recorded with the rounds, so a resumed run rebuilds the
 same bytes. Sizes are running totals and each round's messages and digest lines
 are written once, so round 1,000 costs what round 10 did. What the digest no
-longer shows, `recall` answers from the run's records.
+longer shows, `recall` answers from the run's records. The model's working notes
+(`note`) go back in the round that took them, like any result, and a compaction
+pins those of the folded rounds after the digest: taking a note costs the prompt
+cache nothing, and the notes survive every fold.
 """
 import bisect
 import json
@@ -19,7 +22,7 @@ from agent_demo_kit.actions import strip_think
 from agent_demo_kit.endings import ConfigError
 from agent_demo_kit.settings import Settings
 from agent_demo_kit.trace import Call, Compaction, Round
-from tools import RECALL, Tool, failure, success
+from tools import NOTE, RECALL, Tool, failure, success
 
 
 def request_size(messages: List[dict]) -> int:
@@ -190,6 +193,54 @@ class DigestLines:
         return prompts.render_digest(self.lines[width][omitted:count], omitted)
 
 
+# --- the working notes ------------------------------------------------------------------------
+
+NOTES_CHARS = 2_000  # what the notes may take in a request (less when --max-context leaves little room)
+
+
+class Notes:
+    """The run's working notes, (round, text) oldest first: the newest that fit in `limit` characters.
+    Each note is taken as the model writes it, or from the rounds on a resume: either way the same."""
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self.kept: List[Tuple[int, str]] = []
+
+    def add(self, number: int, text: str) -> dict:
+        """Take a note written in round `number`: the result the model gets. The oldest notes make room."""
+        if not text.strip():
+            return failure(prompts.NOTE_EMPTY)
+        if _note_size(number, text) > self.limit:
+            return failure(prompts.render_note_too_long(_note_size(number, text), self.limit))
+        if any(kept == text for _, kept in self.kept):
+            return success(prompts.NOTE_KNOWN)
+        self.kept.append((number, text))
+        dropped: List[int] = []
+        while self.used() > self.limit:
+            dropped.append(self.kept.pop(0)[0])
+        return success(prompts.render_note_taken(self.used(), self.limit, sorted(set(dropped))))
+
+    def used(self) -> int:
+        """What the notes take on the wire, each on its line."""
+        return sum(_note_size(number, text) for number, text in self.kept)
+
+    def take_in(self, record: Round) -> None:
+        """The notes a recorded round took, taken again (a resumed run)."""
+        for call in record.calls:
+            text = call.args.get("text") if isinstance(call.args, dict) else None
+            if call.tool == NOTE.name and call.result.get("ok") and isinstance(text, str):
+                self.add(record.number, text)
+
+    def pinned(self, through_round: int) -> str:
+        """The notes taken up to this round, as sent after the digest; "" when there are none."""
+        notes = [(number, text) for number, text in self.kept if number <= through_round]
+        return prompts.render_notes(notes) if notes else ""
+
+
+def _note_size(number: int, text: str) -> int:
+    return 2 + _encoded(prompts.render_note_line(number, text))  # 2: the escaped newline before it
+
+
 # --- the conversation ------------------------------------------------------------------------
 
 class Conversation:
@@ -207,6 +258,8 @@ class Conversation:
         self._messages: List[dict] = []
         self._turns: List[Tuple[int, List[dict], int]] = []  # the verbatim rounds: number, messages, size
         self._folded, self._omitted, self._digest = 0, 0, ""  # rounds 1..folded are in the digest, 1..omitted not shown
+        self._notes = ""  # the notes of the folded rounds, pinned after the digest
+        self.notes = Notes(NOTES_CHARS)  # every note taken so far that still fits
         self._added = 0  # rounds taken in so far, folded or verbatim
         self._bare = self.size = 0  # the request's size on the wire: without any round, and as it stands
 
@@ -238,11 +291,14 @@ class Conversation:
         """Build the messages afresh (the first request, a resumed run, another mode), from the last compaction."""
         self._built_for, self._bare = self.client.form.shape(), self.body_size(self.pinned())
         self._folded, self._omitted, self._digest, self._turns, self._added = 0, 0, "", [], 0
+        self.notes, self._notes = Notes(min(NOTES_CHARS, max(0, self.settings.max_context - self._bare) // 4)), ""
+        for record in self.rounds:
+            self.notes.take_in(record)
         last = next((index for index in range(len(self.rounds) - 1, -1, -1) if self.rounds[index].compaction), None)
         if last is not None:
             compaction = self.rounds[last].compaction
             self._folded, self._omitted = min(compaction.folded, last + 1), compaction.omitted
-            self._digest = compaction.digest
+            self._digest, self._notes = compaction.digest, compaction.notes
             self._turns = [self._turn(record) for record in self.rounds[self._folded:last + 1]]
             self._added = last + 1
         self._assemble()
@@ -262,24 +318,28 @@ class Conversation:
 
     def _apply(self, compaction: Compaction) -> None:
         self._folded, self._omitted, self._digest = compaction.folded, compaction.omitted, compaction.digest
+        self._notes = compaction.notes
         self._turns = [turn for turn in self._turns if turn[0] > compaction.folded]
         self._assemble()
 
     def _assemble(self) -> None:
         """The messages and their size from the pinned goal, the digest and the verbatim rounds."""
         system, task = self.pinned()
-        if self._digest:
-            # The digest joins the task's message, so user and assistant turns still alternate
-            # (some chat templates refuse two user messages in a row).
-            task = {**task, "content": task["content"] + _DIGEST_SEPARATOR + self._digest}
+        # The digest and the notes join the task's message, so user and assistant turns still alternate
+        # (some chat templates refuse two user messages in a row). The notes come last: a compaction
+        # mostly appends to the digest, so what changes in the notes does not break the prefix sooner.
+        added = "".join(_DIGEST_SEPARATOR + part for part in (self._digest, self._notes) if part)
+        task = {**task, "content": task["content"] + added}
         self._messages = [system, task, *(message for _, messages, _ in self._turns for message in messages)]
-        digest_size = _encoded(_DIGEST_SEPARATOR + self._digest) if self._digest else 0
-        self.size = self._bare + digest_size + sum(size for _, _, size in self._turns)
+        self.size = self._bare + _encoded(added) + sum(size for _, _, size in self._turns)
 
     def _compact(self) -> None:
-        """Fold the oldest verbatim rounds into the digest, enough that the request falls to about half the budget."""
-        half = (self.settings.max_context - self._bare) // 2  # for the digest and the verbatim rounds
+        """Fold the oldest verbatim rounds into the digest, enough that the request falls to about half the budget;
+        the notes of the folded rounds are pinned after it."""
         first, count = self._folded, self._added  # verbatim now: rounds first+1..count
+        notes = self.notes.pinned(count)  # the most the notes of the folded rounds can take
+        notes_room = _encoded(_DIGEST_SEPARATOR + notes) if notes else 0
+        half = (self.settings.max_context - self._bare - notes_room) // 2  # for the digest and the verbatim rounds
         after = [0] * (count - first + 1)  # after[k - first]: what the verbatim rounds after round k take
         for index in range(count - first - 1, -1, -1):
             after[index] = after[index + 1] + self._turns[index][2]
@@ -293,7 +353,8 @@ class Conversation:
             folded += 1
         width, omitted, _ = self.lines.fit(folded, room, self._omitted)
         compaction = Compaction(before_round=count + 1, folded=folded, omitted=omitted,
-                                digest=self.lines.render(folded, width, omitted), chars_before=self.size)
+                                digest=self.lines.render(folded, width, omitted), chars_before=self.size,
+                                notes=self.notes.pinned(folded))
         self._apply(compaction)
         compaction.chars_after = self.size
         self.rounds[count - 1].compaction = compaction  # so that the rounds alone rebuild these messages

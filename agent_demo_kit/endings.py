@@ -4,6 +4,7 @@ and the small result object the command line formats.
 An ending is raised where it is detected (the endpoint client, the settings, the
 loop) and caught once, in `Agent.run` (agent_demo.py).
 """
+import json
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
@@ -29,6 +30,10 @@ class GaveUp(RunEnded):
     """The model called fail; `result` is its reason."""
 
     status, exit_code = "failed", 1
+
+
+class CheckFailed(GaveUp):
+    """--check rejected the answer --check-attempts times; `result` is its last output."""
 
 
 class Stuck(RunEnded):
@@ -98,6 +103,8 @@ class RunResult:
     rounds: int = 0
     usage: Dict[str, Any] = field(default_factory=dict)
     calls: List[dict] = field(default_factory=list)  # every call of the run, with its round and result
+    progress: List[str] = field(default_factory=list)  # --check's last output, when it ended the run
+    checks: List[dict] = field(default_factory=list)  # every run of --check, with its round
 
     @property
     def status(self) -> str:
@@ -124,7 +131,9 @@ class RunResult:
             tokens += " (partly estimated)"
         return {
             "finished": f"finished after {self.rounds} round(s){tokens}",
-            "failed": f"not completed: the model gave up after {self.rounds} round(s): {self.result}",
+            "failed": f"not completed: {self.ending} after {self.rounds} round(s); its last output:"
+                      if isinstance(self.ending, CheckFailed)
+                      else f"not completed: the model gave up after {self.rounds} round(s): {self.result}",
             "max_rounds": f"not completed: round limit reached after {self.rounds} round(s){tokens}",
             "budget": f"not completed: token budget spent after {self.rounds} round(s){tokens}",
             "stuck": f"not completed: the model is stuck, repeating a call or sending no usable action"
@@ -134,5 +143,11 @@ class RunResult:
 
     def to_json(self) -> dict:
         extra = {"error": self.error} if self.error else {}
+        checks = {"checks": self.checks} if self.checks else {}
         return {"status": self.status, "result": self.result, "rounds": self.rounds,
-                "usage": self.usage, **extra, "calls": self.calls}
+                "usage": self.usage, **extra, "calls": self.calls, **checks}
+
+
+def answer_text(value: Any) -> str:
+    """An answer as people (and --check) read it: text as is, anything else as JSON."""
+    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, indent=2)

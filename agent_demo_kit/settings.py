@@ -135,6 +135,8 @@ class Settings:
     timeout: float = setting(30.0, "--timeout", ("AGENT_TIMEOUT",), seconds)
     retries: int = setting(3, "--retries", ("AGENT_RETRIES",), whole_number(0))
     tool_timeout: float = setting(60.0, "--tool-timeout", ("AGENT_TOOL_TIMEOUT",), seconds)
+    check: Optional[str] = setting(None, "--check", ("AGENT_CHECK",))  # a command that must accept the answer
+    check_attempts: int = setting(3, "--check-attempts", ("AGENT_CHECK_ATTEMPTS",), whole_number(1))  # answers
     tools_files: List[str] = setting([], "--tools-file")  # kept for --resume
     mcp_servers: List[str] = setting([], "--mcp")  # commands or URLs of MCP servers, kept for --resume
     mcp_config: Optional[str] = setting(None, "--mcp-config")  # an mcpServers JSON file

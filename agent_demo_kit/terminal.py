@@ -269,6 +269,9 @@ class Screen:
         """What the model was told of one call: the result as sent (cut the same way), text as lines."""
         if call.watchdog:
             self.say(f"watchdog: {call.watchdog}", "note")
+        if call.check:  # its output is the result: one line says both
+            self.say(check_line(call.check), "ok" if call.check["exit_code"] == 0 else "error")
+            return
         if call.ends_run:
             return
         data = result.get("data") if result.get("ok") else result.get("error")
@@ -317,6 +320,16 @@ class Screen:
                 self.stream.write(self.paint("dim", line))
                 self.stream.flush()
                 self._status = line
+
+
+def check_line(check: dict) -> str:
+    """What --check said, in one line: the command, how it ended, and the start of its output."""
+    seconds = f"{check['ms'] / 1000:.1f} s"
+    ended = f"exit {check['exit_code']} after {seconds}" if check["exit_code"] is not None \
+        else f"still running after {seconds}, stopped"
+    command = "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in check["command"])
+    output = " ".join(check["output"].split())
+    return f"check: {command} -> {ended}" + (f": {to_json(output[:200])}" if output else "")
 
 
 def _columns(character: str) -> int:

@@ -34,6 +34,7 @@ class Call:
     watched: bool = False  # counted by the watchdog (a real tool call, not finish or a refusal)
     format_error: bool = False  # the action itself was malformed
     ends_run: Optional[str] = None  # "finished", "failed" or "stuck"
+    check: Optional[dict] = None  # what --check said of a finish: command, exit_code, output, ms
 
     @property
     def action(self) -> dict:
@@ -62,7 +63,7 @@ class Round:
         return self.calls[0].result if self.calls else failure("format error: " + (self.problem or ""))
 
 
-_CALL_FLAGS = ("id", "note", "watchdog", "watched", "format_error", "ends_run")
+_CALL_FLAGS = ("id", "note", "watchdog", "watched", "format_error", "ends_run", "check")
 
 
 def round_to_line(record: Round) -> dict:
@@ -89,7 +90,7 @@ def round_from_line(line: dict) -> Round:
                   **{name: call[name] for name in _CALL_FLAGS if call.get(name)})
              for call in line["calls"]]
     if not isinstance(line["round"], int) or any(not isinstance(call.result, dict) or not isinstance(
-            call.result.get("ok"), bool) for call in calls) or not all(
+            call.result.get("ok"), bool) or not isinstance(call.check or {}, dict) for call in calls) or not all(
             isinstance(m, dict) and isinstance(m.get("role"), str) for m in line["feedback"]) \
             or not isinstance(line.get("model_output") or "", str) \
             or not isinstance(line.get("tool_calls") or [], list):
@@ -115,23 +116,28 @@ class Compaction:
     digest: str  # exactly as sent, after the task
     chars_before: int = 0  # the request's size had it not compacted
     chars_after: int = 0
+    notes: str = ""  # the working notes of the folded rounds, exactly as sent after the digest
 
 
 def compaction_to_line(compaction: Compaction) -> dict:
     """A compaction as the trace file keeps it (the "compaction" event, without the event name)."""
-    return {"before_round": compaction.before_round, "folded": compaction.folded, "omitted": compaction.omitted,
+    line = {"before_round": compaction.before_round, "folded": compaction.folded, "omitted": compaction.omitted,
             "chars_before": compaction.chars_before, "chars_after": compaction.chars_after,
             "digest": compaction.digest}
+    if compaction.notes:
+        line["notes"] = compaction.notes
+    return line
 
 
 def compaction_from_line(line: dict) -> Compaction:
     """A compaction read back from its trace line; KeyError or TypeError if the line is not one."""
     before_round, folded, omitted = line["before_round"], line["folded"], line.get("omitted", 0)
     if not all(isinstance(n, int) for n in (before_round, folded, omitted)) \
-            or not 0 <= omitted <= folded < before_round or not isinstance(line["digest"], str):
+            or not 0 <= omitted <= folded < before_round or not isinstance(line["digest"], str) \
+            or not isinstance(line.get("notes") or "", str):
         raise TypeError("not a compaction")
     return Compaction(before_round, folded, omitted, line["digest"], chars_before=line.get("chars_before") or 0,
-                      chars_after=line.get("chars_after") or 0)
+                      chars_after=line.get("chars_after") or 0, notes=line.get("notes") or "")
 
 
 # --- writing ------------------------------------------------------------------------------
@@ -255,8 +261,10 @@ class RunLog:
     def end(self, outcome: Any) -> None:
         if outcome.status != "error":  # an error is one line on stderr, said by the CLI
             self.say(f"\n=== {outcome.summary()} ===", "finished" if outcome.status == "finished" else "stopped")
+        for line in outcome.progress:
+            self.say(f"  {line}")
         try:
-            self.record("end", **{k: v for k, v in outcome.to_json().items() if k != "calls"})
+            self.record("end", **{k: v for k, v in outcome.to_json().items() if k not in ("calls", "checks")})
         except TraceWriteError as error:  # the outcome stands; only its record is missing
             print(f"agent-demo: warning: {error}", file=self.human or sys.stderr)
 

@@ -94,9 +94,9 @@ def native(count, start=0):
 def test_no_request_passes_the_budget_over_a_long_run_and_the_prefix_holds(mode):
     calls = native(399) if mode == "tools" else sums(399, think="t" * 500)
     model = Recorder(*calls, act("finish", result="done"))
-    run("keep adding", Settings(model="m" * 200, max_rounds=400, max_context=10_000, mode=mode), model)
+    run("keep adding", Settings(model="m" * 200, max_rounds=400, max_context=11_000, mode=mode), model)
     sizes = [len(body) for body in model.bodies]
-    assert len(sizes) == 400 and max(sizes) <= 10_000
+    assert len(sizes) == 400 and max(sizes) <= 11_000
     texts = [messages_json(body) for body in model.bodies]
     kept = [len(a) - 1 if b.startswith(a[:-1]) else 0 for a, b in zip(texts, texts[1:])]
     assert sum(kept) / sum(map(len, texts[1:])) > 0.85
@@ -130,7 +130,7 @@ def test_the_running_size_is_the_size_of_the_body_as_sent(mode):
         "name": "get_order_status", "arguments": json.dumps({"order_id": f"A100{n % 3 + 1}"})}}])
         for n in range(3)] if mode == "tools" else [act("get_order_status", order_id=f"A100{n}") for n in (1, 2, 3)]
     model = SizeWatcher(*lookups, *(native(60) if mode == "tools" else sums(60)), act("finish", result="done"))
-    play(model, max_rounds=64, max_context=8000, mode=mode)
+    play(model, max_rounds=64, max_context=9000, mode=mode)
     assert len(compactions(model.bodies)) >= 3 and "\\u5f85" in model.bodies[3], "folded, non-ASCII and all"
     assert [size for size, _ in model.sizes] == [actual for _, actual in model.sizes]
 
@@ -138,10 +138,10 @@ def test_the_running_size_is_the_size_of_the_body_as_sent(mode):
 def test_a_fallback_to_json_after_compactions_keeps_the_digest_and_the_budget():
     rejected = AttemptFailed("HTTP 400", 400, '{"error": {"message": "tools are not supported"}}')
     model = Recorder(*native(40), rejected, *sums(10, start=40), act("finish", result="done"))
-    outcome = play(model, max_rounds=60, max_context=8000, mode="tools")
+    outcome = play(model, max_rounds=60, max_context=9000, mode="tools")
     assert outcome.status == "finished"
     after = json.loads(model.bodies[41])
-    assert "tools" not in after and max(len(body) for body in model.bodies) <= 8000
+    assert "tools" not in after and max(len(body) for body in model.bodies) <= 9000
     assert "Earlier rounds" in after["messages"][1]["content"]
     assert [m["role"] for m in after["messages"]][2:4] == ["assistant", "user"], "tool turns re-sent as text"
     assert messages_json(model.bodies[42]).startswith(messages_json(model.bodies[41])[:-1])

@@ -289,7 +289,7 @@ def test_help_says_which_limit_is_the_run_budget_and_which_caps_each_reply(capsy
 
 def test_in_schema_mode_finish_and_fail_come_alone():
     calls, ending = prompts.action_schema(REGISTRY, max_calls=5)["properties"]["actions"]["anyOf"]
-    assert [b["properties"]["tool"]["enum"][0] for b in calls["items"]["anyOf"]] == [*REGISTRY, "recall"]
+    assert [b["properties"]["tool"]["enum"][0] for b in calls["items"]["anyOf"]] == [*REGISTRY, "recall", "note"]
     assert (calls["minItems"], calls["maxItems"]) == (1, 5)
     assert [b["properties"]["tool"]["enum"][0] for b in ending["items"]["anyOf"]] == ["finish", "fail"]
     assert (ending["minItems"], ending["maxItems"]) == (1, 1)
@@ -298,5 +298,5 @@ def test_in_schema_mode_finish_and_fail_come_alone():
 
 def test_with_no_tools_exposed_the_schema_holds_only_finish_and_fail():
     calls, ending = prompts.action_schema({})["properties"]["actions"]["anyOf"]
-    assert [b["properties"]["tool"]["enum"][0] for b in calls["items"]["anyOf"]] == ["recall"]
+    assert [b["properties"]["tool"]["enum"][0] for b in calls["items"]["anyOf"]] == ["recall", "note"]
     assert [b["properties"]["tool"]["enum"][0] for b in ending["items"]["anyOf"]] == ["finish", "fail"]

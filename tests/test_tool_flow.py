@@ -109,13 +109,14 @@ def test_schema_mode_sends_the_action_schema_rendered_from_the_registry():
     calls, ending = schema["properties"]["actions"]["anyOf"]
     assert schema["required"] == ["actions"] and calls["maxItems"] == 8 and ending["maxItems"] == 1
     branches = calls["items"]["anyOf"] + ending["items"]["anyOf"]
-    assert [b["properties"]["tool"]["enum"] for b in branches] == [[name] for name in [*REGISTRY, "recall", "finish", "fail"]]
+    names = [*REGISTRY, "recall", "note", "finish", "fail"]
+    assert [b["properties"]["tool"]["enum"] for b in branches] == [[name] for name in names]
     assert branches[0]["properties"]["args"] == {
         "type": "object", "properties": {"expression": {
             "type": "string", "description": "number operator number, e.g. '12 + 500' or '-3 * 4'",
             "pattern": EXPRESSION_PATTERN}},
         "required": ["expression"], "additionalProperties": False}
-    assert branches[3]["properties"]["args"]["properties"]["result"]["anyOf"][0] == {"type": "string"}
+    assert branches[4]["properties"]["args"]["properties"]["result"]["anyOf"][0] == {"type": "string"}
     assert '{"actions": [' in model.requests[0]["messages"][0]["content"]
 
 

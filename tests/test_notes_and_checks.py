@@ -1,0 +1,174 @@
+"""Working notes that survive every fold, and --check: a command that must accept the answer."""
+import io
+import json
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+
+import prompts
+from agent_demo import main
+from agent_demo_kit.settings import Settings
+from agent_demo_kit.trace import RunLog
+from benchmark import prefix_figures
+from conftest import said_lines, start_cli
+from scripted_model import ScriptedModel, run
+from scripted_server import action as act
+
+NOTE = "Order A1002 is awaiting payment; 512 * 3 = 1536 is still to report."
+
+
+def records(trace):
+    return [json.loads(line) for line in trace.read_text().splitlines() if line.startswith("{")]
+
+
+# --- notes ---------------------------------------------------------------------------------
+
+def adding(rounds, note_in_round=None):
+    """A long run of distinct sums, a note in one round if asked, then finish."""
+    replies = [act("calculator", expression=f"{n} + 1") for n in range(rounds - 1)]
+    if note_in_round:
+        replies[note_in_round - 1] = act("note", text=NOTE)
+    return replies + [act("finish", result="done")]
+
+
+def test_a_note_from_round_2_is_in_every_later_request_through_300_rounds_a_kill_9_and_resume(serve, tmp_path):
+    """300 rounds at --max-context 8000: in-process up to a Ctrl-C in round 251, the command line resuming
+    it up to a kill -9 in round 261, then --resume to the end."""
+    without = ScriptedModel(*adding(300))
+    assert run("keep adding", Settings(max_rounds=300, max_context=8000), without).status == "finished"
+    replies, trace = adding(300, note_in_round=2), tmp_path / "run.jsonl"
+    first, log = ScriptedModel(*replies[:250], KeyboardInterrupt()), RunLog(trace_path=str(trace))
+    assert run("keep adding", Settings(max_rounds=300, max_context=8000), first, log=log).status == "interrupted"
+    log.close()
+    server = serve(replies[250:260] + [{"delay": 60, "content": "never answered"}] + replies[260:], key=None)
+    process = start_cli("--resume", trace, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 30
+    while len(server.requests) <= 10 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    os.kill(process.pid, signal.SIGKILL)
+    process.wait(timeout=10)
+    assert main(["--resume", str(trace), "--quiet"]) == 0
+    sent = [request["body"] for request in server.requests]
+    assert sent[0]["messages"] == first.requests[-1]["messages"], "after Ctrl-C, the same request again"
+    assert json.dumps(sent[11]) == json.dumps(sent[10]), "after kill -9, the same request again"
+    bodies = first.requests[:250] + sent[:10] + sent[11:]
+    assert len(bodies) == 300 and max(len(json.dumps(body)) for body in bodies) <= 8000
+    pinned = []
+    for body in bodies[2:]:  # the requests of rounds 3 to 300
+        assert any(NOTE in message["content"] for message in body["messages"])
+        task_message = body["messages"][1]["content"]
+        if pinned or NOTE in task_message:
+            pinned.append(task_message[task_message.index("\n\n" + prompts.NOTES_HEADER):])
+    folds = sum(1 for record in records(trace) if record["event"] == "compaction")
+    assert folds >= 10 and len(pinned) > 250, "pinned after the first folds, through many more"
+    assert set(pinned) == {pinned[0]} and NOTE in pinned[0], "byte-identical in every request"
+    with_note, without_note = prefix_figures(bodies)["reuse"], prefix_figures(without.requests)["reuse"]
+    assert abs(with_note - without_note) <= 0.01, (with_note, without_note)
+
+
+def test_notes_past_their_limit_drop_the_oldest_which_recall_still_reaches(tmp_path):
+    notes = [f"note {n}: " + "x" * 800 for n in range(3)]
+    prose = "Thinking aloud about the plan. " * 80  # kept verbatim, so the context fills up in a few rounds
+    replies = [act("note", text=text) for text in notes]
+    replies += [prose + act("calculator", expression=f"{n} + 1") for n in range(20)]
+    replies += [act("recall", first_round=1), act("finish", result="done")]
+    model = ScriptedModel(*replies)
+    assert run("keep adding", Settings(max_rounds=30), model).status == "finished"
+    told = model.messages(3)[-1]["content"]
+    assert "notes are full" in told and "round 1" in told and "recall" in told
+    task_message = model.messages(-1)[1]["content"]
+    assert notes[1] in task_message and notes[2] in task_message, "the newest notes stay pinned"
+    assert notes[0] not in task_message
+    assert notes[0] in model.messages(-1)[-1]["content"], "recall gives the dropped note back"
+    assert max(len(json.dumps(request)) for request in model.requests) <= 24_000
+
+
+@pytest.mark.parametrize("mode", ["json", "schema", "tools"])
+def test_note_is_offered_in_every_mode_and_under_tools(mode):
+    model = ScriptedModel(act("note", text="plan: add, then finish"), act("finish", result="2"))
+    outcome = run("add", Settings(mode=mode), model, registry={})
+    assert outcome.status == "finished"
+    system = model.messages(0)[0]["content"]
+    assert "- note" in system and "what you ruled out" in system
+    assert '"data": "noted' in model.messages(1)[-1]["content"]
+    if mode == "schema":
+        assert '"note"' in json.dumps(model.requests[0]["response_format"])
+    if mode == "tools":
+        assert "note" in [tool["function"]["name"] for tool in model.requests[0]["tools"]]
+
+
+# --- --check --------------------------------------------------------------------------------
+
+CHECK = "grep -qx 1536 || { echo \"expected 1536, got $AGENT_ANSWER for: $AGENT_TASK\"; exit 1; }"
+
+
+def test_a_wrong_answer_is_fed_back_with_the_checks_output_and_the_right_one_accepted(serve, capsys):
+    server = serve([act("finish", result="1000"), act("finish", result="1536")], key=None)
+    assert main(["--check", CHECK, "--json", "compute (12 + 500) * 3"]) == 0
+    out, err = capsys.readouterr()
+    printed = json.loads(out)
+    assert (printed["status"], printed["result"], printed["rounds"]) == ("finished", "1536", 2)
+    assert [(c["round"], c["exit_code"]) for c in printed["checks"]] == [(1, 1), (2, 0)]
+    assert len(server.requests) == 2
+    assert "expected 1536, got 1000 for: compute (12 + 500) * 3" in server.sent_messages(1)[-1]["content"]
+    assert len([line for line in err.splitlines() if line.startswith("check:")]) == 2
+
+
+def test_a_check_that_never_passes_ends_the_run_failed_with_its_last_output(serve, tmp_path, capsys):
+    check = 'echo "not accepted: $(cat)"; exit 3'
+    serve([act("finish", result=str(n)) for n in range(5)], key=None)
+    trace = tmp_path / "run.jsonl"
+    assert main(["--check", check, "--trace", str(trace), "--quiet", "guess"]) == 1
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert said_lines(err)[0].startswith("agent-demo: not completed: the check rejected 3 answers")
+    assert "not accepted: 2" in err
+    end = records(trace)[-1]
+    assert (end["status"], end["rounds"], end["result"]) == ("failed", 3, "not accepted: 2\n")
+    checks = [call["check"] for r in records(trace) if r["event"] == "round" for call in r["calls"]]
+    assert [(c["command"], c["exit_code"], c["output"]) for c in checks] == [
+        (check, 3, f"not accepted: {n}\n") for n in range(3)]
+    assert all(isinstance(c["ms"], int) for c in checks)
+    assert main(["--resume", str(trace)]) == 2, "a failed run is over"
+
+
+@pytest.mark.parametrize("check, said", [("no-such-check-program --flag", "cannot start"),
+                                         ("grep -q 'unclosed", "quotation"),
+                                         ("", "empty")])
+def test_a_check_that_cannot_start_is_a_configuration_error_before_any_request(serve, capsys, check, said):
+    server = serve([act("finish", result="1")], key=None)
+    assert main(["--check", check, "x"]) == 2
+    assert said in capsys.readouterr().err
+    assert server.requests == []
+
+
+def test_resume_keeps_the_check_and_the_attempts_used(serve, tmp_path, capsys):
+    trace = tmp_path / "run.jsonl"
+    serve([act("finish", result="1"), act("finish", result="2")], key=None)
+    assert main(["--check", "grep -q 1536", "--check-attempts", "3", "--max-rounds", "2", "--trace", str(trace),
+                 "--quiet", "compute"]) == 1
+    server = serve([act("finish", result="3")], key=None)
+    assert main(["--resume", str(trace), "--max-rounds", "5", "--json"]) == 1
+    printed = json.loads(capsys.readouterr().out)
+    assert (printed["status"], printed["rounds"]) == ("failed", 3), "the third rejection: 2 were used before"
+    assert len(server.requests) == 1
+
+
+def test_a_check_still_running_after_the_tool_timeout_rejects_the_answer(serve, capsys):
+    server = serve([act("finish", result="slow"), act("finish", result="fast")], key=None)
+    started = time.monotonic()
+    assert main(["--check", "grep -q fast || sleep 5", "--tool-timeout", "0.2", "--quiet", "x"]) == 0
+    assert time.monotonic() - started < 3, "the check and what it started were stopped"
+    assert "did not finish within 0.2 s" in server.sent_messages(1)[-1]["content"]
+
+
+def test_the_status_line_shows_a_running_check():
+    screen = io.StringIO()
+    log = RunLog(human=screen, live=True)
+    settings = Settings(check="sleep 0.3")
+    assert run("x", settings, ScriptedModel(act("finish", result="1")), log=log).status == "finished"
+    assert "check running (sleep 0.3)" in screen.getvalue()
+    assert "check: sleep 0.3 -> exit 0" in screen.getvalue()
