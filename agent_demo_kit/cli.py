@@ -58,7 +58,8 @@ class Parser(argparse.ArgumentParser):
 
     def error(self, message: str):
         if self.json_output:
-            print(json.dumps(RunResult(ConfigError(f"usage: {message}")).to_json()))
+            with contextlib.suppress(OutputClosed):  # the usage error and its exit code stand
+                print(json.dumps(RunResult(ConfigError(f"usage: {message}")).to_json()))
         super().error(message)  # usage and the message on stderr, exit 2
 
 
@@ -394,9 +395,14 @@ def main(argv: Optional[List[str]] = None) -> int:
             args = parse_args(argv)
         except KeyboardInterrupt:  # Ctrl-C while a piped task was being read
             return Interrupted.exit_code
+        except OutputClosed:  # --help or --version into a reader that went away (| head): it took what it wanted
+            return 0
         redactor.add(*secrets_of(environment, args.url))
         if unreadable or args.runs:
-            return report(RunResult(unreadable), args, answer) if unreadable else log_folder.list_runs(environment)
+            try:
+                return report(RunResult(unreadable), args, answer) if unreadable else log_folder.list_runs(environment)
+            except OutputClosed:  # agent-demo --runs | head -1
+                return unreadable.exit_code if unreadable else 0
         outcome, job = start(args, environment, redactor)
         try:
             if args.debug or environment.get("AGENT_DEBUG", "") not in ("", "0"):
