@@ -119,10 +119,13 @@ def build_parser() -> Parser:
     parser.add_argument("--trace", metavar="FILE",
                         help="append the JSON Lines record of the run to FILE instead of the run log folder")
     parser.add_argument("--no-log", action="store_true", help="keep no record of the run")
-    parser.add_argument("--resume", metavar="TRACE", nargs="?", const="",
-                        help="continue the unfinished run recorded in TRACE, appending to it;"
-                             " without TRACE, the most recent unfinished run in the run log folder")
-    parser.add_argument("--runs", action="store_true", help="list the recent runs in the run log folder and exit")
+    parser.add_argument("--resume", metavar="RUN", nargs="?", const="",
+                        help="continue an unfinished run where it stopped, appending to its trace; RUN is its id"
+                             " as --runs shows it (or the start of it), its file name, or a path; without RUN,"
+                             " the most recent unfinished run")
+    parser.add_argument("--runs", action="store_true",
+                        help="list the recent runs in the run log folder (id, when, status, rounds, tokens, task)"
+                             " and exit")
     parser.add_argument("--json", action="store_true",
                         help="print one JSON object with status, result, rounds, usage, calls (and error);"
                              " the trace goes to stderr")
@@ -269,7 +272,8 @@ def prepare_job(args: argparse.Namespace, environment: Dict[str, str], job: Job)
         return job
     if args.task:
         raise ConfigError("--resume continues the task recorded in the trace; give no task with it")
-    path = args.resume or log_folder.latest_run(environment)
+    path = log_folder.find_run(args.resume, environment, "--resume") if args.resume \
+        else log_folder.latest_run(environment)
     if args.trace and os.path.abspath(args.trace) != os.path.abspath(path):
         raise ConfigError("--resume appends to its own trace file; --trace cannot name another one")
     try:

@@ -5,7 +5,11 @@ from pathlib import Path
 
 import pytest
 
-from conftest import start_cli
+from agent_demo import main
+from conftest import run_cli, start_cli
+from scripted_server import action as act
+
+FINISH = act("finish", result="done")
 
 
 def run_folder(tmp_path):
@@ -45,3 +49,54 @@ def test_runs_into_head_gives_the_first_line_and_no_traceback(tmp_path):
         process = start_cli("--runs", shell_tail="| head -1")
         out, err = process.communicate(timeout=30)
         assert (len(out.splitlines()), err) == (1, "")
+
+
+# --- naming a run -----------------------------------------------------------------------------
+
+def newest_run(tmp_path):
+    return max(run_folder(tmp_path).glob("*.jsonl"), key=lambda path: path.stat().st_mtime)
+
+
+@pytest.mark.parametrize("form", ["id", "start of the id", "short id", "file name"])
+def test_resume_takes_a_run_by_its_id_the_start_of_it_or_its_file_name(serve, tmp_path, capsys, form):
+    write_runs(run_folder(tmp_path), 3, status="interrupted")  # older runs beside it
+    server = serve([act("calculator", expression="1 + 1"), FINISH])
+    assert main(["--max-rounds", "1", "--quiet", "hi"]) == 1
+    run_id = newest_run(tmp_path).stem
+    name = {"id": run_id, "start of the id": run_id[:15], "short id": run_id[16:],
+            "file name": run_id + ".jsonl"}[form]
+    capsys.readouterr()
+    assert main(["--resume", name, "--max-rounds", "2", "--quiet"]) == 0
+    assert capsys.readouterr().out == "done\n"
+    assert server.sent_messages(1)[1]["content"] == "Task: hi"
+
+
+def test_resume_by_an_id_that_fits_several_runs_lists_them_with_exit_2(tmp_path):
+    paths = write_runs(run_folder(tmp_path), 3, status="interrupted")
+    code, out, err = run_cli("--resume", paths[0].stem[:4])
+    assert code == 2 and "3 runs match" in err and all(path.stem in err for path in paths)
+
+
+def test_resume_by_an_id_that_fits_no_run_says_where_it_looked_with_exit_2(tmp_path):
+    write_runs(run_folder(tmp_path), 2, status="interrupted")
+    code, out, err = run_cli("--resume", "ffffff0")
+    assert code == 2 and f"no run ffffff0 in {run_folder(tmp_path)}" in err and "Traceback" not in err
+
+
+# --- the --runs table ---------------------------------------------------------------------------
+
+def test_runs_fits_80_columns_and_its_ids_resume_the_runs(serve, tmp_path, capsys):
+    write_runs(run_folder(tmp_path), 3, task="a task with many words " * 10)
+    serve([act("calculator", expression="1 + 1"), FINISH])
+    assert main(["--max-rounds", "1", "--quiet", "the newest task, cut short by its round limit"]) == 1
+    capsys.readouterr()
+    assert main(["--runs"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split() == ["run", "when", "status", "rounds", "tokens", "task"]
+    assert len(lines) == 7 and lines[-2] == f"runs in {run_folder(tmp_path)}"
+    assert all(len(line) <= 80 for line in lines[:-2] + lines[-1:]) and ".jsonl" not in "\n".join(lines)
+    newest = lines[1].split()
+    assert newest[0] == newest_run(tmp_path).stem[16:] and newest[3:6] == ["max_rounds", "1", "15"]
+    assert lines[2].endswith("…")
+    assert main(["--resume", newest[0], "--max-rounds", "2", "--quiet"]) == 0
+    assert capsys.readouterr().out == "done\n"
