@@ -377,7 +377,7 @@ def report(outcome: RunResult, args: argparse.Namespace, answer: TextIO, trace_p
     elif outcome.status != "finished" and args.quiet:  # otherwise the trace ended with it
         lines = [f"agent-demo: {outcome.summary()}", *(f"  {line}" for line in outcome.progress)]
         print("\n".join(lines), file=sys.stderr)
-    if trace_path and outcome.status in log_folder.RESUMABLE and outcome.exit_code != 2:  # 2: change flags first
+    if trace_path and log_folder.can_resume(outcome) and not outcome.key_refused:  # a refused key: fix it first
         print(f"agent-demo: to continue: {continue_command(trace_path, outcome, settings, args)}", file=sys.stderr)
     return outcome.exit_code
 

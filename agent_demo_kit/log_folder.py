@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Dict, List, Optional
 
-from agent_demo_kit.endings import ConfigError
+from agent_demo_kit.endings import ConfigError, RunResult
 
 try:
     import fcntl
@@ -26,6 +26,14 @@ except ImportError:  # Windows: runs are not locked
 KEEP_RUNS = 500
 RESUMABLE = {"max_rounds", "budget", "stuck", "error", "interrupted"}  # not finished, not failed
 _TAIL_BYTES = 256 * 1024  # the end record and the last rounds are found here, however long the run
+
+
+def can_resume(outcome: RunResult) -> bool:
+    """Can --resume take the run further? Not once it finished or failed, not after a usage or
+    configuration error (nothing was sent, or the flags must change first), and not when a refused
+    key stopped it before its first round: going on would only start it again."""
+    return (outcome.status in RESUMABLE and outcome.exit_code != 2
+            and not (outcome.key_refused and outcome.rounds == 0))
 
 
 def lock(trace: IO) -> bool:
@@ -102,10 +110,11 @@ class RunSummary:
     rounds: int
     tokens: Optional[int]
     task: str
+    goes_on: bool = True  # False when its end record says --resume cannot take it further
 
     @property
     def resumable(self) -> bool:
-        return self.status in RESUMABLE or self.status == "unfinished"
+        return (self.status in RESUMABLE or self.status == "unfinished") and self.goes_on
 
 
 def summarize(path: Path) -> Optional[RunSummary]:
@@ -125,21 +134,22 @@ def summarize(path: Path) -> Optional[RunSummary]:
     if not start:
         return None
     after_start = records[len(records) - 1 - records[::-1].index(start):]
-    status, rounds, tokens = "unfinished", 0, None
+    status, rounds, tokens, goes_on = "unfinished", 0, None, True
     for record in after_start:
         if record.get("event") == "round" and isinstance(record.get("round"), int):
-            rounds, status = record["round"], "unfinished"
+            rounds, status, goes_on = record["round"], "unfinished", True
         elif record.get("event") in ("resume", "start"):
-            status = "unfinished"
+            status, goes_on = "unfinished", True
         elif record.get("event") == "end":
             status, rounds = str(record.get("status")), record.get("rounds") or rounds
+            goes_on = record.get("resumable") is not False
             usage = record.get("usage") if isinstance(record.get("usage"), dict) else {}
             tokens = usage.get("total_tokens") if isinstance(usage.get("total_tokens"), int) else None
     started = start.get("ts")
     if not (isinstance(started, (int, float)) and math.isfinite(started) and 0 <= started < 1e11):
         started = _mtime(path)
     return RunSummary(path, started, status, rounds if isinstance(rounds, int) else 0, tokens,
-                      str(start.get("task") or ""))
+                      str(start.get("task") or ""), goes_on)
 
 
 def _long_start(head: bytes) -> Optional[dict]:

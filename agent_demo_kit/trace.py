@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, ContextManager, Dict, List, Optional, TextIO, Tuple
 
 from agent_demo_kit.endings import ConfigError
-from agent_demo_kit.log_folder import RESUMABLE, lock
+from agent_demo_kit.log_folder import RESUMABLE, can_resume, lock
 from agent_demo_kit.terminal import Redactor, SafeStream, Screen, Status
 from prompts import clip
 from tools import failure
@@ -252,7 +252,8 @@ class RunLog:
         for line in outcome.progress:
             self.say(f"  {line}")
         try:
-            self.record("end", **{k: v for k, v in outcome.to_json().items() if k != "calls"})
+            self.record("end", **{k: v for k, v in outcome.to_json().items() if k != "calls"},
+                        resumable=can_resume(outcome))
         except TraceWriteError as error:  # the outcome stands; only its record is missing
             print(f"agent-demo: warning: {error}", file=self.human or sys.stderr)
 

@@ -100,3 +100,38 @@ def test_runs_fits_80_columns_and_its_ids_resume_the_runs(serve, tmp_path, capsy
     assert lines[2].endswith("…")
     assert main(["--resume", newest[0], "--max-rounds", "2", "--quiet"]) == 0
     assert capsys.readouterr().out == "done\n"
+
+
+# --- no "to continue" where continuing cannot help ---------------------------------------------
+
+def continue_hints(err):
+    return [line for line in err.splitlines() if line.startswith("agent-demo: to continue:")]
+
+
+@pytest.mark.parametrize("why, flags, reply, code", [
+    ("configuration", ["--max-context", "100"], FINISH, 2),
+    ("key refused", [], {"status": 401, "body": {"error": {"message": "invalid api key"}}}, 3),
+    ("key forbidden", [], {"status": 403, "body": {"error": {"message": "no access"}}}, 3),
+])
+def test_a_run_stopped_before_its_first_round_offers_no_resume_and_is_not_picked(serve, capsys, why, flags,
+                                                                                 reply, code):
+    serve([act("calculator", expression="1 + 1")])
+    assert main(["--max-rounds", "1", "older task"]) == 1
+    assert continue_hints(capsys.readouterr().err), "a run cut short by its round limit is offered"
+    time.sleep(0.02)  # the next run is the newest by its last write
+    serve([reply])
+    assert main([*flags, "newer task"]) == code
+    assert continue_hints(capsys.readouterr().err) == []
+    server = serve([FINISH])
+    assert main(["--resume", "--max-rounds", "2", "--quiet"]) == 0
+    assert server.sent_messages(0)[1]["content"] == "Task: older task", "bare --resume skips the newer run"
+
+
+def test_a_refused_key_after_some_rounds_offers_no_command_but_resume_takes_the_run_up(serve, capsys):
+    serve([act("calculator", expression="1 + 1"), {"status": 401, "body": {"error": {"message": "key revoked"}}}])
+    assert main(["hi"]) == 3
+    err = capsys.readouterr().err
+    assert "authentication failed" in err and continue_hints(err) == []
+    server = serve([FINISH])
+    assert main(["--resume", "--quiet"]) == 0, "once the key is fixed, the run goes on"
+    assert len(server.sent_messages(0)) == 4
