@@ -59,7 +59,7 @@ class Parser(argparse.ArgumentParser):
     def error(self, message: str):
         if self.json_output:
             with contextlib.suppress(OutputClosed):  # the usage error and its exit code stand
-                print(json.dumps(RunResult(ConfigError(f"usage: {message}")).to_json()))
+                print(json.dumps(json_object(RunResult(ConfigError(f"usage: {message}")))))
         super().error(message)  # usage and the message on stderr, exit 2
 
 
@@ -127,8 +127,8 @@ def build_parser() -> Parser:
                         help="list the recent runs in the run log folder (id, when, status, rounds, tokens, task)"
                              " and exit")
     parser.add_argument("--json", action="store_true",
-                        help="print one JSON object with status, result, rounds, usage, calls (and error);"
-                             " the trace goes to stderr")
+                        help="print one JSON object with status, result, rounds, usage, calls (and error), and the"
+                             " run's run_id and trace file; the trace goes to stderr")
     parser.add_argument("--quiet", action="store_true", help="no round-by-round trace; only the result")
     parser.add_argument("--stream", action=argparse.BooleanOptionalAction, default=None,
                         help="ask for the reply as server-sent events and show it as it arrives"
@@ -369,7 +369,7 @@ def report(outcome: RunResult, args: argparse.Namespace, answer: TextIO, trace_p
     """Print the outcome the way the flags ask for (the answer, or the --json object, on `answer`;
     the rest on stderr, with how to continue a run cut short); returns the exit code."""
     if args.json:
-        print(json.dumps(outcome.to_json(), ensure_ascii=False), file=answer)
+        print(json.dumps(json_object(outcome, trace_path), ensure_ascii=False), file=answer)
     elif outcome.status == "finished":
         print(display(outcome.result), file=answer)
     if outcome.status == "error":
@@ -380,6 +380,12 @@ def report(outcome: RunResult, args: argparse.Namespace, answer: TextIO, trace_p
     if trace_path and log_folder.can_resume(outcome) and not outcome.key_refused:  # a refused key: fix it first
         print(f"agent-demo: to continue: {continue_command(trace_path, outcome, settings, args)}", file=sys.stderr)
     return outcome.exit_code
+
+
+def json_object(outcome: RunResult, trace_path: Optional[str] = None) -> dict:
+    """The --json object: the outcome, and the run's id and trace file (null when nothing was recorded)."""
+    return {**outcome.to_json(), "run_id": log_folder.run_id(Path(trace_path)) if trace_path else None,
+            "trace": os.path.abspath(trace_path) if trace_path else None}
 
 
 def display(value: Any) -> str:

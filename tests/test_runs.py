@@ -135,3 +135,19 @@ def test_a_refused_key_after_some_rounds_offers_no_command_but_resume_takes_the_
     server = serve([FINISH])
     assert main(["--resume", "--quiet"]) == 0, "once the key is fixed, the run goes on"
     assert len(server.sent_messages(0)) == 4
+
+
+# --- --json names the run -------------------------------------------------------------------------
+
+def test_json_names_the_run_and_its_trace_file_and_null_without_a_record(serve, tmp_path, capsys):
+    serve([FINISH, FINISH, FINISH])
+    assert main(["--json", "hi"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    trace = newest_run(tmp_path)
+    assert (out["run_id"], out["trace"]) == (trace.stem, str(trace))
+    assert main(["--json", "--trace", "mine.jsonl", "hi"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert (out["run_id"], out["trace"]) == ("mine", str(tmp_path / "mine.jsonl"))
+    assert main(["--json", "--no-log", "hi"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["status"] == "finished" and (out["run_id"], out["trace"]) == (None, None)
