@@ -63,7 +63,17 @@ def round_messages(record: Round, native_tools: bool = False) -> List[dict]:
     if not native_tools and any(message["role"] == "tool" for message in feedback):
         # A tools-mode round re-sent without function calling (after a fallback or a resume).
         feedback = [{"role": "user", "content": prompts.render_results([m["content"] for m in feedback])}]
-    return [assistant_message(record, native_tools), *feedback]
+    messages = [assistant_message(record, native_tools), *feedback]
+    return messages if record.follow_up is None else with_follow_up(messages, record.follow_up)
+
+
+def with_follow_up(messages: List[dict], text: str) -> List[dict]:
+    """A round's messages with the user's follow-up after them, in the last user message when there is
+    one, so user and assistant turns still alternate."""
+    said, last = prompts.render_follow_up(text), messages[-1]
+    if last["role"] == "user":
+        return [*messages[:-1], {**last, "content": f"{last['content']}\n\n{said}"}]
+    return [*messages, {"role": "user", "content": said}]
 
 
 def digest_line(record: Round, result_chars: int) -> str:
@@ -268,17 +278,25 @@ class Conversation:
     def _assemble(self) -> None:
         """The messages and their size from the pinned goal, the digest and the verbatim rounds."""
         system, task = self.pinned()
-        if self._digest:
-            # The digest joins the task's message, so user and assistant turns still alternate
-            # (some chat templates refuse two user messages in a row).
-            task = {**task, "content": task["content"] + _DIGEST_SEPARATOR + self._digest}
+        # The follow-ups of folded rounds are pinned beside the task, and the digest joins the task's
+        # message, so user and assistant turns still alternate (some chat templates refuse two user
+        # messages in a row).
+        added = "".join(_DIGEST_SEPARATOR + text for text in (self._pinned_follow_ups(self._folded), self._digest)
+                        if text)
+        task = {**task, "content": task["content"] + added} if added else task
         self._messages = [system, task, *(message for _, messages, _ in self._turns for message in messages)]
-        digest_size = _encoded(_DIGEST_SEPARATOR + self._digest) if self._digest else 0
-        self.size = self._bare + digest_size + sum(size for _, _, size in self._turns)
+        self.size = self._bare + _encoded(added) + sum(size for _, _, size in self._turns)
+
+    def _pinned_follow_ups(self, folded: int) -> str:
+        """The user's follow-ups (--continue) after rounds 1..folded: once their rounds are folded they
+        stay beside the task, like it, never folded or left out."""
+        return prompts.render_pinned_follow_ups([(record.number, record.follow_up) for record in self.rounds[:folded]
+                                                 if record.follow_up is not None])
 
     def _compact(self) -> None:
         """Fold the oldest verbatim rounds into the digest, enough that the request falls to about half the budget."""
-        half = (self.settings.max_context - self._bare) // 2  # for the digest and the verbatim rounds
+        pinned = _encoded(self._pinned_follow_ups(self._added))  # at most what the follow-ups will take
+        half = (self.settings.max_context - self._bare - pinned) // 2  # for the digest and the verbatim rounds
         first, count = self._folded, self._added  # verbatim now: rounds first+1..count
         after = [0] * (count - first + 1)  # after[k - first]: what the verbatim rounds after round k take
         for index in range(count - first - 1, -1, -1):

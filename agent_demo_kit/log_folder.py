@@ -203,7 +203,7 @@ def render_runs(runs: List[RunSummary], folder: Path, ids: Optional[Dict[Path, s
     room = max(10, width - len(rows[0][0]))
     lines = [columns + (words if len(words) <= room else words[:room - 1] + "…") for columns, words in rows]
     return "\n".join([*lines, f"runs in {folder}",
-                      'agent-demo --resume RUN goes on with a run cut short'])
+                      'agent-demo --resume RUN goes on with a run; --continue RUN "..." follows one up'])
 
 
 def new_log_file(environment: Dict[str, str]) -> str:
@@ -274,3 +274,20 @@ def find_run(name: str, environment: Dict[str, str], flag: str) -> str:
                           " (agent-demo --runs lists the runs)")
     shown = ", ".join(run_id(path) for path in found[:10]) + (f" and {len(found) - 10} more" if len(found) > 10 else "")
     raise ConfigError(f"{flag} {name}: {len(found)} runs match: {shown}; give more of the id")
+
+
+def latest_to_follow_up(environment: Dict[str, str]) -> str:
+    """The most recent run with a round to follow up on, finished or not, that no run is writing (--continue)."""
+    folder = log_dir(environment)
+    for path in _run_files(folder):
+        summary = summarize(path)
+        if summary and summary.rounds and not in_use(path):
+            return str(path)
+    raise ConfigError(f"--continue: no run with a round to follow up on in {folder}; name one: --continue RUN")
+
+
+def pick_run(name: str, environment: Dict[str, str], flag: str) -> str:
+    """The trace file `flag [NAME]` is about: the run NAME names, else the most recent that flag can take."""
+    if name:
+        return find_run(name, environment, flag)
+    return latest_run(environment) if flag == "--resume" else latest_to_follow_up(environment)

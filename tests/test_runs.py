@@ -7,7 +7,7 @@ import pytest
 
 from agent_demo import main
 from conftest import run_cli, start_cli
-from scripted_server import action as act
+from scripted_server import ScriptedServer, action as act
 
 FINISH = act("finish", result="done")
 
@@ -151,3 +151,103 @@ def test_json_names_the_run_and_its_trace_file_and_null_without_a_record(serve, 
     assert main(["--json", "--no-log", "hi"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["status"] == "finished" and (out["run_id"], out["trace"]) == (None, None)
+
+
+# --- --continue: a follow-up to a run -------------------------------------------------------------
+
+def events(trace):
+    return [json.loads(line)["event"] for line in Path(trace).read_text().splitlines()]
+
+
+def test_continue_asks_the_follow_up_after_the_runs_rounds_in_the_same_trace(serve, tmp_path, capsys):
+    server = serve([act("calculator", expression="12 + 500"), act("finish", result="512"),
+                    act("calculator", expression="512 / 4"), act("finish", result="128")])
+    assert main(["--quiet", "compute 12 + 500"]) == 0
+    assert main(["-c", "now divide that by 4", "--quiet"]) == 0
+    assert capsys.readouterr().out == "512\n128\n"
+    before, after = server.sent_messages(1), server.sent_messages(2)
+    assert after[:len(before)] == before, "the follow-up's request starts with the whole previous request"
+    assert [m["role"] for m in after] == ["system", "user", "assistant", "user", "assistant", "user"]
+    assert '"data": "512"' in after[-1]["content"], "the last round's feedback, then the follow-up"
+    assert after[-1]["content"].endswith("Follow-up from the user (work on it as before, and end with finish"
+                                         " or fail): now divide that by 4")
+    [trace] = run_folder(tmp_path).glob("*.jsonl")
+    assert events(trace) == ["start", "round", "round", "end", "follow_up", "round", "round", "end"]
+
+
+def test_a_resumed_follow_up_sends_the_same_request_again(serve, capsys):
+    server = serve([act("calculator", expression="1 + 1"), act("finish", result="2"),
+                    {"status": 400, "body": {"error": {"message": "try later"}}}, act("finish", result="4")])
+    assert main(["--quiet", "add"]) == 0
+    assert main(["--continue", "double it", "--quiet"]) == 3
+    assert continue_hints(capsys.readouterr().err), "cut short by the endpoint: resumable"
+    assert main(["--resume", "--quiet"]) == 0
+    assert capsys.readouterr().out == "4\n"
+    assert server.sent_messages(3) == server.sent_messages(2)
+
+
+def test_continue_run_follows_up_on_the_run_named_and_a_lone_value_is_the_follow_up(serve, tmp_path, capsys):
+    server = serve([act("finish", result="a"), act("finish", result="b"), act("finish", result="a2"),
+                    act("finish", result="b2")])
+    assert main(["--quiet", "first task"]) == 0
+    first = newest_run(tmp_path).stem
+    time.sleep(0.02)
+    assert main(["--quiet", "second task"]) == 0
+    assert main(["--continue", first[16:], "about the first", "--quiet"]) == 0
+    assert server.sent_messages(2)[1]["content"] == "Task: first task"
+    time.sleep(0.02)
+    assert main(["--continue", "about the latest", "--quiet"]) == 0
+    assert server.sent_messages(3)[1]["content"] == "Task: first task", "the run followed up on is now the latest"
+    assert server.sent_messages(3)[-1]["content"].endswith(": about the latest")
+    assert capsys.readouterr().out == "a\nb\na2\nb2\n"
+
+
+def test_c_alone_reads_the_follow_up_from_stdin():
+    with ScriptedServer([act("finish", result="one"), act("finish", result="two")]) as server:
+        env = {"LLM_API_URL": server.url}
+        assert run_cli("--quiet", "first", env=env)[:2] == (0, "one\n")
+        assert run_cli("-c", "--quiet", stdin="and then?\n", env=env)[:2] == (0, "two\n")
+    assert server.sent_messages(1)[-1]["content"].endswith(": and then?")
+
+
+def test_a_follow_up_gets_its_own_max_rounds_of_new_rounds(serve, capsys):
+    server = serve([act("calculator", expression=f"{n} + 1") for n in range(9)])
+    assert main(["--max-rounds", "3", "--quiet", "count"]) == 1
+    assert main(["-c", "go on", "--max-rounds", "2", "--json"]) == 1
+    out = json.loads(capsys.readouterr().out)
+    assert (out["status"], out["rounds"], len(server.requests)) == ("max_rounds", 5, 5)
+
+
+def test_a_follow_up_in_tools_mode_comes_after_the_tool_answers(serve, capsys):
+    def call(name, **args):
+        return {"tool_calls": [{"id": f"id-{name}", "type": "function",
+                                "function": {"name": name, "arguments": json.dumps(args)}}]}
+    server = serve([call("finish", result="1"), call("finish", result="2")])
+    assert main(["--mode", "tools", "--quiet", "hi"]) == 0
+    assert main(["-c", "again", "--quiet"]) == 0
+    assert [m["role"] for m in server.sent_messages(1)][-3:] == ["assistant", "tool", "user"]
+    assert "tools" in server.requests[1]["body"], "the run's mode holds"
+
+
+@pytest.mark.parametrize("args, said", [
+    (["-c", "more"], "no run with a round to follow up on"),
+    (["--continue", "x", "--resume"], "--continue and --resume cannot go together"),
+    (["-c", "-"], "the follow-up is empty"),
+])
+def test_a_follow_up_that_cannot_be_asked_is_exit_2(tmp_path, args, said):
+    code, out, err = run_cli(*args, stdin="")
+    assert code == 2 and said in err and "Traceback" not in err
+
+
+def test_a_follow_up_stays_in_every_request_once_its_round_is_folded_and_resumes_byte_for_byte(serve, capsys):
+    sums = [act("calculator", expression=f"{n} + 1") for n in range(100, 125)]
+    server = serve([act("calculator", expression=f"{n} + 1") for n in range(30)] + [act("finish", result="1")]
+                   + sums + [{"status": 400, "body": {"error": {"message": "later"}}}, act("finish", result="2")])
+    assert main(["--max-context", "5000", "--max-rounds", "60", "--quiet", "keep adding"]) == 0
+    assert main(["-c", "keep going from 100", "--max-rounds", "40", "--quiet"]) == 3
+    assert main(["--resume", "--quiet"]) == 0
+    bodies = [json.dumps(request["body"]) for request in server.requests]
+    assert all("keep going from 100" in body for body in bodies[31:])
+    task = server.sent_messages(len(bodies) - 1)[1]["content"]
+    assert "\n\nFollow-up from the user after round 31: keep going from 100\n\n" in task, "pinned beside the task"
+    assert bodies[-1] == bodies[-2], "the resumed request is the one the endpoint refused"
