@@ -138,7 +138,7 @@ def summarize(path: Path) -> Optional[RunSummary]:
     for record in after_start:
         if record.get("event") == "round" and isinstance(record.get("round"), int):
             rounds, status, goes_on = record["round"], "unfinished", True
-        elif record.get("event") in ("resume", "start"):
+        elif record.get("event") in ("resume", "start", "follow_up"):
             status, goes_on = "unfinished", True
         elif record.get("event") == "end":
             status, rounds = str(record.get("status")), record.get("rounds") or rounds

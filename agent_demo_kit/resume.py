@@ -22,7 +22,8 @@ def recorded_run(args: argparse.Namespace, environment: Dict[str, str]) -> Tuple
     flag = "--continue" if continuing else "--resume"
     if args.task and not continuing:
         raise ConfigError("--resume continues the task recorded in the trace; give no task with it")
-    path = log_folder.pick_run(args.continue_run if continuing else args.resume, environment, flag)
+    named = (args.continue_run if continuing else args.resume) or args.trace  # the run in --trace FILE
+    path = log_folder.pick_run(named or "", environment, flag)
     if args.trace and os.path.abspath(args.trace) != os.path.abspath(path) or continuing and args.no_log:
         raise ConfigError(f"{flag} appends to the run's own trace file; --trace cannot name another one,"
                           " nor --no-log keep none")

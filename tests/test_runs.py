@@ -7,7 +7,7 @@ import pytest
 
 from agent_demo import main
 from conftest import run_cli, start_cli
-from scripted_server import ScriptedServer, action as act
+from scripted_server import action as act
 
 FINISH = act("finish", result="done")
 
@@ -45,7 +45,7 @@ def test_a_reader_that_goes_away_at_once_costs_no_traceback(tmp_path, flag):
 
 def test_runs_into_head_gives_the_first_line_and_no_traceback(tmp_path):
     write_runs(run_folder(tmp_path), 30)
-    for _ in range(3):
+    for _ in range(2):
         process = start_cli("--runs", shell_tail="| head -1")
         out, err = process.communicate(timeout=30)
         assert (len(out.splitlines()), err) == (1, "")
@@ -71,16 +71,17 @@ def test_resume_takes_a_run_by_its_id_the_start_of_it_or_its_file_name(serve, tm
     assert server.sent_messages(1)[1]["content"] == "Task: hi"
 
 
-def test_resume_by_an_id_that_fits_several_runs_lists_them_with_exit_2(tmp_path):
+def test_resume_by_an_id_that_fits_several_runs_lists_them_with_exit_2(tmp_path, capsys):
     paths = write_runs(run_folder(tmp_path), 3, status="interrupted")
-    code, out, err = run_cli("--resume", paths[0].stem[:4])
-    assert code == 2 and "3 runs match" in err and all(path.stem in err for path in paths)
+    assert main(["--resume", paths[0].stem[:4]]) == 2
+    err = capsys.readouterr().err
+    assert "3 runs match" in err and all(path.stem in err for path in paths)
 
 
-def test_resume_by_an_id_that_fits_no_run_says_where_it_looked_with_exit_2(tmp_path):
+def test_resume_by_an_id_that_fits_no_run_says_where_it_looked_with_exit_2(tmp_path, capsys):
     write_runs(run_folder(tmp_path), 2, status="interrupted")
-    code, out, err = run_cli("--resume", "ffffff0")
-    assert code == 2 and f"no run ffffff0 in {run_folder(tmp_path)}" in err and "Traceback" not in err
+    assert main(["--resume", "ffffff0"]) == 2
+    assert f"no run ffffff0 in {run_folder(tmp_path)}" in capsys.readouterr().err
 
 
 # --- the --runs table ---------------------------------------------------------------------------
@@ -202,11 +203,10 @@ def test_continue_run_follows_up_on_the_run_named_and_a_lone_value_is_the_follow
     assert capsys.readouterr().out == "a\nb\na2\nb2\n"
 
 
-def test_c_alone_reads_the_follow_up_from_stdin():
-    with ScriptedServer([act("finish", result="one"), act("finish", result="two")]) as server:
-        env = {"LLM_API_URL": server.url}
-        assert run_cli("--quiet", "first", env=env)[:2] == (0, "one\n")
-        assert run_cli("-c", "--quiet", stdin="and then?\n", env=env)[:2] == (0, "two\n")
+def test_c_alone_reads_the_follow_up_from_stdin(serve, capsys):
+    server = serve([act("finish", result="one"), act("finish", result="two")])
+    assert main(["--quiet", "first"]) == 0
+    assert run_cli("-c", "--quiet", stdin="and then?\n")[:2] == (0, "two\n")
     assert server.sent_messages(1)[-1]["content"].endswith(": and then?")
 
 
@@ -234,9 +234,12 @@ def test_a_follow_up_in_tools_mode_comes_after_the_tool_answers(serve, capsys):
     (["--continue", "x", "--resume"], "--continue and --resume cannot go together"),
     (["-c", "-"], "the follow-up is empty"),
 ])
-def test_a_follow_up_that_cannot_be_asked_is_exit_2(tmp_path, args, said):
-    code, out, err = run_cli(*args, stdin="")
-    assert code == 2 and said in err and "Traceback" not in err
+def test_a_follow_up_that_cannot_be_asked_is_exit_2(capsys, args, said):
+    try:
+        code = main(args)
+    except SystemExit as usage_error:  # argparse's own exit
+        code = usage_error.code
+    assert code == 2 and said in capsys.readouterr().err
 
 
 def test_a_follow_up_stays_in_every_request_once_its_round_is_folded_and_resumes_byte_for_byte(serve, capsys):
@@ -251,3 +254,29 @@ def test_a_follow_up_stays_in_every_request_once_its_round_is_folded_and_resumes
     task = server.sent_messages(len(bodies) - 1)[1]["content"]
     assert "\n\nFollow-up from the user after round 31: keep going from 100\n\n" in task, "pinned beside the task"
     assert bodies[-1] == bodies[-2], "the resumed request is the one the endpoint refused"
+
+
+def test_a_follow_up_killed_before_its_first_reply_is_unfinished_and_resume_takes_it_up(serve, tmp_path, capsys):
+    server = serve([act("finish", result="1"), {"status": 400, "body": {"error": {"message": "x"}}},
+                    act("finish", result="2")])
+    assert main(["--quiet", "one"]) == 0
+    assert main(["-c", "two", "--quiet"]) == 3
+    trace = newest_run(tmp_path)
+    trace.write_text("".join(trace.read_text().splitlines(keepends=True)[:-1]))  # no end record, as kill -9 leaves it
+    assert events(trace)[-2:] == ["end", "follow_up"]
+    capsys.readouterr()
+    assert main(["--runs"]) == 0
+    assert capsys.readouterr().out.splitlines()[1].split()[3] == "unfinished"
+    assert main(["--resume", "--quiet"]) == 0
+    assert server.sent_messages(2) == server.sent_messages(1)
+
+
+def test_with_trace_file_continue_and_resume_take_up_the_run_in_that_file(serve, tmp_path, capsys):
+    server = serve([act("calculator", expression="1 + 1"), act("finish", result="other"), act("finish", result="2"),
+                    act("finish", result="3")])
+    assert main(["--trace", "mine.jsonl", "--max-rounds", "1", "--quiet", "mine"]) == 1
+    assert main(["--quiet", "a newer run in the run log"]) == 0
+    assert main(["--trace", "mine.jsonl", "--resume", "--max-rounds", "2", "--quiet"]) == 0
+    assert main(["--trace", "mine.jsonl", "-c", "more", "--quiet"]) == 0
+    assert [server.sent_messages(n)[1]["content"] for n in (2, 3)] == ["Task: mine", "Task: mine"]
+    assert events(tmp_path / "mine.jsonl")[-3:] == ["follow_up", "round", "end"]
