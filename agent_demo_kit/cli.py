@@ -151,8 +151,8 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
     parser.json_output = "--json" in (sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
     words = " ".join(args.task).strip()
-    if args.continue_run and not words:  # --continue "follow-up": what it was given is the follow-up
-        words, args.continue_run = args.continue_run.strip(), ""
+    if args.continue_run and not words and not log_folder.looks_like_a_run(args.continue_run):
+        words, args.continue_run = args.continue_run.strip(), ""  # --continue "follow-up" alone
     if args.continue_run is not None and args.resume is not None:
         parser.error("--continue and --resume cannot go together: a follow-up starts from where the run stands")
     if args.resume is None and not args.runs:

@@ -259,6 +259,13 @@ def short_ids(runs: List[RunSummary], files: List[Path]) -> Dict[Path, str]:
             else run_id(run.path) for run in runs}
 
 
+def looks_like_a_run(text: str) -> bool:
+    """Is this a run's name rather than words: a short id, an id or the start of one from its date on,
+    a file name ending in .jsonl, or a path?"""
+    return bool(re.fullmatch(r"[0-9a-f]{6}|\d{8}(-\d{1,6}(-[0-9a-f]{0,6})?)?|\S+\.jsonl", text)
+                or "/" in text or os.sep in text)
+
+
 def find_run(name: str, environment: Dict[str, str], flag: str) -> str:
     """The trace file that `flag NAME` names: a path or a file here as it is, else the run in the run
     log folder with that file name, id, short id or the start of one; ConfigError if none or several."""

@@ -203,11 +203,14 @@ def test_continue_run_follows_up_on_the_run_named_and_a_lone_value_is_the_follow
     assert capsys.readouterr().out == "a\nb\na2\nb2\n"
 
 
-def test_c_alone_reads_the_follow_up_from_stdin(serve, capsys):
-    server = serve([act("finish", result="one"), act("finish", result="two")])
+def test_c_alone_reads_the_follow_up_from_stdin_and_so_does_continue_run(serve, tmp_path, capsys):
+    server = serve([act("finish", result="one"), act("finish", result="two"), act("finish", result="three")])
     assert main(["--quiet", "first"]) == 0
     assert run_cli("-c", "--quiet", stdin="and then?\n")[:2] == (0, "two\n")
     assert server.sent_messages(1)[-1]["content"].endswith(": and then?")
+    run_id = newest_run(tmp_path).stem[16:]
+    assert run_cli("--continue", run_id, "--quiet", stdin="and after that?\n")[:2] == (0, "three\n")
+    assert server.sent_messages(2)[-1]["content"].endswith(": and after that?")
 
 
 def test_a_follow_up_gets_its_own_max_rounds_of_new_rounds(serve, capsys):
@@ -233,6 +236,8 @@ def test_a_follow_up_in_tools_mode_comes_after_the_tool_answers(serve, capsys):
     (["-c", "more"], "no run with a round to follow up on"),
     (["--continue", "x", "--resume"], "--continue and --resume cannot go together"),
     (["-c", "-"], "the follow-up is empty"),
+    (["--continue", "3fa9c1"], "the follow-up is empty"),
+    (["--continue", "20261130-0540"], "the follow-up is empty"),
 ])
 def test_a_follow_up_that_cannot_be_asked_is_exit_2(capsys, args, said):
     try:
