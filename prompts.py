@@ -5,7 +5,7 @@ Three ways to ask for actions (`mode`): "json" (JSON in the reply text),
 "tools" (the endpoint's native function calling).
 """
 import json
-from typing import Any, Dict, Iterable, List, Optional
+from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 from tools import CONTROL_ACTIONS, FAIL, FINISH, NOTE, RECALL, Tool, parameters_schema
 
@@ -91,6 +91,16 @@ def render_task_with_material(task: str, material: str, shown_chars: Optional[in
     return (f"{task}\n\n{header}. It is {len(material):,} characters ({lines:,} lines): only its beginning is"
             f" shown here. Read on with read_material, from offset {cut}, a page at a time:\n"
             f"<<<\n{material[:cut]}\n>>> (continues)")
+
+
+def render_follow_up(text: str) -> str:
+    """The user's next turn after the run's last round (agent-demo --continue)."""
+    return f"Follow-up from the user (work on it as before, and end with finish or fail): {text}"
+
+
+def render_pinned_follow_ups(follow_ups: List[Tuple[int, str]]) -> str:
+    """The user's follow-ups whose rounds are folded, kept beside the task; empty when there are none."""
+    return "\n".join(f"Follow-up from the user after round {number}: {text}" for number, text in follow_ups)
 
 
 def render_format_error(problem: str, tool_names: Iterable[str], mode: str = "json") -> str:

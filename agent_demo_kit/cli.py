@@ -4,7 +4,6 @@ import argparse
 import contextlib
 import json
 import os
-import shlex
 import signal
 import stat
 import sys
@@ -17,11 +16,12 @@ import prompts
 from agent_demo_kit import __version__
 from agent_demo_kit.endings import (ConfigError, Interrupted, OutputClosed, RunResult, SigTerm, Terminated,
                                     answer_text)
-from agent_demo_kit.settings import (DEFAULT_MODEL, DEFAULT_URL, MODES, Settings, display_url, flag_parser, given,
-                                     load_settings, read_environment, secrets_of)
+from agent_demo_kit.settings import (DEFAULT_MODEL, DEFAULT_URL, MODES, Settings, flag_parser, load_settings,
+                                     read_environment, secrets_of)
 from agent_demo_kit.terminal import Redactor, protected, stray_prints_to_stderr, terminal_approver
 from agent_demo_kit import log_folder
-from agent_demo_kit.trace import Round, RunLog, load_trace
+from agent_demo_kit.resume import continue_command, follow_up, own_settings, recorded_run, resumed_form
+from agent_demo_kit.trace import Round, RunLog
 from tools import CONTROL_ACTIONS, REGISTRY, Tool, ToolDefinitionError, material_reader
 
 HELP_START = """Run a task with a tool-calling LLM agent loop over any OpenAI-compatible endpoint.
@@ -70,7 +70,8 @@ class Parser(argparse.ArgumentParser):
 
     def error(self, message: str):
         if self.json_output:
-            print(json.dumps(RunResult(ConfigError(f"usage: {message}")).to_json()))
+            with contextlib.suppress(OutputClosed):  # the usage error and its exit code stand
+                print(json.dumps(json_object(RunResult(ConfigError(f"usage: {message}")))))
         self.exit(2, f"agent-demo: error: {message} (see agent-demo --help)\n")  # one line, not the usage block
 
 
@@ -136,13 +137,23 @@ def build_parser() -> Parser:
     parser.add_argument("--trace", metavar="FILE",
                         help="append the JSON Lines record of the run to FILE instead of the run log folder")
     parser.add_argument("--no-log", action="store_true", help="keep no record of the run")
-    parser.add_argument("--resume", metavar="TRACE", nargs="?", const="",
-                        help="continue the unfinished run recorded in TRACE, appending to it;"
-                             " without TRACE, the most recent unfinished run in the run log folder")
-    parser.add_argument("--runs", action="store_true", help="list the recent runs in the run log folder and exit")
+    parser.add_argument("--resume", metavar="RUN", nargs="?", const="",
+                        help="continue an unfinished run where it stopped, appending to its trace; RUN is its id"
+                             " as --runs shows it (or the start of it), its file name, or a path; without RUN,"
+                             " the most recent unfinished run")
+    parser.add_argument("-c", dest="continue_run", action="store_const", const="",
+                        help="follow up on the most recent run: the task words (or stdin) are the follow-up,"
+                             " asked with the run's rounds in context (--continue without RUN)")
+    parser.add_argument("--continue", dest="continue_run", metavar="RUN", nargs="?", const="",
+                        help='--continue RUN "follow-up": follow up on the run RUN (named as for --resume),'
+                             ' finished or not, appending to its trace; it gets --max-rounds new rounds.'
+                             ' --continue "follow-up" alone: the most recent run')
+    parser.add_argument("--runs", action="store_true",
+                        help="list the recent runs in the run log folder (id, when, status, rounds, tokens, task)"
+                             " and exit")
     parser.add_argument("--json", action="store_true",
-                        help="print one JSON object with status, result, rounds, usage, calls (and error);"
-                             " the trace goes to stderr")
+                        help="print one JSON object with status, result, rounds, usage, calls (and error), and the"
+                             " run's run_id and trace file; the trace goes to stderr")
     parser.add_argument("-q", "--quiet", action="store_true", help="no round-by-round trace; only the result")
     parser.add_argument("--stream", action=argparse.BooleanOptionalAction, default=None,
                         help="ask for the reply as server-sent events (default: on; an endpoint that refuses"
@@ -158,6 +169,10 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
     parser.json_output = "--json" in (sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
     words, args.material = " ".join(args.task).strip(), ""
+    if args.continue_run and not words and not log_folder.looks_like_a_run(args.continue_run):
+        words, args.continue_run = args.continue_run.strip(), ""  # --continue "follow-up" alone
+    if args.continue_run is not None and args.resume is not None:
+        parser.error("--continue and --resume cannot go together: a follow-up starts from where the run stands")
     if args.resume is None and not args.runs:
         if words == "-":
             if on_terminal(sys.stdin):
@@ -167,6 +182,8 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
             words = read_stdin().strip() if stdin_is_piped(any_kind=True) else ""
         elif stdin_is_piped():
             args.material = read_stdin()
+        if not words and args.continue_run is not None:
+            parser.error('the follow-up is empty: say what comes next (agent-demo -c "...", or pipe it in)')
         if not words:
             parser.error("the task is empty: say what the agent should do (or pipe it in: echo TASK | agent-demo)")
     args.task = words
@@ -218,6 +235,7 @@ class Job:
     history: List[Round] = field(default_factory=list)
     trace_path: Optional[str] = None
     form: Any = None  # what the endpoint took when the run was cut short (a resume starts there)
+    follow_up: Optional[str] = None  # --continue: the user's next turn after the run's last round
     recorded: Optional[dict] = None  # a resumed run's start record
     start_fields: Dict[str, Any] = field(default_factory=dict)  # recorded with the start (the MCP servers)
     notes: List[str] = field(default_factory=list)  # said once the trace is open
@@ -280,27 +298,18 @@ def prepare(args: argparse.Namespace, environment: Dict[str, str]) -> Job:
 
 def prepare_job(args: argparse.Namespace, environment: Dict[str, str], job: Job) -> Job:
     """Settings, the tools, the task, the rounds already done and the trace path, or ConfigError."""
-    if args.resume is None:
+    if args.resume is None and args.continue_run is None:
         job.settings = load_settings(args, environment)
         job.settings.stream = wants_stream(args)
         job.registry = build_registry(job.settings, args.tools, job)
         job.task = with_material(job, args.task, args.material)
         job.trace_path = args.trace or (None if args.no_log else log_folder.new_log_file(environment))
         return job
-    if args.task:
-        raise ConfigError("--resume continues the task recorded in the trace; give no task with it")
-    path = args.resume or log_folder.latest_run(environment)
-    if args.trace and os.path.abspath(args.trace) != os.path.abspath(path):
-        raise ConfigError("--resume appends to its own trace file; --trace cannot name another one")
-    try:
-        start, rounds = load_trace(path)
-    except ValueError as error:
-        raise ConfigError(str(error)) from None
-    if "***" in str(start.get("url")) and not given("url", args, environment):
-        raise ConfigError("the run's URL held a password, which is not recorded: give it again with --url"
-                          " or LLM_API_URL")
+    path, start, rounds = recorded_run(args, environment)
     job.recorded = start
-    job.settings = settings = load_settings(args, environment, recorded=start)  # the run's own, unless given again
+    continuing = args.continue_run is not None
+    # the run's own settings, unless given again
+    job.settings = settings = load_settings(args, environment, recorded=own_settings(start, continuing))
     settings.stream = wants_stream(args)
     job.registry = build_registry(settings, args.tools, job)
     if args.tools is None and isinstance(start.get("tools"), list):
@@ -309,6 +318,9 @@ def prepare_job(args: argparse.Namespace, environment: Dict[str, str], job: Job)
     if isinstance(start.get("material"), str):  # read a page at a time, as when the run started
         job.registry["read_material"] = material_reader(start["material"], settings.max_result_chars - 200)
     job.form = resumed_form(settings, start, rounds)
+    if continuing:
+        follow_up(settings, rounds, args.task)
+        job.follow_up = args.task
     return job
 
 
@@ -322,41 +334,6 @@ def with_material(job: Job, task: str, material: str) -> str:
     job.registry["read_material"] = material_reader(material, settings.max_result_chars - 200)
     job.start_fields["material"] = material
     return prompts.render_task_with_material(task, material, shown_chars=settings.max_context // 8)
-
-
-def resumed_form(settings: Settings, start: dict, rounds: List[Round]) -> Any:
-    """The request form a resumed run starts from: what the endpoint took before, for the mode in force."""
-    from agent_demo_kit.client import RequestForm
-    form = RequestForm(mode=settings.mode, stream=settings.stream and start.get("stream") is not False)
-    if settings.mode == start.get("mode") and start.get("schema_variant") in prompts.SCHEMA_VARIANTS:
-        form.schema_variant = start["schema_variant"]
-    if start.get("reply_cap_field") in ("max_tokens", "max_completion_tokens"):
-        form.reply_cap_field = start["reply_cap_field"]
-    form.mode_worked = any(record.mode == form.mode for record in rounds)
-    return form
-
-
-def continue_command(trace_path: str, outcome: RunResult, settings: Optional[Settings],
-                     args: argparse.Namespace) -> str:
-    """The exact command that continues a run cut short: the model and URL given as flags are
-    given again (the environment would win over the record), and a limit it reached is doubled,
-    or the command would stop again at once."""
-    program = sys.argv[0] or ""
-    command = "agent-demo"
-    if program.endswith(".py"):  # started as python agent_demo.py
-        command = f"{shlex.quote(sys.executable)} {shlex.quote(os.path.abspath(program))}"
-    command += f" --resume {shlex.quote(os.path.abspath(trace_path))}"
-    if settings and args.model:
-        command += f" -m {shlex.quote(settings.model)}"
-    if settings and args.url and "***" not in display_url(settings.url):
-        command += f" --url {shlex.quote(settings.url)}"
-    if args.yes:  # never assumed on resume: said again, in the open
-        command += " --yes"
-    if settings and outcome.status == "max_rounds":
-        command += f" --max-rounds {settings.max_rounds * 2}"
-    if settings and outcome.status == "budget" and settings.max_tokens:
-        command += f" --max-tokens {settings.max_tokens * 2}"
-    return command
 
 
 def on_terminal(stream: Any) -> bool:
@@ -377,7 +354,7 @@ def open_log(args: argparse.Namespace, trace_path: Optional[str], redactor: Reda
                      live=terminal)
     except OSError as error:
         raise ConfigError(f"cannot open the trace file: {error}") from None
-    if trace_path and not args.trace and args.resume is None:  # a new run in the run log folder
+    if trace_path and not args.trace and args.resume is None and args.continue_run is None:  # a new run
         log_folder.prune(Path(trace_path).parent)
     return log
 
@@ -400,7 +377,7 @@ def report(outcome: RunResult, args: argparse.Namespace, answer: TextIO, trace_p
     """Print the outcome the way the flags ask for (the answer, or the --json object, on `answer`;
     the rest on stderr, with how to continue a run cut short); returns the exit code."""
     if args.json:
-        print(json.dumps(outcome.to_json(), ensure_ascii=False), file=answer)
+        print(json.dumps(json_object(outcome, trace_path), ensure_ascii=False), file=answer)
     elif outcome.status == "finished":
         print(answer_text(outcome.result), file=answer)
     refused = sum(call["result"].get("error") == prompts.NO_TERMINAL for call in outcome.calls)
@@ -412,9 +389,15 @@ def report(outcome: RunResult, args: argparse.Namespace, answer: TextIO, trace_p
     elif outcome.status != "finished" and args.quiet:  # otherwise the trace ended with it
         lines = [f"agent-demo: {outcome.summary()}", *(f"  {line}" for line in outcome.progress)]
         print("\n".join(lines), file=sys.stderr)
-    if trace_path and outcome.status in log_folder.RESUMABLE and outcome.exit_code != 2:  # 2: change flags first
+    if trace_path and log_folder.can_resume(outcome) and not outcome.key_refused:  # a refused key: fix it first
         print(f"agent-demo: to continue: {continue_command(trace_path, outcome, settings, args)}", file=sys.stderr)
     return outcome.exit_code
+
+
+def json_object(outcome: RunResult, trace_path: Optional[str] = None) -> dict:
+    """The --json object: the outcome, and the run's id and trace file (null when nothing was recorded)."""
+    return {**outcome.to_json(), "run_id": log_folder.run_id(Path(trace_path)) if trace_path else None,
+            "trace": os.path.abspath(trace_path) if trace_path else None}
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -429,9 +412,14 @@ def main(argv: Optional[List[str]] = None) -> int:
             args = parse_args(argv)
         except KeyboardInterrupt:  # Ctrl-C while a piped task was being read
             return Interrupted.exit_code
+        except OutputClosed:  # --help or --version into a reader that went away (| head): it took what it wanted
+            return 0
         redactor.add(*secrets_of(environment, args.url))
         if unreadable or args.runs:
-            return report(RunResult(unreadable), args, answer) if unreadable else log_folder.list_runs(environment)
+            try:
+                return report(RunResult(unreadable), args, answer) if unreadable else log_folder.list_runs(environment)
+            except OutputClosed:  # agent-demo --runs | head -1
+                return unreadable.exit_code if unreadable else 0
         outcome, job = start(args, environment, redactor)
         try:
             if args.debug or environment.get("AGENT_DEBUG", "") not in ("", "0"):
@@ -462,7 +450,7 @@ def run_job(job: Job, args: argparse.Namespace, environment: Dict[str, str], red
         log = open_log(args, job.trace_path, redactor, environment)
     except ConfigError as error:
         return RunResult(error), None
-    log.start_fields, log.start_notes = job.start_fields, job.notes
+    log.start_fields, log.start_notes, log.follow_up = job.start_fields, job.notes, job.follow_up
     from agent_demo import Agent
     from agent_demo_kit.client import ModelClient  # requests: imported only when a run starts
     client = ModelClient(job.settings, log, job.form)

@@ -66,7 +66,17 @@ def round_messages(record: Round, native_tools: bool = False) -> List[dict]:
     if not native_tools and any(message["role"] == "tool" for message in feedback):
         # A tools-mode round re-sent without function calling (after a fallback or a resume).
         feedback = [{"role": "user", "content": prompts.render_results([m["content"] for m in feedback])}]
-    return [assistant_message(record, native_tools), *feedback]
+    messages = [assistant_message(record, native_tools), *feedback]
+    return messages if record.follow_up is None else with_follow_up(messages, record.follow_up)
+
+
+def with_follow_up(messages: List[dict], text: str) -> List[dict]:
+    """A round's messages with the user's follow-up after them, in the last user message when there is
+    one, so user and assistant turns still alternate."""
+    said, last = prompts.render_follow_up(text), messages[-1]
+    if last["role"] == "user":
+        return [*messages[:-1], {**last, "content": f"{last['content']}\n\n{said}"}]
+    return [*messages, {"role": "user", "content": said}]
 
 
 def digest_line(record: Round, result_chars: int) -> str:
@@ -325,13 +335,21 @@ class Conversation:
     def _assemble(self) -> None:
         """The messages and their size from the pinned goal, the digest and the verbatim rounds."""
         system, task = self.pinned()
-        # The digest and the notes join the task's message, so user and assistant turns still alternate
-        # (some chat templates refuse two user messages in a row). The notes come last: a compaction
-        # mostly appends to the digest, so what changes in the notes does not break the prefix sooner.
-        added = "".join(_DIGEST_SEPARATOR + part for part in (self._digest, self._notes) if part)
-        task = {**task, "content": task["content"] + added}
+        # The follow-ups of folded rounds (--continue), the digest and the notes join the task's message,
+        # so user and assistant turns still alternate (some chat templates refuse two user messages in a
+        # row). The notes come last: a compaction mostly appends to the digest, so what changes in the
+        # notes does not break the prefix sooner.
+        parts = (self._pinned_follow_ups(self._folded), self._digest, self._notes)
+        added = "".join(_DIGEST_SEPARATOR + part for part in parts if part)
+        task = {**task, "content": task["content"] + added} if added else task
         self._messages = [system, task, *(message for _, messages, _ in self._turns for message in messages)]
         self.size = self._bare + _encoded(added) + sum(size for _, _, size in self._turns)
+
+    def _pinned_follow_ups(self, folded: int) -> str:
+        """The user's follow-ups (--continue) after rounds 1..folded: once their rounds are folded they
+        stay beside the task, like it, never folded or left out."""
+        return prompts.render_pinned_follow_ups([(record.number, record.follow_up) for record in self.rounds[:folded]
+                                                 if record.follow_up is not None])
 
     def _compact(self) -> None:
         """Fold the oldest verbatim rounds into the digest, enough that the request falls to about half the budget;
@@ -339,7 +357,8 @@ class Conversation:
         first, count = self._folded, self._added  # verbatim now: rounds first+1..count
         notes = self.notes.pinned(count)  # the most the notes of the folded rounds can take
         notes_room = _encoded(_DIGEST_SEPARATOR + notes) if notes else 0
-        half = (self.settings.max_context - self._bare - notes_room) // 2  # for the digest and the verbatim rounds
+        pinned = _encoded(self._pinned_follow_ups(count))  # at most what the follow-ups will take
+        half = (self.settings.max_context - self._bare - notes_room - pinned) // 2  # the digest and verbatim rounds
         after = [0] * (count - first + 1)  # after[k - first]: what the verbatim rounds after round k take
         for index in range(count - first - 1, -1, -1):
             after[index] = after[index + 1] + self._turns[index][2]

@@ -122,6 +122,11 @@ class RunResult:
     def exit_code(self) -> int:
         return self.ending.exit_code
 
+    @property
+    def key_refused(self) -> bool:
+        """Did the endpoint refuse the key (HTTP 401 or 403)?"""
+        return isinstance(self.ending, EndpointError) and self.ending.http_status in (401, 403)
+
     def summary(self) -> str:
         """One line on how the run ended, for people."""
         tokens = f", {self.usage['total_tokens']} tokens" if "total_tokens" in self.usage else ""

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, ContextManager, Dict, List, Optional, TextIO, Tuple
 
 from agent_demo_kit.endings import ConfigError
-from agent_demo_kit.log_folder import RESUMABLE, lock
+from agent_demo_kit.log_folder import RESUMABLE, can_resume, lock
 from agent_demo_kit.terminal import Redactor, SafeStream, Screen, Status, to_json
 from prompts import clip
 from tools import failure
@@ -56,6 +56,7 @@ class Round:
     problem: Optional[str] = None  # why the reply held no usable action
     tool_calls: Optional[List[dict]] = None  # a tools-mode reply's calls, re-sent as written
     compaction: Optional["Compaction"] = None  # made after this round, before the next request
+    follow_up: Optional[str] = None  # the user's next turn after this round (--continue), recorded on its own
 
     @property
     def result(self) -> dict:
@@ -64,6 +65,13 @@ class Round:
 
 
 _CALL_FLAGS = ("id", "note", "watchdog", "watched", "format_error", "ends_run", "check")
+
+
+def add_follow_up(record: Round, text: str) -> None:
+    """The user's next turn after this round (--continue), joined to one given before that got no reply.
+    A compaction made after the round was for a request without it: the next request is folded anew."""
+    record.follow_up = text if record.follow_up is None else f"{record.follow_up}\n\n{text}"
+    record.compaction = None
 
 
 def round_to_line(record: Round) -> dict:
@@ -150,6 +158,8 @@ class TraceWriteError(ConfigError):
 class RunLog:
     """Writes each event to the human trace (a stream or nothing) and the trace file."""
 
+    follow_up: Optional[str] = None  # --continue: the run picks up with this user turn rather than resuming
+
     def __init__(self, human: Optional[TextIO] = None, trace_path: Optional[str] = None,
                  redactor: Optional[Redactor] = None, colour: bool = False, live: bool = False):
         self.human = human
@@ -230,10 +240,20 @@ class RunLog:
         self.record("compaction", **compaction_to_line(compaction), ts=time.time())
 
     def resume(self, task: str, model: str, url: str, done_rounds: int, limits: dict) -> None:
+        if self.follow_up is not None:
+            return self.followed_up(model, url, done_rounds, limits)
         self.say(f"resuming after round {done_rounds}: {clip(task, 300)}\nmodel: {model} at {url}"
                  f" ({limits.get('mode', 'json')} mode)")
         self.record("resume", model=model, url=url, after_round=done_rounds, **limits, **self.start_fields,
                     ts=time.time())
+        self._say_start_notes()
+
+    def followed_up(self, model: str, url: str, done_rounds: int, limits: dict) -> None:
+        """--continue: the user's next turn after the run's last round, with the settings the run goes on with."""
+        self.say(f"follow-up after round {done_rounds}: {clip(self.follow_up or '', 300)}\nmodel: {model} at {url}"
+                 f" ({limits.get('mode', 'json')} mode)")
+        self.record("follow_up", text=self.follow_up, model=model, url=url, after_round=done_rounds, **limits,
+                    **self.start_fields, ts=time.time())
         self._say_start_notes()
 
     def reply(self, header: str, reply: Any, prose: str) -> None:
@@ -264,7 +284,8 @@ class RunLog:
         for line in outcome.progress:
             self.say(f"  {line}")
         try:
-            self.record("end", **{k: v for k, v in outcome.to_json().items() if k not in ("calls", "checks")})
+            self.record("end", **{k: v for k, v in outcome.to_json().items() if k not in ("calls", "checks")},
+                        resumable=can_resume(outcome))
         except TraceWriteError as error:  # the outcome stands; only its record is missing
             print(f"agent-demo: warning: {error}", file=self.human or sys.stderr)
 
@@ -277,8 +298,9 @@ class RunLog:
                 pass  # a full disk refuses the last flush too; the file is closed all the same
 
 
-def load_trace(path: str) -> Tuple[dict, List[Round]]:
-    """The start record and the completed rounds of the file's last run, or ValueError if it cannot go on."""
+def load_trace(path: str, ended_too: bool = False) -> Tuple[dict, List[Round]]:
+    """The start record and the completed rounds of the file's last run, or ValueError if it cannot go on
+    (ended_too: a run that finished or failed can, with a follow-up)."""
     try:
         with open(path, "rb") as trace:
             lines = trace.read().split(b"\n")
@@ -308,7 +330,9 @@ def load_trace(path: str) -> Tuple[dict, List[Round]]:
             calls = record.get("calls") if isinstance(record.get("calls"), list) else []
             endings = [call.get("ends_run") for call in calls if isinstance(call, dict)]
             status = next((s for s in endings if s in ("finished", "failed")), None)
-    if status is not None and status not in RESUMABLE:
+        elif record.get("event") == "follow_up":
+            status = None
+    if status is not None and status not in RESUMABLE and not ended_too:
         raise ValueError(f"{path} holds a run that already ended with status {status!r};"
                          " only an unfinished run can be resumed")
     try:
@@ -323,10 +347,14 @@ def load_trace(path: str) -> Tuple[dict, List[Round]]:
                 rounds[record["before_round"] - 2].compaction = compaction_from_line(record)
             except (KeyError, TypeError):
                 pass  # the conversation is then rebuilt and folded anew
+        elif record.get("event") == "follow_up" and isinstance(record.get("text"), str) \
+                and isinstance(record.get("after_round"), int) and 1 <= record["after_round"] <= len(rounds):
+            add_follow_up(rounds[record["after_round"] - 1], record["text"])
     start = dict(run[0])
-    for record in run:  # what a later resume or a fallback set holds for the next resume too
-        if record.get("event") == "resume":
-            start.update({key: value for key, value in record.items() if key not in ("event", "ts", "after_round")})
+    for record in run:  # what a later resume, follow-up or fallback set holds for the next resume too
+        if record.get("event") in ("resume", "follow_up"):
+            start.update({key: value for key, value in record.items()
+                          if key not in ("event", "ts", "after_round", "text")})
         elif record.get("event") == "setting" and record.get("name") in ("reply_cap_field", "stream"):
             start[record["name"]] = record.get("value")
         elif record.get("event") == "fallback":

@@ -296,7 +296,7 @@ def test_runs_lists_what_it_can_of_damaged_files(serve, tmp_path, monkeypatch, c
     monkeypatch.setenv("AGENT_DEMO_LOG_DIR", str(folder))
     assert main(["--runs"]) == 0
     out, err = capsys.readouterr()
-    assert said_lines(err) == [] and out.startswith(("when", "no runs yet"))
+    assert said_lines(err) == [] and out.startswith(("run ", "no runs yet"))
 
 
 def test_a_reply_cut_off_after_its_headers_is_asked_for_again(serve, capsys):

@@ -213,8 +213,8 @@ def test_runs_lists_recent_runs_newest_first(serve, capsys):
     capsys.readouterr()
     assert main(["--runs"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].split()[:6] == ["when", "status", "rounds", "tokens", "task", "file"]
-    assert "failed" in lines[1] and "second task words" in lines[1] and lines[1].endswith(".jsonl")
+    assert lines[0].split()[:6] == ["run", "when", "status", "rounds", "tokens", "task"]
+    assert "failed" in lines[1] and lines[1].endswith("second task words")
     assert "finished" in lines[2] and "first task here" in lines[2] and " 15 " in lines[2]
 
 

@@ -70,6 +70,8 @@ def test_a_streamed_run_gives_the_same_result_usage_and_trace_as_a_plain_one(ser
     assert main(["--stream", "--json", "--quiet", "--trace", str(streamed), "add"]) == 0
     streamed_out = json.loads(capsys.readouterr().out)
     assert server.requests[0]["body"]["stream"] is True
+    assert streamed_out.pop("run_id") == "streamed" and plain_out.pop("run_id") == "plain"
+    assert streamed_out.pop("trace") == str(streamed) and plain_out.pop("trace") == str(plain)
     assert streamed_out == plain_out and streamed_out["usage"]["total_tokens"] == 30
     assert rounds_of(streamed) == rounds_of(plain)
 

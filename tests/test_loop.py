@@ -129,4 +129,5 @@ def test_the_trace_file_has_start_rounds_and_end(tmp_path):
     assert first["action"] == {"tool": "calculator", "args": {"expression": "2 * 3"}}
     assert first["result"] == {"ok": True, "data": 6}
     assert {"latency_ms", "usage"} <= set(first)
-    assert end == {"event": "end", "status": "finished", "result": "6", "rounds": 2, "usage": {"total_tokens": 20}}
+    assert end == {"event": "end", "status": "finished", "result": "6", "rounds": 2, "usage": {"total_tokens": 20},
+                   "resumable": False}
