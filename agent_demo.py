@@ -63,6 +63,10 @@ class Agent:
             raise BudgetSpent()
         reply, messages = self.ask()
         usage, estimated = count_usage(reply, messages)
+        impossible = impossible_counts(reply.usage)
+        if impossible:
+            self.trace.note(f"the endpoint reported token counts that cannot be right ({prompts.to_json(impossible)});"
+                            " this round's tokens are estimated")
         self.trace.reply(number, settings.max_rounds, reply, usage, estimated)
         mode = self.conversation.mode
         parsed = parse_reply(reply, mode)
@@ -256,17 +260,35 @@ def native_calls(parsed: Parsed, mode: str) -> Optional[List[dict]]:
         else prompts.to_json(action.arguments)}} for action in parsed.actions]
 
 
+# More than any model's context holds: a count above it is not a count.
+MOST_TOKENS_A_ROUND = 10_000_000
+COUNTS = ("prompt_tokens", "completion_tokens", "total_tokens")
+
+
+def is_count(value: Any) -> bool:
+    """A token count that can be true: a whole number, not negative, not absurd (not a bool)."""
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MOST_TOKENS_A_ROUND
+
+
+def impossible_counts(usage: Optional[dict]) -> dict:
+    """The counts an endpoint reported that cannot be true (-1e9, NaN, true): the round is then estimated."""
+    usage = usage or {}
+    return {key: usage[key] for key in COUNTS if usage.get(key) is not None and not is_count(usage[key])}
+
+
 def count_usage(reply: Reply, messages: List[dict]) -> Tuple[dict, bool]:
-    """The round's token counts: the endpoint's, or an estimate (about 4 characters a token)."""
+    """The round's token counts: the endpoint's when they can be true, or an estimate (about 4
+    characters a token), so no reply can give back the budget it spent."""
     usage = reply.usage or {}
     prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
     cached = cached_tokens(usage)
     if cached is not None:
         usage = {**usage, "cached_tokens": cached}
-    if isinstance(usage.get("total_tokens"), int):
-        return usage, False
-    if isinstance(prompt, int) and isinstance(completion, int):
-        return {**usage, "total_tokens": prompt + completion}, False
+    if not impossible_counts(usage):
+        if is_count(usage.get("total_tokens")):
+            return usage, False
+        if is_count(prompt) and is_count(completion):
+            return {**usage, "total_tokens": prompt + completion}, False
     prompt = request_size(messages) // 4
     completion = (len(reply.content) + (len(prompts.to_json(reply.tool_calls)) if reply.tool_calls else 0)) // 4
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}, True
@@ -277,16 +299,16 @@ def cached_tokens(usage: dict) -> Optional[int]:
     details = usage.get("prompt_tokens_details")
     for value in (details.get("cached_tokens") if isinstance(details, dict) else None,
                   usage.get("prompt_cache_hit_tokens")):
-        if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        if is_count(value):
             return value
     return None
 
 
 def add_usage(total: dict, record: Round) -> None:
-    """Add one round's token counts to the run's totals."""
-    for key in ("prompt_tokens", "completion_tokens", "total_tokens", "cached_tokens"):
+    """Add one round's token counts to the run's totals (a count a trace holds that cannot be true is not added)."""
+    for key in (*COUNTS, "cached_tokens"):
         value = record.usage.get(key)
-        if isinstance(value, int):
+        if is_count(value):
             total[key] = total.get(key, 0) + value
     if record.usage_estimated:
         total["estimated"] = True
