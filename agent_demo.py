@@ -82,6 +82,7 @@ class Agent:
 
     def begin(self, task: str, history: Sequence[Round]) -> None:
         """Record the start (or the resume) with the run's own settings, and check that the task fits."""
+        task = self.trace.redactor(task, placeholders=False)  # what was piped in may hold a key
         self.conversation.task = task
         self.conversation.rounds.extend(history)
         self.watchdog.replay(history)
@@ -176,7 +177,8 @@ class Agent:
                 return failure(prompts.NO_TERMINAL, cancelled=True)
             if not self.approver(call.action):
                 return failure(prompts.CANCELLED, cancelled=True)
-        return call_tool(call.tool, call.args, self.registry)
+        # A key a tool hands back goes no further: not to the endpoint, the digest or the trace.
+        return self.trace.redactor.values(call_tool(call.tool, call.args, self.registry))
 
     def feed_back(self, parsed: Parsed, calls: List[Call]) -> List[dict]:
         """The messages that answer this round: each result, cut to size, labelled with its call."""

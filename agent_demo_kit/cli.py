@@ -2,7 +2,6 @@
 running it, and printing the outcome."""
 import argparse
 import contextlib
-import json
 import os
 import shlex
 import signal
@@ -11,14 +10,14 @@ import sys
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterator, List, Optional, TextIO
+from typing import Any, Callable, Dict, Iterator, List, Optional
 
 import prompts
 from agent_demo_kit import __version__
 from agent_demo_kit.endings import ConfigError, Interrupted, OutputClosed, RunResult, SigTerm, Terminated
 from agent_demo_kit.settings import (DEFAULT_MODEL, DEFAULT_URL, MODES, Settings, display_url, flag_parser, given,
                                      load_settings, read_environment, secrets_of)
-from agent_demo_kit.terminal import Redactor, protected, stray_prints_to_stderr, terminal_approver
+from agent_demo_kit.terminal import Redactor, SafeStream, protected, stray_prints_to_stderr, terminal_approver
 from agent_demo_kit import log_folder
 from agent_demo_kit.trace import Round, RunLog, load_trace
 from tools import CONTROL_ACTIONS, REGISTRY, Tool, ToolDefinitionError
@@ -58,7 +57,7 @@ class Parser(argparse.ArgumentParser):
 
     def error(self, message: str):
         if self.json_output:
-            print(json.dumps(RunResult(ConfigError(f"usage: {message}")).to_json()))
+            sys.stdout.write_json(RunResult(ConfigError(f"usage: {message}")).to_json())
         super().error(message)  # usage and the message on stderr, exit 2
 
 
@@ -316,14 +315,16 @@ def wants_stream(args: argparse.Namespace) -> bool:
     return args.stream if args.stream is not None else not args.quiet and on_terminal(sys.stderr)
 
 
-def report(outcome: RunResult, args: argparse.Namespace, answer: TextIO, trace_path: Optional[str] = None,
+def report(outcome: RunResult, args: argparse.Namespace, answer: SafeStream, trace_path: Optional[str] = None,
            settings: Optional[Settings] = None) -> int:
     """Print the outcome the way the flags ask for (the answer, or the --json object, on `answer`;
     the rest on stderr, with how to continue a run cut short); returns the exit code."""
     if args.json:
-        print(json.dumps(outcome.to_json(), ensure_ascii=False), file=answer)
+        answer.write_json(outcome.to_json())
+    elif outcome.status == "finished" and isinstance(outcome.result, str):
+        print(outcome.result, file=answer)
     elif outcome.status == "finished":
-        print(display(outcome.result), file=answer)
+        answer.write_json(outcome.result, indent=2)
     if outcome.status == "error":
         print(f"agent-demo: error: {outcome.error}", file=sys.stderr)
     elif outcome.status != "finished" and args.quiet:  # otherwise the trace ended with it
@@ -332,11 +333,6 @@ def report(outcome: RunResult, args: argparse.Namespace, answer: TextIO, trace_p
     if trace_path and outcome.status in log_folder.RESUMABLE and outcome.exit_code != 2:  # 2: change flags first
         print(f"agent-demo: to continue: {continue_command(trace_path, outcome, settings, args)}", file=sys.stderr)
     return outcome.exit_code
-
-
-def display(value: Any) -> str:
-    """A result as people read it: text as is, anything else as JSON."""
-    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, indent=2)
 
 
 def main(argv: Optional[List[str]] = None) -> int:

@@ -1,97 +1,28 @@
 """What a person sees, and the one way text leaves the process.
 
 Every stream (stdout, stderr, the trace file, the approval question on the terminal)
-is a `SafeStream` over the same `Redactor`, so no output path can forget the key.
+is a `SafeStream` over the same `Redactor` (redaction.py), so no output path can forget
+the key.
 `Screen` is the round-by-round trace people read: colour, shortened think blocks and
 a live status line on a terminal; plain text off one (a pipe, a file, NO_COLOR).
 """
 import contextlib
 import json
 import os
-import re
 import shutil
 import sys
 import threading
 import time
 import unicodedata
 from typing import Any, Callable, Iterator, List, Optional, TextIO
-from urllib.parse import quote, quote_plus
 
 from agent_demo_kit.endings import OutputClosed
+from agent_demo_kit.redaction import Redactor
+
 
 def to_json(value: Any) -> str:
     """JSON as people (and the model) read it: compact, non-ASCII kept readable."""
     return json.dumps(value, ensure_ascii=False)
-
-
-REDACTED = "[redacted]"
-# A key shorter than this is a placeholder ("5", "none"): redacted only where it stands
-# as a whole token, so the result 1536 does not become 1[redacted]36.
-MIN_SECRET_CHARS = 8
-# A cut (a message or a result shortened to a length) can leave a long secret's first or last
-# characters: this many of them, or more, are redacted too.
-FRAGMENT_CHARS = 12
-
-
-class Redactor:
-    """Replaces each secret (the keys, a password in the URL), and the forms it takes inside JSON
-    and URLs, with [redacted]."""
-
-    def __init__(self, *secrets: Optional[str]):
-        self.secrets: List[str] = []
-        self.forms: List[str] = []
-        self.pattern: Optional["re.Pattern"] = None
-        self.longest = 0
-        self.add(*secrets)
-
-    def add(self, *secrets: Optional[str]) -> None:
-        """Redact these too (a URL password known only once the flags are read)."""
-        self.secrets += [secret for secret in secrets if secret and secret not in self.secrets]
-        self.forms, patterns = [], []
-        for secret in self.secrets:
-            forms = sorted({secret, json.dumps(secret)[1:-1], quote(secret, safe=""), quote_plus(secret)},
-                           key=len, reverse=True)
-            self.forms += forms
-            either = "|".join(map(re.escape, forms))
-            patterns.append(either if len(secret) >= MIN_SECRET_CHARS
-                            else rf"(?<![A-Za-z0-9])(?:{either})(?![A-Za-z0-9])")
-        self.pattern = re.compile("|".join(f"(?:{p})" for p in patterns)) if patterns else None
-        self.longest = max(map(len, self.forms), default=0)
-
-    def __call__(self, text: str) -> str:
-        if not self.pattern:
-            return text
-        return self._fragments(self.pattern.sub(REDACTED, text))
-
-    def _fragments(self, text: str) -> str:
-        """A long secret's beginning or end left by a cut (a server message or a result shortened to a
-        length, "...[truncated N chars]..."): FRAGMENT_CHARS or more of its first or last characters."""
-        for form in self.forms:
-            if len(form) < 2 * FRAGMENT_CHARS:
-                continue
-            head, tail = form[:FRAGMENT_CHARS], form[-FRAGMENT_CHARS:]
-            for seed, forward in ((head, True), (tail, False)):
-                start = text.find(seed)
-                while start != -1:
-                    if forward:  # as much of the secret as follows its first characters
-                        end = start + FRAGMENT_CHARS
-                        while end < len(text) and end - start < len(form) and text[end] == form[end - start]:
-                            end += 1
-                    else:  # as much of the secret as comes before its last characters
-                        end, start = start + FRAGMENT_CHARS, start
-                        while start > 0 and end - start < len(form) and text[start - 1] == form[-(end - start) - 1]:
-                            start -= 1
-                    text = text[:start] + REDACTED + text[end:]
-                    start = text.find(seed, start + len(REDACTED))
-        return text
-
-    def unsafe_tail(self, text: str) -> int:
-        """How many characters at the end of text could be the start of a secret still being written."""
-        for size in range(min(len(text), self.longest - 1), 0, -1):
-            tail = text[-size:]
-            if any(form.startswith(tail) for form in self.forms):
-                return size
-        return 0
 
 
 def printable(text: str) -> str:
@@ -132,6 +63,13 @@ class SafeStream:
         """Write out everything held back: nothing more is coming, so it cannot be a key's start."""
         self._emit(hold=0)
         self._guarded(self.stream.flush)
+
+    def write_json(self, value: Any, indent: Optional[int] = None) -> None:
+        """value as JSON and a newline. Its strings are redacted, not its text, so no key, however
+        short, changes its structure or its data (a placeholder key 5 and the number 5)."""
+        self._emit(hold=0)
+        text = json.dumps(self.redactor.values(value), ensure_ascii=False, indent=indent) + "\n"
+        self._guarded(lambda: self.stream.write(printable(text)))
 
     def close(self) -> None:
         try:

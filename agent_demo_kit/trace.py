@@ -147,7 +147,8 @@ class RunLog:
     def __init__(self, human: Optional[TextIO] = None, trace_path: Optional[str] = None,
                  redactor: Optional[Redactor] = None, colour: bool = False, live: bool = False):
         self.human = human
-        self.screen = Screen(human, colour, live, redactor) if human else None
+        self.redactor = redactor or Redactor()
+        self.screen = Screen(human, colour, live, self.redactor) if human else None
         self.trace_file = None
         if trace_path:  # a new file is readable only by the user: it holds the task and every result
             raw = open(os.open(trace_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600), "a", encoding="utf-8")
@@ -160,7 +161,7 @@ class RunLog:
                     torn = existing.read(1) != b"\n"
                 if torn:
                     raw.write("\n")  # end a line torn by a crash; readers skip it
-            self.trace_file = SafeStream(raw, redactor or Redactor(None))
+            self.trace_file = SafeStream(raw, self.redactor)
 
     def say(self, text: str, kind: Optional[str] = None) -> None:
         if self.screen:
@@ -172,9 +173,8 @@ class RunLog:
 
     def record(self, event: str, **fields: Any) -> None:
         if self.trace_file:
-            line = json.dumps({"event": event, **fields}, ensure_ascii=False, default=str)
-            try:
-                self.trace_file.write(line + "\n")
+            try:  # its strings redacted, not its text: every line parses, whatever the key
+                self.trace_file.write_json({"event": event, **fields})
                 self.trace_file.flush()  # a crash loses at most the round in flight
             except OSError as error:
                 self.close()  # nothing more can be recorded; the end is still shown
