@@ -2,17 +2,20 @@
 
 Every stream (stdout, stderr, the trace file, the approval question on the terminal)
 is a `SafeStream` over the same `Redactor` (redaction.py), so no output path can forget
-the key.
-`Screen` is the round-by-round trace people read: colour, shortened think blocks and
-a live status line on a terminal; plain text off one (a pipe, a file, NO_COLOR).
+the key. A stream people read is inert as well: what a terminal would act on (escape
+codes, a bare carriage return, bidi controls) is shown as an escape, and only our own
+codes act. `Screen` is the round-by-round trace people read: colour, shortened think
+blocks and a live status line on a terminal; plain text off one (a pipe, a file, NO_COLOR).
 """
 import contextlib
 import json
 import os
+import re
 import shutil
 import sys
 import threading
 import time
+import traceback
 import unicodedata
 from typing import Any, Callable, Iterator, List, Optional, TextIO
 
@@ -23,6 +26,26 @@ from agent_demo_kit.redaction import Redactor
 def to_json(value: Any) -> str:
     """JSON as people (and the model) read it: compact, non-ASCII kept readable."""
     return json.dumps(value, ensure_ascii=False)
+
+
+# What a terminal would act on rather than show: C0 controls but newline and tab, a carriage return
+# that does not end a line (text after it would overwrite the line), DEL and C1 controls, and the
+# invisible and bidirectional format characters that hide or reorder text (not the joiners
+# U+200C and U+200D, which Persian text and emoji need).
+_ACTIVE = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\u061c\u200b\u200e\u200f\u2028-\u202e\u2060-\u2069"
+                     r"\ufeff]|\r(?!\n)")
+
+
+def inert(text: str) -> str:
+    """text a terminal shows and never acts on: each such character as a visible escape (\\x1b,
+    \\u202e, \\r); newlines and tabs stay. JSON text stays JSON that means the same, since JSON
+    escapes the C0 controls itself and \\uXXXX is its own escape."""
+    return _ACTIVE.sub(_escape, text)
+
+
+def _escape(match: "re.Match") -> str:
+    code = ord(match.group())
+    return "\\r" if code == 0x0D else f"\\x{code:02x}" if code < 0x20 else f"\\u{code:04x}"
 
 
 def printable(text: str) -> str:
@@ -43,10 +66,12 @@ class SafeStream:
     says what follows: "end" raises OutputClosed once (stdout: the answer is lost),
     "drop" drops this and later writes (the trace on stderr: the run goes on), and
     "raise" lets the OSError through (the trace file: its owner decides).
+    An `inert` stream is read by people: what a terminal would act on is shown escaped, and
+    only our own codes (`write_code`) act.
     """
 
-    def __init__(self, stream: TextIO, redactor: Redactor, if_broken: str = "raise"):
-        self.stream, self.redactor, self.if_broken = stream, redactor, if_broken
+    def __init__(self, stream: TextIO, redactor: Redactor, if_broken: str = "raise", inert: bool = False):
+        self.stream, self.redactor, self.if_broken, self.inert = stream, redactor, if_broken, inert
         self._pending = ""
         self.broken = False
 
@@ -64,12 +89,18 @@ class SafeStream:
         self._emit(hold=0)
         self._guarded(self.stream.flush)
 
+    def write_code(self, code: str) -> None:
+        """One of our own terminal codes (a colour, the carriage return that redraws the status
+        line), written as it is after everything before it."""
+        self._emit(hold=0)
+        self._guarded(lambda: self.stream.write(code))
+
     def write_json(self, value: Any, indent: Optional[int] = None) -> None:
         """value as JSON and a newline. Its strings are redacted, not its text, so no key, however
         short, changes its structure or its data (a placeholder key 5 and the number 5)."""
         self._emit(hold=0)
         text = json.dumps(self.redactor.values(value), ensure_ascii=False, indent=indent) + "\n"
-        self._guarded(lambda: self.stream.write(printable(text)))
+        self._guarded(lambda: self.stream.write(self._shown(text)))
 
     def close(self) -> None:
         try:
@@ -81,7 +112,10 @@ class SafeStream:
         cut = len(self._pending) - hold
         ready, self._pending = self._pending[:cut], self._pending[cut:]
         if ready:
-            self._guarded(lambda: self.stream.write(printable(self.redactor(ready))))
+            self._guarded(lambda: self.stream.write(self._shown(self.redactor(ready))))
+
+    def _shown(self, text: str) -> str:
+        return printable(inert(text) if self.inert else text)
 
     def _guarded(self, write) -> None:
         if self.broken:
@@ -103,10 +137,14 @@ class SafeStream:
 @contextlib.contextmanager
 def protected(redactor: Redactor) -> Iterator[SafeStream]:
     """stdout and stderr through the redacting writer while the block runs; yields stdout.
-    A stream that is closed (`>&-`) or cannot be written (`>/dev/full`) costs no traceback."""
+    stderr is for people, so it is inert; stdout only on a terminal (elsewhere the answer is data,
+    kept exact). A traceback that escapes the block goes through the writer too, and a stream
+    that is closed (`>&-`) or cannot be written (`>/dev/full`) costs no traceback."""
     plain = sys.stdout, sys.stderr
-    sys.stdout = SafeStream(plain[0] or open(os.devnull, "w"), redactor, if_broken="end")
-    sys.stderr = SafeStream(plain[1] or open(os.devnull, "w"), redactor, if_broken="drop")
+    stdout = plain[0] or open(os.devnull, "w")
+    sys.stdout = SafeStream(stdout, redactor, if_broken="end", inert=_is_terminal(stdout))
+    sys.stderr = SafeStream(plain[1] or open(os.devnull, "w"), redactor, if_broken="drop", inert=True)
+    sys.excepthook = _traceback_writer(redactor)  # kept: it prints after the block has ended
     answer = sys.stdout
     try:
         yield answer
@@ -115,6 +153,22 @@ def protected(redactor: Redactor) -> Iterator[SafeStream]:
             with contextlib.suppress(OutputClosed):
                 stream.finish()
         sys.stdout, sys.stderr = plain
+
+
+def _traceback_writer(redactor: Redactor) -> Callable[..., None]:
+    """An excepthook that writes the traceback through the redacting writer, inert."""
+    def write(kind: type, error: BaseException, trace: Any) -> None:
+        stream = SafeStream(sys.stderr, redactor, if_broken="drop", inert=True)
+        stream.write("".join(traceback.format_exception(kind, error, trace)))
+        stream.finish()
+    return write
+
+
+def _is_terminal(stream: TextIO) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError, OSError):  # closed, or a test's stand-in
+        return False
 
 
 @contextlib.contextmanager
@@ -160,25 +214,35 @@ def _summary(thought: str) -> str:
 
 
 class Screen:
-    """Where the human trace goes: a stream, with colour and a live status line when it is a terminal."""
+    """Where the human trace goes: a stream, with colour and a live status line when it is a terminal.
+    What others wrote is shown inert; only our own colour codes and carriage returns act."""
 
     def __init__(self, stream: TextIO, colour: bool = False, live: bool = False,
                  redactor: Optional[Redactor] = None):
-        self.stream, self.colour, self.live = stream, colour, live
         self.redactor = redactor or Redactor()
+        self.stream = stream if isinstance(stream, SafeStream) and stream.inert \
+            else SafeStream(stream, self.redactor, inert=True)
+        self.colour, self.live = colour, live
         self._lock = threading.Lock()
         self._status: Optional[str] = None  # the live line now shown, if any
 
-    def paint(self, kind: str, text: str) -> str:
+    def paint(self, kind: Optional[str], text: str) -> None:
+        """Write text (made inert by the stream) in the colour of its kind."""
         if not (self.colour and kind in _COLOURS):
-            return text
+            self.stream.write(text)
+            return
         body = text.lstrip("\n")  # a blank line before a header stays outside its colour
-        return text[:len(text) - len(body)] + f"\033[{_COLOURS[kind]}m{body}\033[0m"
+        self.stream.write(text[:len(text) - len(body)])
+        self.stream.write_code(f"\033[{_COLOURS[kind]}m")
+        self.stream.write(body)
+        self.stream.write_code("\033[0m")
 
     def say(self, text: str, kind: Optional[str] = None) -> None:
         with self._lock:
             self._clear_status()
-            print(self.paint(kind, text) if kind else text, file=self.stream, flush=True)
+            self.paint(kind, text)
+            self.stream.write("\n")
+            self.stream.flush()
 
     def show_reply(self, header: str, reply: Any) -> None:
         """What the model said, before its calls run (and before --approve asks about them)."""
@@ -203,7 +267,7 @@ class Screen:
 
     def _clear_status(self) -> None:
         if self._status is not None:  # spaces, not an escape code: no escape codes at all under NO_COLOR
-            self.stream.write("\r" + " " * sum(map(_columns, self._status)) + "\r")
+            self.stream.write_code("\r" + " " * sum(map(_columns, self._status)) + "\r")
             self._status = None
 
     @contextlib.contextmanager
@@ -231,7 +295,7 @@ class Screen:
             line = status.line(width, self.redactor)
             with self._lock:
                 self._clear_status()
-                self.stream.write(self.paint("dim", line))
+                self.paint("dim", line)
                 self.stream.flush()
                 self._status = line
 
@@ -271,7 +335,7 @@ class Status:
         if not self.size:
             return (head + " …")[:width]
         tail = redactor(" ".join("".join(self.pieces)[-600:].split()))
-        tail = tail[:len(tail) - redactor.unsafe_tail(tail)]  # never the start of a key still arriving
+        tail = inert(tail[:len(tail) - redactor.unsafe_tail(tail)])  # never the start of a key still arriving
         head += f" ({self.size:,} chars): "
         return head + _last_columns(tail, max(0, width - len(head)))
 

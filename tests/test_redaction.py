@@ -7,6 +7,7 @@ import base64
 import json
 import os
 import re
+import subprocess
 import sys
 from pathlib import Path
 from urllib.parse import quote, quote_plus
@@ -14,7 +15,7 @@ from urllib.parse import quote, quote_plus
 import pytest
 
 from agent_demo import main
-from conftest import KEY, answer_on_a_terminal, run_cli
+from conftest import KEY, answer_on_a_terminal, child_environment, run_cli
 from agent_demo_kit.redaction import FRAGMENT_AT_A_CUT, REDACTED, Redactor
 from agent_demo_kit.terminal import SafeStream
 from prompts import clip
@@ -183,3 +184,16 @@ def test_piped_material_with_the_key_is_not_sent_to_the_endpoint():
                                env={"LLM_API_URL": server.url, "LLM_API_KEY": KEY})
     sent = json.dumps(server.requests[0]["body"])
     assert code == 0 and KEY not in sent and "api_key=[redacted]" in sent
+
+
+# --- a traceback -------------------------------------------------------------------------------
+
+def test_a_traceback_that_escapes_to_the_top_goes_through_the_redacting_writer():
+    program = ("import sys; sys.path.insert(0, sys.argv[1])\n"
+               "from agent_demo_kit.terminal import Redactor, protected\n"
+               "with protected(Redactor(sys.argv[2])):\n    pass\n"
+               "raise RuntimeError('key ' + sys.argv[2] + ' and \\x1b[2J')\n")
+    done = subprocess.run([sys.executable, "-c", program, str(ROOT), KEY], capture_output=True, text=True,
+                          env=child_environment())
+    assert "Traceback" in done.stderr and "RuntimeError: key [redacted] and \\x1b[2J" in done.stderr
+    assert KEY not in done.stderr and "\x1b" not in done.stderr
