@@ -95,8 +95,11 @@ class Agent:
             self.trace.resume(task, settings.model, url, len(history), kept)
         else:
             self.trace.start(task, settings.model, url, kept)
-        if settings.approve and not settings.yes and self.approver is None:
-            self.trace.note("--approve: there is no terminal to ask, so every tool call will be refused")
+        side_effects = [name for name, tool in self.registry.items() if tool.side_effects]
+        if self.approver is None and not settings.yes and (settings.approve or side_effects):
+            refused = "every tool call" if settings.approve else f"every call to {', '.join(side_effects)}"
+            self.trace.note(f"{'--approve: ' if settings.approve else ''}there is no terminal to ask, so {refused}"
+                            " will be refused; --yes runs them")
         self.conversation.check_fits()
 
     def ask(self) -> Tuple[Reply, List[dict]]:

@@ -101,7 +101,8 @@ def build_parser() -> Parser:
                         help="make each public function in the Python file PATH a tool (repeatable)")
     parser.add_argument("--tool-timeout", type=flag_type("tool_timeout"), metavar="SECONDS",
                         help="answer a tool call still running after SECONDS as an error (default 60)")
-    parser.add_argument("--approve", action="store_true", help="ask y/N on the terminal before each tool call")
+    parser.add_argument("--approve", action="store_true",
+                        help="ask y/N/a on the terminal before each tool call (a: yes to that tool from then on)")
     parser.add_argument("--yes", action="store_true",
                         help="run every call without asking, even tools marked as having side effects")
     parser.add_argument("--timeout", type=flag_type("timeout"), metavar="SECONDS",

@@ -6,6 +6,7 @@ the key. A stream people read is inert as well: what a terminal would act on (es
 codes, a bare carriage return, bidi controls) is shown as an escape, and only our own
 codes act. `Screen` is the round-by-round trace people read: colour, shortened think
 blocks and a live status line on a terminal; plain text off one (a pipe, a file, NO_COLOR).
+The approval question is asked on the controlling terminal.
 """
 import contextlib
 import json
@@ -17,7 +18,7 @@ import threading
 import time
 import traceback
 import unicodedata
-from typing import Any, Callable, Iterator, List, Optional, TextIO
+from typing import Any, Callable, Iterator, List, Optional, Set, TextIO
 
 from agent_demo_kit.endings import OutputClosed
 from agent_demo_kit.redaction import Redactor
@@ -342,22 +343,51 @@ class Status:
 
 # --- the approval question ------------------------------------------------------------------
 
-def terminal_approver(redactor: Redactor) -> Optional[Callable[[dict], bool]]:
-    """Ask y/N about each call on the terminal the user types into; None when stdin is no terminal."""
-    if sys.stdin is None or not sys.stdin.isatty():
-        return None
+CONTROLLING_TERMINAL = "/dev/tty"
 
-    def approve(call: dict) -> bool:
-        try:  # the terminal itself, so the question shows even with stdout and stderr redirected
-            terminal = SafeStream(open(os.ttyname(sys.stdin.fileno()), "w", encoding="utf-8"), redactor, "drop")
-        except OSError:
-            terminal = sys.stderr
-        terminal.write(f"approve {call['tool']} {to_json(call['args'])}? [y/N] ")
-        terminal.flush()
-        answer = sys.stdin.readline()
-        if not answer:  # Ctrl-D: end the line the question left open
-            terminal.write("\n")
-        if terminal is not sys.stderr:
-            terminal.close()
-        return answer.strip().lower() in ("y", "yes")
-    return approve
+
+def terminal_approver(redactor: Redactor) -> Optional["TerminalApprover"]:
+    """The approval question, asked on the controlling terminal whatever stdin is (as sudo and git
+    ask for a password); None when the process has no terminal."""
+    try:
+        os.close(os.open(CONTROLLING_TERMINAL, os.O_RDWR | os.O_NOCTTY))
+    except OSError:
+        return None
+    return TerminalApprover(redactor)
+
+
+class TerminalApprover:
+    """Asks y/N/a about each call: "a" says yes to that tool for the rest of the run."""
+
+    def __init__(self, redactor: Redactor):
+        self.redactor = redactor
+        self.always: Set[str] = set()
+
+    def __call__(self, call: dict) -> bool:
+        if call["tool"] in self.always:
+            return True
+        # On a line of its own, the call exactly as it will run: JSON keeps the arguments' text
+        # exact, and the terminal stream shows anything a terminal would act on escaped.
+        answer = self.ask(f"\napprove {call['tool']} {to_json(call['args'])}? [y/N/a] ")
+        if answer == "a":
+            self.always.add(call["tool"])
+        return answer in ("y", "yes", "a")
+
+    def ask(self, question: str) -> str:
+        """The answer typed to question on the terminal, lowercase; what was typed before it was
+        shown (while the model worked) is dropped, so it cannot answer a question not yet asked."""
+        import termios  # POSIX only, like /dev/tty
+        descriptor = os.open(CONTROLLING_TERMINAL, os.O_RDWR | os.O_NOCTTY)
+        try:
+            termios.tcflush(descriptor, termios.TCIFLUSH)
+            terminal = SafeStream(open(descriptor, "w", encoding="utf-8", closefd=False), self.redactor, "drop",
+                                  inert=True)
+            terminal.write(question)
+            terminal.finish()
+            answer = os.read(descriptor, 1024)  # one line: the terminal hands it over on Enter
+            if not answer:  # Ctrl-D: end the line the question left open
+                terminal.write("\n")
+                terminal.finish()
+            return answer.decode("utf-8", "replace").strip().lower()
+        finally:
+            os.close(descriptor)

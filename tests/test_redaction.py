@@ -75,7 +75,7 @@ def test_the_approval_question_on_the_terminal_does_not_show_the_key(tmp_path):
         env.update(LLM_API_URL=server.url, LLM_API_KEY=KEY)
         shown, out, err, _ = answer_on_a_terminal(["--approve", "--quiet", "--tools-file", str(tools_file), "hi"],
                                                   env, tmp_path)
-    assert b'approve echo {"text": "[redacted]"}? [y/N]' in shown
+    assert b'approve echo {"text": "[redacted]"}? [y/N/a]' in shown
     assert KEY.encode() not in shown + out + err
 
 

@@ -1,20 +1,56 @@
 """Text from outside (the model, tools, the endpoint) is shown, never obeyed: escape codes reach no
-terminal, and an endpoint's token counts cannot give back the budget.
+terminal, the approval question names the call that will run and is asked on the terminal itself,
+and an endpoint's token counts cannot give back the budget.
 """
 import json
 import os
+import re
 
 import pytest
 
 from agent_demo import main
 from agent_demo_kit.terminal import inert
-from conftest import run_cli
+from conftest import answer_on_a_terminal, run_cli
 from scripted_server import ScriptedServer, action as act
 
 # An escape code for each way text could act on a terminal: colour (hidden text), a window title
 # (OSC), clear screen, a carriage return that overwrites the line, and a bidi override.
 HOSTILE = "\x1b[30;40mhidden\x1b[0m \x1b]0;owned\x07 \x1b[2J back\rover \u202eevil"
 SHOWN = "\\x1b[30;40mhidden\\x1b[0m \\x1b]0;owned\\x07 \\x1b[2J back\\rover \\u202eevil"
+SPOOF = ("\x1b[30;40m" + act("delete_file", path="/home/user/.ssh") + "\x1b[0m\rChecking the sum first.\r\n"
+         'approve calculator {"expression": "2 + 2"}? [y/N] \x1b[30;40m')
+DELETE_FILE = '''from tools import tool
+
+
+@tool(side_effects=True)
+def delete_file(path: str) -> str:
+    """Delete a file."""
+    with open("ran.txt", "a") as ran:
+        ran.write(f"delete_file {path}\\n")
+    return "deleted " + path
+
+
+@tool(side_effects=True)
+def echo(text: str) -> str:
+    """Say it back."""
+    with open("ran.txt", "a") as ran:
+        ran.write(f"echo {text}\\n")
+    return text
+'''
+OUR_CODES = {b"\x1b[0m", *(f"\x1b[{code}m".encode() for code in ("1;36", "33", "32", "31", "35", "2", "1;32", "1;31"))}
+
+
+@pytest.fixture
+def tools_file(tmp_path):
+    path = tmp_path / "risky.py"
+    path.write_text(DELETE_FILE)
+    return str(path)
+
+
+def ran(tmp_path):
+    """The calls the tools file ran."""
+    path = tmp_path / "ran.txt"
+    return path.read_text().splitlines() if path.exists() else []
 
 
 def terminal_env(server, **extra):
@@ -67,6 +103,73 @@ def test_the_answer_is_exact_data_off_a_terminal_and_inert_on_one(tmp_path):
         shown = os.read(controller, 65536).decode()
         os.close(controller)
     assert code == 0 and shown == SHOWN + "\r\n"  # the terminal ends each line with \r\n
+
+
+# --- the approval question --------------------------------------------------------------------
+
+def test_a_spoofed_approval_question_cannot_hide_the_call_that_will_run(tools_file, tmp_path):
+    with ScriptedServer([SPOOF, act("fail", reason="refused")]) as server:
+        shown, out, _, code = answer_on_a_terminal(["--tools-file", tools_file, "check the sum"], terminal_env(server),
+                                                   tmp_path, answers=[b"n\n"], trace_on_terminal=True)
+        fed_back = server.sent_messages(1)[-1]["content"]
+    question = b'\r\napprove delete_file {"path": "/home/user/.ssh"}? [y/N/a] '
+    assert question in shown, "the real question, on a line of its own"
+    assert b"\\x1b[30;40m{" in shown and b"\\rChecking" in shown, "the model's codes are shown as text"
+    model_text = shown[:shown.index(question)]
+    assert b"\x1b" not in model_text.replace(b"\x1b[0m", b"").replace(b"\x1b[1;36m", b""), "only our colours act"
+    assert set(re.findall(rb"\x1b\[[0-9;]*m", shown)) <= OUR_CODES and shown.count(b"\x1b") == len(
+        re.findall(rb"\x1b\[[0-9;]*m", shown))
+    assert ran(tmp_path) == [] and "cancelled: the user did not approve this call" in fed_back and code == 1
+
+
+def test_the_question_shows_the_arguments_exactly_and_inert(tools_file, tmp_path):
+    text = "ok\u202egnp.exe\x1b]0;title\x07"
+    with ScriptedServer([act("echo", text=text), act("finish", result="done")]) as server:
+        shown, out, _, code = answer_on_a_terminal(["--quiet", "--tools-file", tools_file, "hi"], terminal_env(server),
+                                                   tmp_path)
+    question = re.search(rb"approve echo (.*)\? \[y/N/a\] ", shown).group(1).decode()
+    assert question == '{"text": "ok\\u202egnp.exe\\u001b]0;title\\u0007"}' and json.loads(question) == {"text": text}
+    assert code == 0 and ran(tmp_path) == [f"echo {text}"]
+
+
+def test_the_question_is_asked_on_the_terminal_when_stdin_is_a_pipe(tmp_path):
+    with ScriptedServer([act("calculator", expression="2 + 2"), act("finish", result="four")]) as server:
+        shown, out, _, code = answer_on_a_terminal(["--approve"], terminal_env(server), tmp_path,
+                                                   stdin=b"add two and two")
+        task = server.sent_messages(0)[1]["content"]
+    assert b'approve calculator {"expression": "2 + 2"}? [y/N/a] ' in shown
+    assert (code, out) == (0, b"four\n") and "add two and two" in task
+
+
+def test_what_was_typed_before_the_question_does_not_answer_it(tools_file, tmp_path):
+    with ScriptedServer([act("delete_file", path="notes.txt"), act("fail", reason="refused")]) as server:
+        shown, out, _, code = answer_on_a_terminal(["--quiet", "--tools-file", tools_file, "tidy up"],
+                                                   terminal_env(server), tmp_path, type_ahead=b"y\n", answers=[b"n\n"])
+        fed_back = server.sent_messages(1)[-1]["content"]
+    assert b"approve delete_file" in shown and ran(tmp_path) == []
+    assert "cancelled: the user did not approve this call" in fed_back
+
+
+def test_answering_a_says_yes_to_that_tool_for_the_rest_of_the_run(tools_file, tmp_path):
+    replies = [act("echo", text="one"), act("echo", text="two"), act("delete_file", path="x"), act("finish", result="ok")]
+    with ScriptedServer(replies) as server:
+        shown, out, _, code = answer_on_a_terminal(["--quiet", "--tools-file", tools_file, "hi"], terminal_env(server),
+                                                   tmp_path, answers=[b"a\n", b"n\n"])
+    assert shown.count(b"approve echo") == 1 and shown.count(b"approve delete_file") == 1
+    assert ran(tmp_path) == ["echo one", "echo two"] and code == 0
+
+
+@pytest.mark.parametrize("flags, said", [
+    (["--approve"], "note: --approve: there is no terminal to ask, so every tool call will be refused; --yes runs them"),
+    ([], "note: there is no terminal to ask, so every call to delete_file, echo will be refused; --yes runs them"),
+])
+def test_without_a_terminal_the_run_says_at_once_that_calls_will_be_refused(tools_file, tmp_path, flags, said):
+    with ScriptedServer([act("echo", text="x"), act("fail", reason="refused")]) as server:
+        code, out, err = run_cli(*flags, "--tools-file", tools_file, env=terminal_env(server), stdin="hi",
+                                 start_new_session=True)  # a new session has no controlling terminal
+    lines = err.splitlines()
+    assert said in lines and lines.index(said) < lines.index(next(line for line in lines if "--- round 1" in line))
+    assert "there is no terminal to ask" in server.sent_messages(1)[-1]["content"] and ran(tmp_path) == []
 
 
 # --- token counts ----------------------------------------------------------------------------
