@@ -65,6 +65,10 @@ class Agent:
             raise BudgetSpent()
         reply, messages = self.ask()
         usage, estimated = count_usage(reply, messages)
+        impossible = impossible_counts(reply.usage)
+        if impossible:
+            self.trace.note(f"the endpoint reported token counts that cannot be right ({prompts.to_json(impossible)});"
+                            " this round's tokens are estimated")
         mode = self.conversation.mode
         parsed = parse_reply(reply, mode)
         tokens = f", {'~' if estimated else ''}{usage['total_tokens']:,} tokens" if "total_tokens" in usage else ""
@@ -82,6 +86,7 @@ class Agent:
 
     def begin(self, task: str, history: Sequence[Round]) -> None:
         """Record the start (or the resume) with the run's own settings, and check that the task fits."""
+        task = self.trace.redactor(task, placeholders=False)  # what was piped in may hold a key
         self.conversation.task = task
         self.conversation.rounds.extend(history)
         self.watchdog.replay(history)
@@ -94,8 +99,11 @@ class Agent:
             self.trace.resume(task, settings.model, url, len(history), kept)
         else:
             self.trace.start(task, settings.model, url, kept)
-        if settings.approve and not settings.yes and self.approver is None:
-            self.trace.note("--approve: there is no terminal to ask, so every tool call will be refused")
+        side_effects = [name for name, tool in self.registry.items() if tool.side_effects]
+        if self.approver is None and not settings.yes and (settings.approve or side_effects):
+            refused = "every tool call" if settings.approve else f"every call to {', '.join(side_effects)}"
+            self.trace.note(f"{'--approve: ' if settings.approve else ''}there is no terminal to ask, so {refused}"
+                            " will be refused; --yes runs them")
         self.conversation.check_fits()
         if settings.check is not None:
             self.check = check_command(settings.check)
@@ -204,7 +212,8 @@ class Agent:
             if not self.approver({**call.action, "warning": tool.warning} if tool.warning else call.action):
                 return failure(prompts.CANCELLED, cancelled=True)
         with self.trace.working(f"running {call.tool}"):
-            return call_tool(call.tool, call.args, self.registry)
+            # A key a tool hands back goes no further: not to the endpoint, the digest or the trace.
+            return self.trace.redactor.values(call_tool(call.tool, call.args, self.registry))
 
     def feed_back(self, parsed: Parsed, calls: List[Call]) -> List[dict]:
         """The messages that answer this round: each result, cut to size, labelled with its call."""
@@ -298,17 +307,35 @@ def native_calls(parsed: Parsed, mode: str) -> Optional[List[dict]]:
         else prompts.to_json(action.arguments)}} for action in parsed.actions]
 
 
+# More than any model's context holds: a count above it is not a count.
+MOST_TOKENS_A_ROUND = 10_000_000
+COUNTS = ("prompt_tokens", "completion_tokens", "total_tokens")
+
+
+def is_count(value: Any) -> bool:
+    """A token count that can be true: a whole number, not negative, not absurd (not a bool)."""
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MOST_TOKENS_A_ROUND
+
+
+def impossible_counts(usage: Optional[dict]) -> dict:
+    """The counts an endpoint reported that cannot be true (-1e9, NaN, true): the round is then estimated."""
+    usage = usage or {}
+    return {key: usage[key] for key in COUNTS if usage.get(key) is not None and not is_count(usage[key])}
+
+
 def count_usage(reply: Reply, messages: List[dict]) -> Tuple[dict, bool]:
-    """The round's token counts: the endpoint's, or an estimate (about 4 characters a token)."""
+    """The round's token counts: the endpoint's when they can be true, or an estimate (about 4
+    characters a token), so no reply can give back the budget it spent."""
     usage = reply.usage or {}
     prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
     cached = cached_tokens(usage)
     if cached is not None:
         usage = {**usage, "cached_tokens": cached}
-    if isinstance(usage.get("total_tokens"), int):
-        return usage, False
-    if isinstance(prompt, int) and isinstance(completion, int):
-        return {**usage, "total_tokens": prompt + completion}, False
+    if not impossible_counts(usage):
+        if is_count(usage.get("total_tokens")):
+            return usage, False
+        if is_count(prompt) and is_count(completion):
+            return {**usage, "total_tokens": prompt + completion}, False
     prompt = request_size(messages) // 4
     completion = (len(reply.content) + (len(prompts.to_json(reply.tool_calls)) if reply.tool_calls else 0)) // 4
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}, True
@@ -319,16 +346,16 @@ def cached_tokens(usage: dict) -> Optional[int]:
     details = usage.get("prompt_tokens_details")
     for value in (details.get("cached_tokens") if isinstance(details, dict) else None,
                   usage.get("prompt_cache_hit_tokens")):
-        if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        if is_count(value):
             return value
     return None
 
 
 def add_usage(total: dict, record: Round) -> None:
-    """Add one round's token counts to the run's totals."""
-    for key in ("prompt_tokens", "completion_tokens", "total_tokens", "cached_tokens"):
+    """Add one round's token counts to the run's totals (a count a trace holds that cannot be true is not added)."""
+    for key in (*COUNTS, "cached_tokens"):
         value = record.usage.get(key)
-        if isinstance(value, int):
+        if is_count(value):
             total[key] = total.get(key, 0) + value
     if record.usage_estimated:
         total["estimated"] = True

@@ -8,7 +8,7 @@ import json
 import math
 import re
 from dataclasses import dataclass
-from typing import Any, List, Optional, Tuple
+from typing import Any, Iterator, List, Optional, Tuple
 
 import prompts
 from agent_demo_kit.terminal import printable
@@ -19,26 +19,43 @@ _THINK_TAG = re.compile(r"<(/?)(think|thinking)>", re.I)
 def think_pieces(text: str) -> List[Tuple[str, str, str]]:
     """text as (opening tag, piece, closing tag): a thought has at least one tag, plain text none.
     A thought is a reasoning block, one never closed (cut off mid-thought), or everything before
-    a lone closing tag (the server ate the opening one). Linear time."""
-    pieces: List[Tuple[str, str, str]] = []
-    position, opening = 0, None  # opening: the tag of the block we are inside
-    for tag in _THINK_TAG.finditer(text):
-        if tag.group(1) and opening is None:
-            pieces = [("", text[:tag.start()], tag.group(0))]  # all so far was reasoning
-            position = tag.end()
-        elif tag.group(1) and opening is not None:
-            pieces.append((opening, text[position:tag.start()], tag.group(0)))
-            opening, position = None, tag.end()
-        elif not tag.group(1) and opening is None:
-            pieces.append(("", text[position:tag.start()], ""))
-            opening, position = tag.group(0), tag.end()
-    pieces.append((opening or "", text[position:], ""))
-    return [piece for piece in pieces if any(piece)]
+    a lone closing tag (the server ate the opening one). A tag inside a JSON string is text (an
+    argument may say "<think>"). Linear time."""
+    return [(opening, text[start:end], closing) for opening, start, end, closing in _pieces(text, json_spans(text))]
 
 
 def strip_think(text: str) -> str:
     """text without its thoughts."""
     return "".join(piece for opening, piece, closing in think_pieces(text) if not (opening or closing))
+
+
+def _pieces(text: str, spans: List[Tuple[int, int, Any]]) -> List[Tuple[str, int, int, str]]:
+    """think_pieces as (opening tag, start, end, closing tag), given the JSON values in text."""
+    pieces: List[Tuple[str, int, int, str]] = []
+    position, opening = 0, None  # opening: the tag of the block we are inside
+    for tag in _tags_outside(text, spans):
+        if tag.group(1) and opening is None:
+            pieces = [("", 0, tag.start(), tag.group(0))]  # all so far was reasoning
+            position = tag.end()
+        elif tag.group(1) and opening is not None:
+            pieces.append((opening, position, tag.start(), tag.group(0)))
+            opening, position = None, tag.end()
+        elif not tag.group(1) and opening is None:
+            pieces.append(("", position, tag.start(), ""))
+            opening, position = tag.group(0), tag.end()
+    pieces.append((opening or "", position, len(text), ""))
+    return [piece for piece in pieces if piece[0] or piece[3] or piece[1] < piece[2]]
+
+
+def _tags_outside(text: str, spans: List[Tuple[int, int, Any]]) -> Iterator["re.Match"]:
+    """The think tags of text that are not inside a JSON value (so inside one of its strings:
+    JSON has no "<" elsewhere)."""
+    index = 0
+    for tag in _THINK_TAG.finditer(text):
+        while index < len(spans) and spans[index][1] <= tag.start():
+            index += 1
+        if index == len(spans) or tag.start() < spans[index][0]:
+            yield tag
 
 
 # Where an object or an array of objects may start; "{{{{" and "[[[[" in prose are not tried.
@@ -64,27 +81,30 @@ def _no_constants(name: str):
 DECODER = json.JSONDecoder(strict=False, parse_float=_finite_float, parse_constant=_no_constants)
 
 
-def json_values(text: str, spans: Optional[List[str]] = None):
-    """Yield each top-level JSON object or array in text, left to right (and add each one's text to
-    spans, when given).
+def json_spans(text: str) -> List[Tuple[int, int, Any]]:
+    """Each top-level JSON object or array in text, left to right, as (start, end, value).
 
     A reply longer than MAX_PARSED_CHARS is read at its beginning and at its end (where an
     action after long reasoning stands), so the scan stays linear in what is read.
     """
-    if len(text) > MAX_PARSED_CHARS:
-        yield from json_values(text[:MAX_PARSED_CHARS], spans)
-        yield from json_values(text[-MAX_PARSED_CHARS:], spans)
-        return
-    position, failed = 0, 0
+    if len(text) <= MAX_PARSED_CHARS:
+        return list(_decoded(text, 0, 0))
+    spans = list(_decoded(text[:MAX_PARSED_CHARS], 0, 0))
+    offset = len(text) - MAX_PARSED_CHARS
+    after = spans[-1][1] if spans else 0  # a value both readings find is taken once
+    return spans + list(_decoded(text[offset:], offset, max(0, after - offset)))
+
+
+def _decoded(window: str, offset: int, position: int) -> Iterator[Tuple[int, int, Any]]:
+    """The JSON values of window from position on, placed in the whole text by offset."""
+    failed = 0
     while failed < MAX_FAILED_STARTS:
-        match = _JSON_START.search(text, position)
+        match = _JSON_START.search(window, position)
         if not match:
             return
         try:
-            value, position = DECODER.raw_decode(text, match.start())
-            if spans is not None:
-                spans.append(text[match.start():position])
-            yield _printable(value)
+            value, position = DECODER.raw_decode(window, match.start())
+            yield offset + match.start(), offset + position, _printable(value)
         except (ValueError, RecursionError):  # not JSON, too deep, NaN, or a 5,000-digit number
             position, failed = match.start() + 1, failed + 1
 
@@ -133,9 +153,17 @@ class Parsed:
 
 
 def parse_actions(text: str) -> Parsed:
-    """Find the actions in a model's text: action objects, arrays of them, or {"actions": [...]}."""
-    found, saw_json, spans, action_spans = [], False, [], []
-    for value in json_values(strip_think(text), spans):
+    """Find the actions in a model's text: action objects, arrays of them, or {"actions": [...]},
+    outside its thoughts. The JSON is found first, so a think tag inside one of its strings is
+    text and reaches the tool unchanged."""
+    spans = json_spans(text)
+    plain = [(start, end) for opening, start, end, closing in _pieces(text, spans) if not (opening or closing)]
+    found, saw_json, index, action_spans = [], False, 0, []
+    for start, end, value in spans:
+        while index < len(plain) and plain[index][1] <= start:
+            index += 1
+        if index == len(plain) or start < plain[index][0]:
+            continue  # in a thought
         saw_json = True
         if isinstance(value, dict) and isinstance(value.get("actions"), list):
             value = value["actions"]  # schema mode's envelope
@@ -145,7 +173,7 @@ def parse_actions(text: str) -> Parsed:
             found.extend(value)
         else:
             continue
-        action_spans.append(spans[-1])
+        action_spans.append((start, end))
     if not found:
         problem = "found JSON, but no action object with a string \"tool\"" if saw_json else "no JSON object found"
         if len(text) > MAX_PARSED_CHARS:
@@ -158,14 +186,12 @@ def parse_actions(text: str) -> Parsed:
     return Parsed(actions, prose=_without(text, action_spans))
 
 
-def _without(text: str, snippets: List[str]) -> str:
-    """text without these pieces (the actions, in order) and without code fences: what else the model said."""
+def _without(text: str, spans: List[Tuple[int, int]]) -> str:
+    """text without these spans (the actions, in order) and without code fences: what else the model said."""
     kept, position = [], 0
-    for snippet in snippets:
-        found = text.find(snippet, position)
-        if found != -1:
-            kept.append(text[position:found])
-            position = found + len(snippet)
+    for start, end in spans:
+        kept.append(text[position:start])
+        position = end
     kept.append(text[position:])
     return re.sub(r"```[a-z]*", "", "".join(kept))
 

@@ -2,7 +2,6 @@
 running it, and printing the outcome."""
 import argparse
 import contextlib
-import json
 import os
 import signal
 import stat
@@ -10,15 +9,14 @@ import sys
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterator, List, Optional, TextIO
+from typing import Any, Callable, Dict, Iterator, List, Optional
 
 import prompts
 from agent_demo_kit import __version__
-from agent_demo_kit.endings import (ConfigError, Interrupted, OutputClosed, RunResult, SigTerm, Terminated,
-                                    answer_text)
+from agent_demo_kit.endings import ConfigError, Interrupted, OutputClosed, RunResult, SigTerm, Terminated
 from agent_demo_kit.settings import (DEFAULT_MODEL, DEFAULT_URL, MODES, Settings, flag_parser, load_settings,
                                      read_environment, secrets_of)
-from agent_demo_kit.terminal import Redactor, protected, stray_prints_to_stderr, terminal_approver
+from agent_demo_kit.terminal import Redactor, SafeStream, protected, stray_prints_to_stderr, terminal_approver
 from agent_demo_kit import log_folder
 from agent_demo_kit.resume import continue_command, follow_up, own_settings, recorded_run, resumed_form
 from agent_demo_kit.trace import Round, RunLog
@@ -71,7 +69,7 @@ class Parser(argparse.ArgumentParser):
     def error(self, message: str):
         if self.json_output:
             with contextlib.suppress(OutputClosed):  # the usage error and its exit code stand
-                print(json.dumps(json_object(RunResult(ConfigError(f"usage: {message}")))))
+                sys.stdout.write_json(json_object(RunResult(ConfigError(f"usage: {message}"))))
         self.exit(2, f"agent-demo: error: {message} (see agent-demo --help)\n")  # one line, not the usage block
 
 
@@ -126,7 +124,8 @@ def build_parser() -> Parser:
                              " AGENT_ANSWER, the task in AGENT_TASK; otherwise its output goes back to the model")
     parser.add_argument("--check-attempts", type=flag_type("check_attempts"), metavar="N",
                         help="end the run as failed after N answers --check rejected (default 3)")
-    parser.add_argument("--approve", action="store_true", help="ask y/N on the terminal before each tool call")
+    parser.add_argument("--approve", action="store_true",
+                        help="ask y/N/a on the terminal before each tool call (a: yes to that tool from then on)")
     parser.add_argument("--yes", action="store_true",
                         help="run every call without asking, even tools marked as having side effects")
     parser.add_argument("--timeout", type=flag_type("timeout"), metavar="SECONDS",
@@ -372,14 +371,16 @@ def wants_stream(args: argparse.Namespace) -> bool:
     return args.stream if args.stream is not None else True
 
 
-def report(outcome: RunResult, args: argparse.Namespace, answer: TextIO, trace_path: Optional[str] = None,
+def report(outcome: RunResult, args: argparse.Namespace, answer: SafeStream, trace_path: Optional[str] = None,
            settings: Optional[Settings] = None) -> int:
     """Print the outcome the way the flags ask for (the answer, or the --json object, on `answer`;
     the rest on stderr, with how to continue a run cut short); returns the exit code."""
     if args.json:
-        print(json.dumps(json_object(outcome, trace_path), ensure_ascii=False), file=answer)
+        answer.write_json(json_object(outcome, trace_path))
+    elif outcome.status == "finished" and isinstance(outcome.result, str):
+        print(outcome.result, file=answer)
     elif outcome.status == "finished":
-        print(answer_text(outcome.result), file=answer)
+        answer.write_json(outcome.result, indent=2)
     refused = sum(call["result"].get("error") == prompts.NO_TERMINAL for call in outcome.calls)
     if refused:  # even under --quiet: the run may have "finished" without doing what was asked
         print(f"agent-demo: {refused} tool call(s) refused: they need approval and there was no terminal"

@@ -1,9 +1,12 @@
 """What a person sees, and the one way text leaves the process.
 
 Every stream (stdout, stderr, the trace file, the approval question on the terminal)
-is a `SafeStream` over the same `Redactor`, so no output path can forget the key.
-`Screen` is the round-by-round trace people read: colour, shortened think blocks and
-a live status line on a terminal; plain text off one (a pipe, a file, NO_COLOR).
+is a `SafeStream` over the same `Redactor` (redaction.py), so no output path can forget
+the key. A stream people read is inert as well: what a terminal would act on (escape
+codes, a bare carriage return, bidi controls) is shown as an escape, and only our own
+codes act. `Screen` is the round-by-round trace people read: colour, shortened think
+blocks and a live status line on a terminal; plain text off one (a pipe, a file, NO_COLOR).
+The approval question is asked on the controlling terminal.
 """
 import contextlib
 import json
@@ -13,85 +16,37 @@ import shutil
 import sys
 import threading
 import time
+import traceback
 import unicodedata
-from typing import Any, Callable, Iterator, List, Optional, TextIO
-from urllib.parse import quote, quote_plus
+from typing import Any, Callable, Iterator, List, Optional, Set, TextIO
 
 from agent_demo_kit.endings import OutputClosed
+from agent_demo_kit.redaction import Redactor
+
 
 def to_json(value: Any) -> str:
     """JSON as people (and the model) read it: compact, non-ASCII kept readable."""
     return json.dumps(value, ensure_ascii=False)
 
 
-REDACTED = "[redacted]"
-# A key shorter than this is a placeholder ("5", "none"): redacted only where it stands
-# as a whole token, so the result 1536 does not become 1[redacted]36.
-MIN_SECRET_CHARS = 8
-# A cut (a message or a result shortened to a length) can leave a long secret's first or last
-# characters: this many of them, or more, are redacted too.
-FRAGMENT_CHARS = 12
+# What a terminal would act on rather than show: C0 controls but newline and tab, a carriage return
+# that does not end a line (text after it would overwrite the line), DEL and C1 controls, and the
+# invisible and bidirectional format characters that hide or reorder text (not the joiners
+# U+200C and U+200D, which Persian text and emoji need).
+_ACTIVE = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\u061c\u200b\u200e\u200f\u2028-\u202e\u2060-\u2069"
+                     r"\ufeff]|\r(?!\n)")
 
 
-class Redactor:
-    """Replaces each secret (the keys, a password in the URL), and the forms it takes inside JSON
-    and URLs, with [redacted]."""
+def inert(text: str) -> str:
+    """text a terminal shows and never acts on: each such character as a visible escape (\\x1b,
+    \\u202e, \\r); newlines and tabs stay. JSON text stays JSON that means the same, since JSON
+    escapes the C0 controls itself and \\uXXXX is its own escape."""
+    return _ACTIVE.sub(_escape, text)
 
-    def __init__(self, *secrets: Optional[str]):
-        self.secrets: List[str] = []
-        self.forms: List[str] = []
-        self.pattern: Optional["re.Pattern"] = None
-        self.longest = 0
-        self.add(*secrets)
 
-    def add(self, *secrets: Optional[str]) -> None:
-        """Redact these too (a URL password known only once the flags are read)."""
-        self.secrets += [secret for secret in secrets if secret and secret not in self.secrets]
-        self.forms, patterns = [], []
-        for secret in self.secrets:
-            forms = sorted({secret, json.dumps(secret)[1:-1], quote(secret, safe=""), quote_plus(secret)},
-                           key=len, reverse=True)
-            self.forms += forms
-            either = "|".join(map(re.escape, forms))
-            patterns.append(either if len(secret) >= MIN_SECRET_CHARS
-                            else rf"(?<![A-Za-z0-9])(?:{either})(?![A-Za-z0-9])")
-        self.pattern = re.compile("|".join(f"(?:{p})" for p in patterns)) if patterns else None
-        self.longest = max(map(len, self.forms), default=0)
-
-    def __call__(self, text: str) -> str:
-        if not self.pattern:
-            return text
-        return self._fragments(self.pattern.sub(REDACTED, text))
-
-    def _fragments(self, text: str) -> str:
-        """A long secret's beginning or end left by a cut (a server message or a result shortened to a
-        length, "...[truncated N chars]..."): FRAGMENT_CHARS or more of its first or last characters."""
-        for form in self.forms:
-            if len(form) < 2 * FRAGMENT_CHARS:
-                continue
-            head, tail = form[:FRAGMENT_CHARS], form[-FRAGMENT_CHARS:]
-            for seed, forward in ((head, True), (tail, False)):
-                start = text.find(seed)
-                while start != -1:
-                    if forward:  # as much of the secret as follows its first characters
-                        end = start + FRAGMENT_CHARS
-                        while end < len(text) and end - start < len(form) and text[end] == form[end - start]:
-                            end += 1
-                    else:  # as much of the secret as comes before its last characters
-                        end, start = start + FRAGMENT_CHARS, start
-                        while start > 0 and end - start < len(form) and text[start - 1] == form[-(end - start) - 1]:
-                            start -= 1
-                    text = text[:start] + REDACTED + text[end:]
-                    start = text.find(seed, start + len(REDACTED))
-        return text
-
-    def unsafe_tail(self, text: str) -> int:
-        """How many characters at the end of text could be the start of a secret still being written."""
-        for size in range(min(len(text), self.longest - 1), 0, -1):
-            tail = text[-size:]
-            if any(form.startswith(tail) for form in self.forms):
-                return size
-        return 0
+def _escape(match: "re.Match") -> str:
+    code = ord(match.group())
+    return "\\r" if code == 0x0D else f"\\x{code:02x}" if code < 0x20 else f"\\u{code:04x}"
 
 
 def printable(text: str) -> str:
@@ -112,10 +67,12 @@ class SafeStream:
     says what follows: "end" raises OutputClosed once (stdout: the answer is lost),
     "drop" drops this and later writes (the trace on stderr: the run goes on), and
     "raise" lets the OSError through (the trace file: its owner decides).
+    An `inert` stream is read by people: what a terminal would act on is shown escaped, and
+    only our own codes (`write_code`) act.
     """
 
-    def __init__(self, stream: TextIO, redactor: Redactor, if_broken: str = "raise"):
-        self.stream, self.redactor, self.if_broken = stream, redactor, if_broken
+    def __init__(self, stream: TextIO, redactor: Redactor, if_broken: str = "raise", inert: bool = False):
+        self.stream, self.redactor, self.if_broken, self.inert = stream, redactor, if_broken, inert
         self._pending = ""
         self.broken = False
 
@@ -133,6 +90,19 @@ class SafeStream:
         self._emit(hold=0)
         self._guarded(self.stream.flush)
 
+    def write_code(self, code: str) -> None:
+        """One of our own terminal codes (a colour, the carriage return that redraws the status
+        line), written as it is after everything before it."""
+        self._emit(hold=0)
+        self._guarded(lambda: self.stream.write(code))
+
+    def write_json(self, value: Any, indent: Optional[int] = None) -> None:
+        """value as JSON and a newline. Its strings are redacted, not its text, so no key, however
+        short, changes its structure or its data (a placeholder key 5 and the number 5)."""
+        self._emit(hold=0)
+        text = json.dumps(self.redactor.values(value), ensure_ascii=False, indent=indent) + "\n"
+        self._guarded(lambda: self.stream.write(self._shown(text)))
+
     def close(self) -> None:
         try:
             self.finish()
@@ -143,7 +113,10 @@ class SafeStream:
         cut = len(self._pending) - hold
         ready, self._pending = self._pending[:cut], self._pending[cut:]
         if ready:
-            self._guarded(lambda: self.stream.write(printable(self.redactor(ready))))
+            self._guarded(lambda: self.stream.write(self._shown(self.redactor(ready))))
+
+    def _shown(self, text: str) -> str:
+        return printable(inert(text) if self.inert else text)
 
     def _guarded(self, write) -> None:
         if self.broken:
@@ -165,10 +138,14 @@ class SafeStream:
 @contextlib.contextmanager
 def protected(redactor: Redactor) -> Iterator[SafeStream]:
     """stdout and stderr through the redacting writer while the block runs; yields stdout.
-    A stream that is closed (`>&-`) or cannot be written (`>/dev/full`) costs no traceback."""
+    stderr is for people, so it is inert; stdout only on a terminal (elsewhere the answer is data,
+    kept exact). A traceback that escapes the block goes through the writer too, and a stream
+    that is closed (`>&-`) or cannot be written (`>/dev/full`) costs no traceback."""
     plain = sys.stdout, sys.stderr
-    sys.stdout = SafeStream(plain[0] or open(os.devnull, "w"), redactor, if_broken="end")
-    sys.stderr = SafeStream(plain[1] or open(os.devnull, "w"), redactor, if_broken="drop")
+    stdout = plain[0] or open(os.devnull, "w")
+    sys.stdout = SafeStream(stdout, redactor, if_broken="end", inert=_is_terminal(stdout))
+    sys.stderr = SafeStream(plain[1] or open(os.devnull, "w"), redactor, if_broken="drop", inert=True)
+    sys.excepthook = _traceback_writer(redactor)  # kept: it prints after the block has ended
     answer = sys.stdout
     try:
         yield answer
@@ -177,6 +154,22 @@ def protected(redactor: Redactor) -> Iterator[SafeStream]:
             with contextlib.suppress(OutputClosed):
                 stream.finish()
         sys.stdout, sys.stderr = plain
+
+
+def _traceback_writer(redactor: Redactor) -> Callable[..., None]:
+    """An excepthook that writes the traceback through the redacting writer, inert."""
+    def write(kind: type, error: BaseException, trace: Any) -> None:
+        stream = SafeStream(sys.stderr, redactor, if_broken="drop", inert=True)
+        stream.write("".join(traceback.format_exception(kind, error, trace)))
+        stream.finish()
+    return write
+
+
+def _is_terminal(stream: TextIO) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError, OSError):  # closed, or a test's stand-in
+        return False
 
 
 @contextlib.contextmanager
@@ -222,25 +215,35 @@ def _summary(thought: str) -> str:
 
 
 class Screen:
-    """Where the human trace goes: a stream, with colour and a live status line when it is a terminal."""
+    """Where the human trace goes: a stream, with colour and a live status line when it is a terminal.
+    What others wrote is shown inert; only our own colour codes and carriage returns act."""
 
     def __init__(self, stream: TextIO, colour: bool = False, live: bool = False,
                  redactor: Optional[Redactor] = None):
-        self.stream, self.colour, self.live = stream, colour, live
         self.redactor = redactor or Redactor()
+        self.stream = stream if isinstance(stream, SafeStream) and stream.inert \
+            else SafeStream(stream, self.redactor, inert=True)
+        self.colour, self.live = colour, live
         self._lock = threading.Lock()
         self._status: Optional[str] = None  # the live line now shown, if any
 
-    def paint(self, kind: str, text: str) -> str:
+    def paint(self, kind: Optional[str], text: str) -> None:
+        """Write text (made inert by the stream) in the colour of its kind."""
         if not (self.colour and kind in _COLOURS):
-            return text
+            self.stream.write(text)
+            return
         body = text.lstrip("\n")  # a blank line before a header stays outside its colour
-        return text[:len(text) - len(body)] + f"\033[{_COLOURS[kind]}m{body}\033[0m"
+        self.stream.write(text[:len(text) - len(body)])
+        self.stream.write_code(f"\033[{_COLOURS[kind]}m")
+        self.stream.write(body)
+        self.stream.write_code("\033[0m")
 
     def say(self, text: str, kind: Optional[str] = None) -> None:
         with self._lock:
             self._clear_status()
-            print(self.paint(kind, text) if kind else text, file=self.stream, flush=True)
+            self.paint(kind, text)
+            self.stream.write("\n")
+            self.stream.flush()
 
     def show_reply(self, header: str, reply: Any, prose: str) -> None:
         """What the model said besides its actions (its JSON is not echoed: the action lines show it),
@@ -288,7 +291,7 @@ class Screen:
 
     def _clear_status(self) -> None:
         if self._status is not None:  # spaces, not an escape code: no escape codes at all under NO_COLOR
-            self.stream.write("\r" + " " * sum(map(_columns, self._status)) + "\r")
+            self.stream.write_code("\r" + " " * sum(map(_columns, self._status)) + "\r")
             self._status = None
 
     @contextlib.contextmanager
@@ -317,7 +320,7 @@ class Screen:
             line = status.line(width, self.redactor)
             with self._lock:
                 self._clear_status()
-                self.stream.write(self.paint("dim", line))
+                self.paint("dim", line)
                 self.stream.flush()
                 self._status = line
 
@@ -368,31 +371,59 @@ class Status:
         if not self.size:
             return (head + " …")[:width]
         tail = redactor(" ".join("".join(self.pieces)[-600:].split()))
-        tail = tail[:len(tail) - redactor.unsafe_tail(tail)]  # never the start of a key still arriving
+        tail = inert(tail[:len(tail) - redactor.unsafe_tail(tail)])  # never the start of a key still arriving
         head += f" ({self.size:,} chars): "
         return head + _last_columns(tail, max(0, width - len(head)))
 
 
 # --- the approval question ------------------------------------------------------------------
 
-def terminal_approver(redactor: Redactor) -> Optional[Callable[[dict], bool]]:
-    """Ask y/N about each call on the terminal the user types into; None when stdin is no terminal."""
-    if sys.stdin is None or not sys.stdin.isatty():
-        return None
+CONTROLLING_TERMINAL = "/dev/tty"
 
-    def approve(call: dict) -> bool:
-        try:  # the terminal itself, so the question shows even with stdout and stderr redirected
-            terminal = SafeStream(open(os.ttyname(sys.stdin.fileno()), "w", encoding="utf-8"), redactor, "drop")
-        except OSError:
-            terminal = sys.stderr
-        if call.get("warning"):
-            terminal.write(f"warning: {call['tool']}: {call['warning']}\n")
-        terminal.write(f"approve {call['tool']} {to_json(call['args'])}? [y/N] ")
-        terminal.flush()
-        answer = sys.stdin.readline()
-        if not answer:  # Ctrl-D: end the line the question left open
-            terminal.write("\n")
-        if terminal is not sys.stderr:
-            terminal.close()
-        return answer.strip().lower() in ("y", "yes")
-    return approve
+
+def terminal_approver(redactor: Redactor) -> Optional["TerminalApprover"]:
+    """The approval question, asked on the controlling terminal whatever stdin is (as sudo and git
+    ask for a password); None when the process has no terminal."""
+    try:
+        os.close(os.open(CONTROLLING_TERMINAL, os.O_RDWR | os.O_NOCTTY))
+    except OSError:
+        return None
+    return TerminalApprover(redactor)
+
+
+class TerminalApprover:
+    """Asks y/N/a about each call: "a" says yes to that tool for the rest of the run."""
+
+    def __init__(self, redactor: Redactor):
+        self.redactor = redactor
+        self.always: Set[str] = set()
+
+    def __call__(self, call: dict) -> bool:
+        if call["tool"] in self.always:
+            return True
+        # On a line of its own, the call exactly as it will run: JSON keeps the arguments' text
+        # exact, and the terminal stream shows anything a terminal would act on escaped.
+        warning = f"\nwarning: {call['tool']}: {call['warning']}" if call.get("warning") else ""
+        answer = self.ask(f"{warning}\napprove {call['tool']} {to_json(call['args'])}? [y/N/a] ")
+        if answer == "a":
+            self.always.add(call["tool"])
+        return answer in ("y", "yes", "a")
+
+    def ask(self, question: str) -> str:
+        """The answer typed to question on the terminal, lowercase; what was typed before it was
+        shown (while the model worked) is dropped, so it cannot answer a question not yet asked."""
+        import termios  # POSIX only, like /dev/tty
+        descriptor = os.open(CONTROLLING_TERMINAL, os.O_RDWR | os.O_NOCTTY)
+        try:
+            termios.tcflush(descriptor, termios.TCIFLUSH)
+            terminal = SafeStream(open(descriptor, "w", encoding="utf-8", closefd=False), self.redactor, "drop",
+                                  inert=True)
+            terminal.write(question)
+            terminal.finish()
+            answer = os.read(descriptor, 1024)  # one line: the terminal hands it over on Enter
+            if not answer:  # Ctrl-D: end the line the question left open
+                terminal.write("\n")
+                terminal.finish()
+            return answer.decode("utf-8", "replace").strip().lower()
+        finally:
+            os.close(descriptor)

@@ -163,7 +163,8 @@ class RunLog:
     def __init__(self, human: Optional[TextIO] = None, trace_path: Optional[str] = None,
                  redactor: Optional[Redactor] = None, colour: bool = False, live: bool = False):
         self.human = human
-        self.screen = Screen(human, colour, live, redactor) if human else None
+        self.redactor = redactor or Redactor()
+        self.screen = Screen(human, colour, live, self.redactor) if human else None
         self.start_fields: Dict[str, Any] = {}  # recorded with the start or resume (the MCP servers used)
         self.start_notes: List[str] = []  # said right after it
         self.trace_file = None
@@ -178,7 +179,7 @@ class RunLog:
                     torn = existing.read(1) != b"\n"
                 if torn:
                     raw.write("\n")  # end a line torn by a crash; readers skip it
-            self.trace_file = SafeStream(raw, redactor or Redactor(None))
+            self.trace_file = SafeStream(raw, self.redactor)
 
     def say(self, text: str, kind: Optional[str] = None) -> None:
         if self.screen:
@@ -191,9 +192,8 @@ class RunLog:
 
     def record(self, event: str, **fields: Any) -> None:
         if self.trace_file:
-            line = json.dumps({"event": event, **fields}, ensure_ascii=False, default=str)
-            try:
-                self.trace_file.write(line + "\n")
+            try:  # its strings redacted, not its text: every line parses, whatever the key
+                self.trace_file.write_json({"event": event, **fields})
                 self.trace_file.flush()  # a crash loses at most the round in flight
             except OSError as error:
                 self.close()  # nothing more can be recorded; the end is still shown

@@ -2,6 +2,7 @@ import os
 import shlex
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -12,6 +13,24 @@ from scripted_server import ScriptedServer  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 KEY = "sk-live-DO-NOT-LEAK-0123456789"
+
+
+@pytest.fixture(autouse=True, scope="session")
+def no_controlling_terminal():
+    """The tests run without a controlling terminal, as in CI: an approval question asked in-process
+    would otherwise wait for someone at the developer's terminal. (A session leader, such as
+    pytest started by setsid, cannot let go of its terminal without hanging up on it.)"""
+    import fcntl
+    import termios
+    try:
+        terminal = os.open("/dev/tty", os.O_RDWR | os.O_NOCTTY)
+    except OSError:
+        return
+    try:
+        if os.getsid(0) != os.getpid():
+            fcntl.ioctl(terminal, termios.TIOCNOTTY)
+    finally:
+        os.close(terminal)
 
 
 @pytest.fixture(autouse=True)
@@ -82,18 +101,45 @@ def run_cli(*args, stdin=None, env=None, timeout=60, **popen):
     return process.returncode, out, err
 
 
-def answer_on_a_terminal(argv, env, cwd, answer=b"y\n"):
-    """Run the CLI with stdin on a pseudo terminal, answer its first [y/N] question; return
-    (what the terminal showed, stdout, stderr, exit code)."""
+QUESTION = b"? [y/N/a] "
+
+
+def answer_on_a_terminal(argv, env, cwd, answers=(b"y\n",), stdin=None, type_ahead=b"", trace_on_terminal=False):
+    """Run the CLI with a pseudo terminal as its controlling terminal (and its stdin, unless `stdin`
+    bytes are piped in; its stderr too if trace_on_terminal), type `type_ahead` at once, and give
+    each approval question the next of `answers`; return (what the terminal showed, stdout, stderr,
+    exit code)."""
+    import fcntl
     import pty
     import select
+    import termios
     controller, terminal = pty.openpty()
-    process = start_cli(*argv, env=env, cwd=cwd, stdin=terminal, text=False)
-    shown = b""
-    while b"[y/N]" not in shown and select.select([controller], [], [], 20)[0]:
-        shown += os.read(controller, 1024)
-    os.write(controller, answer)
-    out, err = process.communicate(timeout=30)
+    name = os.ttyname(terminal)
+
+    def take_the_terminal():  # in the child, a session leader after start_new_session
+        fcntl.ioctl(os.open(name, os.O_RDWR), termios.TIOCSCTTY, 0)
+    process = start_cli(*argv, env=env, cwd=cwd, stdin=subprocess.PIPE if stdin is not None else terminal,
+                        stderr=terminal if trace_on_terminal else subprocess.PIPE, text=False,
+                        start_new_session=True, preexec_fn=take_the_terminal)
+    os.write(controller, type_ahead)
+    if stdin is not None:
+        process.stdin.write(stdin)
+        process.stdin.close()
+    shown, given, deadline = b"", 0, time.monotonic() + 30
+    while time.monotonic() < deadline:  # until the process has ended and all it showed is read
+        if not select.select([controller], [], [], 0.05)[0]:
+            if process.poll() is not None:
+                break
+            continue
+        shown += os.read(controller, 65536)
+        if given < min(len(answers), shown.count(QUESTION)):
+            os.write(controller, answers[given])
+            given += 1
+    if process.poll() is None:  # still waiting after 30 s (on a question nobody answers): the test fails
+        process.kill()
+    out = process.stdout.read()
+    err = b"" if trace_on_terminal else process.stderr.read()
+    process.wait(timeout=30)
     os.close(controller)
     os.close(terminal)
     return shown, out, err, process.returncode

@@ -1,7 +1,7 @@
 import pytest
 from hypothesis import given, strategies as st
 
-from agent_demo_kit.actions import Action, parse_actions, parse_reply
+from agent_demo_kit.actions import Action, parse_actions, parse_reply, strip_think
 from agent_demo_kit.client import Reply
 from agent_demo_kit.settings import Settings
 from scripted_model import ScriptedModel, run
@@ -131,3 +131,16 @@ def test_an_action_written_twice_in_one_reply_runs_once_and_both_copies_get_its_
     outcome = run("count", Settings(), model, registry=registry_of(count))
     assert outcome.status == "finished" and ran == [1]
     assert [call["result"] for call in outcome.calls[:2]] == [{"ok": True, "data": 1}] * 2
+
+
+@pytest.mark.parametrize("text", [
+    "keep <think>this part</think> and this",
+    "close a thought with </think> and go on",
+    "Wrap reasoning in <think> tags.",
+    "<thinking>all of it</thinking>",
+])
+@pytest.mark.parametrize("before", ["", '<think>first {"tool": "fail"} then</think>\n'], ids=["alone", "after a thought"])
+def test_a_think_tag_inside_a_json_string_is_text_and_reaches_the_tool_unchanged(text, before):
+    reply = before + act("finish", result=text)
+    assert parse_actions(reply).actions == [Action("finish", {"result": text})]
+    assert strip_think(reply).strip() == act("finish", result=text), "the model's turn is re-sent as written"

@@ -3,16 +3,22 @@
 Each test makes the key reach one path (a server and a tool that echo it) and checks
 that the path shows [redacted] instead, so dropping the redaction from any one path fails.
 """
+import base64
 import json
 import os
+import re
+import subprocess
 import sys
 from pathlib import Path
+from urllib.parse import quote, quote_plus
 
 import pytest
 
 from agent_demo import main
-from conftest import KEY, answer_on_a_terminal
-from agent_demo_kit.terminal import Redactor, SafeStream
+from conftest import KEY, answer_on_a_terminal, child_environment, run_cli
+from agent_demo_kit.redaction import FRAGMENT_AT_A_CUT, REDACTED, Redactor
+from agent_demo_kit.terminal import SafeStream
+from prompts import clip
 from scripted_server import ScriptedServer, action as act
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -69,7 +75,7 @@ def test_the_approval_question_on_the_terminal_does_not_show_the_key(tmp_path):
         env.update(LLM_API_URL=server.url, LLM_API_KEY=KEY)
         shown, out, err, _ = answer_on_a_terminal(["--approve", "--quiet", "--tools-file", str(tools_file), "hi"],
                                                   env, tmp_path)
-    assert b'approve echo {"text": "[redacted]"}? [y/N]' in shown
+    assert b'approve echo {"text": "[redacted]"}? [y/N/a]' in shown
     assert KEY.encode() not in shown + out + err
 
 
@@ -103,3 +109,91 @@ def test_text_held_back_because_it_might_start_the_key_is_written_at_the_end(cap
     assert capsys.readouterr().out == "almost "
     stream.finish()
     assert capsys.readouterr().out == KEY[:6]
+
+
+# --- the forms a key takes, and a key cut short ------------------------------------------------
+
+ENCODED_KEY = "sk+live/KEY=0123456789"  # characters that base64 and percent-encoding change
+
+
+def lowercase_escapes(text):
+    return re.sub(r"%[0-9A-F]{2}", lambda escape: escape.group().lower(), text)
+
+
+@pytest.mark.parametrize("shown", [
+    base64.b64encode(ENCODED_KEY.encode()).decode(),
+    base64.urlsafe_b64encode(ENCODED_KEY.encode()).decode(),
+    *(base64.b64encode(f"{user}:{ENCODED_KEY}".encode()).decode() for user in ("", "u", "me", "bob")),
+    base64.urlsafe_b64encode(f"bob:{ENCODED_KEY}".encode()).decode(),
+    lowercase_escapes(quote(ENCODED_KEY, safe="")),
+    lowercase_escapes(quote_plus(ENCODED_KEY)),
+], ids=["base64", "url-safe", "user0", "user1", "user2", "user3", "user url-safe", "percent", "percent plus"])
+def test_the_key_is_redacted_in_base64_and_in_lowercase_percent_encoding(shown):
+    redacted = Redactor(ENCODED_KEY)(f"Authorization: Basic {shown}&next")
+    left = redacted.replace("Authorization: Basic ", "").replace("&next", "").replace(REDACTED, "")
+    assert REDACTED in redacted and len(left) <= 8, "at most the user's name and a character of the key's edges"
+
+
+def test_what_a_cut_leaves_of_a_key_is_redacted():
+    key = "sk-0123456789abcdefgh"[:20]
+    cut = clip("x" * 186 + key + "y" * 200, 300)
+    assert key[:14] in cut, "the cut leaves 14 of its 20 characters"
+    assert key[:FRAGMENT_AT_A_CUT] not in Redactor(key)(cut)
+
+
+def test_an_endpoint_message_cut_through_the_key_does_not_show_what_is_left_of_it(serve, capsys):
+    key = "sk-0123456789abcdefgh"[:20]
+    serve([{"status": 401, "body": {"error": {"message": "x" * 186 + key + " was not accepted" + "." * 200}}}], key=key)
+    assert main(["hi"]) == 3
+    err = capsys.readouterr().err
+    assert "authentication failed" in err and "...[truncated" in err and key[:FRAGMENT_AT_A_CUT] not in err
+
+
+# --- a short placeholder key ------------------------------------------------------------------
+
+def test_a_short_placeholder_key_never_breaks_the_json_output_or_the_trace(serve, capsys, tmp_path):
+    trace = tmp_path / "run.jsonl"
+    serve([act("calculator", expression="2 + 3"), act("calculator", expression="5 * 1")], key="5")
+    assert main(["--json", "--quiet", "--max-rounds", "2", "--trace", str(trace), "add"]) == 1
+    outcome = json.loads(capsys.readouterr().out)
+    assert outcome["rounds"] == 2 and outcome["calls"][0]["result"] == {"ok": True, "data": 5}
+    assert outcome["usage"]["completion_tokens"] == 10
+    records = [json.loads(line) for line in trace.read_text().splitlines()]  # every line parses
+    assert [r["round"] for r in records if r["event"] == "round"] == [1, 2]
+    server = serve([act("finish", result=5)], key="5")
+    assert main(["--json", "--quiet", "--resume", str(trace), "--max-rounds", "3"]) == 0
+    assert json.loads(capsys.readouterr().out)["result"] == 5
+    assert len(server.requests) == 1 and '"data": 5' in server.sent_messages(0)[-1]["content"], "no round redone"
+
+
+# --- what goes to the endpoint ---------------------------------------------------------------
+
+def test_a_key_a_tool_returns_is_not_sent_to_the_endpoint(serve, tmp_path, capsys):
+    tools_file = tmp_path / "env.py"
+    tools_file.write_text('import os\n\n\ndef read_env(name: str) -> str:\n    """A variable."""\n'
+                          '    return "value: " + os.environ[name]\n')
+    server = serve([act("read_env", name="LLM_API_KEY"), act("finish", result="done")])
+    assert main(["--quiet", "--tools-file", str(tools_file), "hi"]) == 0
+    sent = json.dumps(server.requests[1]["body"])
+    assert KEY not in sent and "value: [redacted]" in sent
+
+
+def test_piped_material_with_the_key_is_not_sent_to_the_endpoint():
+    with ScriptedServer([act("finish", result="summed up")]) as server:
+        code, out, _ = run_cli("summarize this", stdin=f"config: api_key={KEY}\n",
+                               env={"LLM_API_URL": server.url, "LLM_API_KEY": KEY})
+    sent = json.dumps(server.requests[0]["body"])
+    assert code == 0 and KEY not in sent and "api_key=[redacted]" in sent
+
+
+# --- a traceback -------------------------------------------------------------------------------
+
+def test_a_traceback_that_escapes_to_the_top_goes_through_the_redacting_writer():
+    program = ("import sys; sys.path.insert(0, sys.argv[1])\n"
+               "from agent_demo_kit.terminal import Redactor, protected\n"
+               "with protected(Redactor(sys.argv[2])):\n    pass\n"
+               "raise RuntimeError('key ' + sys.argv[2] + ' and \\x1b[2J')\n")
+    done = subprocess.run([sys.executable, "-c", program, str(ROOT), KEY], capture_output=True, text=True,
+                          env=child_environment())
+    assert "Traceback" in done.stderr and "RuntimeError: key [redacted] and \\x1b[2J" in done.stderr
+    assert KEY not in done.stderr and "\x1b" not in done.stderr

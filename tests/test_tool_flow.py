@@ -290,7 +290,7 @@ def test_approve_asks_on_a_real_terminal_even_with_json_and_stderr_redirected(tm
         env = {k: v for k, v in os.environ.items() if not k.startswith(("LLM_", "AGENT_"))}
         env["LLM_API_URL"] = server.url
         shown, out, _, code = answer_on_a_terminal(["--approve", "--json", "hi"], env, tmp_path)
-    assert b'approve calculator {"expression": "2 + 2"}? [y/N]' in shown
+    assert b'approve calculator {"expression": "2 + 2"}? [y/N/a]' in shown
     assert code == 0 and json.loads(out)["result"] == "four"
     assert '"data": 4' in server.sent_messages(1)[-1]["content"]
 

@@ -1,0 +1,193 @@
+"""Text from outside (the model, tools, the endpoint) is shown, never obeyed: escape codes reach no
+terminal, the approval question names the call that will run and is asked on the terminal itself,
+and an endpoint's token counts cannot give back the budget.
+"""
+import json
+import os
+import re
+
+import pytest
+
+from agent_demo import main
+from agent_demo_kit.terminal import inert
+from conftest import answer_on_a_terminal, run_cli
+from scripted_server import ScriptedServer, action as act
+
+# An escape code for each way text could act on a terminal: colour (hidden text), a window title
+# (OSC), clear screen, a carriage return that overwrites the line, and a bidi override.
+HOSTILE = "\x1b[30;40mhidden\x1b[0m \x1b]0;owned\x07 \x1b[2J back\rover \u202eevil"
+SHOWN = "\\x1b[30;40mhidden\\x1b[0m \\x1b]0;owned\\x07 \\x1b[2J back\\rover \\u202eevil"
+SPOOF = ("\x1b[30;40m" + act("delete_file", path="/home/user/.ssh") + "\x1b[0m\rChecking the sum first.\r\n"
+         'approve calculator {"expression": "2 + 2"}? [y/N] \x1b[30;40m')
+DELETE_FILE = '''from tools import tool
+
+
+@tool(side_effects=True)
+def delete_file(path: str) -> str:
+    """Delete a file."""
+    with open("ran.txt", "a") as ran:
+        ran.write(f"delete_file {path}\\n")
+    return "deleted " + path
+
+
+@tool(side_effects=True)
+def echo(text: str) -> str:
+    """Say it back."""
+    with open("ran.txt", "a") as ran:
+        ran.write(f"echo {text}\\n")
+    return text
+'''
+OUR_CODES = {b"\x1b[0m", *(f"\x1b[{code}m".encode() for code in ("1;36", "33", "32", "31", "35", "2", "1;32", "1;31"))}
+
+
+@pytest.fixture
+def tools_file(tmp_path):
+    path = tmp_path / "risky.py"
+    path.write_text(DELETE_FILE)
+    return str(path)
+
+
+def ran(tmp_path):
+    """The calls the tools file ran."""
+    path = tmp_path / "ran.txt"
+    return path.read_text().splitlines() if path.exists() else []
+
+
+def terminal_env(server, **extra):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("LLM_", "AGENT_"))}
+    return {**env, "LLM_API_URL": server.url, **extra}
+
+
+# --- text is inert ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("text, shown", [
+    (HOSTILE, SHOWN),
+    ("lines\nand\ttabs stay, so does a line end\r\n", "lines\nand\ttabs stay, so does a line end\r\n"),
+    ("C1 \x9b2J, DEL \x7f, NUL \x00, bell \x07", "C1 \\u009b2J, DEL \\u007f, NUL \\x00, bell \\x07"),
+    ("hidden\u200b \u2066isolate\u2069 \u200fmark", "hidden\\u200b \\u2066isolate\\u2069 \\u200fmark"),
+    ("订单 👨\u200d👩\u200d👧 می\u200cخواهم", "订单 👨\u200d👩\u200d👧 می\u200cخواهم"),
+])
+def test_what_a_terminal_would_act_on_is_shown_as_an_escape(text, shown):
+    assert inert(text) == shown
+
+
+def test_inert_json_is_still_json_meaning_the_same():
+    value = {"path": "\x1b[2J\x7f\x9b\u202e\r\n\u2028"}
+    text = inert(json.dumps(value, ensure_ascii=False))
+    assert json.loads(text) == value and "\u202e" not in text and "\x7f" not in text
+
+
+def test_the_trace_shows_escape_codes_from_the_model_tools_and_endpoint_as_text(serve, capsys, tmp_path):
+    serve([{"content": f"{HOSTILE} " + act("get_order_status", order_id=HOSTILE), "reasoning_content": HOSTILE},
+           {"status": 500, "body": {"error": {"message": HOSTILE}}}], key=None)
+    trace = tmp_path / "t.jsonl"
+    assert main(["--retries", "1", "--trace", str(trace), "hi"]) == 3
+    err = capsys.readouterr().err
+    assert "\x1b" not in err and "\u202e" not in err and "\r" not in err
+    assert f"model: {SHOWN}" in err, "the model's text"
+    assert '\\u202eevil"' in err, "the tool's result"
+    one_line = SHOWN.replace("\\r", " ")  # an error is one line: its whitespace is folded
+    assert f"agent-demo: error: HTTP 500 after 1 retries: {one_line}" in err, "the endpoint's message"
+    records = [json.loads(line) for line in trace.read_text().splitlines()]
+    assert records[1]["model_output"].startswith(HOSTILE), "the trace file keeps the exact text"
+
+
+def test_the_answer_is_exact_data_off_a_terminal_and_inert_on_one(tmp_path):
+    import pty
+    with ScriptedServer([act("finish", result=HOSTILE)]) as server:
+        code, out, _ = run_cli("--quiet", "hi", env=terminal_env(server), text=False)
+        assert (code, out) == (0, (HOSTILE + "\n").encode())
+        controller, terminal = pty.openpty()
+        code, _, _ = run_cli("--quiet", "hi", env=terminal_env(server), stdout=terminal)
+        os.close(terminal)
+        shown = os.read(controller, 65536).decode()
+        os.close(controller)
+    assert code == 0 and shown == SHOWN + "\r\n"  # the terminal ends each line with \r\n
+
+
+# --- the approval question --------------------------------------------------------------------
+
+def test_a_spoofed_approval_question_cannot_hide_the_call_that_will_run(tools_file, tmp_path):
+    with ScriptedServer([SPOOF, act("fail", reason="refused")]) as server:
+        shown, out, _, code = answer_on_a_terminal(["--tools-file", tools_file, "check the sum"], terminal_env(server),
+                                                   tmp_path, answers=[b"n\n"], trace_on_terminal=True)
+        fed_back = server.sent_messages(1)[-1]["content"]
+    question = b'\r\napprove delete_file {"path": "/home/user/.ssh"}? [y/N/a] '
+    assert question in shown, "the real question, on a line of its own"
+    assert b"\\x1b[30;40m" in shown and b"\\rChecking" in shown, "the model's codes are shown as text"
+    model_text = shown[:shown.index(question)]
+    for ours in OUR_CODES:
+        model_text = model_text.replace(ours, b"")
+    assert b"\x1b" not in model_text, "only our colours act"
+    assert set(re.findall(rb"\x1b\[[0-9;]*m", shown)) <= OUR_CODES and shown.count(b"\x1b") == len(
+        re.findall(rb"\x1b\[[0-9;]*m", shown))
+    assert ran(tmp_path) == [] and "cancelled: the user did not approve this call" in fed_back and code == 1
+
+
+def test_the_question_shows_the_arguments_exactly_and_inert(tools_file, tmp_path):
+    text = "ok\u202egnp.exe\x1b]0;title\x07"
+    with ScriptedServer([act("echo", text=text), act("finish", result="done")]) as server:
+        shown, out, _, code = answer_on_a_terminal(["--quiet", "--tools-file", tools_file, "hi"], terminal_env(server),
+                                                   tmp_path)
+    question = re.search(rb"approve echo (.*)\? \[y/N/a\] ", shown).group(1).decode()
+    assert question == '{"text": "ok\\u202egnp.exe\\u001b]0;title\\u0007"}' and json.loads(question) == {"text": text}
+    assert code == 0 and ran(tmp_path) == [f"echo {text}"]
+
+
+def test_the_question_is_asked_on_the_terminal_when_stdin_is_a_pipe(tmp_path):
+    with ScriptedServer([act("calculator", expression="2 + 2"), act("finish", result="four")]) as server:
+        shown, out, _, code = answer_on_a_terminal(["--approve"], terminal_env(server), tmp_path,
+                                                   stdin=b"add two and two")
+        task = server.sent_messages(0)[1]["content"]
+    assert b'approve calculator {"expression": "2 + 2"}? [y/N/a] ' in shown
+    assert (code, out) == (0, b"four\n") and "add two and two" in task
+
+
+def test_what_was_typed_before_the_question_does_not_answer_it(tools_file, tmp_path):
+    with ScriptedServer([act("delete_file", path="notes.txt"), act("fail", reason="refused")]) as server:
+        shown, out, _, code = answer_on_a_terminal(["--quiet", "--tools-file", tools_file, "tidy up"],
+                                                   terminal_env(server), tmp_path, type_ahead=b"y\n", answers=[b"n\n"])
+        fed_back = server.sent_messages(1)[-1]["content"]
+    assert b"approve delete_file" in shown and ran(tmp_path) == []
+    assert "cancelled: the user did not approve this call" in fed_back
+
+
+def test_answering_a_says_yes_to_that_tool_for_the_rest_of_the_run(tools_file, tmp_path):
+    replies = [act("echo", text="one"), act("echo", text="two"), act("delete_file", path="x"), act("finish", result="ok")]
+    with ScriptedServer(replies) as server:
+        shown, out, _, code = answer_on_a_terminal(["--quiet", "--tools-file", tools_file, "hi"], terminal_env(server),
+                                                   tmp_path, answers=[b"a\n", b"n\n"])
+    assert shown.count(b"approve echo") == 1 and shown.count(b"approve delete_file") == 1
+    assert ran(tmp_path) == ["echo one", "echo two"] and code == 0
+
+
+@pytest.mark.parametrize("flags, said", [
+    (["--approve"], "note: --approve: there is no terminal to ask, so every tool call will be refused; --yes runs them"),
+    ([], "note: there is no terminal to ask, so every call to delete_file, echo will be refused; --yes runs them"),
+])
+def test_without_a_terminal_the_run_says_at_once_that_calls_will_be_refused(tools_file, tmp_path, flags, said):
+    with ScriptedServer([act("echo", text="x"), act("fail", reason="refused")]) as server:
+        code, out, err = run_cli(*flags, "--tools-file", tools_file, env=terminal_env(server), stdin="hi",
+                                 start_new_session=True)  # a new session has no controlling terminal
+    lines = err.splitlines()
+    assert said in lines and lines.index(said) < lines.index(next(line for line in lines if "--- round 1" in line))
+    assert "there is no terminal to ask" in server.sent_messages(1)[-1]["content"] and ran(tmp_path) == []
+
+
+# --- token counts ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("usage", [
+    {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": -1_000_000_000},
+    {"prompt_tokens": -5_000, "completion_tokens": 5},
+    {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": True},
+    {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 10 ** 15},
+], ids=["negative total", "negative prompt", "bool", "absurd"])
+def test_token_counts_that_cannot_be_true_are_estimated_and_the_budget_holds(serve, capsys, tmp_path, usage):
+    serve([{"content": act("calculator", expression=f"{n} + 1"), "usage": usage} for n in range(10)])
+    trace = tmp_path / "t.jsonl"
+    assert main(["--max-tokens", "1000", "--json", "--trace", str(trace), "count"]) == 1
+    outcome = json.loads(capsys.readouterr().out)
+    assert outcome["status"] == "budget" and outcome["usage"]["estimated"] is True
+    assert 1000 <= outcome["usage"]["total_tokens"] < 3000
+    notes = [r["text"] for r in map(json.loads, trace.read_text().splitlines()) if r["event"] == "note"]
+    assert notes and notes[0].startswith("the endpoint reported token counts that cannot be right")
