@@ -9,7 +9,7 @@ import signal
 import stat
 import sys
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, List, Optional, TextIO
 
@@ -21,7 +21,8 @@ from agent_demo_kit.settings import (DEFAULT_MODEL, DEFAULT_URL, MODES, Settings
 from agent_demo_kit.terminal import Redactor, protected, stray_prints_to_stderr, terminal_approver
 from agent_demo_kit import log_folder
 from agent_demo_kit.trace import Round, RunLog, load_trace
-from tools import CONTROL_ACTIONS, REGISTRY, Tool, ToolDefinitionError
+from agent_demo_kit.tools_file import build_registry
+from tools import REGISTRY, Tool
 
 ENVIRONMENT_HELP = f"""environment (also read from ./.env; the real environment wins):
   LLM_API_KEY             bearer key; optional for local servers (no Authorization header then)
@@ -185,47 +186,43 @@ def ending_on_sigterm() -> Iterator[None]:
 
 @dataclass
 class Job:
-    """A run ready to start: its settings, tools and task, and the rounds already done if it resumes."""
+    """A run ready to start: its settings, tools and task, the rounds already done if it resumes,
+    and what it holds open."""
 
     settings: Settings
     registry: Dict[str, Tool]
     task: str
     history: List[Round]
     trace_path: Optional[str]
+    log: RunLog
     form: Any = None  # what the endpoint took when the run was cut short (a resume starts there)
+    opened: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)  # the trace file, the tools worker
 
 
-def build_registry(files: List[str], names: Optional[str], tool_timeout: float) -> Dict[str, Tool]:
-    """The built-in tools and those of each --tools-file, cut down to --tools NAME,NAME; ConfigError if
-    a file gives no usable tools, a name clashes, or --tools names a tool that does not exist."""
-    registry = dict(REGISTRY)
-    for path in files:
-        from agent_demo_kit.tools_file import load_tools_file
-        try:
-            found = load_tools_file(path, tool_timeout)
-        except ToolDefinitionError as error:
-            raise ConfigError(f"--tools-file {path}: {error}") from None
-        clash = next((name for name in found if name in registry or name in CONTROL_ACTIONS), None)
-        if clash:
-            raise ConfigError(f"--tools-file {path}: the tool {clash} clashes with another tool of that name")
-        registry.update(found)
-    if names is None:
-        return registry
-    wanted = [name.strip() for name in names.split(",") if name.strip()]
-    unknown = [name for name in wanted if name not in registry and name not in CONTROL_ACTIONS]
-    if unknown:
-        raise ConfigError(f"--tools: unknown tool {', '.join(unknown)} (available: {', '.join(registry)})")
-    return {name: tool for name, tool in registry.items() if name in wanted}
+def prepare(args: argparse.Namespace, environment: Dict[str, str], redactor: Redactor) -> Job:
+    """Settings, the tools, the task, the rounds already done and the open trace, or ConfigError
+    (with nothing left open)."""
+    with contextlib.ExitStack() as opened:
+        job = (prepare_resume if args.resume is not None else prepare_new)(args, environment, redactor, opened)
+        job.opened = opened.pop_all()
+        return job
 
 
-def prepare(args: argparse.Namespace, environment: Dict[str, str]) -> Job:
-    """Settings, the tools, the task, the rounds already done and the trace path, or ConfigError."""
-    if args.resume is None:
-        settings = load_settings(args, environment)
-        settings.stream = wants_stream(args)
-        trace = args.trace or (None if args.no_log else log_folder.new_log_file(environment))
-        return Job(settings, build_registry(settings.tools_files, args.tools, settings.tool_timeout), args.task, [],
-                   trace)
+def prepare_new(args: argparse.Namespace, environment: Dict[str, str], redactor: Redactor,
+                opened: contextlib.ExitStack) -> Job:
+    """A new run: its trace file is made (in the run log folder, unless --trace or --no-log) once its
+    tools are known."""
+    settings = load_settings(args, environment)
+    settings.stream = wants_stream(args)
+    trace = args.trace or (None if args.no_log else log_folder.new_log_file(environment))
+    registry = build_registry(settings, args.tools, redactor.secrets, opened)
+    log = open_log(args, trace, redactor, environment, opened)
+    return Job(settings, registry, args.task, [], trace, log)
+
+
+def prepare_resume(args: argparse.Namespace, environment: Dict[str, str], redactor: Redactor,
+                   opened: contextlib.ExitStack) -> Job:
+    """A run cut short, from its trace."""
     if args.task:
         raise ConfigError("--resume continues the task recorded in the trace; give no task with it")
     path = args.resume or log_folder.latest_run(environment)
@@ -240,10 +237,11 @@ def prepare(args: argparse.Namespace, environment: Dict[str, str]) -> Job:
                           " or LLM_API_URL")
     settings = load_settings(args, environment, recorded=start)  # the run's own settings, unless given again
     settings.stream = wants_stream(args)
-    registry = build_registry(settings.tools_files, args.tools, settings.tool_timeout)
+    registry = build_registry(settings, args.tools, redactor.secrets, opened)
     if args.tools is None and isinstance(start.get("tools"), list):
         registry = {name: tool for name, tool in registry.items() if name in start["tools"]}
-    return Job(settings, registry, start["task"], rounds, path, resumed_form(settings, start, rounds))
+    log = open_log(args, path, redactor, environment, opened)
+    return Job(settings, registry, start["task"], rounds, path, log, resumed_form(settings, start, rounds))
 
 
 def resumed_form(settings: Settings, start: dict, rounds: List[Round]) -> Any:
@@ -289,9 +287,10 @@ def on_terminal(stream: Any) -> bool:
 
 
 def open_log(args: argparse.Namespace, trace_path: Optional[str], redactor: Redactor,
-             environment: Dict[str, str]) -> RunLog:
+             environment: Dict[str, str], opened: contextlib.ExitStack) -> RunLog:
     """The run log: the human trace on stderr (none under --quiet), so stdout holds only the answer;
-    on a terminal it is live and in colour (never with NO_COLOR set)."""
+    on a terminal it is live and in colour (never with NO_COLOR set). The trace file is locked, and
+    closed when `opened` closes."""
     human = None if args.quiet else sys.stderr
     terminal = on_terminal(human)
     try:
@@ -299,6 +298,7 @@ def open_log(args: argparse.Namespace, trace_path: Optional[str], redactor: Reda
                      live=terminal)
     except OSError as error:
         raise ConfigError(f"cannot open the trace file: {error}") from None
+    opened.callback(log.close)
     if trace_path and not args.trace and args.resume is None:  # a new run in the run log folder
         log_folder.prune(Path(trace_path).parent)
     return log
@@ -366,8 +366,7 @@ def main(argv: Optional[List[str]] = None) -> int:
 def start(args: argparse.Namespace, environment: Dict[str, str], redactor: Redactor) -> tuple:
     """Prepare the run (or the resume) and run it; the outcome, and the job once the run started."""
     try:
-        job = prepare(args, environment)
-        log = open_log(args, job.trace_path, redactor, environment)
+        job = prepare(args, environment, redactor)
     except ConfigError as error:
         return RunResult(error), None
     except KeyboardInterrupt:
@@ -376,12 +375,12 @@ def start(args: argparse.Namespace, environment: Dict[str, str], redactor: Redac
         return RunResult(Terminated("terminated by SIGTERM")), None
     from agent_demo import Agent
     from agent_demo_kit.client import ModelClient  # requests: imported only when a run starts
-    client = ModelClient(job.settings, log, job.form)
-    try:
-        with ending_on_sigterm(), stray_prints_to_stderr():
-            agent = Agent(job.settings, client, job.registry, log, terminal_approver(redactor))
-            outcome = agent.run(job.task, job.history)
-    finally:
-        client.close()
-        log.close()
+    with job.opened:
+        client = ModelClient(job.settings, job.log, job.form)
+        try:
+            with ending_on_sigterm(), stray_prints_to_stderr():
+                agent = Agent(job.settings, client, job.registry, job.log, terminal_approver(redactor))
+                outcome = agent.run(job.task, job.history)
+        finally:
+            client.close()
     return outcome, job
