@@ -16,8 +16,8 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, TextIO
 import prompts
 from agent_demo_kit import __version__
 from agent_demo_kit.endings import ConfigError, Interrupted, OutputClosed, RunResult, SigTerm, Terminated
-from agent_demo_kit.settings import (DEFAULT_MODEL, DEFAULT_URL, MODES, Settings, display_url, flag_parser, given,
-                                     load_settings, read_environment, secrets_of)
+from agent_demo_kit.settings import (DEFAULT_MODEL, DEFAULT_URL, MODES, Settings, chat_completions_url, display_url,
+                                     flag_parser, given, load_settings, read_environment, secrets_of)
 from agent_demo_kit.terminal import Redactor, protected, stray_prints_to_stderr, terminal_approver
 from agent_demo_kit import log_folder
 from agent_demo_kit.trace import Round, RunLog, load_trace
@@ -222,12 +222,16 @@ def prepare_new(args: argparse.Namespace, environment: Dict[str, str], redactor:
 
 def prepare_resume(args: argparse.Namespace, environment: Dict[str, str], redactor: Redactor,
                    opened: contextlib.ExitStack) -> Job:
-    """A run cut short, from its trace."""
+    """A run cut short, from its trace. The trace is locked before it is read, and shown before its
+    tools files are imported: one resumer at a time, and the user sees where the run goes on."""
     if args.task:
         raise ConfigError("--resume continues the task recorded in the trace; give no task with it")
     path = args.resume or log_folder.latest_run(environment)
     if args.trace and os.path.abspath(args.trace) != os.path.abspath(path):
         raise ConfigError("--resume appends to its own trace file; --trace cannot name another one")
+    if not os.path.lexists(path):
+        raise ConfigError(f"cannot read the trace file {path}: no such file")
+    log = open_log(args, path, redactor, environment, opened)
     try:
         start, rounds = load_trace(path)
     except ValueError as error:
@@ -237,10 +241,11 @@ def prepare_resume(args: argparse.Namespace, environment: Dict[str, str], redact
                           " or LLM_API_URL")
     settings = load_settings(args, environment, recorded=start)  # the run's own settings, unless given again
     settings.stream = wants_stream(args)
+    log.say(f"resuming {path}\n  requests go to {display_url(chat_completions_url(settings.url))}\n  tools files:"
+            f" {', '.join(settings.tools_files) or 'none'}")
     registry = build_registry(settings, args.tools, redactor.secrets, opened)
     if args.tools is None and isinstance(start.get("tools"), list):
         registry = {name: tool for name, tool in registry.items() if name in start["tools"]}
-    log = open_log(args, path, redactor, environment, opened)
     return Job(settings, registry, start["task"], rounds, path, log, resumed_form(settings, start, rounds))
 
 
@@ -289,8 +294,8 @@ def on_terminal(stream: Any) -> bool:
 def open_log(args: argparse.Namespace, trace_path: Optional[str], redactor: Redactor,
              environment: Dict[str, str], opened: contextlib.ExitStack) -> RunLog:
     """The run log: the human trace on stderr (none under --quiet), so stdout holds only the answer;
-    on a terminal it is live and in colour (never with NO_COLOR set). The trace file is locked, and
-    closed when `opened` closes."""
+    on a terminal it is live and in colour (never with NO_COLOR set). The trace file is locked and
+    checked (private_files.py), and closed when `opened` closes."""
     human = None if args.quiet else sys.stderr
     terminal = on_terminal(human)
     try:
@@ -353,7 +358,10 @@ def main(argv: Optional[List[str]] = None) -> int:
             return Interrupted.exit_code
         redactor.add(*secrets_of(environment, args.url))
         if unreadable or args.runs:
-            return report(RunResult(unreadable), args, answer) if unreadable else log_folder.list_runs(environment)
+            try:
+                return report(RunResult(unreadable), args, answer) if unreadable else log_folder.list_runs(environment)
+            except ConfigError as error:  # the run log folder failed its checks
+                return report(RunResult(error), args, answer)
         outcome, job = start(args, environment, redactor)
         try:
             if args.debug or environment.get("AGENT_DEBUG", "") not in ("", "0"):

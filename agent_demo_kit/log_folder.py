@@ -1,8 +1,8 @@
 """The run log folder: one trace file per run, per user, listed by --runs and found by --resume.
 
 $AGENT_DEMO_LOG_DIR, else $XDG_STATE_HOME/agent-demo/runs, else ~/.local/state/agent-demo/runs.
-Files are readable only by the user; the oldest beyond KEEP_RUNS are pruned; a run still
-going holds a lock on its file.
+The folder is checked like ~/.ssh before any use (private_files.py); files are readable only by
+the user; the oldest beyond KEEP_RUNS are pruned; a run still going holds a lock on its file.
 """
 import json
 import math
@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import IO, Dict, List, Optional
 
 from agent_demo_kit.endings import ConfigError
+from agent_demo_kit.private_files import checked_folder, private_folder
 
 try:
     import fcntl
@@ -41,7 +42,7 @@ def lock(trace: IO) -> bool:
 def in_use(path: Path) -> bool:
     """Is a run still writing this file?"""
     try:
-        with open(path, "a") as trace:
+        with open(os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))) as trace:
             return not lock(trace)
     except OSError:
         return False
@@ -56,8 +57,9 @@ def log_dir(environment: Dict[str, str]) -> Path:
 
 
 def new_run_path(folder: Path) -> Path:
-    """A fresh file name for a new run: its start time, then a few random letters."""
-    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+    """A fresh file name for a new run (its start time, then a few random letters), in the folder
+    made (0700, parents too) or checked."""
+    private_folder(folder)
     return folder / f"{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}.jsonl"
 
 
@@ -199,7 +201,7 @@ def new_log_file(environment: Dict[str, str]) -> str:
 def latest_run(environment: Dict[str, str]) -> str:
     """The most recent unfinished run in the run log folder, for --resume without a file."""
     folder = log_dir(environment)
-    path = latest_unfinished(folder)
+    path = latest_unfinished(folder) if checked_folder(folder) else None
     if path is None:
         raise ConfigError(f"--resume: no unfinished run in {folder}; name a trace file: --resume FILE")
     return str(path)
@@ -208,5 +210,6 @@ def latest_run(environment: Dict[str, str]) -> str:
 def list_runs(environment: Dict[str, str]) -> int:
     """--runs: print the recent runs in the run log folder, newest first."""
     folder = log_dir(environment)
+    checked_folder(folder)
     print(render_runs(recent_runs(folder), folder))
     return 0

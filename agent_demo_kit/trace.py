@@ -16,6 +16,7 @@ from typing import Any, ContextManager, Dict, List, Optional, TextIO, Tuple
 
 from agent_demo_kit.endings import ConfigError
 from agent_demo_kit.log_folder import RESUMABLE, lock
+from agent_demo_kit.private_files import open_private
 from agent_demo_kit.terminal import Redactor, SafeStream, Screen, Status
 from prompts import clip
 from tools import failure
@@ -150,16 +151,14 @@ class RunLog:
         self.screen = Screen(human, colour, live, redactor) if human else None
         self.trace_file = None
         if trace_path:  # a new file is readable only by the user: it holds the task and every result
-            raw = open(os.open(trace_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600), "a", encoding="utf-8")
+            raw = open(open_private(trace_path), "a", encoding="utf-8")
             if not lock(raw):
                 raw.close()
                 raise ConfigError(f"{trace_path} is being written by another agent-demo run that is still going")
-            if raw.tell() > 0:
-                with open(trace_path, "rb") as existing:
-                    existing.seek(-1, 2)
-                    torn = existing.read(1) != b"\n"
-                if torn:
-                    raw.write("\n")  # end a line torn by a crash; readers skip it
+            size = raw.tell()
+            if size > 0 and os.pread(raw.fileno(), 1, size - 1) not in (b"\n", b""):
+                raw.write("\n")  # end a line torn by a crash; readers skip it
+                raw.flush()
             self.trace_file = SafeStream(raw, redactor or Redactor(None))
 
     def say(self, text: str, kind: Optional[str] = None) -> None:

@@ -240,3 +240,50 @@ def test_a_tool_taken_away_on_resume_is_unknown_even_if_called_before(serve, tmp
     server = serve([act("get_order_status", order_id="A1002"), act("fail", reason="x")], key=None)
     assert main(["--resume", str(trace), "--tools", "calculator", "--quiet"]) == 1
     assert "unknown tool 'get_order_status'" in server.sent_messages(1)[-1]["content"]
+
+
+# --- one resumer at a time -----------------------------------------------------------------------
+
+MARKING_TOOLS = '''
+import time
+open("imported-" + str(time.time()), "w").close()
+time.sleep(0.3)
+
+
+def shout(text: str) -> str:
+    """Shout."""
+    return text.upper()
+'''
+
+
+def test_a_resume_takes_the_lock_before_it_reads_the_trace_or_imports_its_tools(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("LLM_API_URL", "http://127.0.0.1:9/v1")
+    tools_file = tmp_path / "marking.py"
+    tools_file.write_text(MARKING_TOOLS)
+    trace = tmp_path / "run.jsonl"
+    trace.write_text(json.dumps({"event": "start", "task": "t", "tools_files": [str(tools_file)]}) + "\n"
+                     + json.dumps({"event": "end", "status": "finished"}) + "\n")
+    holder = RunLog(trace_path=str(trace))  # another resumer, still going
+    try:
+        assert main(["--resume", str(trace)]) == 2
+    finally:
+        holder.close()
+    assert "still going" in capsys.readouterr().err, "refused for the lock, before the trace was read"
+    assert not list(tmp_path.glob("imported-*"))
+
+
+def test_two_resumes_at_once_run_the_rounds_once(tmp_path):
+    tools_file = tmp_path / "marking.py"
+    tools_file.write_text(MARKING_TOOLS)
+    trace = tmp_path / "run.jsonl"
+    with ScriptedServer([act("shout", text="a"), act("shout", text="b"), act("finish", result="B"),
+                         act("finish", result="B")]) as server:
+        env = {"LLM_API_URL": server.url}
+        assert run_cli("--tools-file", tools_file, "--trace", trace, "--max-rounds", "1", "--quiet", "x",
+                       env=env)[0] == 1
+        both = [start_cli("--resume", trace, "--max-rounds", "5", "--quiet", env=env) for _ in range(2)]
+        codes = sorted(process.wait(timeout=60) for process in both)
+        for process in both:
+            process.communicate()
+    assert codes == [0, 2]
+    assert round_numbers(trace) == [1, 2, 3]
