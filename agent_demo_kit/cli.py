@@ -233,7 +233,7 @@ def prepare_resume(args: argparse.Namespace, environment: Dict[str, str], redact
         raise ConfigError(f"cannot read the trace file {path}: no such file")
     log = open_log(args, path, redactor, environment, opened)
     try:
-        start, rounds = load_trace(path)
+        start, rounds = load_trace(log.recorded(), path)
     except ValueError as error:
         raise ConfigError(str(error)) from None
     if "***" in str(start.get("url")) and not given("url", args, environment):

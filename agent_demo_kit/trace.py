@@ -9,6 +9,7 @@ to the screen; the run log folder (log_folder.py) keeps one such file per run.
 import contextlib
 import json
 import os
+import stat
 import sys
 import time
 from dataclasses import dataclass, field
@@ -91,7 +92,8 @@ def round_from_line(line: dict) -> Round:
              for call in line["calls"]]
     if not isinstance(line["round"], int) or any(not isinstance(call.result, dict) or not isinstance(
             call.result.get("ok"), bool) for call in calls) or not all(
-            isinstance(m, dict) and isinstance(m.get("role"), str) for m in line["feedback"]) \
+            isinstance(m, dict) and m.get("role") in ("user", "tool") and isinstance(m.get("content"), str)
+            for m in line["feedback"]) \
             or not isinstance(line.get("model_output") or "", str) \
             or not isinstance(line.get("tool_calls") or [], list):
         raise ValueError("not a round this version wrote")
@@ -160,6 +162,19 @@ class RunLog:
                 raw.write("\n")  # end a line torn by a crash; readers skip it
                 raw.flush()
             self.trace_file = SafeStream(raw, redactor or Redactor(None))
+
+    def recorded(self) -> bytes:
+        """What the trace file holds, read through the file this run locked, to resume from (nothing
+        from a device such as /dev/zero)."""
+        if not self.trace_file or not stat.S_ISREG(os.fstat(self.trace_file.fileno()).st_mode):
+            return b""
+        chunks, fd, offset = [], self.trace_file.fileno(), 0
+        while True:
+            chunk = os.pread(fd, 1 << 20, offset)
+            if not chunk:
+                return b"".join(chunks)
+            chunks.append(chunk)
+            offset += len(chunk)
 
     def say(self, text: str, kind: Optional[str] = None) -> None:
         if self.screen:
@@ -255,60 +270,67 @@ class RunLog:
                 pass  # a full disk refuses the last flush too; the file is closed all the same
 
 
-def load_trace(path: str) -> Tuple[dict, List[Round]]:
-    """The start record and the completed rounds of the file's last run, or ValueError if it cannot go on."""
-    try:
-        with open(path, "rb") as trace:
-            lines = trace.read().split(b"\n")
-    except OSError as error:
-        raise ValueError(f"cannot read the trace file {path}: {error.strerror or error}") from None
-    records = []
-    for line in lines:
-        try:  # a line torn by a crash, even mid-character, is skipped and its round redone
-            record = json.loads(line.decode("utf-8", errors="replace"))
-        except (ValueError, RecursionError):
-            continue
-        if isinstance(record, dict):
-            records.append(record)
-    starts = [index for index, record in enumerate(records) if record.get("event") == "start"]
-    if not starts or not isinstance(records[starts[-1]].get("task"), str):
-        raise ValueError(f"{path} is not an agent-demo trace (it holds no start record)")
-    run = records[starts[-1]:]  # a trace file appended to by several runs: the last one
-    lines_of_rounds: List[dict] = []
-    for record in run:
-        if record.get("event") == "round" and record.get("round") == len(lines_of_rounds) + 1:
-            lines_of_rounds.append(record)
+def load_trace(data: bytes, name: str) -> Tuple[dict, List[Round]]:
+    """The start record and the completed rounds of the last run in a trace file's bytes; ValueError
+    if it cannot go on. A line torn by a crash is skipped when it ends the file or a resume followed
+    it; any other line that cannot be read or does not fit refuses the whole trace, naming the line."""
+    lines = [(number, _record(line)) for number, line in enumerate(data.split(b"\n"), 1) if line.strip()]
+    starts = [index for index, (_, record) in enumerate(lines) if record and record.get("event") == "start"]
+    if not starts or not isinstance(lines[starts[-1]][1].get("task"), str):
+        raise ValueError(f"{name} is not an agent-demo trace (it holds no start record)")
+    run = lines[starts[-1]:]  # a trace file appended to by several runs: the last one
+    start, rounds = dict(run[0][1]), []
     status = None  # how the run last stood: an end record, or a round in which the model finished
-    for record in run:
-        if record.get("event") == "end":
-            status = record.get("status")
-        elif record.get("event") == "round":
-            calls = record.get("calls") if isinstance(record.get("calls"), list) else []
-            endings = [call.get("ends_run") for call in calls if isinstance(call, dict)]
-            status = next((s for s in endings if s in ("finished", "failed")), None)
-    if status is not None and status not in RESUMABLE:
-        raise ValueError(f"{path} holds a run that already ended with status {status!r};"
-                         " only an unfinished run can be resumed")
-    try:
-        rounds = [round_from_line(line) for line in lines_of_rounds]
-    except (KeyError, TypeError, AttributeError, ValueError):
-        raise ValueError(f"{path} holds rounds this version cannot read (an older version's, or damaged);"
-                         " cannot resume") from None
-    for record in run:  # each compaction goes with the round before it; a later one for the same request wins
-        if record.get("event") == "compaction" and isinstance(record.get("before_round"), int) \
-                and 2 <= record["before_round"] <= len(rounds) + 1:
+    for index, (number, record) in enumerate(run):
+        def damaged(why: str) -> ValueError:
+            return ValueError(f"{name} line {number} is damaged ({why}); cannot resume: only a line torn by"
+                              " a crash at the end of the file is skipped")
+        if record is None:
+            after = run[index + 1][1] if index + 1 < len(run) else None
+            if index + 1 == len(run) or after and after.get("event") == "resume":
+                continue  # torn by a crash (and the run resumed after it)
+            raise damaged("not a JSON record")
+        event = record.get("event")
+        if event == "round":
+            if record.get("round") != len(rounds) + 1 or isinstance(record.get("round"), bool):
+                raise damaged(f"round {record.get('round')!r} where round {len(rounds) + 1} was due")
             try:
-                rounds[record["before_round"] - 2].compaction = compaction_from_line(record)
+                rounds.append(round_from_line(record))
+            except (KeyError, TypeError, AttributeError, ValueError):
+                raise damaged(f"round {len(rounds) + 1} cannot be read by this version") from None
+            endings = [call.ends_run for call in rounds[-1].calls]
+            status = next((s for s in endings if s in ("finished", "failed")), None)
+        elif event == "compaction":
+            try:
+                compaction = compaction_from_line(record)
             except (KeyError, TypeError):
-                pass  # the conversation is then rebuilt and folded anew
-    start = dict(run[0])
-    for record in run:  # what a later resume or a fallback set holds for the next resume too
-        if record.get("event") == "resume":
+                raise damaged("a compaction this version cannot read") from None
+            if compaction.before_round != len(rounds) + 1:
+                raise damaged(f"a compaction before round {compaction.before_round} after round {len(rounds)}")
+            if rounds:  # it goes with the round before it; a later one for the same request wins
+                rounds[-1].compaction = compaction
+        elif event == "end":
+            status = record.get("status")
+        elif event == "resume":  # what a later resume or a fallback set holds for the next resume too
             start.update({key: value for key, value in record.items() if key not in ("event", "ts", "after_round")})
-        elif record.get("event") == "setting" and record.get("name") in ("reply_cap_field", "stream"):
+        elif event == "setting" and record.get("name") in ("reply_cap_field", "stream"):
             start[record["name"]] = record.get("value")
-        elif record.get("event") == "fallback":
+        elif event == "fallback":
             start["mode"] = record.get("to_mode")
             if record.get("to_variant"):
                 start["schema_variant"] = record["to_variant"]
+        elif not isinstance(event, str):
+            raise damaged("a record without an event")
+    if status is not None and status not in RESUMABLE:
+        raise ValueError(f"{name} holds a run that already ended with status {status!r};"
+                         " only an unfinished run can be resumed")
     return start, rounds
+
+
+def _record(line: bytes) -> Optional[dict]:
+    """One line's record, or None if it is not a JSON object (torn by a crash, or damaged)."""
+    try:  # a line torn even mid-character is found out here
+        record = json.loads(line.decode("utf-8", errors="replace"))
+    except (ValueError, RecursionError):
+        return None
+    return record if isinstance(record, dict) else None

@@ -242,6 +242,52 @@ def test_a_tool_taken_away_on_resume_is_unknown_even_if_called_before(serve, tmp
     assert "unknown tool 'get_order_status'" in server.sent_messages(1)[-1]["content"]
 
 
+# --- a damaged trace is refused, not trimmed ------------------------------------------------------
+
+def damage(trace, how):
+    """Damage the trace of a run cut short after 4 rounds: lines 1 start, 2-5 rounds 1-4, 6 end."""
+    lines = trace.read_text().splitlines()
+    second = json.loads(lines[2])
+    if how == "round 2 deleted":
+        del lines[2]
+    elif how == "round a string":
+        lines[2] = json.dumps({**second, "round": "2"})
+    elif how == "feedback without content":
+        del second["feedback"][0]["content"]
+        lines[2] = json.dumps(second)
+    elif how == "not JSON":
+        lines[2] = lines[2][:40]
+    trace.write_text("\n".join(lines) + "\n")
+
+
+@pytest.mark.parametrize("how, why", [
+    ("round 2 deleted", "round 3 where round 2 was due"),
+    ("round a string", "round '2' where round 2 was due"),
+    ("feedback without content", "round 2 cannot be read by this version"),
+    ("not JSON", "not a JSON record"),
+])
+def test_a_damaged_line_before_the_last_refuses_the_trace_naming_the_line(serve, tmp_path, capsys, how, why):
+    trace = tmp_path / "run.jsonl"
+    interrupted_run(trace, [act("calculator", expression=f"{n} + 1") for n in range(4)], stop_at=5, max_rounds=9)
+    damage(trace, how)
+    server = serve([act("finish", result="ok")], key=None)
+    assert main(["--resume", str(trace), "--quiet"]) == 2
+    assert capsys.readouterr().err == (f"agent-demo: error: {trace} line 3 is damaged ({why}); cannot resume: only a"
+                                       " line torn by a crash at the end of the file is skipped\n")
+    assert server.requests == []
+
+
+def test_a_line_torn_by_a_crash_stays_harmless_after_the_run_went_on(serve, tmp_path):
+    trace = tmp_path / "run.jsonl"
+    interrupted_run(trace, [act("calculator", expression="1 + 1")], stop_at=2)
+    lines = trace.read_text().splitlines()[:-1]  # drop the end record, as kill -9 would
+    trace.write_text("\n".join(lines) + '\n{"event": "round", "round": 2, "model_out')
+    serve([act("calculator", expression="2 + 2"), act("finish", result=4)], key=None)
+    assert main(["--resume", str(trace), "--max-rounds", "2", "--quiet"]) == 1
+    assert main(["--resume", str(trace), "--max-rounds", "3", "--quiet"]) == 0, "the torn line is now in the middle"
+    assert round_numbers(trace) == [1, 2, 3]
+
+
 # --- one resumer at a time -----------------------------------------------------------------------
 
 MARKING_TOOLS = '''
