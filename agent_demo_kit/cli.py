@@ -20,7 +20,7 @@ from agent_demo_kit.settings import (DEFAULT_MODEL, DEFAULT_URL, MODES, Settings
                                      flag_parser, given, load_settings, read_environment, secrets_of)
 from agent_demo_kit.terminal import Redactor, protected, stray_prints_to_stderr, terminal_approver
 from agent_demo_kit import log_folder
-from agent_demo_kit.trace import Round, RunLog, load_trace
+from agent_demo_kit.trace import Call, Round, RunLog, load_trace
 from agent_demo_kit.tools_file import build_registry
 from tools import REGISTRY, Tool
 
@@ -186,8 +186,8 @@ def ending_on_sigterm() -> Iterator[None]:
 
 @dataclass
 class Job:
-    """A run ready to start: its settings, tools and task, the rounds already done if it resumes,
-    and what it holds open."""
+    """A run ready to start: its settings, tools and task, the rounds already done if it resumes
+    (and the calls with side effects started after them), and what it holds open."""
 
     settings: Settings
     registry: Dict[str, Tool]
@@ -196,6 +196,7 @@ class Job:
     trace_path: Optional[str]
     log: RunLog
     form: Any = None  # what the endpoint took when the run was cut short (a resume starts there)
+    unfinished: List[Call] = field(default_factory=list)
     opened: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)  # the trace file, the tools worker
 
 
@@ -233,7 +234,7 @@ def prepare_resume(args: argparse.Namespace, environment: Dict[str, str], redact
         raise ConfigError(f"cannot read the trace file {path}: no such file")
     log = open_log(args, path, redactor, environment, opened)
     try:
-        start, rounds = load_trace(log.recorded(), path)
+        start, rounds, unfinished = load_trace(log.recorded(), path)
     except ValueError as error:
         raise ConfigError(str(error)) from None
     if "***" in str(start.get("url")) and not given("url", args, environment):
@@ -246,7 +247,7 @@ def prepare_resume(args: argparse.Namespace, environment: Dict[str, str], redact
     registry = build_registry(settings, args.tools, redactor.secrets, opened)
     if args.tools is None and isinstance(start.get("tools"), list):
         registry = {name: tool for name, tool in registry.items() if name in start["tools"]}
-    return Job(settings, registry, start["task"], rounds, path, log, resumed_form(settings, start, rounds))
+    return Job(settings, registry, start["task"], rounds, path, log, resumed_form(settings, start, rounds), unfinished)
 
 
 def resumed_form(settings: Settings, start: dict, rounds: List[Round]) -> Any:
@@ -388,7 +389,7 @@ def start(args: argparse.Namespace, environment: Dict[str, str], redactor: Redac
         try:
             with ending_on_sigterm(), stray_prints_to_stderr():
                 agent = Agent(job.settings, client, job.registry, job.log, terminal_approver(redactor))
-                outcome = agent.run(job.task, job.history)
+                outcome = agent.run(job.task, job.history, job.unfinished)
         finally:
             client.close()
     return outcome, job

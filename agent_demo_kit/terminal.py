@@ -350,7 +350,8 @@ def terminal_approver(redactor: Redactor) -> Optional[Callable[[dict], bool]]:
             terminal = SafeStream(open(os.ttyname(sys.stdin.fileno()), "w", encoding="utf-8"), redactor, "drop")
         except OSError:
             terminal = sys.stderr
-        terminal.write(f"approve {call['tool']} {to_json(call['args'])}? [y/N] ")
+        again = " again (it may have run before the run was cut short)" if call.get("may_have_run") else ""
+        terminal.write(f"approve {call['tool']} {to_json(call['args'])}{again}? [y/N] ")
         terminal.flush()
         answer = sys.stdin.readline()
         if not answer:  # Ctrl-D: end the line the question left open

@@ -245,6 +245,11 @@ class RunLog:
             self.screen.show_reply(f"\n--- round {number}/{max_rounds} --- {reply.latency_ms / 1000:.1f} s{counted}",
                                    reply)
 
+    def call_started(self, number: int, call: Call) -> None:
+        """Before a call with side effects runs: if the run is killed before its round is recorded,
+        a resume knows it may have happened."""
+        self.record("call", round=number, tool=call.tool, args=call.args, ts=time.time())
+
     def round(self, record: Round) -> None:
         """Show the round's calls and results, and append the round to the trace file."""
         if self.screen:
@@ -270,16 +275,17 @@ class RunLog:
                 pass  # a full disk refuses the last flush too; the file is closed all the same
 
 
-def load_trace(data: bytes, name: str) -> Tuple[dict, List[Round]]:
-    """The start record and the completed rounds of the last run in a trace file's bytes; ValueError
-    if it cannot go on. A line torn by a crash is skipped when it ends the file or a resume followed
-    it; any other line that cannot be read or does not fit refuses the whole trace, naming the line."""
+def load_trace(data: bytes, name: str) -> Tuple[dict, List[Round], List[Call]]:
+    """The start record, the completed rounds, and the side-effecting calls started after them (their
+    outcome unknown) of the last run in a trace file's bytes; ValueError if it cannot go on. A line
+    torn by a crash is skipped when it ends the file or a resume followed it; any other line that
+    cannot be read or does not fit refuses the whole trace, naming the line."""
     lines = [(number, _record(line)) for number, line in enumerate(data.split(b"\n"), 1) if line.strip()]
     starts = [index for index, (_, record) in enumerate(lines) if record and record.get("event") == "start"]
     if not starts or not isinstance(lines[starts[-1]][1].get("task"), str):
         raise ValueError(f"{name} is not an agent-demo trace (it holds no start record)")
     run = lines[starts[-1]:]  # a trace file appended to by several runs: the last one
-    start, rounds = dict(run[0][1]), []
+    start, rounds, started = dict(run[0][1]), [], []
     status = None  # how the run last stood: an end record, or a round in which the model finished
     for index, (number, record) in enumerate(run):
         def damaged(why: str) -> ValueError:
@@ -298,8 +304,13 @@ def load_trace(data: bytes, name: str) -> Tuple[dict, List[Round]]:
                 rounds.append(round_from_line(record))
             except (KeyError, TypeError, AttributeError, ValueError):
                 raise damaged(f"round {len(rounds) + 1} cannot be read by this version") from None
+            started = []
             endings = [call.ends_run for call in rounds[-1].calls]
             status = next((s for s in endings if s in ("finished", "failed")), None)
+        elif event == "call":
+            if record.get("round") != len(rounds) + 1 or not isinstance(record.get("tool"), str):
+                raise damaged(f"a call of round {record.get('round')!r} where round {len(rounds) + 1} was going")
+            started.append(Call(record["tool"], record.get("args"), {}))
         elif event == "compaction":
             try:
                 compaction = compaction_from_line(record)
@@ -324,7 +335,7 @@ def load_trace(data: bytes, name: str) -> Tuple[dict, List[Round]]:
     if status is not None and status not in RESUMABLE:
         raise ValueError(f"{name} holds a run that already ended with status {status!r};"
                          " only an unfinished run can be resumed")
-    return start, rounds
+    return start, rounds, started
 
 
 def _record(line: bytes) -> Optional[dict]:

@@ -13,8 +13,9 @@ from agent_demo_kit.settings import Settings
 from agent_demo_kit.trace import RunLog
 from scripted_model import run
 from scripted_model import ScriptedModel
-from conftest import run_cli, start_cli
+from conftest import answer_on_a_terminal, child_environment, run_cli, start_cli
 from scripted_server import ScriptedServer, action as act
+from tools import REGISTRY, describe, tool
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -333,3 +334,78 @@ def test_two_resumes_at_once_run_the_rounds_once(tmp_path):
             process.communicate()
     assert codes == [0, 2]
     assert round_numbers(trace) == [1, 2, 3]
+
+
+# --- calls with side effects are written ahead ---------------------------------------------------
+
+SIDE_EFFECTS = '''
+import os
+import signal
+
+from tools import tool
+
+
+@tool(side_effects=True)
+def append_line(n: int) -> str:
+    """Append n to effects.txt."""
+    with open("effects.txt", "a") as effects:
+        effects.write(f"{n}\\n")
+    if str(n) in os.environ.get("KILL_AFTER", "").split(",") and not os.path.exists(f"killed-{n}"):
+        open(f"killed-{n}", "w").close()
+        os.kill(os.getppid(), signal.SIGKILL)  # agent-demo dies right after the side effect
+    return f"appended {n}"
+'''
+
+
+def test_a_call_with_side_effects_is_recorded_before_it_runs(tmp_path):
+    trace = tmp_path / "run.jsonl"
+
+    @tool(side_effects=True)
+    def send(text: str) -> list:
+        """Send a text."""
+        return [r["event"] for r in records(trace)]
+    log = RunLog(trace_path=str(trace))
+    model = ScriptedModel(act("send", text="hi"), act("calculator", expression="1 + 1"), act("finish", result=2))
+    settings = Settings(yes=True)
+    outcome = run("t", settings, model, registry={**REGISTRY, "send": describe(send)}, log=log)
+    log.close()
+    assert outcome.calls[0]["result"]["data"] == ["start", "call"], "the call was on record when it ran"
+    assert [(r["event"], r.get("tool")) for r in records(trace)] == [
+        ("start", None), ("call", "send"), ("round", None), ("round", None), ("round", None), ("end", None)]
+
+
+def test_kill_9_right_after_a_side_effect_then_resume_never_repeats_it_unannounced(tmp_path):
+    tools_file = tmp_path / "effects.py"
+    tools_file.write_text(SIDE_EFFECTS)
+    trace = tmp_path / "run.jsonl"
+    killed = [1, 2, 4, 5, 6]
+    replies = [reply for n in range(1, 7) for reply in [act("append_line", n=n)] * (2 if n in killed else 1)]
+    with ScriptedServer(replies + [act("finish", result="done")]) as server:
+        env = {"LLM_API_URL": server.url, "KILL_AFTER": ",".join(map(str, killed))}
+        code = run_cli("--tools-file", tools_file, "--trace", trace, "--yes", "--max-rounds", "20", "--quiet", "go",
+                       env=env)[0]
+        runs = 1
+        while code == -signal.SIGKILL and runs <= len(killed):
+            code, out, err = run_cli("--resume", trace, "--yes", "--quiet", env=env)
+            runs += 1
+    assert (code, runs) == (0, 1 + len(killed))
+    assert (tmp_path / "effects.txt").read_text().split() == ["1", "2", "3", "4", "5", "6"]
+    told = [call["args"]["n"] for r in records(trace) if r["event"] == "round" for call in r["calls"]
+            if call["result"].get("error", "").startswith("outcome unknown")]
+    assert told == killed, "the model was told the outcome is unknown, each time"
+    notes = [r["text"] for r in records(trace) if r["event"] == "note"]
+    assert len(notes) == len(killed) and all("may have happened" in note for note in notes), "and the user too"
+
+
+def test_under_approve_the_user_decides_whether_a_call_that_may_have_run_runs_again(tmp_path):
+    tools_file = tmp_path / "effects.py"
+    tools_file.write_text(SIDE_EFFECTS)
+    trace = tmp_path / "run.jsonl"
+    with ScriptedServer([act("append_line", n=1), act("append_line", n=1), act("finish", result="done")]) as server:
+        env = {**child_environment(), "LLM_API_URL": server.url, "KILL_AFTER": "1"}
+        code = run_cli("--tools-file", tools_file, "--trace", trace, "--yes", "--quiet", "go", env=env)[0]
+        assert code == -signal.SIGKILL
+        shown, out, err, code = answer_on_a_terminal(["--resume", str(trace), "--approve", "--quiet"], env, tmp_path)
+    assert b'approve append_line {"n": 1} again (it may have run before the run was cut short)? [y/N]' in shown
+    assert code == 0
+    assert (tmp_path / "effects.txt").read_text().split() == ["1", "1"], "the user said yes"
