@@ -319,20 +319,17 @@ def test_a_resume_takes_the_lock_before_it_reads_the_trace_or_imports_its_tools(
     assert not list(tmp_path.glob("imported-*"))
 
 
-def test_two_resumes_at_once_run_the_rounds_once(tmp_path):
+def test_two_resumes_at_once_run_the_rounds_once(serve, tmp_path, capsys):
     tools_file = tmp_path / "marking.py"
     tools_file.write_text(MARKING_TOOLS)
     trace = tmp_path / "run.jsonl"
-    with ScriptedServer([act("shout", text="a"), act("shout", text="b"), act("finish", result="B"),
-                         act("finish", result="B")]) as server:
-        env = {"LLM_API_URL": server.url}
-        assert run_cli("--tools-file", tools_file, "--trace", trace, "--max-rounds", "1", "--quiet", "x",
-                       env=env)[0] == 1
-        both = [start_cli("--resume", trace, "--max-rounds", "5", "--quiet", env=env) for _ in range(2)]
-        codes = sorted(process.wait(timeout=60) for process in both)
-        for process in both:
-            process.communicate()
-    assert codes == [0, 2]
+    serve([act("shout", text="a"), act("shout", text="b"), act("finish", result="B"), act("finish", result="B")],
+          key=None)
+    assert main(["--tools-file", str(tools_file), "--trace", str(trace), "--max-rounds", "1", "--quiet", "x"]) == 1
+    both = [start_cli("--resume", trace, "--max-rounds", "5", "--quiet") for _ in range(2)]  # at once
+    for process in both:
+        process.communicate(timeout=60)
+    assert sorted(process.returncode for process in both) == [0, 2]
     assert round_numbers(trace) == [1, 2, 3]
 
 

@@ -145,9 +145,9 @@ def test_a_tool_that_exits_crashes_raises_or_forks_costs_one_error_result(tmp_pa
 def test_a_tool_that_hangs_is_ended_with_its_children_and_nothing_outlives_the_run(tmp_path, unruly):
     replies = [act("hangs", name="hung"), act("leave", name="left"), FINISH]
     with ScriptedServer(replies) as server:
-        code, out, err = run_cli("--tools-file", unruly, "--tool-timeout", "1", "--quiet", "go",
+        code, out, err = run_cli("--tools-file", unruly, "--tool-timeout", "0.5", "--quiet", "go",
                                  env={"LLM_API_URL": server.url})
-        assert "hangs did not finish within 1 s (--tool-timeout); it was stopped" in server.sent_messages(1)[-1][
+        assert "hangs did not finish within 0.5 s (--tool-timeout); it was stopped" in server.sent_messages(1)[-1][
             "content"]
     assert (code, out) == (0, "done\n")
     assert gone(int((tmp_path / "hung").read_text()), within=0.5), "the hung call was ended at its timeout"
