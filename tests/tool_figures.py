@@ -17,6 +17,7 @@ import json
 import os
 import random
 import re
+import shutil
 import signal
 import statistics
 import subprocess
@@ -110,6 +111,7 @@ def kills(rounds: int, times: int, seed: int) -> None:
             command = [*CLI, "--resume", str(trace), "--yes", "--quiet"] if trace.exists() else first
         effects = (folder / "effects.txt").read_text().split()
         records = [json.loads(line) for line in trace.read_text().splitlines() if line.startswith("{")]
+        shutil.rmtree(folder)  # kept when the run went wrong, to be looked at
     calls = [call for r in records if r["event"] == "round" for call in r["calls"] if call["tool"] == "append_line"]
     unknown = [call for call in calls if str(call["result"].get("error", "")).startswith("outcome unknown")]
     twice = sorted({n for n in effects if effects.count(n) > 1})
