@@ -36,12 +36,14 @@ class Agent:
         self.watchdog = Watchdog()
         self.check: Optional[List[str]] = None  # how --check is started, once it is known to start
         self.usage: dict = {}
+        self.unfinished: Dict[str, int] = {}  # calls with side effects started before a crash -> their round
         self.conversation = Conversation("", settings, registry, client, self.trace.compaction)
 
-    def run(self, task: str, history: Sequence[Round] = ()) -> RunResult:
-        """Ask, parse, execute, feed back, until an ending; history (the rounds done) resumes a run."""
+    def run(self, task: str, history: Sequence[Round] = (), unfinished: Sequence[Call] = ()) -> RunResult:
+        """Ask, parse, execute, feed back, until an ending; history (the rounds done) resumes a run,
+        unfinished are the calls with side effects it started in the round after them."""
         try:
-            self.begin(task, history)
+            self.begin(task, history, unfinished)
             while True:
                 self.step()
         except RunEnded as ended:
@@ -84,8 +86,9 @@ class Agent:
 
     # --- the phases of a round ---------------------------------------------------------------
 
-    def begin(self, task: str, history: Sequence[Round]) -> None:
-        """Record the start (or the resume) with the run's own settings, and check that the task fits."""
+    def begin(self, task: str, history: Sequence[Round], unfinished: Sequence[Call] = ()) -> None:
+        """Record the start (or the resume) with the run's own settings, say which calls may have
+        happened before a crash, and check that the task fits."""
         task = self.trace.redactor(task, placeholders=False)  # what was piped in may hold a key
         self.conversation.task = task
         self.conversation.rounds.extend(history)
@@ -99,6 +102,10 @@ class Agent:
             self.trace.resume(task, settings.model, url, len(history), kept)
         else:
             self.trace.start(task, settings.model, url, kept)
+        for call in unfinished:
+            self.unfinished[Watchdog.key(call)] = len(history) + 1
+            self.trace.note(f"{call.tool} {prompts.to_json(call.args)} started in round {len(history) + 1} before the"
+                            " run was cut short and may have happened: it is not run again unless you approve it")
         side_effects = [name for name, tool in self.registry.items() if tool.side_effects]
         if self.approver is None and not settings.yes and (settings.approve or side_effects):
             refused = "every tool call" if settings.approve else f"every call to {', '.join(side_effects)}"
@@ -171,7 +178,7 @@ class Agent:
         times = len(earlier["rounds"]) if earlier else 0
         call = Call(action.tool, action.args, {}, watched=True)
         if times == 0 or times == 1 and earlier["result"].get("cancelled"):  # the user may say yes this time
-            call.result = self.run_tool(call)
+            call.result = self.run_tool(call, number)
         elif times == 1:
             call.result, call.watchdog = earlier["result"], "cached"
             call.note = prompts.render_cached_note(earlier["rounds"][0])
@@ -202,15 +209,24 @@ class Agent:
         return [call.check for record in self.conversation.rounds for call in record.calls
                 if call.check and call.check.get("exit_code") != 0]
 
-    def run_tool(self, call: Call) -> dict:
+    def run_tool(self, call: Call, number: int) -> dict:
         """Call the tool, first asking the user when --approve or the tool's side effects say so (not
-        about a call whose arguments would be refused anyway)."""
+        about a call whose arguments would be refused anyway). A call with side effects is recorded
+        before it runs; one that may have run before a crash runs again only if the user says so."""
         tool, settings = self.registry[call.tool], self.settings
-        if (settings.approve or tool.side_effects) and not settings.yes and not check_args(tool, call.args):
+        asks = (settings.approve or tool.side_effects) and not settings.yes and not check_args(tool, call.args)
+        may_have_run = self.unfinished.pop(Watchdog.key(call), None) is not None
+        if may_have_run and not (asks and self.approver):
+            return failure(prompts.OUTCOME_UNKNOWN)
+        if asks:
             if self.approver is None:
                 return failure(prompts.NO_TERMINAL, cancelled=True)
-            if not self.approver({**call.action, "warning": tool.warning} if tool.warning else call.action):
-                return failure(prompts.CANCELLED, cancelled=True)
+            question = {**call.action, **({"warning": tool.warning} if tool.warning else {}),
+                        **({"may_have_run": True} if may_have_run else {})}
+            if not self.approver(question):
+                return failure(prompts.OUTCOME_UNKNOWN) if may_have_run else failure(prompts.CANCELLED, cancelled=True)
+        if tool.side_effects:
+            self.trace.call_started(number, call)
         with self.trace.working(f"running {call.tool}"):
             # A key a tool hands back goes no further: not to the endpoint, the digest or the trace.
             return self.trace.redactor.values(call_tool(call.tool, call.args, self.registry))

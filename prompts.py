@@ -148,6 +148,8 @@ NO_TERMINAL = "cancelled: this call needs the user's approval and there is no te
 OVER_CAP = "not run: at most {cap} calls per reply; send the rest in the next reply"
 NOT_LAST = "not accepted: {tool} may only come last in a reply; send it alone or after the other calls"
 SAME_REPLY = "the same call came earlier in this reply; this is its result"
+OUTCOME_UNKNOWN = ("outcome unknown: this call was started before the run was cut short and may already have"
+                   " happened; it was not run again. Check its effect before you rely on it")
 
 
 def render_after_failure(failed: List[tuple]) -> str:

@@ -16,6 +16,8 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional
 
+from agent_demo_kit.endings import SigTerm
+
 
 class ToolError(Exception):
     """A tool's way of saying the input is wrong; the message goes back to the model."""
@@ -392,5 +394,7 @@ def call_tool(name: str, args: dict, registry: Dict[str, Tool]) -> dict:
         return {**success(data), "converted": sorted(set(converted))} if converted else success(data)
     except ToolError as error:
         return failure(str(error))
-    except Exception as error:  # a tool bug must not end the run: the model can work around it
+    except (KeyboardInterrupt, SigTerm):  # the user's Ctrl-C, or SIGTERM: they end the run
+        raise
+    except BaseException as error:  # a tool bug (even SystemExit, CancelledError) must not end the run
         return failure(f"{name} failed: {type(error).__name__}: {error}")

@@ -14,13 +14,13 @@ from typing import Any, Callable, Dict, Iterator, List, Optional
 import prompts
 from agent_demo_kit import __version__
 from agent_demo_kit.endings import ConfigError, Interrupted, OutputClosed, RunResult, SigTerm, Terminated
-from agent_demo_kit.settings import (DEFAULT_MODEL, DEFAULT_URL, MODES, Settings, flag_parser, load_settings,
-                                     read_environment, secrets_of)
+from agent_demo_kit.settings import (DEFAULT_MODEL, DEFAULT_URL, MODES, Settings, chat_completions_url, display_url,
+                                     flag_parser, load_settings, read_environment, secrets_of)
 from agent_demo_kit.terminal import Redactor, SafeStream, protected, stray_prints_to_stderr, terminal_approver
 from agent_demo_kit import log_folder
-from agent_demo_kit.resume import continue_command, follow_up, own_settings, recorded_run, resumed_form
-from agent_demo_kit.trace import Round, RunLog
-from tools import CONTROL_ACTIONS, REGISTRY, Tool, ToolDefinitionError, material_reader
+from agent_demo_kit.resume import continue_command, follow_up, own_settings, read_run, resumed_form, run_path
+from agent_demo_kit.trace import Call, Round, RunLog
+from tools import CONTROL_ACTIONS, REGISTRY, Tool, material_reader
 
 HELP_START = """Run a task with a tool-calling LLM agent loop over any OpenAI-compatible endpoint.
 
@@ -235,27 +235,21 @@ class Job:
     trace_path: Optional[str] = None
     form: Any = None  # what the endpoint took when the run was cut short (a resume starts there)
     follow_up: Optional[str] = None  # --continue: the user's next turn after the run's last round
+    log: Optional[RunLog] = None  # the screen and the trace file, open (and locked) from the start
+    unfinished: List[Call] = field(default_factory=list)  # side-effecting calls started before a crash
     recorded: Optional[dict] = None  # a resumed run's start record
     start_fields: Dict[str, Any] = field(default_factory=dict)  # recorded with the start (the MCP servers)
     notes: List[str] = field(default_factory=list)  # said once the trace is open
-    closing: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)  # what the run started
+    closing: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)  # the trace, the tools worker, MCP
 
 
-def build_registry(settings: Settings, names: Optional[str], job: "Job") -> Dict[str, Tool]:
-    """The built-in tools, those of each --tools-file and of each MCP server, cut down to --tools
-    NAME,NAME; ConfigError if a file gives no usable tools, a name clashes, a server does not start,
-    or --tools names a tool that does not exist."""
-    registry = dict(REGISTRY)
-    for path in settings.tools_files:
-        from agent_demo_kit.tools_file import load_tools_file
-        try:
-            found = load_tools_file(path, settings.tool_timeout)
-        except ToolDefinitionError as error:
-            raise ConfigError(f"--tools-file {path}: {error}") from None
-        clash = next((name for name in found if name in registry or name in CONTROL_ACTIONS), None)
-        if clash:
-            raise ConfigError(f"--tools-file {path}: the tool {clash} clashes with another tool of that name")
-        registry.update(found)
+def build_registry(settings: Settings, names: Optional[str], job: "Job", secrets: List[str]) -> Dict[str, Tool]:
+    """The built-in tools, those of each --tools-file (run by a worker process) and of each MCP
+    server, cut down to --tools NAME,NAME; ConfigError if a file gives no usable tools, a name
+    clashes, a server does not start, or --tools names a tool that does not exist. What they start
+    is stopped when the job closes."""
+    from agent_demo_kit.tools_file import load_tools_files
+    registry = {**REGISTRY, **load_tools_files(settings, secrets, job.closing)}
     if settings.mcp_servers or settings.mcp_config:
         registry.update(start_mcp_servers(settings, registry, job))
     if names is None:
@@ -285,35 +279,43 @@ def start_mcp_servers(settings: Settings, registry: Dict[str, Tool], job: "Job")
     return found
 
 
-def prepare(args: argparse.Namespace, environment: Dict[str, str]) -> Job:
-    """prepare_job, closing what it started (MCP servers) if it fails."""
+def prepare(args: argparse.Namespace, environment: Dict[str, str], redactor: Redactor) -> Job:
+    """prepare_job, closing what it opened or started (the trace, the tools worker, MCP servers) if it fails."""
     job = Job()
     try:
-        return prepare_job(args, environment, job)
+        return prepare_job(args, environment, job, redactor)
     except BaseException:
         job.closing.close()
         raise
 
 
-def prepare_job(args: argparse.Namespace, environment: Dict[str, str], job: Job) -> Job:
-    """Settings, the tools, the task, the rounds already done and the trace path, or ConfigError."""
+def prepare_job(args: argparse.Namespace, environment: Dict[str, str], job: Job, redactor: Redactor) -> Job:
+    """Settings, the tools, the task, the rounds already done and the open trace, or ConfigError."""
     if args.resume is None and args.continue_run is None:
         job.settings = load_settings(args, environment)
         job.settings.stream = wants_stream(args)
-        job.registry = build_registry(job.settings, args.tools, job)
+        job.registry = build_registry(job.settings, args.tools, job, redactor.secrets)
         job.task = with_material(job, args.task, args.material)
         job.trace_path = args.trace or (None if args.no_log else log_folder.new_log_file(environment))
+        job.log = open_log(args, job.trace_path, redactor, environment, job)
         return job
-    path, start, rounds = recorded_run(args, environment)
+    # The trace is locked before it is read, and shown before its tools files are imported: one
+    # resumer at a time, and the user sees where the run goes on.
+    job.trace_path = path = run_path(args, environment)
+    job.log = open_log(args, path, redactor, environment, job)
+    start, rounds, job.unfinished = read_run(args, environment, job.log.recorded(), path)
     job.recorded = start
     continuing = args.continue_run is not None
     # the run's own settings, unless given again
     job.settings = settings = load_settings(args, environment, recorded=own_settings(start, continuing))
     settings.stream = wants_stream(args)
-    job.registry = build_registry(settings, args.tools, job)
+    job.log.say(f"{'following up on' if continuing else 'resuming'} {path}\n  requests go to"
+                f" {display_url(chat_completions_url(settings.url))}\n  tools files:"
+                f" {', '.join(settings.tools_files) or 'none'}")
+    job.registry = build_registry(settings, args.tools, job, redactor.secrets)
     if args.tools is None and isinstance(start.get("tools"), list):
         job.registry = {name: tool for name, tool in job.registry.items() if name in start["tools"]}
-    job.task, job.history, job.trace_path = start["task"], rounds, path
+    job.task, job.history = start["task"], rounds
     if isinstance(start.get("material"), str):  # read a page at a time, as when the run started
         job.registry["read_material"] = material_reader(start["material"], settings.max_result_chars - 200)
     job.form = resumed_form(settings, start, rounds)
@@ -343,7 +345,7 @@ def on_terminal(stream: Any) -> bool:
 
 
 def open_log(args: argparse.Namespace, trace_path: Optional[str], redactor: Redactor,
-             environment: Dict[str, str]) -> RunLog:
+             environment: Dict[str, str], job: Job) -> RunLog:
     """The run log: the human trace on stderr (none under --quiet), so stdout holds only the answer;
     on a terminal it is live and in colour (never with NO_COLOR set)."""
     human = None if args.quiet else sys.stderr
@@ -353,6 +355,7 @@ def open_log(args: argparse.Namespace, trace_path: Optional[str], redactor: Reda
                      live=terminal)
     except OSError as error:
         raise ConfigError(f"cannot open the trace file: {error}") from None
+    job.closing.callback(log.close)
     if trace_path and not args.trace and args.resume is None and args.continue_run is None:  # a new run
         log_folder.prune(Path(trace_path).parent)
     return log
@@ -421,6 +424,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                 return report(RunResult(unreadable), args, answer) if unreadable else log_folder.list_runs(environment)
             except OutputClosed:  # agent-demo --runs | head -1
                 return unreadable.exit_code if unreadable else 0
+            except ConfigError as error:  # the run log folder failed its checks
+                return report(RunResult(error), args, answer)
         outcome, job = start(args, environment, redactor)
         try:
             if args.debug or environment.get("AGENT_DEBUG", "") not in ("", "0"):
@@ -434,23 +439,20 @@ def start(args: argparse.Namespace, environment: Dict[str, str], redactor: Redac
     """Prepare the run (or the resume) and run it; the outcome, and the job once the run started."""
     with ending_on_sigterm():
         try:
-            job = prepare(args, environment)
+            job = prepare(args, environment, redactor)
         except ConfigError as error:
             return RunResult(error), None
         except KeyboardInterrupt:
             return RunResult(Interrupted()), None
         except SigTerm:
             return RunResult(Terminated("terminated by SIGTERM")), None
-        with job.closing:  # the MCP servers it started are stopped whatever happens
-            return run_job(job, args, environment, redactor)
+        with job.closing:  # the trace file, the tools worker, the MCP servers: closed whatever happens
+            return run_job(job, redactor), job
 
 
-def run_job(job: Job, args: argparse.Namespace, environment: Dict[str, str], redactor: Redactor) -> tuple:
-    """Open the trace and run the prepared job; the outcome, and the job once the run started."""
-    try:
-        log = open_log(args, job.trace_path, redactor, environment)
-    except ConfigError as error:
-        return RunResult(error), None
+def run_job(job: Job, redactor: Redactor) -> RunResult:
+    """Run the prepared job: its trace is open, its tools are ready."""
+    log = job.log
     log.start_fields, log.start_notes, log.follow_up = job.start_fields, job.notes, job.follow_up
     from agent_demo import Agent
     from agent_demo_kit.client import ModelClient  # requests: imported only when a run starts
@@ -458,8 +460,6 @@ def run_job(job: Job, args: argparse.Namespace, environment: Dict[str, str], red
     try:
         with stray_prints_to_stderr():
             agent = Agent(job.settings, client, job.registry, log, terminal_approver(redactor))
-            outcome = agent.run(job.task, job.history)
+            return agent.run(job.task, job.history, job.unfinished)
     finally:
         client.close()
-        log.close()
-    return outcome, job

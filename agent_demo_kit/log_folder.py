@@ -1,8 +1,8 @@
 """The run log folder: one trace file per run, per user, listed by --runs and found by --resume.
 
 $AGENT_DEMO_LOG_DIR, else $XDG_STATE_HOME/agent-demo/runs, else ~/.local/state/agent-demo/runs.
-Files are readable only by the user; the oldest beyond KEEP_RUNS are pruned; a run still
-going holds a lock on its file.
+The folder is checked like ~/.ssh before any use (private_files.py); files are readable only by
+the user; the oldest beyond KEEP_RUNS are pruned; a run still going holds a lock on its file.
 """
 import json
 import math
@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import IO, Dict, List, Optional
 
 from agent_demo_kit.endings import ConfigError, RunResult
+from agent_demo_kit.private_files import checked_folder, private_folder
 
 try:
     import fcntl
@@ -51,7 +52,7 @@ def lock(trace: IO) -> bool:
 def in_use(path: Path) -> bool:
     """Is a run still writing this file?"""
     try:
-        with open(path, "a") as trace:
+        with open(os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))) as trace:
             return not lock(trace)
     except OSError:
         return False
@@ -66,8 +67,9 @@ def log_dir(environment: Dict[str, str]) -> Path:
 
 
 def new_run_path(folder: Path) -> Path:
-    """A fresh file name for a new run: its start time, then a few random letters."""
-    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+    """A fresh file name for a new run (its start time, then a few random letters), in the folder
+    made (0700, parents too) or checked."""
+    private_folder(folder)
     return folder / f"{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}.jsonl"
 
 
@@ -219,7 +221,7 @@ def new_log_file(environment: Dict[str, str]) -> str:
 def latest_run(environment: Dict[str, str]) -> str:
     """The most recent unfinished run in the run log folder, for --resume without a file."""
     folder = log_dir(environment)
-    path = latest_unfinished(folder)
+    path = latest_unfinished(folder) if checked_folder(folder) else None
     if path is None:
         raise ConfigError(f"--resume: no unfinished run in {folder}; name a trace file: --resume FILE")
     return str(path)
@@ -229,6 +231,7 @@ def list_runs(environment: Dict[str, str]) -> int:
     """--runs: print the recent runs in the run log folder, newest first, as wide as the terminal
     (80 columns into a pipe or a file)."""
     folder = log_dir(environment)
+    checked_folder(folder)
     runs = recent_runs(folder)
     width = shutil.get_terminal_size().columns if sys.stdout.isatty() else 80
     print(render_runs(runs, folder, short_ids(runs, _run_files(folder)), width))

@@ -12,12 +12,11 @@ import prompts
 from agent_demo_kit import log_folder
 from agent_demo_kit.endings import ConfigError, RunResult
 from agent_demo_kit.settings import Settings, display_url, given
-from agent_demo_kit.trace import Round, add_follow_up, load_trace
+from agent_demo_kit.trace import Call, Round, add_follow_up, load_trace
 
 
-def recorded_run(args: argparse.Namespace, environment: Dict[str, str]) -> Tuple[str, dict, List[Round]]:
-    """The trace file --resume or --continue is about, its start record (with what later records
-    changed) and its completed rounds; ConfigError if it cannot go on."""
+def run_path(args: argparse.Namespace, environment: Dict[str, str]) -> str:
+    """The trace file --resume or --continue is about; ConfigError if there is none to take up."""
     continuing = args.continue_run is not None
     flag = "--continue" if continuing else "--resume"
     if args.task and not continuing:
@@ -27,8 +26,19 @@ def recorded_run(args: argparse.Namespace, environment: Dict[str, str]) -> Tuple
     if args.trace and os.path.abspath(args.trace) != os.path.abspath(path) or continuing and args.no_log:
         raise ConfigError(f"{flag} appends to the run's own trace file; --trace cannot name another one,"
                           " nor --no-log keep none")
+    if not os.path.lexists(path):
+        raise ConfigError(f"cannot read the trace file {path}: no such file")
+    return path
+
+
+def read_run(args: argparse.Namespace, environment: Dict[str, str], recorded: bytes,
+             path: str) -> Tuple[dict, List[Round], List[Call]]:
+    """What the trace (read through the file this run locked) brings back: its start record (with what
+    later records changed), its completed rounds, and the side-effecting calls started after them;
+    ConfigError if it cannot go on."""
+    continuing = args.continue_run is not None
     try:
-        start, rounds = load_trace(path, ended_too=continuing)
+        start, rounds, unfinished = load_trace(recorded, path, ended_too=continuing)
     except ValueError as error:
         raise ConfigError(str(error)) from None
     if continuing and not rounds:
@@ -36,7 +46,7 @@ def recorded_run(args: argparse.Namespace, environment: Dict[str, str]) -> Tuple
     if "***" in str(start.get("url")) and not given("url", args, environment):
         raise ConfigError("the run's URL held a password, which is not recorded: give it again with --url"
                           " or LLM_API_URL")
-    return path, start, rounds
+    return start, rounds, unfinished
 
 
 def own_settings(start: dict, continuing: bool) -> dict:

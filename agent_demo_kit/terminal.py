@@ -404,7 +404,8 @@ class TerminalApprover:
         # On a line of its own, the call exactly as it will run: JSON keeps the arguments' text
         # exact, and the terminal stream shows anything a terminal would act on escaped.
         warning = f"\nwarning: {call['tool']}: {call['warning']}" if call.get("warning") else ""
-        answer = self.ask(f"{warning}\napprove {call['tool']} {to_json(call['args'])}? [y/N/a] ")
+        again = " again (it may have run before the run was cut short)" if call.get("may_have_run") else ""
+        answer = self.ask(f"{warning}\napprove {call['tool']} {to_json(call['args'])}{again}? [y/N/a] ")
         if answer == "a":
             self.always.add(call["tool"])
         return answer in ("y", "yes", "a")

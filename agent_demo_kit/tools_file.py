@@ -1,23 +1,225 @@
 """Your own tools: each public function of a --tools-file, described like the built-in ones and
-run with a time limit, since such a function may hang, print, or even exit."""
+run in a worker process, since such a function may hang, print, fork, exit or even crash.
+
+The worker is a new interpreter (started like multiprocessing's spawn, so it inherits no lock,
+thread or open trace file, but without re-running agent-demo's own main script), in a session
+of its own, and it imports the files itself: a file that exits or forks while it loads harms
+the worker alone. It is started once and reused. A call that hangs past --tool-timeout or ends
+the worker costs one error result: the worker's whole process group is killed, and the next
+call starts a new worker. Nothing it started outlives agent-demo, even one killed with kill -9.
+"""
 import contextlib
 import dataclasses
 import importlib.util
 import inspect
+import json
 import os
-import queue
 import re
+import signal
 import sys
 import threading
-from typing import Any, Callable, Dict, Optional
+import time
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
-from agent_demo_kit.endings import SigTerm
-from tools import Tool, ToolDefinitionError, ToolError, registry_of
+from agent_demo_kit.endings import ConfigError
+from tools import CONTROL_ACTIONS, REGISTRY, Tool, ToolDefinitionError, ToolError, registry_of
+
+if TYPE_CHECKING:  # the worker does without settings (and python-dotenv)
+    from agent_demo_kit.settings import Settings
+
+_DESCRIBED = [field.name for field in dataclasses.fields(Tool) if field.name != "function"]
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # where agent_demo_kit and tools are
+_BOOT = "import sys; sys.path[0] = sys.argv[1]; from agent_demo_kit.tools_file import serve; serve(int(sys.argv[2]))"
+LOADING_SECONDS = 60.0  # starting a worker and importing a file may take longer than a call may
+Answer = Tuple[str, Any]  # ("tools", descriptions), ("ok", result as JSON), ("error", why) or ("lost", why)
 
 
-def load_tools_file(path: str, timeout: float) -> Dict[str, Tool]:
-    """Each public function defined in a Python file, as a tool whose calls end after `timeout`
-    seconds; ToolDefinitionError says why a file cannot give tools."""
+class ToolWorker:
+    """The process that imports the tools files and runs their functions, one call at a time."""
+
+    def __init__(self, timeout: float, secrets: List[str] = ()):
+        self.timeout, self.secrets = timeout, list(secrets)  # what the worker's prints must not show
+        self.paths: List[str] = []  # the files loaded, loaded again by a new worker
+        self.process: Any = None
+        self.connection: Any = None
+
+    def load(self, path: str) -> Dict[str, Tool]:
+        """The tools of one more file, described by the worker (importing a file runs its code);
+        ToolDefinitionError says why a file cannot give tools."""
+        kind, answer = self.ask(("load", path), max(self.timeout, LOADING_SECONDS))
+        if kind == "lost":
+            raise ToolDefinitionError(f"importing it {answer}")
+        if kind != "tools":
+            raise ToolDefinitionError(answer)
+        self.paths.append(path)
+        return {described["name"]: Tool(**described, function=self.caller(described["name"])) for described in answer}
+
+    def caller(self, name: str) -> Any:
+        """The function that stands for a tool in agent-demo's registry: it asks the worker."""
+        def call(**args: Any) -> Any:
+            kind, answer = self.ask(("call", name, args), self.timeout)
+            if kind == "ok":
+                return json.loads(answer)
+            raise ToolError(f"{name} {answer}" if kind == "lost" else answer)
+        return call
+
+    def ask(self, request: tuple, timeout: float) -> Answer:
+        """The worker's answer; ("lost", why) when it hung or died, and it is then ended."""
+        try:
+            lost = self.start() if self.process is None else None
+            if lost:
+                return lost
+            self.connection.send(request)
+            if self.connection.poll(timeout):
+                return self.connection.recv()
+            why = (f"did not finish within {timeout:g} s{' (--tool-timeout)' if timeout == self.timeout else ''};"
+                   " it was stopped, with anything it started")
+        except (EOFError, OSError) as error:
+            why = self.death(error)
+        except BaseException:  # Ctrl-C or SIGTERM while waiting: the run ends, and so does the call
+            self.stop()
+            raise
+        self.stop()
+        return "lost", why
+
+    def death(self, error: BaseException) -> str:
+        """How the worker ended, once the connection to it broke."""
+        if self.process is None:
+            return f"could not run: no worker process could be started ({error})"
+        with contextlib.suppress(Exception):  # TimeoutExpired: it is killed next
+            self.process.wait(1)
+        code = self.process.returncode
+        return (f"ended the worker process (signal {signal.Signals(-code).name})" if code and code < 0
+                else f"ended the worker process (exit code {code})")
+
+    def start(self) -> Optional[Answer]:
+        """A new worker, with the files loaded so far loaded again; ("lost", why) if that fails."""
+        import socket  # imported only when a tools file is used
+        import subprocess
+        from multiprocessing.connection import Connection
+        ours, theirs = socket.socketpair()
+        with theirs:
+            self.process = subprocess.Popen(
+                [sys.executable, "-c", _BOOT, _ROOT, str(theirs.fileno())], pass_fds=[theirs.fileno()],
+                start_new_session=True, stdin=subprocess.DEVNULL, stdout=2 if _is_open(2) else subprocess.DEVNULL)
+        self.connection = Connection(ours.detach())
+        self.connection.send((sys.path, self.secrets))
+        paths, self.paths = self.paths, []
+        for path in paths:
+            try:
+                self.load(path)
+            except ToolDefinitionError as error:
+                self.stop()
+                self.paths = paths
+                return "lost", f"could not run: a new worker process could not import {path} again: {error}"
+        return None
+
+    def stop(self) -> None:
+        """End the worker and everything it started (its process group)."""
+        process, self.process = self.process, None
+        if process is None:
+            return
+        self.connection.close()
+        with contextlib.suppress(OSError):  # the group may be gone already
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+
+
+def _is_open(fd: int) -> bool:
+    try:
+        os.fstat(fd)
+        return True
+    except OSError:
+        return False
+
+
+def load_tools_files(settings: "Settings", secrets: List[str], opened: contextlib.ExitStack) -> Dict[str, Tool]:
+    """The tools of each --tools-file, run by a worker process that is ended when `opened` closes;
+    ConfigError if a file gives no usable tools or a name clashes."""
+    found: Dict[str, Tool] = {}
+    if not settings.tools_files:
+        return found
+    worker = ToolWorker(settings.tool_timeout, secrets)
+    opened.callback(worker.stop)
+    for path in settings.tools_files:
+        try:
+            tools = worker.load(path)
+        except ToolDefinitionError as error:
+            raise ConfigError(f"--tools-file {path}: {error}") from None
+        clash = next((name for name in tools if name in REGISTRY or name in found or name in CONTROL_ACTIONS), None)
+        if clash:
+            raise ConfigError(f"--tools-file {path}: the tool {clash} clashes with another tool of that name")
+        found.update(tools)
+    return found
+
+
+# --- in the worker ------------------------------------------------------------------------------
+
+def serve(fd: int) -> None:
+    """The worker: load a file or run a call, answer, until agent-demo closes the connection."""
+    from multiprocessing.connection import Connection
+    connection = Connection(fd)
+    sys.path[:], secrets = connection.recv()  # where agent-demo finds modules, a tools file finds them
+    prints = prints_to_stderr(secrets)
+    worker = os.getpid()
+    threading.Thread(target=end_with_parent, args=(os.getppid(),), daemon=True).start()
+    tools: Dict[str, Tool] = {}
+    while True:
+        try:
+            request = connection.recv()
+        except (EOFError, OSError):  # agent-demo is done, or gone
+            return
+        answer = load(request[1], tools) if request[0] == "load" else run(tools, *request[1:])
+        if os.getpid() != worker:  # a copy the tool forked, back here: only the worker answers
+            os._exit(0)
+        with contextlib.suppress(Exception):
+            prints.finish()  # what was held back in case it was the start of the key
+        try:
+            connection.send(answer)
+        except OSError:
+            return
+
+
+def prints_to_stderr(secrets: List[str]) -> Any:
+    """A tool's prints go to stderr (stdout is stderr already, for a child process's too), without the key."""
+    from agent_demo_kit.terminal import Redactor, SafeStream
+    stream = sys.__stderr__ or open(os.devnull, "w")  # None when stderr is closed (2>&-)
+    sys.stdout = sys.stderr = SafeStream(stream, Redactor(*secrets), if_broken="drop")
+    return sys.stdout
+
+
+def end_with_parent(parent: int) -> None:
+    """If agent-demo dies (kill -9), end the worker's process group, a call still running included."""
+    while os.getppid() == parent:
+        time.sleep(0.2)
+    os.killpg(0, signal.SIGKILL)
+
+
+def load(path: str, tools: Dict[str, Tool]) -> Answer:
+    """("tools", the file's tools described as JSON) or ("error", why it gives none)."""
+    try:
+        found = import_tools(path)
+    except ToolDefinitionError as error:
+        return "error", str(error)
+    tools.update(found)
+    described = [{name: getattr(tool, name) for name in _DESCRIBED} for tool in found.values()]
+    return "tools", json.loads(json.dumps(described, default=repr))  # a default of any type: shown, not sent
+
+
+def run(tools: Dict[str, Tool], name: str, args: dict) -> Answer:
+    """("ok", the result as JSON) or ("error", what went wrong): whatever the tool raises, even
+    SystemExit or KeyboardInterrupt, is its own failure."""
+    try:
+        return "ok", json.dumps(tools[name].function(**args), allow_nan=False)
+    except ToolError as error:
+        return "error", str(error)
+    except BaseException as error:
+        return "error", f"{name} failed: {type(error).__name__}: {error}"
+
+
+def import_tools(path: str) -> Dict[str, Tool]:
+    """Each public function defined in a Python file, as a tool; ToolDefinitionError says why a
+    file cannot give tools."""
     module_name = "agent_demo_tools_" + re.sub(r"\W", "_", os.path.splitext(os.path.basename(path))[0])
     spec = importlib.util.spec_from_file_location(module_name, path)
     if spec is None or spec.loader is None:
@@ -27,10 +229,7 @@ def load_tools_file(path: str, timeout: float) -> Dict[str, Tool]:
     module = importlib.util.module_from_spec(spec)
     sys.modules[module_name] = module  # dataclasses and type hints in the file look themselves up here
     try:
-        with contextlib.redirect_stdout(sys.stderr):  # what it prints while loading is not the answer
-            spec.loader.exec_module(module)
-    except (KeyboardInterrupt, SigTerm):
-        raise
+        spec.loader.exec_module(module)
     except BaseException as error:  # a syntax error, a missing import, even sys.exit(): a usage error
         del sys.modules[module_name]
         raise ToolDefinitionError(f"it does not import: {type(error).__name__}: {error}") from None
@@ -38,54 +237,4 @@ def load_tools_file(path: str, timeout: float) -> Dict[str, Tool]:
                  and inspect.isfunction(value) and value.__module__ == module_name and value.__name__.isidentifier()]
     if not functions:
         raise ToolDefinitionError("it defines no public function")
-    return {name: dataclasses.replace(described, function=time_limited(name, described.function, timeout))
-            for name, described in registry_of(*functions).items()}
-
-
-def time_limited(name: str, function: Callable[..., Any], timeout: float) -> Callable[..., Any]:
-    """function, run on a worker thread: a call still running after `timeout` seconds raises ToolError
-    (the call is left to finish on its own), and one that exits is a ToolError too."""
-    def call(**args: Any) -> Any:
-        outcome = _WORKER.run(lambda: function(**args), timeout)
-        if outcome is None:
-            raise ToolError(f"{name} did not finish within {timeout:g} s (--tool-timeout); it may still be running")
-        value, error = outcome
-        if isinstance(error, (SystemExit, KeyboardInterrupt)):
-            raise ToolError(f"{name} failed: it raised {type(error).__name__}")
-        if error is not None:
-            raise error
-        return value
-    return call
-
-
-class _Worker:
-    """One daemon thread that runs tool calls, so a call that hangs can be given up on; a new
-    thread takes over from one that is stuck, and a stuck one never holds the process open."""
-
-    def __init__(self) -> None:
-        self.jobs: Optional[queue.Queue] = None
-
-    def run(self, job: Callable[[], Any], timeout: float) -> Optional[tuple]:
-        """(job's value, None) or (None, what it raised); None if it is still running after timeout seconds."""
-        if self.jobs is None:
-            self.jobs = queue.Queue()
-            threading.Thread(target=self._serve, args=(self.jobs,), daemon=True, name="tool-call").start()
-        answer: queue.Queue = queue.Queue(maxsize=1)
-        self.jobs.put((job, answer))
-        try:
-            return answer.get(timeout=timeout)
-        except queue.Empty:
-            self.jobs = None  # that thread is stuck in the call: the next call gets a new one
-            return None
-
-    @staticmethod
-    def _serve(jobs: queue.Queue) -> None:
-        while True:
-            job, answer = jobs.get()
-            try:
-                answer.put((job(), None))
-            except BaseException as error:  # handed to the caller, whatever it is
-                answer.put((None, error))
-
-
-_WORKER = _Worker()
+    return registry_of(*functions)

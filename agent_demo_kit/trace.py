@@ -9,6 +9,7 @@ to the screen; the run log folder (log_folder.py) keeps one such file per run.
 import contextlib
 import json
 import os
+import stat
 import sys
 import time
 from dataclasses import dataclass, field
@@ -16,6 +17,7 @@ from typing import Any, ContextManager, Dict, List, Optional, TextIO, Tuple
 
 from agent_demo_kit.endings import ConfigError
 from agent_demo_kit.log_folder import RESUMABLE, can_resume, lock
+from agent_demo_kit.private_files import open_private
 from agent_demo_kit.terminal import Redactor, SafeStream, Screen, Status, to_json
 from prompts import clip
 from tools import failure
@@ -99,7 +101,8 @@ def round_from_line(line: dict) -> Round:
              for call in line["calls"]]
     if not isinstance(line["round"], int) or any(not isinstance(call.result, dict) or not isinstance(
             call.result.get("ok"), bool) or not isinstance(call.check or {}, dict) for call in calls) or not all(
-            isinstance(m, dict) and isinstance(m.get("role"), str) for m in line["feedback"]) \
+            isinstance(m, dict) and m.get("role") in ("user", "tool") and isinstance(m.get("content"), str)
+            for m in line["feedback"]) \
             or not isinstance(line.get("model_output") or "", str) \
             or not isinstance(line.get("tool_calls") or [], list):
         raise ValueError("not a round this version wrote")
@@ -169,17 +172,28 @@ class RunLog:
         self.start_notes: List[str] = []  # said right after it
         self.trace_file = None
         if trace_path:  # a new file is readable only by the user: it holds the task and every result
-            raw = open(os.open(trace_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600), "a", encoding="utf-8")
+            raw = open(open_private(trace_path), "a", encoding="utf-8")
             if not lock(raw):
                 raw.close()
                 raise ConfigError(f"{trace_path} is being written by another agent-demo run that is still going")
-            if raw.tell() > 0:
-                with open(trace_path, "rb") as existing:
-                    existing.seek(-1, 2)
-                    torn = existing.read(1) != b"\n"
-                if torn:
-                    raw.write("\n")  # end a line torn by a crash; readers skip it
+            size = raw.tell()
+            if size > 0 and os.pread(raw.fileno(), 1, size - 1) not in (b"\n", b""):
+                raw.write("\n")  # end a line torn by a crash; readers skip it
+                raw.flush()
             self.trace_file = SafeStream(raw, self.redactor)
+
+    def recorded(self) -> bytes:
+        """What the trace file holds, read through the file this run locked, to resume from (nothing
+        from a device such as /dev/zero)."""
+        if not self.trace_file or not stat.S_ISREG(os.fstat(self.trace_file.fileno()).st_mode):
+            return b""
+        chunks, fd, offset = [], self.trace_file.fileno(), 0
+        while True:
+            chunk = os.pread(fd, 1 << 20, offset)
+            if not chunk:
+                return b"".join(chunks)
+            chunks.append(chunk)
+            offset += len(chunk)
 
     def say(self, text: str, kind: Optional[str] = None) -> None:
         if self.screen:
@@ -272,6 +286,11 @@ class RunLog:
         if self.screen:
             self.screen.show_result(call, sent)
 
+    def call_started(self, number: int, call: Call) -> None:
+        """Before a call with side effects runs: if the run is killed before its round is recorded,
+        a resume knows it may have happened."""
+        self.record("call", round=number, tool=call.tool, args=call.args, ts=time.time())
+
     def round(self, record: Round) -> None:
         """Append the round to the trace file (its calls were shown as they ran)."""
         if self.screen and not record.calls:
@@ -298,67 +317,82 @@ class RunLog:
                 pass  # a full disk refuses the last flush too; the file is closed all the same
 
 
-def load_trace(path: str, ended_too: bool = False) -> Tuple[dict, List[Round]]:
-    """The start record and the completed rounds of the file's last run, or ValueError if it cannot go on
-    (ended_too: a run that finished or failed can, with a follow-up)."""
-    try:
-        with open(path, "rb") as trace:
-            lines = trace.read().split(b"\n")
-    except OSError as error:
-        raise ValueError(f"cannot read the trace file {path}: {error.strerror or error}") from None
-    records = []
-    for line in lines:
-        try:  # a line torn by a crash, even mid-character, is skipped and its round redone
-            record = json.loads(line.decode("utf-8", errors="replace"))
-        except (ValueError, RecursionError):
-            continue
-        if isinstance(record, dict):
-            records.append(record)
-    starts = [index for index, record in enumerate(records) if record.get("event") == "start"]
-    if not starts or not isinstance(records[starts[-1]].get("task"), str):
-        raise ValueError(f"{path} is not an agent-demo trace (it holds no start record)")
-    run = records[starts[-1]:]  # a trace file appended to by several runs: the last one
-    lines_of_rounds: List[dict] = []
-    for record in run:
-        if record.get("event") == "round" and record.get("round") == len(lines_of_rounds) + 1:
-            lines_of_rounds.append(record)
+def load_trace(data: bytes, name: str, ended_too: bool = False) -> Tuple[dict, List[Round], List[Call]]:
+    """The start record, the completed rounds, and the side-effecting calls started after them (their
+    outcome unknown) of the last run in a trace file's bytes; ValueError if it cannot go on (ended_too:
+    a run that finished or failed can, with a follow-up). A line torn by a crash is skipped when it
+    ends the file or a resume followed it; any other line that cannot be read or does not fit
+    refuses the whole trace, naming the line."""
+    lines = [(number, _record(line)) for number, line in enumerate(data.split(b"\n"), 1) if line.strip()]
+    starts = [index for index, (_, record) in enumerate(lines) if record and record.get("event") == "start"]
+    if not starts or not isinstance(lines[starts[-1]][1].get("task"), str):
+        raise ValueError(f"{name} is not an agent-demo trace (it holds no start record)")
+    run = lines[starts[-1]:]  # a trace file appended to by several runs: the last one
+    start, rounds, started = dict(run[0][1]), [], []
     status = None  # how the run last stood: an end record, or a round in which the model finished
-    for record in run:
-        if record.get("event") == "end":
-            status = record.get("status")
-        elif record.get("event") == "round":
-            calls = record.get("calls") if isinstance(record.get("calls"), list) else []
-            endings = [call.get("ends_run") for call in calls if isinstance(call, dict)]
-            status = next((s for s in endings if s in ("finished", "failed")), None)
-        elif record.get("event") == "follow_up":
-            status = None
-    if status is not None and status not in RESUMABLE and not ended_too:
-        raise ValueError(f"{path} holds a run that already ended with status {status!r};"
-                         " only an unfinished run can be resumed")
-    try:
-        rounds = [round_from_line(line) for line in lines_of_rounds]
-    except (KeyError, TypeError, AttributeError, ValueError):
-        raise ValueError(f"{path} holds rounds this version cannot read (an older version's, or damaged);"
-                         " cannot resume") from None
-    for record in run:  # each compaction goes with the round before it; a later one for the same request wins
-        if record.get("event") == "compaction" and isinstance(record.get("before_round"), int) \
-                and 2 <= record["before_round"] <= len(rounds) + 1:
+    for index, (number, record) in enumerate(run):
+        def damaged(why: str) -> ValueError:
+            return ValueError(f"{name} line {number} is damaged ({why}); cannot resume: only a line torn by"
+                              " a crash at the end of the file is skipped")
+        if record is None:
+            after = run[index + 1][1] if index + 1 < len(run) else None
+            if index + 1 == len(run) or after and after.get("event") in ("resume", "follow_up"):
+                continue  # torn by a crash (and the run was taken up after it)
+            raise damaged("not a JSON record")
+        event = record.get("event")
+        if event == "round":
+            if record.get("round") != len(rounds) + 1 or isinstance(record.get("round"), bool):
+                raise damaged(f"round {record.get('round')!r} where round {len(rounds) + 1} was due")
             try:
-                rounds[record["before_round"] - 2].compaction = compaction_from_line(record)
+                rounds.append(round_from_line(record))
+            except (KeyError, TypeError, AttributeError, ValueError):
+                raise damaged(f"round {len(rounds) + 1} cannot be read by this version") from None
+            started = []
+            endings = [call.ends_run for call in rounds[-1].calls]
+            status = next((s for s in endings if s in ("finished", "failed")), None)
+        elif event == "call":
+            if record.get("round") != len(rounds) + 1 or not isinstance(record.get("tool"), str):
+                raise damaged(f"a call of round {record.get('round')!r} where round {len(rounds) + 1} was going")
+            started.append(Call(record["tool"], record.get("args"), {}))
+        elif event == "compaction":
+            try:
+                compaction = compaction_from_line(record)
             except (KeyError, TypeError):
-                pass  # the conversation is then rebuilt and folded anew
-        elif record.get("event") == "follow_up" and isinstance(record.get("text"), str) \
-                and isinstance(record.get("after_round"), int) and 1 <= record["after_round"] <= len(rounds):
-            add_follow_up(rounds[record["after_round"] - 1], record["text"])
-    start = dict(run[0])
-    for record in run:  # what a later resume, follow-up or fallback set holds for the next resume too
-        if record.get("event") in ("resume", "follow_up"):
+                raise damaged("a compaction this version cannot read") from None
+            if compaction.before_round != len(rounds) + 1:
+                raise damaged(f"a compaction before round {compaction.before_round} after round {len(rounds)}")
+            if rounds:  # it goes with the round before it; a later one for the same request wins
+                rounds[-1].compaction = compaction
+        elif event == "follow_up":
+            text, after_round = record.get("text"), record.get("after_round")
+            if not isinstance(text, str) or not isinstance(after_round, int) or not 1 <= after_round <= len(rounds):
+                raise damaged("a follow-up this version cannot read")
+            add_follow_up(rounds[after_round - 1], text)
             start.update({key: value for key, value in record.items()
                           if key not in ("event", "ts", "after_round", "text")})
-        elif record.get("event") == "setting" and record.get("name") in ("reply_cap_field", "stream"):
+            status = None
+        elif event == "end":
+            status = record.get("status")
+        elif event == "resume":  # what a later resume or a fallback set holds for the next resume too
+            start.update({key: value for key, value in record.items() if key not in ("event", "ts", "after_round")})
+        elif event == "setting" and record.get("name") in ("reply_cap_field", "stream"):
             start[record["name"]] = record.get("value")
-        elif record.get("event") == "fallback":
+        elif event == "fallback":
             start["mode"] = record.get("to_mode")
             if record.get("to_variant"):
                 start["schema_variant"] = record["to_variant"]
-    return start, rounds
+        elif not isinstance(event, str):
+            raise damaged("a record without an event")
+    if status is not None and status not in RESUMABLE and not ended_too:
+        raise ValueError(f"{name} holds a run that already ended with status {status!r};"
+                         " only an unfinished run can be resumed")
+    return start, rounds, started
+
+
+def _record(line: bytes) -> Optional[dict]:
+    """One line's record, or None if it is not a JSON object (torn by a crash, or damaged)."""
+    try:  # a line torn even mid-character is found out here
+        record = json.loads(line.decode("utf-8", errors="replace"))
+    except (ValueError, RecursionError):
+        return None
+    return record if isinstance(record, dict) else None

@@ -338,7 +338,7 @@ def test_a_key_with_a_stray_quote_or_backslash_is_refused(serve, monkeypatch, ca
     assert "stray quote" in capsys.readouterr().err and server.requests == []
 
 
-def test_a_tools_print_goes_to_stderr_and_its_exit_is_a_failed_call(serve, tmp_path, capsys):
+def test_a_tools_print_goes_to_stderr_and_its_exit_is_a_failed_call(serve, tmp_path, capfd):
     path = tmp_path / "noisy.py"
     path.write_text("import sys\n\ndef noisy(x: str) -> str:\n    '''Print, then answer.'''\n"
                     "    print('DEBUG', x)\n    return x\n\n"
@@ -346,9 +346,9 @@ def test_a_tools_print_goes_to_stderr_and_its_exit_is_a_failed_call(serve, tmp_p
     server = serve([act("noisy", x="hi"), act("quitter", x="q"), act("finish", result="done")])
     started = time.monotonic()
     assert main(["--tools-file", str(path), "hi"]) == 0
-    out, err = capsys.readouterr()
+    out, err = capfd.readouterr()  # the tool runs in a worker process: its print is on file descriptor 2
     assert out == "done\n" and "DEBUG hi" in err
-    assert "quitter failed: it raised SystemExit" in server.sent_messages(2)[-1]["content"]
+    assert "quitter failed: SystemExit: 3" in server.sent_messages(2)[-1]["content"]
     assert time.monotonic() - started < 10
 
 

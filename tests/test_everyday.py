@@ -338,13 +338,13 @@ def test_the_task_from_a_terminal_says_how_to_end_it(tmp_path):
     assert server.sent_messages(0)[1]["content"] == "Task: look up order A1002"
 
 
-def test_the_trace_shows_each_action_before_it_runs_and_the_result_as_the_model_got_it(serve, tmp_path, capsys):
+def test_the_trace_shows_each_action_before_it_runs_and_the_result_as_the_model_got_it(serve, tmp_path, capfd):
     tools = write_tools(tmp_path, "def dump(n: int) -> str:\n    '''Print a greeting, return n lines.'''\n"
                                   "    print('hello from the tool')\n"
                                   "    return ''.join(f'row {i}\\n' for i in range(n))\n", name="dump_tools.py")
     serve([act("dump", n=2000), act("finish", result="done")])
     assert main(["--tools-file", tools, "list rows"]) == 0
-    err = capsys.readouterr().err.splitlines()
+    err = capfd.readouterr().err.splitlines()  # the tool prints from its worker process
     at = err.index("action: dump(n=2000)")
     assert err[at + 1] == "hello from the tool", "the tool's own print comes after its action line"
     assert err[at + 2] == "result: 481 lines {\"truncated\": true, \"original_chars\": 16890}"

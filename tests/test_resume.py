@@ -13,8 +13,9 @@ from agent_demo_kit.settings import Settings
 from agent_demo_kit.trace import RunLog
 from scripted_model import run
 from scripted_model import ScriptedModel
-from conftest import run_cli, start_cli
+from conftest import answer_on_a_terminal, child_environment, run_cli, start_cli
 from scripted_server import ScriptedServer, action as act
+from tools import REGISTRY, describe, tool
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -240,3 +241,168 @@ def test_a_tool_taken_away_on_resume_is_unknown_even_if_called_before(serve, tmp
     server = serve([act("get_order_status", order_id="A1002"), act("fail", reason="x")], key=None)
     assert main(["--resume", str(trace), "--tools", "calculator", "--quiet"]) == 1
     assert "unknown tool 'get_order_status'" in server.sent_messages(1)[-1]["content"]
+
+
+# --- a damaged trace is refused, not trimmed ------------------------------------------------------
+
+def damage(trace, how):
+    """Damage the trace of a run cut short after 4 rounds: lines 1 start, 2-5 rounds 1-4, 6 end."""
+    lines = trace.read_text().splitlines()
+    second = json.loads(lines[2])
+    if how == "round 2 deleted":
+        del lines[2]
+    elif how == "round a string":
+        lines[2] = json.dumps({**second, "round": "2"})
+    elif how == "feedback without content":
+        del second["feedback"][0]["content"]
+        lines[2] = json.dumps(second)
+    elif how == "not JSON":
+        lines[2] = lines[2][:40]
+    trace.write_text("\n".join(lines) + "\n")
+
+
+@pytest.mark.parametrize("how, why", [
+    ("round 2 deleted", "round 3 where round 2 was due"),
+    ("round a string", "round '2' where round 2 was due"),
+    ("feedback without content", "round 2 cannot be read by this version"),
+    ("not JSON", "not a JSON record"),
+])
+def test_a_damaged_line_before_the_last_refuses_the_trace_naming_the_line(serve, tmp_path, capsys, how, why):
+    trace = tmp_path / "run.jsonl"
+    interrupted_run(trace, [act("calculator", expression=f"{n} + 1") for n in range(4)], stop_at=5, max_rounds=9)
+    damage(trace, how)
+    server = serve([act("finish", result="ok")], key=None)
+    assert main(["--resume", str(trace), "--quiet"]) == 2
+    assert capsys.readouterr().err == (f"agent-demo: error: {trace} line 3 is damaged ({why}); cannot resume: only a"
+                                       " line torn by a crash at the end of the file is skipped\n")
+    assert server.requests == []
+
+
+def test_a_line_torn_by_a_crash_stays_harmless_after_the_run_went_on(serve, tmp_path):
+    trace = tmp_path / "run.jsonl"
+    interrupted_run(trace, [act("calculator", expression="1 + 1")], stop_at=2)
+    lines = trace.read_text().splitlines()[:-1]  # drop the end record, as kill -9 would
+    trace.write_text("\n".join(lines) + '\n{"event": "round", "round": 2, "model_out')
+    serve([act("calculator", expression="2 + 2"), act("finish", result=4)], key=None)
+    assert main(["--resume", str(trace), "--max-rounds", "2", "--quiet"]) == 1
+    assert main(["--resume", str(trace), "--max-rounds", "3", "--quiet"]) == 0, "the torn line is now in the middle"
+    assert round_numbers(trace) == [1, 2, 3]
+
+
+# --- one resumer at a time -----------------------------------------------------------------------
+
+MARKING_TOOLS = '''
+import time
+open("imported-" + str(time.time()), "w").close()
+time.sleep(0.3)
+
+
+def shout(text: str) -> str:
+    """Shout."""
+    return text.upper()
+'''
+
+
+def test_a_resume_takes_the_lock_before_it_reads_the_trace_or_imports_its_tools(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("LLM_API_URL", "http://127.0.0.1:9/v1")
+    tools_file = tmp_path / "marking.py"
+    tools_file.write_text(MARKING_TOOLS)
+    trace = tmp_path / "run.jsonl"
+    trace.write_text(json.dumps({"event": "start", "task": "t", "tools_files": [str(tools_file)]}) + "\n"
+                     + json.dumps({"event": "end", "status": "finished"}) + "\n")
+    holder = RunLog(trace_path=str(trace))  # another resumer, still going
+    try:
+        assert main(["--resume", str(trace)]) == 2
+    finally:
+        holder.close()
+    assert "still going" in capsys.readouterr().err, "refused for the lock, before the trace was read"
+    assert not list(tmp_path.glob("imported-*"))
+
+
+def test_two_resumes_at_once_run_the_rounds_once(serve, tmp_path, capsys):
+    tools_file = tmp_path / "marking.py"
+    tools_file.write_text(MARKING_TOOLS)
+    trace = tmp_path / "run.jsonl"
+    serve([act("shout", text="a"), act("shout", text="b"), act("finish", result="B"), act("finish", result="B")],
+          key=None)
+    assert main(["--tools-file", str(tools_file), "--trace", str(trace), "--max-rounds", "1", "--quiet", "x"]) == 1
+    both = [start_cli("--resume", trace, "--max-rounds", "5", "--quiet") for _ in range(2)]  # at once
+    for process in both:
+        process.communicate(timeout=60)
+    assert sorted(process.returncode for process in both) == [0, 2]
+    assert round_numbers(trace) == [1, 2, 3]
+
+
+# --- calls with side effects are written ahead ---------------------------------------------------
+
+SIDE_EFFECTS = '''
+import os
+import signal
+
+from tools import tool
+
+
+@tool(side_effects=True)
+def append_line(n: int) -> str:
+    """Append n to effects.txt."""
+    with open("effects.txt", "a") as effects:
+        effects.write(f"{n}\\n")
+    if str(n) in os.environ.get("KILL_AFTER", "").split(",") and not os.path.exists(f"killed-{n}"):
+        open(f"killed-{n}", "w").close()
+        os.kill(os.getppid(), signal.SIGKILL)  # agent-demo dies right after the side effect
+    return f"appended {n}"
+'''
+
+
+def test_a_call_with_side_effects_is_recorded_before_it_runs(tmp_path):
+    trace = tmp_path / "run.jsonl"
+
+    @tool(side_effects=True)
+    def send(text: str) -> list:
+        """Send a text."""
+        return [r["event"] for r in records(trace)]
+    log = RunLog(trace_path=str(trace))
+    model = ScriptedModel(act("send", text="hi"), act("calculator", expression="1 + 1"), act("finish", result=2))
+    settings = Settings(yes=True)
+    outcome = run("t", settings, model, registry={**REGISTRY, "send": describe(send)}, log=log)
+    log.close()
+    assert outcome.calls[0]["result"]["data"] == ["start", "call"], "the call was on record when it ran"
+    assert [(r["event"], r.get("tool")) for r in records(trace)] == [
+        ("start", None), ("call", "send"), ("round", None), ("round", None), ("round", None), ("end", None)]
+
+
+def test_kill_9_right_after_a_side_effect_then_resume_never_repeats_it_unannounced(tmp_path):
+    tools_file = tmp_path / "effects.py"
+    tools_file.write_text(SIDE_EFFECTS)
+    trace = tmp_path / "run.jsonl"
+    killed = [1, 2, 4, 5, 6]
+    replies = [reply for n in range(1, 7) for reply in [act("append_line", n=n)] * (2 if n in killed else 1)]
+    with ScriptedServer(replies + [act("finish", result="done")]) as server:
+        env = {"LLM_API_URL": server.url, "KILL_AFTER": ",".join(map(str, killed))}
+        code = run_cli("--tools-file", tools_file, "--trace", trace, "--yes", "--max-rounds", "20", "--quiet", "go",
+                       env=env)[0]
+        runs = 1
+        while code == -signal.SIGKILL and runs <= len(killed):
+            code, out, err = run_cli("--resume", trace, "--yes", "--quiet", env=env)
+            runs += 1
+    assert (code, runs) == (0, 1 + len(killed))
+    assert (tmp_path / "effects.txt").read_text().split() == ["1", "2", "3", "4", "5", "6"]
+    told = [call["args"]["n"] for r in records(trace) if r["event"] == "round" for call in r["calls"]
+            if call["result"].get("error", "").startswith("outcome unknown")]
+    assert told == killed, "the model was told the outcome is unknown, each time"
+    notes = [r["text"] for r in records(trace) if r["event"] == "note"]
+    assert len(notes) == len(killed) and all("may have happened" in note for note in notes), "and the user too"
+
+
+def test_under_approve_the_user_decides_whether_a_call_that_may_have_run_runs_again(tmp_path):
+    tools_file = tmp_path / "effects.py"
+    tools_file.write_text(SIDE_EFFECTS)
+    trace = tmp_path / "run.jsonl"
+    with ScriptedServer([act("append_line", n=1), act("append_line", n=1), act("finish", result="done")]) as server:
+        env = {**child_environment(), "LLM_API_URL": server.url, "KILL_AFTER": "1"}
+        code = run_cli("--tools-file", tools_file, "--trace", trace, "--yes", "--quiet", "go", env=env)[0]
+        assert code == -signal.SIGKILL
+        shown, out, err, code = answer_on_a_terminal(["--resume", str(trace), "--approve", "--quiet"], env, tmp_path)
+    assert b'approve append_line {"n": 1} again (it may have run before the run was cut short)? [y/N/a]' in shown
+    assert code == 0
+    assert (tmp_path / "effects.txt").read_text().split() == ["1", "1"], "the user said yes"

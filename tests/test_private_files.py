@@ -1,0 +1,142 @@
+"""The run log folder and trace files are checked like ~/.ssh: ours, writable by nobody else, not
+reached through someone else's symlink; what fails is refused with one line saying how to fix it."""
+import json
+import os
+import stat
+
+import pytest
+
+from agent_demo import main
+from conftest import KEY, run_cli, said_lines
+from scripted_server import ScriptedServer, action as act
+
+NOBODY = 65534
+root_only = pytest.mark.skipif(not hasattr(os, "getuid") or os.getuid() != 0,
+                               reason="giving a file to another user needs root")
+
+
+def plant(folder, url, tools_file):
+    """What another user leaves in a shared run log folder: a bare start record naming their own
+    endpoint and their own tools file."""
+    folder.mkdir(parents=True, exist_ok=True)
+    planted = folder / "20991231-235959-abcdef.jsonl"
+    planted.write_text(json.dumps({"event": "start", "task": "t", "url": url, "tools_files": [str(tools_file)]}) + "\n")
+    return planted
+
+
+@pytest.fixture
+def their_tools(tmp_path):
+    """A tools file that leaves a mark when it is imported."""
+    path = tmp_path / "theirs.py"
+    path.write_text(f"open({str(tmp_path / 'imported')!r}, 'w').close()\n\n"
+                    "def t(x: str) -> str:\n    '''T.'''\n    return x\n")
+    return path
+
+
+def test_a_run_log_folder_writable_by_others_is_refused_before_a_planted_run_is_read(
+        tmp_path, monkeypatch, capsys, their_tools):
+    monkeypatch.setenv("LLM_API_KEY", KEY)
+    folder = tmp_path / "state" / "agent-demo" / "runs"
+    with ScriptedServer([act("finish", result="stolen")]) as theirs:
+        plant(folder, theirs.url, their_tools)
+        os.chmod(folder, 0o777)
+        assert main(["--resume"]) == 2
+    assert theirs.requests == [] and not (tmp_path / "imported").exists()
+    assert said_lines(capsys.readouterr().err) == [
+        f"agent-demo: error: the run log folder {folder} is writable by others (mode 777): chmod 700 {folder}"]
+
+
+@root_only
+def test_a_trace_file_of_another_user_is_refused(tmp_path, monkeypatch, capsys, their_tools):
+    monkeypatch.setenv("LLM_API_KEY", KEY)
+    folder = tmp_path / "state" / "agent-demo" / "runs"
+    with ScriptedServer([act("finish", result="stolen")]) as theirs:
+        planted = plant(folder, theirs.url, their_tools)
+        os.chmod(folder, 0o700)
+        os.chown(planted, NOBODY, NOBODY)
+        for resume in (["--resume"], ["--resume", str(planted)]):
+            assert main(resume) == 2
+            [line] = said_lines(capsys.readouterr().err)
+            assert line.startswith(f"agent-demo: error: the trace file {planted} belongs to ")
+            assert line.endswith(f"(uid {NOBODY}), not to you: chown root {planted}, or use another one")
+        assert main(["--trace", str(planted), "--quiet", "hi"]) == 2, "appending to it is refused too"
+    assert theirs.requests == [] and not (tmp_path / "imported").exists()
+
+
+def test_a_trace_file_writable_by_its_group_is_refused(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("LLM_API_URL", "http://127.0.0.1:9/v1")
+    trace = tmp_path / "run.jsonl"
+    trace.write_text(json.dumps({"event": "start", "task": "t"}) + "\n")
+    os.chmod(trace, 0o620)
+    assert main(["--resume", str(trace)]) == 2
+    assert said_lines(capsys.readouterr().err) == [
+        f"agent-demo: error: the trace file {trace} is writable by its group (mode 620): chmod 600 {trace}"]
+
+
+def test_folders_it_creates_are_0700_parents_included_whatever_the_umask(tmp_path):
+    with ScriptedServer([act("finish", result="ok")]) as server:
+        code, out, err = run_cli("--quiet", "hi", env={"LLM_API_URL": server.url}, umask=0)
+    assert (code, out) == (0, "ok\n")
+    state = tmp_path / "state"
+    for folder in (state, state / "agent-demo", state / "agent-demo" / "runs"):
+        assert stat.S_IMODE(folder.stat().st_mode) == 0o700, folder
+    [trace] = (state / "agent-demo" / "runs").glob("*.jsonl")
+    assert stat.S_IMODE(trace.stat().st_mode) == 0o600
+
+
+@root_only
+@pytest.mark.parametrize("through", ["folder", "parent"])
+def test_a_run_log_folder_reached_through_another_users_symlink_is_refused(tmp_path, monkeypatch, capsys,
+                                                                            through):
+    target = tmp_path / "elsewhere"
+    target.mkdir(mode=0o700)
+    link = tmp_path / "link"
+    link.symlink_to(target)
+    os.lchown(link, NOBODY, NOBODY)
+    folder = link if through == "folder" else link / "runs"
+    monkeypatch.setenv("AGENT_DEMO_LOG_DIR", str(folder))
+    with ScriptedServer([act("finish", result="ok")]) as server:
+        monkeypatch.setenv("LLM_API_URL", server.url)
+        assert main(["--quiet", "hi"]) == 2
+        assert server.requests == []
+    assert said_lines(capsys.readouterr().err) == [
+        f"agent-demo: error: the run log folder {folder} is reached through {link}, a symlink owned by"
+        f" nobody (uid {NOBODY}), not by you: chown -h root {link}, or remove it"]
+    assert list(target.iterdir()) == []
+    os.lchown(link, 0, 0)  # the user's own symlink is followed
+    with ScriptedServer([act("finish", result="ok")]) as server:
+        monkeypatch.setenv("LLM_API_URL", server.url)
+        assert main(["--quiet", "hi"]) == 0
+
+
+@root_only
+def test_a_trace_path_that_is_another_users_symlink_creates_nothing(tmp_path, monkeypatch, capsys):
+    victim = tmp_path / "victim.txt"
+    link = tmp_path / "run.jsonl"
+    link.symlink_to(victim)
+    os.lchown(link, NOBODY, NOBODY)
+    monkeypatch.setenv("LLM_API_URL", "http://127.0.0.1:9/v1")
+    assert main(["--trace", str(link), "hi"]) == 2
+    assert "a symlink owned by nobody" in capsys.readouterr().err
+    assert not victim.exists()
+
+
+def test_runs_refuses_a_shared_folder_too(tmp_path, monkeypatch, capsys):
+    folder = tmp_path / "runs"
+    folder.mkdir(mode=0o700)
+    os.chmod(folder, 0o770)
+    monkeypatch.setenv("AGENT_DEMO_LOG_DIR", str(folder))
+    assert main(["--runs"]) == 2
+    assert said_lines(capsys.readouterr().err) == [
+        f"agent-demo: error: the run log folder {folder} is writable by its group (mode 770): chmod 700 {folder}"]
+
+
+def test_resume_shows_where_requests_go_and_which_tools_files_it_imports(serve, tmp_path, capsys):
+    tools_file = tmp_path / "mine.py"
+    tools_file.write_text("def shout(text: str) -> str:\n    '''Shout.'''\n    return text.upper()\n")
+    trace = tmp_path / "run.jsonl"
+    server = serve([act("shout", text="a"), act("finish", result="A")])
+    assert main(["--tools-file", str(tools_file), "--trace", str(trace), "--max-rounds", "1", "--quiet", "x"]) == 1
+    assert main(["--resume", str(trace), "--max-rounds", "2"]) == 0
+    err = capsys.readouterr().err
+    assert f"resuming {trace}\n  requests go to {server.url}/chat/completions\n  tools files: {tools_file}\n" in err
