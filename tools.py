@@ -304,10 +304,21 @@ RECALL, NOTE = CONTROL_ACTIONS["recall"], CONTROL_ACTIONS["note"]
 
 # --- checking and calling -----------------------------------------------------------------
 
+@dataclass
+class Converted:
+    """A result made JSON elsewhere (a tools file's worker process), and what was converted on the way."""
+
+    value: Any
+    notes: List[str]
+
+
 def as_json(value: Any, converted: List[str]) -> Any:
     """value as JSON can hold it: dates and times as ISO text, sets and tuples as lists, anything
     else JSON has no form for (Decimal, Path, NaN, an object) as its str(); each kind converted is
     named in `converted`."""
+    if isinstance(value, Converted):
+        converted.extend(value.notes)
+        return value.value
     if value is None or isinstance(value, (str, bool, int)):
         return value
     if isinstance(value, float):

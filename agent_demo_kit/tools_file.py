@@ -22,7 +22,7 @@ import time
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
 from agent_demo_kit.endings import ConfigError
-from tools import CONTROL_ACTIONS, REGISTRY, Tool, ToolDefinitionError, ToolError, registry_of
+from tools import CONTROL_ACTIONS, REGISTRY, Converted, Tool, ToolDefinitionError, ToolError, as_json, registry_of
 
 if TYPE_CHECKING:  # the worker does without settings (and python-dotenv)
     from agent_demo_kit.settings import Settings
@@ -59,7 +59,8 @@ class ToolWorker:
         def call(**args: Any) -> Any:
             kind, answer = self.ask(("call", name, args), self.timeout)
             if kind == "ok":
-                return json.loads(answer)
+                made = json.loads(answer)
+                return Converted(made["value"], made["converted"])
             raise ToolError(f"{name} {answer}" if kind == "lost" else answer)
         return call
 
@@ -210,7 +211,9 @@ def run(tools: Dict[str, Tool], name: str, args: dict) -> Answer:
     """("ok", the result as JSON) or ("error", what went wrong): whatever the tool raises, even
     SystemExit or KeyboardInterrupt, is its own failure."""
     try:
-        return "ok", json.dumps(tools[name].function(**args), allow_nan=False)
+        converted: List[str] = []
+        value = as_json(tools[name].function(**args), converted)
+        return "ok", json.dumps({"value": value, "converted": converted}, allow_nan=False)
     except ToolError as error:
         return "error", str(error)
     except BaseException as error:

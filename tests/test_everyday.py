@@ -352,3 +352,15 @@ def test_the_trace_shows_each_action_before_it_runs_and_the_result_as_the_model_
     assert shown[0] == "  | row 0" and all(line.startswith("  | ") for line in shown)
     assert any("[truncated " in line for line in shown), "cut as it was for the model, and marked"
     assert sum(len(line) - 4 for line in shown) < 4000, "no more than the model got"
+
+
+def test_a_tools_file_returning_what_json_cannot_hold_is_converted_and_says_so(serve, tmp_path, capsys):
+    tools = write_tools(tmp_path, "import datetime, decimal\n\ndef when(order_id: str) -> dict:\n"
+                                  "    '''When an order was placed, and its price.'''\n"
+                                  "    return {'placed': datetime.date(2026, 11, 30), 'price': decimal.Decimal('9.90'),"
+                                  " 'tags': {'paid'}}\n", name="when_tools.py")
+    server = serve([act("when", order_id="A1002"), act("finish", result="done")])
+    assert main(["--tools-file", tools, "--quiet", "when?"]) == 0
+    told = json.loads(server.sent_messages(1)[-1]["content"].splitlines()[1])["result"]
+    assert told == {"ok": True, "data": {"placed": "2026-11-30", "price": "9.90", "tags": ["paid"]},
+                    "converted": ["Decimal to text", "date to ISO 8601 text", "set to a list"]}

@@ -137,6 +137,7 @@ def test_a_check_that_never_passes_ends_the_run_failed_with_its_last_output(serv
 
 @pytest.mark.parametrize("check, said", [("no-such-check-program --flag", "cannot start"),
                                          ("grep -q 'unclosed", "quotation"),
+                                         ("test -f x && (", "cannot be read by /bin/sh"),
                                          ("", "empty")])
 def test_a_check_that_cannot_start_is_a_configuration_error_before_any_request(serve, capsys, check, said):
     server = serve([act("finish", result="1")], key=None)
