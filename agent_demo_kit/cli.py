@@ -7,20 +7,18 @@ import signal
 import stat
 import sys
 import traceback
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, List, Optional
 
 import prompts
 from agent_demo_kit import __version__
 from agent_demo_kit.endings import ConfigError, Interrupted, OutputClosed, RunResult, SigTerm, Terminated
-from agent_demo_kit.settings import (DEFAULT_MODEL, DEFAULT_URL, MODES, Settings, chat_completions_url, display_url,
-                                     flag_parser, load_settings, read_environment, secrets_of)
-from agent_demo_kit.terminal import Redactor, SafeStream, protected, stray_prints_to_stderr, terminal_approver
+from agent_demo_kit.settings import DEFAULT_MODEL, DEFAULT_URL, MODES, Settings, flag_parser, read_environment, secrets_of
+from agent_demo_kit.job import Job, continue_command, prepare
+from agent_demo_kit.terminal import (Redactor, SafeStream, on_terminal, protected, stray_prints_to_stderr,
+                                     terminal_approver)
 from agent_demo_kit import log_folder
-from agent_demo_kit.resume import continue_command, follow_up, own_settings, read_run, resumed_form, run_path
-from agent_demo_kit.trace import Call, Round, RunLog
-from tools import CONTROL_ACTIONS, REGISTRY, Tool, material_reader
+from tools import REGISTRY
 
 HELP_START = """Run a task with a tool-calling LLM agent loop over any OpenAI-compatible endpoint.
 
@@ -224,154 +222,11 @@ def ending_on_sigterm() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
-@dataclass
-class Job:
-    """A run ready to start: its settings, tools and task, and the rounds already done if it resumes."""
-
-    settings: Settings = field(default_factory=Settings)
-    registry: Dict[str, Tool] = field(default_factory=dict)
-    task: str = ""
-    history: List[Round] = field(default_factory=list)
-    trace_path: Optional[str] = None
-    form: Any = None  # what the endpoint took when the run was cut short (a resume starts there)
-    follow_up: Optional[str] = None  # --continue: the user's next turn after the run's last round
-    log: Optional[RunLog] = None  # the screen and the trace file, open (and locked) from the start
-    unfinished: List[Call] = field(default_factory=list)  # side-effecting calls started before a crash
-    recorded: Optional[dict] = None  # a resumed run's start record
-    start_fields: Dict[str, Any] = field(default_factory=dict)  # recorded with the start (the MCP servers)
-    notes: List[str] = field(default_factory=list)  # said once the trace is open
-    closing: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)  # the trace, the tools worker, MCP
-
-
-def build_registry(settings: Settings, names: Optional[str], job: "Job", secrets: List[str]) -> Dict[str, Tool]:
-    """The built-in tools, those of each --tools-file (run by a worker process) and of each MCP
-    server, cut down to --tools NAME,NAME; ConfigError if a file gives no usable tools, a name
-    clashes, a server does not start, or --tools names a tool that does not exist. What they start
-    is stopped when the job closes."""
-    from agent_demo_kit.tools_file import load_tools_files
-    registry = {**REGISTRY, **load_tools_files(settings, secrets, job.closing)}
-    if settings.mcp_servers or settings.mcp_config:
-        registry.update(start_mcp_servers(settings, registry, job))
-    if names is None:
-        return registry
-    wanted = [name.strip() for name in names.split(",") if name.strip()]
-    unknown = [name for name in wanted if name not in registry and name not in CONTROL_ACTIONS]
-    if unknown:
-        raise ConfigError(f"--tools: unknown tool {', '.join(unknown)} (available: {', '.join(registry)})")
-    return {name: tool for name, tool in registry.items() if name in wanted}
-
-
-def start_mcp_servers(settings: Settings, registry: Dict[str, Tool], job: "Job") -> Dict[str, Tool]:
-    """The tools of the MCP servers named; they are stopped when the job closes."""
-    from agent_demo_kit.mcp_servers import McpTools
-    from agent_demo_kit.mcp_tools import McpError, parse_server_specs
-    servers = job.closing.enter_context(McpTools())
-    try:
-        specs = parse_server_specs(settings.mcp_servers, settings.mcp_config)
-        found = servers.start(specs, settings.tool_timeout, taken_names=[*registry, *CONTROL_ACTIONS],
-                              stderr=sys.stderr)
-    except McpError as error:
-        raise ConfigError(str(error)) from None
-    job.start_fields["mcp"] = servers.describe()
-    job.notes += servers.notes
-    if job.recorded is not None:
-        job.notes += servers.changes_since(job.recorded.get("mcp"))
-    return found
-
-
-def prepare(args: argparse.Namespace, environment: Dict[str, str], redactor: Redactor) -> Job:
-    """prepare_job, closing what it opened or started (the trace, the tools worker, MCP servers) if it fails."""
-    job = Job()
-    try:
-        return prepare_job(args, environment, job, redactor)
-    except BaseException:
-        job.closing.close()
-        raise
-
-
-def prepare_job(args: argparse.Namespace, environment: Dict[str, str], job: Job, redactor: Redactor) -> Job:
-    """Settings, the tools, the task, the rounds already done and the open trace, or ConfigError."""
-    if args.resume is None and args.continue_run is None:
-        job.settings = load_settings(args, environment)
-        job.settings.stream = wants_stream(args)
-        job.registry = build_registry(job.settings, args.tools, job, redactor.secrets)
-        job.task = with_material(job, args.task, args.material)
-        job.trace_path = args.trace or (None if args.no_log else log_folder.new_log_file(environment))
-        job.log = open_log(args, job.trace_path, redactor, environment, job)
-        return job
-    # The trace is locked before it is read, and shown before its tools files are imported: one
-    # resumer at a time, and the user sees where the run goes on.
-    job.trace_path = path = run_path(args, environment)
-    job.log = open_log(args, path, redactor, environment, job)
-    start, rounds, job.unfinished = read_run(args, environment, job.log.recorded(), path)
-    job.recorded = start
-    continuing = args.continue_run is not None
-    # the run's own settings, unless given again
-    job.settings = settings = load_settings(args, environment, recorded=own_settings(start, continuing))
-    settings.stream = wants_stream(args)
-    job.log.say(f"{'following up on' if continuing else 'resuming'} {path}\n  requests go to"
-                f" {display_url(chat_completions_url(settings.url))}\n  tools files:"
-                f" {', '.join(settings.tools_files) or 'none'}")
-    job.registry = build_registry(settings, args.tools, job, redactor.secrets)
-    if args.tools is None and isinstance(start.get("tools"), list):
-        job.registry = {name: tool for name, tool in job.registry.items() if name in start["tools"]}
-    job.task, job.history = start["task"], rounds
-    if isinstance(start.get("material"), str):  # read a page at a time, as when the run started
-        job.registry["read_material"] = material_reader(start["material"], settings.max_result_chars - 200)
-    job.form = resumed_form(settings, start, rounds)
-    if continuing:
-        follow_up(settings, rounds, args.task)
-        job.follow_up = args.task
-    return job
-
-
-def with_material(job: Job, task: str, material: str) -> str:
-    """The task with the material piped in: whole when it takes at most a quarter of --max-context,
-    else its beginning, with read_material among the tools to read the rest (and the material
-    recorded for a resume). Material of any size never makes a request too big."""
-    settings = job.settings
-    if len(material) <= settings.max_context // 4:
-        return prompts.render_task_with_material(task, material)
-    job.registry["read_material"] = material_reader(material, settings.max_result_chars - 200)
-    job.start_fields["material"] = material
-    return prompts.render_task_with_material(task, material, shown_chars=settings.max_context // 8)
-
-
-def on_terminal(stream: Any) -> bool:
-    try:
-        return bool(stream and stream.isatty())
-    except (AttributeError, ValueError, OSError):
-        return False
-
-
-def open_log(args: argparse.Namespace, trace_path: Optional[str], redactor: Redactor,
-             environment: Dict[str, str], job: Job) -> RunLog:
-    """The run log: the human trace on stderr (none under --quiet), so stdout holds only the answer;
-    on a terminal it is live and in colour (never with NO_COLOR set)."""
-    human = None if args.quiet else sys.stderr
-    terminal = on_terminal(human) and environment.get("TERM") != "dumb"  # a dumb terminal takes no escape codes
-    try:
-        log = RunLog(human, trace_path, redactor, colour=terminal and not environment.get("NO_COLOR"),
-                     live=terminal)
-    except OSError as error:
-        raise ConfigError(f"cannot open the trace file: {error}") from None
-    job.closing.callback(log.close)
-    if trace_path and not args.trace and args.resume is None and args.continue_run is None:  # a new run
-        log_folder.prune(Path(trace_path).parent)
-    return log
-
-
 def show_traceback(outcome: RunResult) -> None:
     """For --debug: the traceback of the error that ended the run, through the redacting stderr."""
     error = outcome.ending
     if outcome.status == "error" and str(error):
         print("".join(traceback.format_exception(type(error), error, error.__traceback__)), file=sys.stderr, end="")
-
-
-def wants_stream(args: argparse.Namespace) -> bool:
-    """--stream, --no-stream, or on: a streamed reply shows progress, so --timeout can measure silence
-    (an endpoint that refuses streaming is asked without it, once)."""
-    return args.stream if args.stream is not None else True
 
 
 def report(outcome: RunResult, args: argparse.Namespace, answer: SafeStream, trace_path: Optional[str] = None,

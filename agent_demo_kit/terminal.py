@@ -428,3 +428,10 @@ class TerminalApprover:
             return answer.decode("utf-8", "replace").strip().lower()
         finally:
             os.close(descriptor)
+
+
+def on_terminal(stream: Any) -> bool:
+    try:
+        return bool(stream and stream.isatty())
+    except (AttributeError, ValueError, OSError):
+        return False
