@@ -73,7 +73,7 @@ def bare_loop(server: ScriptedServer, bodies: list) -> Stopwatch:
     url = server.url + "/chat/completions"
     with Stopwatch() as watch:
         for body in bodies:
-            session.post(url, json=body, timeout=30).json()["choices"][0]["message"]["content"]
+            session.post(url, json=body, timeout=30).content  # read whole; a streamed reply is read, not parsed
     session.close()
     return watch
 
