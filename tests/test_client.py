@@ -250,3 +250,21 @@ def test_a_reply_cut_off_keeps_its_finish_reason():
     payload["choices"][0]["finish_reason"] = "length"
     responses.post(URL, json=payload)
     assert ask(client()).finish_reason == "length"
+
+
+@pytest.mark.parametrize("url, local", [("http://localhost:8080/v1", True), ("http://gpu-box.local/v1", True),
+                                        ("http://10.0.0.5:8000/v1", True), ("http://[::1]:8000/v1", True),
+                                        ("https://api.example.com/v1", False), ("http://8.8.8.8/v1", False)])
+def test_a_local_endpoint_is_told_apart_from_a_hosted_one(url, local):
+    from agent_demo_kit.client import is_local
+    assert is_local(url) is local
+
+
+@responses.activate
+def test_a_retry_after_that_is_not_a_number_falls_back_to_the_backoff():
+    responses.post(URL, status=429, headers={"Retry-After": "soon"}, json={"error": {"message": "slow down"}})
+    responses.post(URL, json=body("fine"))
+    trace = Retries()
+    asker = ModelClient(Settings(url="https://llm.example.test/v1", retries=1, backoff_factor=0), trace)
+    assert ask(asker).content == "fine"
+    assert trace.said == [("HTTP 429", 1, 1, 0)]

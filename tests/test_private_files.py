@@ -140,3 +140,31 @@ def test_resume_shows_where_requests_go_and_which_tools_files_it_imports(serve, 
     assert main(["--resume", str(trace), "--max-rounds", "2"]) == 0
     err = capsys.readouterr().err
     assert f"resuming {trace}\n  requests go to {server.url}/chat/completions\n  tools files: {tools_file}\n" in err
+
+
+def test_a_trace_path_in_a_symlink_loop_is_one_clear_error(serve, tmp_path, capsys):
+    (tmp_path / "a").symlink_to(tmp_path / "b")
+    (tmp_path / "b").symlink_to(tmp_path / "a")
+    server = serve([act("finish", result="never")])
+    assert main(["--trace", str(tmp_path / "a" / "t.jsonl"), "hi"]) == 2
+    assert server.requests == []
+    [said] = said_lines(capsys.readouterr().err)
+    assert said.startswith("agent-demo: error: ") and "too many levels of symlinks" in said
+
+
+def test_a_trace_path_with_dot_dot_is_followed_like_any_other(serve, tmp_path, capsys):
+    (tmp_path / "logs").mkdir()
+    serve([act("finish", result="ok")])
+    assert main(["--quiet", "--trace", str(tmp_path / "logs" / ".." / "t.jsonl"), "hi"]) == 0
+    assert (tmp_path / "t.jsonl").exists()
+
+
+@root_only
+def test_a_folder_of_a_user_without_a_name_is_refused_naming_the_uid(tmp_path, monkeypatch, capsys):
+    folder = tmp_path / "runs"
+    folder.mkdir(mode=0o700)
+    os.chown(folder, 54321, 54321)  # a uid no account has
+    monkeypatch.setenv("AGENT_DEMO_LOG_DIR", str(folder))
+    assert main(["--runs"]) == 2
+    [said] = said_lines(capsys.readouterr().err)
+    assert "uid 54321" in said

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from agent_demo import main
-from conftest import run_cli, start_cli
+from conftest import run_cli, said_lines, start_cli
 from scripted_server import action as act
 
 FINISH = act("finish", result="done")
@@ -285,3 +285,24 @@ def test_with_trace_file_continue_and_resume_take_up_the_run_in_that_file(serve,
     assert main(["--trace", "mine.jsonl", "-c", "more", "--quiet"]) == 0
     assert [server.sent_messages(n)[1]["content"] for n in (2, 3)] == ["Task: mine", "Task: mine"]
     assert events(tmp_path / "mine.jsonl")[-3:] == ["follow_up", "round", "end"]
+
+
+def test_resume_takes_no_task_and_a_follow_up_needs_a_round(serve, tmp_path, capsys):
+    trace = tmp_path / "t.jsonl"
+    trace.write_text(json.dumps({"event": "start", "task": "t"}) + "\n")
+    assert main(["--resume", str(trace), "a new task"]) == 2
+    assert said_lines(capsys.readouterr().err) == [
+        "agent-demo: error: --resume continues the task recorded in the trace; give no task with it"]
+    assert main(["--continue", str(trace), "and then?"]) == 2
+    [said] = said_lines(capsys.readouterr().err)
+    assert said.endswith("holds no round to follow up on; run the task again")
+
+
+def test_a_run_whose_url_held_a_password_asks_for_it_again(serve, tmp_path, capsys, monkeypatch):
+    trace = tmp_path / "t.jsonl"
+    trace.write_text(json.dumps({"event": "start", "task": "t", "url": "http://me:***@127.0.0.1:9/v1"}) + "\n")
+    monkeypatch.delenv("LLM_API_URL", raising=False)
+    assert main(["--resume", str(trace)]) == 2
+    [said] = said_lines(capsys.readouterr().err)
+    assert said == ("agent-demo: error: the run's URL held a password, which is not recorded: give it again with"
+                    " --url or LLM_API_URL")
