@@ -16,6 +16,7 @@ import json
 import os
 import re
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -120,8 +121,10 @@ class ToolWorker:
         process, self.process = self.process, None
         if process is None:
             return
-        self.connection.close()
-        with contextlib.suppress(OSError):  # the group may be gone already
+        self.connection.close()  # the worker sees the end and exits by itself (its atexit hooks run)...
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(timeout=0.5)
+        with contextlib.suppress(OSError):  # ...and whatever it started ends with its group
             os.killpg(process.pid, signal.SIGKILL)
         process.wait()
 
