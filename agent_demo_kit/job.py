@@ -207,16 +207,20 @@ def prepare_job(args: argparse.Namespace, environment: Dict[str, str], job: Job,
     return job
 
 
+MATERIAL_SHOWN = 1_500  # characters of large piped material shown with the task (on the wire)
+
+
 def with_material(job: Job, task: str, material: str) -> str:
     """The task with the material piped in: whole when it takes at most a quarter of --max-context,
-    else its beginning, with read_material among the tools to read the rest (and the material
-    recorded for a resume). Material of any size never makes a request too big."""
+    else its first MATERIAL_SHOWN characters, with read_material among the tools to read the rest
+    (and the material recorded for a resume). Material of any size never makes a request too big;
+    what is shown does not grow with --max-context, so the budget check's advice holds."""
     settings = job.settings
-    if len(material) <= settings.max_context // 4:
+    if prompts.wire_size(material) <= settings.max_context // 4:
         return prompts.render_task_with_material(task, material)
     job.registry["read_material"] = material_reader(material, settings.max_result_chars - 200)
     job.start_fields["material"] = material
-    return prompts.render_task_with_material(task, material, shown_chars=settings.max_context // 8)
+    return prompts.render_task_with_material(task, material, shown_chars=MATERIAL_SHOWN)
 
 
 def open_log(args: argparse.Namespace, trace_path: Optional[str], redactor: Redactor,

@@ -364,3 +364,14 @@ def test_a_tools_file_returning_what_json_cannot_hold_is_converted_and_says_so(s
     told = json.loads(server.sent_messages(1)[-1]["content"].splitlines()[1])["result"]
     assert told == {"ok": True, "data": {"placed": "2026-11-30", "price": "9.90", "tags": ["paid"]},
                     "converted": ["Decimal to text", "date to ISO 8601 text", "set to a list"]}
+
+
+def test_the_budget_advice_for_piped_material_is_a_value_that_works(serve, monkeypatch, tmp_path, capsys):
+    material = "".join(f"{n}\n" for n in range(1, 3001))
+    piped(monkeypatch, tmp_path, material)
+    serve([act("finish", result="done")])
+    assert main(["-q", "--max-context", "4000", "summarize"]) == 2
+    [said] = said_lines(capsys.readouterr().err)
+    advised = int(said.rsplit("use --max-context ", 1)[1].split()[0])
+    piped(monkeypatch, tmp_path, material)
+    assert main(["-q", "--max-context", str(advised), "summarize"]) == 0
