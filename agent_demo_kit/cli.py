@@ -15,8 +15,8 @@ from agent_demo_kit import __version__
 from agent_demo_kit.endings import ConfigError, Interrupted, OutputClosed, RunResult, SigTerm, Terminated
 from agent_demo_kit.settings import DEFAULT_MODEL, DEFAULT_URL, MODES, Settings, flag_parser, read_environment, secrets_of
 from agent_demo_kit.job import Job, continue_command, prepare
-from agent_demo_kit.terminal import (Redactor, SafeStream, on_terminal, protected, stray_prints_to_stderr,
-                                     terminal_approver)
+from agent_demo_kit.approval import terminal_approver
+from agent_demo_kit.terminal import Redactor, SafeStream, on_terminal, protected, stray_prints_to_stderr
 from agent_demo_kit import log_folder
 from tools import REGISTRY
 

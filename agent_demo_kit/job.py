@@ -4,6 +4,7 @@ recorded run taken up again, appending to its own trace file: --resume goes on w
 --continue gives it the user's follow-up after its last round. Also the command that continues a
 run cut short."""
 import argparse
+import json
 import contextlib
 import os
 import shlex
@@ -18,7 +19,7 @@ from agent_demo_kit.endings import ConfigError, RunResult
 from agent_demo_kit.settings import Settings, chat_completions_url, display_url, given, load_settings
 from agent_demo_kit.terminal import Redactor, on_terminal
 from agent_demo_kit.trace import Call, Round, RunLog, add_follow_up, load_trace
-from tools import CONTROL_ACTIONS, REGISTRY, Tool, material_reader
+from tools import CONTROL_ACTIONS, REGISTRY, Tool, ToolError, describe, tool
 
 
 def run_path(args: argparse.Namespace, environment: Dict[str, str]) -> str:
@@ -244,3 +245,37 @@ def wants_stream(args: argparse.Namespace) -> bool:
     """--stream, --no-stream, or on: a streamed reply shows progress, so --timeout can measure silence
     (an endpoint that refuses streaming is asked without it, once)."""
     return args.stream if args.stream is not None else True
+
+
+# --- material piped in with the task, a page at a time -------------------------------------
+
+def material_reader(material: str, page_chars: int) -> Tool:
+    """The read_material tool over this text: a page of at most page_chars characters (as JSON) a call."""
+    line_count = material.count("\n") + 1
+
+    @tool(example={"offset": 0}, constraints={"offset": {"minimum": 0}})
+    def read_material(offset: int) -> dict:
+        """Read the material piped in with the task, one page at a time.
+
+        Args:
+            offset: the character to start at (0 for the beginning); each page says where the next one starts
+        """
+        if offset >= len(material):
+            raise ToolError(f"offset {offset} is past the end: the material has {len(material):,} characters")
+        page = min(page_chars, len(material) - offset)
+        while True:  # escapes (a newline is \n in JSON) make a page longer than its text: shrink until it fits
+            text = material[offset:offset + page]
+            newline = text.rfind("\n", page // 2)
+            if offset + page < len(material) and newline != -1:
+                text = text[:newline + 1]  # end the page at a line's end when one is near
+            end = offset + len(text)
+            first = material.count("\n", 0, offset) + 1
+            data = {"offset": offset, "next_offset": end if end < len(material) else None,
+                    "total_chars": len(material),
+                    "lines": f"{first}-{first + text.count(chr(10), 0, max(0, len(text) - 1))} of {line_count}",
+                    "text": text}
+            size = len(json.dumps(data, ensure_ascii=False))
+            if size <= page_chars or page <= 200:
+                return data
+            page = max(200, page * page_chars // size - 50)
+    return describe(read_material)
