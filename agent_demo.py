@@ -1,49 +1,63 @@
 """agent-demo: a minimal agent loop over an OpenAI-compatible chat-completions endpoint.
 
-`Agent.run` is the loop: ask the model, parse its actions, execute them, feed the
-results back, until an ending (agent_demo_kit/endings.py) is raised where it is
-detected and caught once, in `run`. The command line around it is agent_demo_kit/cli.py;
-which module owns what: README, "Layout".
+`Agent.run` is the loop: ask the model, parse its actions, execute them, feed the results
+back, until an ending (agent_demo_kit/records.py) is raised where it is detected and caught
+once, in `run`. `agent_demo.run(task, ...)` is the one entrance: the command line
+(agent_demo_kit/cli.py), batch runs and Python callers all prepare their run with `prepare`
+and run this same agent. Which module owns what: README, "Layout".
 """
+import contextlib
 import json
+import os
 import sys
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import prompts
-from agent_demo_kit.actions import Parsed, parse_reply
-from agent_demo_kit.stream import Reply
-from agent_demo_kit.context import Conversation, recall_rounds, request_size, shorten_args, truncate_result
-from agent_demo_kit.check import check_command, run_check
-from agent_demo_kit.endings import (BudgetSpent, CheckFailed, Finished, GaveUp, InternalError, Interrupted, RoundLimit,
-                                    RunEnded, RunResult, SigTerm, Stuck, Terminated, answer_text)
-from agent_demo_kit.settings import Settings, chat_completions_url, display_url, recorded_settings
-from agent_demo_kit.trace import Call, Round, RunLog
-from tools import CONTROL_ACTIONS, FAIL, FINISH, NOTE, RECALL, REGISTRY, Tool, call_tool, check_args, failure
+from agent_demo_kit import __version__  # noqa: F401  (agent_demo.__version__)
+from agent_demo_kit.actions import Parsed, native_calls, parse_reply
+from agent_demo_kit.conversation import Conversation, recall_rounds, request_size, shorten_args, truncate_result
+from agent_demo_kit.records import (BudgetSpent, Call, CheckFailed, ConfigError, Finished, GaveUp, InternalError,
+                                    Interrupted, Reply, RoundLimit, Round, RunEnded, RunEvents, RunResult, SigTerm,
+                                    Stuck, Terminated, add_usage, answer_text, count_usage, failure, impossible_counts,
+                                    success, to_json, total_usage, wire_size)
+from agent_demo_kit.settings import (CHECK_OUTPUT_SHOWN, MATERIAL_SHOWN_CHARS, PAGE_MARGIN_CHARS, VALUE_SHOWN_CHARS,
+                                     Settings, display_url, keyword_name, load_settings, read_environment,
+                                     recorded_settings, secrets_of)
+from tools import (CONTROL_ACTIONS, FAIL, FINISH, NOTE, RECALL, REGISTRY, Tool, ToolDefinitionError, call_tool,
+                   check_args, describe, in_use, material_reader)
+
+__all__ = ["run", "prepare", "Agent", "RunResult", "Round", "Call", "ConfigError", "Settings"]
 
 FORMAT_ERRORS_BEFORE_STUCK = 3
 ENDINGS = (FINISH.name, FAIL.name)  # may only come last in a reply
-Approver = Callable[[dict], bool]  # asks the user about one call; True runs it
+Approver = Callable[[dict], bool]  # decides about one call ({"tool", "args", ...}); True runs it
 
 
 class Agent:
     """One run: its settings, the model client, the tools, who approves calls, and the trace."""
 
     def __init__(self, settings: Settings, client: Any, registry: Dict[str, Tool] = REGISTRY,
-                 trace: Optional[RunLog] = None, approver: Optional[Approver] = None):
+                 trace: Optional[RunEvents] = None, approver: Optional[Approver] = None):
         self.settings, self.client, self.registry = settings, client, registry
-        self.trace = trace or RunLog()
+        self.trace = trace or RunEvents()
         self.approver = approver
+        self.on_round: Optional[Callable[[Round], None]] = None  # told of each round as it completes
         self.watchdog = Watchdog()
         self.check: Optional[List[str]] = None  # how --check is started, once it is known to start
         self.usage: dict = {}
         self.unfinished: Dict[str, int] = {}  # calls with side effects started before a crash -> their round
+        self.round_limit, self.token_limit = settings.max_rounds, settings.max_tokens  # a follow-up's are its own
         self.conversation = Conversation("", settings, registry, client, self.trace.compaction)
 
-    def run(self, task: str, history: Sequence[Round] = (), unfinished: Sequence[Call] = ()) -> RunResult:
-        """Ask, parse, execute, feed back, until an ending; history (the rounds done) resumes a run,
-        unfinished are the calls with side effects it started in the round after them."""
+    def run(self, task: str, history: Sequence[Round] = (), unfinished: Sequence[Call] = (),
+            follow_up: Optional[str] = None) -> RunResult:
+        """Ask, parse, execute, feed back, until an ending. history (the rounds done) resumes a run;
+        unfinished are the calls with side effects it started in the round after them; follow_up is
+        the user's next turn after its last round."""
         try:
-            self.begin(task, history, unfinished)
+            self.begin(task, history, unfinished, follow_up)
             while True:
                 self.step()
         except RunEnded as ended:
@@ -59,74 +73,92 @@ class Agent:
 
     def step(self) -> None:
         """One round: ask, run what the reply asks for, feed the results back; raise the ending it reaches."""
-        rounds, settings = self.conversation.rounds, self.settings
-        number = len(rounds) + 1
-        if number > settings.max_rounds:
+        number = len(self.conversation.rounds) + 1
+        if number > self.round_limit:
             raise RoundLimit()
-        if settings.max_tokens is not None and self.usage.get("total_tokens", 0) >= settings.max_tokens:
+        if self.token_limit is not None and self.usage.get("total_tokens", 0) >= self.token_limit:
             raise BudgetSpent()
         reply, messages = self.ask()
-        usage, estimated = count_usage(reply, messages)
-        impossible = impossible_counts(reply.usage)
-        if impossible:
-            self.trace.note(f"the endpoint reported token counts that cannot be right ({prompts.to_json(impossible)});"
-                            " this round's tokens are estimated")
+        usage, estimated = self.count(reply, messages)
         mode = self.conversation.mode
         parsed = parse_reply(reply, mode)
         tokens = f", {'~' if estimated else ''}{usage['total_tokens']:,} tokens" if "total_tokens" in usage else ""
-        self.trace.reply(f"\n--- round {number}/{settings.max_rounds} --- {reply.latency_ms / 1000:.1f} s{tokens}",
+        self.trace.reply(f"\n--- round {number}/{self.round_limit} --- {reply.latency_ms / 1000:.1f} s{tokens}",
                          reply, parsed.prose)
-        calls = self.execute(parsed, number)
+        calls, ending = self.execute(parsed, number)
         record = Round(number, reply.content, calls, self.feed_back(parsed, calls), mode, reply.latency_ms,
                        usage, estimated, problem=parsed.problem, tool_calls=native_calls(parsed, mode))
-        rounds.append(record)
+        self.conversation.rounds.append(record)
         add_usage(self.usage, record)
         self.trace.round(record)
-        self.end_if_done(record)
+        if self.on_round:
+            self.on_round(record)
+        if ending:
+            raise ending
 
     # --- the phases of a round ---------------------------------------------------------------
 
-    def begin(self, task: str, history: Sequence[Round], unfinished: Sequence[Call] = ()) -> None:
-        """Record the start (or the resume) with the run's own settings, say which calls may have
-        happened before a crash, and check that the task fits."""
-        task = self.trace.redactor(task, placeholders=False)  # what was piped in may hold a key
+    def begin(self, task: str, history: Sequence[Round], unfinished: Sequence[Call],
+              follow_up: Optional[str]) -> None:
+        """Record the start (the resume, the follow-up) with the run's own settings, and say which calls
+        may have happened before a crash."""
+        task = self.trace.redact(task)  # what was piped in may hold a key
         self.conversation.task = task
         self.conversation.rounds.extend(history)
         self.watchdog.replay(history)
-        self.usage = total_usage(history)
-        settings = self.settings
-        kept = {name: value for name, value in recorded_settings(settings).items() if name not in ("url", "model")}
-        kept.update(tools=list(self.registry), **self.client.form.record())
-        url = display_url(chat_completions_url(settings.url))
-        if history:
-            self.trace.resume(task, settings.model, url, len(history), kept)
+        self.usage = total_usage(list(history))
+        if follow_up is not None:  # it gets --max-rounds new rounds (and --max-tokens more tokens)
+            follow_up = self.trace.redact(follow_up)
+            history[-1].add_follow_up(follow_up)
+            self.round_limit = len(history) + self.settings.max_rounds
+            if self.token_limit is not None:
+                self.token_limit += self.usage.get("total_tokens", 0)
+        kept = {name: value for name, value in recorded_settings(self.settings).items() if name not in ("url", "model")}
+        kept.update(max_rounds=self.round_limit, max_tokens=self.token_limit, tools=list(self.registry),
+                    **self.client.form.record())
+        model, url = self.settings.model, display_url(self.settings.endpoint)
+        if follow_up is not None:
+            self.trace.follow_up(follow_up, model, url, len(history), kept)
+        elif history:
+            self.trace.resume(task, model, url, len(history), kept)
         else:
-            self.trace.start(task, settings.model, url, kept)
+            self.trace.start(task, model, url, kept)
         for call in unfinished:
             self.unfinished[Watchdog.key(call)] = len(history) + 1
-            self.trace.note(f"{call.tool} {prompts.to_json(call.args)} started in round {len(history) + 1} before the"
+            self.trace.note(f"{call.tool} {to_json(call.args)} started in round {len(history) + 1} before the"
                             " run was cut short and may have happened: it is not run again unless you approve it")
         side_effects = [name for name, tool in self.registry.items() if tool.side_effects]
+        settings = self.settings
         if self.approver is None and not settings.yes and (settings.approve or side_effects):
             refused = "every tool call" if settings.approve else f"every call to {', '.join(side_effects)}"
             self.trace.note(f"{'--approve: ' if settings.approve else ''}there is no terminal to ask, so {refused}"
                             " will be refused; --yes runs them")
         self.conversation.check_fits()
         if settings.check is not None:
+            from agent_demo_kit.child_processes import check_command  # a child process: only with --check
             self.check = check_command(settings.check)
 
     def ask(self) -> Tuple[Reply, List[dict]]:
         """The model's reply to the conversation (and the messages sent), with the live status line meanwhile."""
         with self.trace.working() as status:
             self.client.on_text = status.feed
-            return self.client.ask(self.conversation.request)
+            return self.client.ask(self.conversation.messages, self.conversation.tools)
 
-    def execute(self, parsed: Parsed, number: int) -> List[Call]:
+    def count(self, reply: Reply, messages: List[dict]) -> Tuple[dict, bool]:
+        """The round's token counts, estimated when the endpoint's cannot be true (and then said once)."""
+        impossible = impossible_counts(reply.usage)
+        if impossible:
+            self.trace.note(f"the endpoint reported token counts that cannot be right ({to_json(impossible)});"
+                            " this round's tokens are estimated")
+        return count_usage(reply, request_size(messages))
+
+    def execute(self, parsed: Parsed, number: int) -> Tuple[List[Call], Optional[RunEnded]]:
         """Run a reply's actions in order, one Call each (in tools mode every tool_call id gets its
-        answer). The same action again in the reply gets the first one's result; finish or fail
-        count only last and after calls that all succeeded."""
+        answer), and the first ending a call reached. The same action again in the reply gets the first
+        one's result; finish or fail count only last and after calls that all succeeded."""
         calls: List[Call] = []
         first_of: Dict[str, Call] = {}
+        ending: Optional[RunEnded] = None
         keys = [Watchdog.key(action) if isinstance(action.args, dict) else str(index)
                 for index, action in enumerate(parsed.actions)]
         distinct = list(dict.fromkeys(keys))  # the actions, each once, in order
@@ -135,20 +167,30 @@ class Agent:
             if key in first_of:
                 call = Call(action.tool, action.args, first_of[key].result, watchdog="cached", note=prompts.SAME_REPLY)
             else:
-                position = distinct.index(key)
-                failed = [(n, done.tool) for n, done in enumerate(calls, 1) if not done.result.get("ok")]
-                refusal = (prompts.OVER_CAP.format(cap=self.settings.max_calls) if position >= self.settings.max_calls
-                           else prompts.NOT_LAST.format(tool=action.tool) if action.tool in ENDINGS
-                           and position < len(distinct) - 1
-                           else prompts.render_after_failure(failed) if action.tool in ENDINGS and failed
-                           else None)
-                call = Call(action.tool, action.args, failure(refusal)) if refusal else self.execute_call(action, number)
+                refusal = self.refusal(action.tool, distinct.index(key), len(distinct), calls)
+                try:
+                    call = Call(action.tool, action.args, failure(refusal)) if refusal \
+                        else self.execute_call(action, number)
+                except RunEnded as reached:  # finish, fail, a check out of attempts, a call repeated too often
+                    call, ending = reached.call, ending or reached
                 first_of[key] = call
             call.id = action.id
             calls.append(call)
             self.trace.result(call, truncate_result(call.result, self.settings.max_result_chars))
-        self.watchdog.count_reply(calls)
-        return calls
+        if self.watchdog.count_reply(calls) >= FORMAT_ERRORS_BEFORE_STUCK:
+            ending = Stuck()
+        return calls, ending
+
+    def refusal(self, tool: str, position: int, count: int, before: List[Call]) -> Optional[str]:
+        """Why the action at this position among the reply's distinct actions is not run, or None."""
+        failed = [(n, done.tool) for n, done in enumerate(before, 1) if not done.result.get("ok")]
+        if position >= self.settings.max_calls:
+            return prompts.OVER_CAP.format(cap=self.settings.max_calls)
+        if tool in ENDINGS and position < count - 1:
+            return prompts.NOT_LAST.format(tool=tool)
+        if tool in ENDINGS and failed:
+            return prompts.render_after_failure(failed)
+        return None
 
     def execute_call(self, action: Any, number: int) -> Call:
         """Run one action: finish and fail end the run, recall reads the rounds done, note adds to the
@@ -158,20 +200,7 @@ class Agent:
             return Call(action.tool, action.args, failure(problem), format_error=True)
         control = CONTROL_ACTIONS.get(action.tool)
         if control:
-            problem = check_args(control, action.args)
-            if problem:
-                return Call(action.tool, action.args, failure(f"bad arguments for {control.name}: {problem}",
-                                                              example=control.example()))
-            if control is RECALL:  # no side effects, and asking again after a fold is fair: never watched
-                return Call(action.tool, action.args, recall_rounds(
-                    self.conversation.rounds, max_chars=self.settings.max_result_chars, **action.args))
-            if control is NOTE:  # no side effects either; the same note twice is kept once
-                return Call(action.tool, action.args, self.conversation.notes.add(number, action.args["text"]))
-            value = action.args["result" if control is FINISH else "reason"]
-            if control is FINISH and self.check:
-                return self.check_answer(action, value)
-            return Call(action.tool, action.args, {"ok": True, "data": value},
-                        ends_run="finished" if control is FINISH else "failed")
+            return self.execute_control(control, action, number)
         if action.tool not in self.registry:
             return Call(action.tool, action.args, call_tool(action.tool, action.args, self.registry))  # unknown tool
         earlier = self.watchdog.earlier(action)
@@ -185,23 +214,45 @@ class Agent:
         elif times == 2:
             call.result, call.watchdog = failure(prompts.render_refusal(earlier["rounds"])), "refused"
         else:
-            call.result = failure(f"stuck: this exact call was already made {times} times")
-            call.watchdog = call.ends_run = "stuck"
+            call.result, call.watchdog = failure(f"stuck: this exact call was already made {times} times"), "stuck"
+            self.watchdog.remember(number, call)
+            raise Stuck().by(call)
         self.watchdog.remember(number, call)
         return call
+
+    def execute_control(self, control: Tool, action: Any, number: int) -> Call:
+        """finish, fail, recall or note, answered by the loop itself."""
+        problem = check_args(control, action.args)
+        if problem:
+            return Call(action.tool, action.args, failure(f"bad arguments for {control.name}: {problem}",
+                                                          example=control.example()))
+        if control is RECALL:  # no side effects, and asking again after a fold is fair: never watched
+            return Call(action.tool, action.args, recall_rounds(
+                self.conversation.rounds, self.settings.max_result_chars, **action.args))
+        if control is NOTE:  # no side effects either; the same note twice is kept once
+            return Call(action.tool, action.args, self.conversation.notes.add(number, action.args["text"]))
+        if control is FINISH and self.check:
+            return self.check_answer(action, action.args["result"])
+        value = action.args["result" if control is FINISH else "reason"]
+        raise (Finished if control is FINISH else GaveUp)(result=value).by(Call(action.tool, action.args,
+                                                                               success(value)))
 
     def check_answer(self, action: Any, answer: Any) -> Call:
         """Run --check on a finish: it ends the run when the check exits 0; otherwise the model gets the
         check's output and goes on, until the run has had its --check-attempts."""
+        from agent_demo_kit.child_processes import run_check
         settings = self.settings
-        with self.trace.working(f"check running ({prompts.clip(settings.check, 60)})"):
+        with self.trace.working(f"check running ({prompts.clip(settings.check, VALUE_SHOWN_CHARS)})"):
             check = run_check(self.check, settings.check, answer_text(answer), self.conversation.task,
                               settings.tool_timeout)
-        call = Call(action.tool, action.args, {"ok": True, "data": answer}, ends_run="finished", check=check)
-        if check["exit_code"] != 0:
-            left = settings.check_attempts - len(self.rejected_answers()) - 1
-            call.result = failure(prompts.render_check_rejection(check, left, settings.tool_timeout))
-            call.ends_run = None if left > 0 else "failed"
+        call = Call(action.tool, action.args, success(answer), check=check)
+        if check["exit_code"] == 0:
+            raise Finished(result=answer).by(call)
+        left = settings.check_attempts - len(self.rejected_answers()) - 1
+        call.result = failure(prompts.render_check_rejection(check, left, settings.tool_timeout))
+        if left <= 0:
+            raise CheckFailed(f"the check rejected {len(self.rejected_answers()) + 1} answers",
+                              result=check["output"]).by(call)
         return call
 
     def rejected_answers(self) -> List[dict]:
@@ -229,14 +280,14 @@ class Agent:
             self.trace.call_started(number, call)
         with self.trace.working(f"running {call.tool}"):
             # A key a tool hands back goes no further: not to the endpoint, the digest or the trace.
-            return self.trace.redactor.values(call_tool(call.tool, call.args, self.registry))
+            return self.trace.redact_values(call_tool(call.tool, call.args, self.registry))
 
     def feed_back(self, parsed: Parsed, calls: List[Call]) -> List[dict]:
         """The messages that answer this round: each result, cut to size, labelled with its call."""
         mode = self.conversation.mode
         if parsed.problem:
-            names = [*self.registry, *CONTROL_ACTIONS]
-            return [{"role": "user", "content": prompts.render_format_error(parsed.problem, names, mode)}]
+            return [{"role": "user", "content": prompts.render_format_error(parsed.problem, self.conversation.tools,
+                                                                            mode)}]
         lines = [prompts.render_call_result(n, {"tool": call.tool, "args": shorten_args(call.args), "note": call.note},
                                             truncate_result(call.result, self.settings.max_result_chars))
                  for n, call in enumerate(calls, 1)]
@@ -244,34 +295,20 @@ class Agent:
             return [{"role": "tool", "tool_call_id": call.id, "content": line} for call, line in zip(calls, lines)]
         return [{"role": "user", "content": prompts.render_results(lines, parsed.cut_off)}]
 
-    def end_if_done(self, record: Round) -> None:
-        """Raise the ending this round reached: stuck, finished or gave up; return if the run goes on."""
-        ending = next((call for call in record.calls if call.ends_run), None)
-        if self.watchdog.format_errors_in_a_row >= FORMAT_ERRORS_BEFORE_STUCK or ending and ending.ends_run == "stuck":
-            raise Stuck()
-        if ending and ending.check and ending.ends_run == "failed":
-            raise CheckFailed(f"the check rejected {len(self.rejected_answers())} answers",
-                              result=ending.check["output"])
-        if ending:
-            raise (Finished if ending.ends_run == "finished" else GaveUp)(result=ending.result["data"])
-
     def end(self, ending: RunEnded) -> RunResult:
         """The outcome, recorded as the run's last event."""
         rounds = self.conversation.rounds
+        progress = prompts.clip(ending.result, CHECK_OUTPUT_SHOWN).splitlines() or ["(it printed nothing)"] \
+            if isinstance(ending, CheckFailed) else []
         outcome = RunResult(ending, rounds=len(rounds), usage=self.usage,
                             calls=[{"round": record.number, "tool": call.tool, "args": call.args,
                                     "result": call.result} for record in rounds for call in record.calls],
-                            progress=self.progress(ending),
+                            progress=progress,
                             checks=[{"round": record.number, **call.check} for record in rounds
-                                    for call in record.calls if call.check])
+                                    for call in record.calls if call.check],
+                            trace=getattr(self.trace, "path", None))
         self.trace.end(outcome)
         return outcome
-
-    def progress(self, ending: RunEnded) -> List[str]:
-        """The lines shown after the outcome: the check's last output, when the check ended the run."""
-        if isinstance(ending, CheckFailed):
-            return prompts.clip(ending.result, 4000).splitlines() or ["(it printed nothing)"]
-        return []
 
 
 # --- the watchdog -----------------------------------------------------------------------
@@ -298,10 +335,12 @@ class Watchdog:
         if known["result"].get("cancelled") and not call.result.get("cancelled"):
             known["result"] = call.result
 
-    def count_reply(self, calls: List[Call]) -> None:
-        """A reply with no usable call (no action, or only calls with broken arguments) adds to the streak."""
+    def count_reply(self, calls: List[Call]) -> int:
+        """A reply with no usable call (no action, or only calls with broken arguments) adds to the
+        streak; returns the streak."""
         usable = any(not call.format_error for call in calls)
         self.format_errors_in_a_row = 0 if usable else self.format_errors_in_a_row + 1
+        return self.format_errors_in_a_row
 
     def replay(self, rounds: Sequence[Round]) -> None:
         """Rebuild the state of a resumed run from its rounds, as live execution left it."""
@@ -312,84 +351,180 @@ class Watchdog:
                     self.remember(record.number, call)
 
 
-# --- a round's record and its token counts -------------------------------------------------
+# --- the Python API: one entrance for the command line, batch runs and Python callers --------------
 
-def native_calls(parsed: Parsed, mode: str) -> Optional[List[dict]]:
-    """A tools-mode reply's calls, to re-send as the model wrote them (broken arguments too)."""
-    if not parsed.answers_by_id(mode):
-        return None
-    return [{"id": action.id, "type": "function", "function": {
-        "name": action.tool, "arguments": action.arguments if isinstance(action.arguments, str)
-        else prompts.to_json(action.arguments)}} for action in parsed.actions]
+def run(task: str, *, tools: Sequence[Callable] = (), approve: Optional[Approver] = None,
+        trace: Union[str, "os.PathLike[str]", bool, None] = None, on_round: Optional[Callable[[Round], None]] = None,
+        material: str = "", **settings: Any) -> RunResult:
+    """Run one task with the agent the command line runs, and return how it ended.
 
+    settings: the command line's settings by their long names (url=, model=, max_rounds=, mode=,
+    check=, max_context=, ...; api_key= too), with the same defaults, read from the same
+    environment variables and ./.env when not given. tools: plain functions with type hints and a
+    docstring, added to the built-in tools as --tools-file adds a file's. approve: decides each
+    call that needs approval, given {"tool", "args"} (and "warning"); without it such calls are
+    refused, as on the command line without a terminal. trace: a file to append the run's record
+    to, True for the run log folder the command line uses, None to keep none. on_round: called with
+    each Round as it completes. material: text the task is about, as piped to the command line.
 
-# More than any model's context holds: a count above it is not a count.
-MOST_TOKENS_A_ROUND = 10_000_000
-COUNTS = ("prompt_tokens", "completion_tokens", "total_tokens")
-
-
-def is_count(value: Any) -> bool:
-    """A token count that can be true: a whole number, not negative, not absurd (not a bool)."""
-    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MOST_TOKENS_A_ROUND
-
-
-def impossible_counts(usage: Optional[dict]) -> dict:
-    """The counts an endpoint reported that cannot be true (-1e9, NaN, true): the round is then estimated."""
-    usage = usage or {}
-    return {key: usage[key] for key in COUNTS if usage.get(key) is not None and not is_count(usage[key])}
-
-
-def count_usage(reply: Reply, messages: List[dict]) -> Tuple[dict, bool]:
-    """The round's token counts: the endpoint's when they can be true, or an estimate (about 4
-    characters a token), so no reply can give back the budget it spent."""
-    usage = reply.usage or {}
-    prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
-    cached = cached_tokens(usage)
-    if cached is not None:
-        usage = {**usage, "cached_tokens": cached}
-    if not impossible_counts(usage):
-        if is_count(usage.get("total_tokens")):
-            return usage, False
-        if is_count(prompt) and is_count(completion):
-            return {**usage, "total_tokens": prompt + completion}, False
-    prompt = request_size(messages) // 4
-    completion = (len(reply.content) + (len(prompts.to_json(reply.tool_calls)) if reply.tool_calls else 0)) // 4
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}, True
+    Raises ConfigError, with the message the command line prints, for what the caller can fix: a
+    bad setting, no key, a tool that cannot be described, a --check that cannot start. An endpoint
+    that fails gives a result with status "error" (exit_code 3), as on the command line."""
+    path = None if trace is None or trace is False else trace
+    if callable(approve):  # the function decides about every call, as --approve asks about every call
+        settings["approve"], approve = True, approve
+    elif approve is not None:
+        settings["approve"], approve = approve, None
+    with prepare(task, given=settings, environment=read_environment(), named=keyword_name, functions=tools,
+                 material=material, trace=path, approver=approve) as job:
+        job.agent.on_round = on_round
+        outcome = job.run()
+    if isinstance(outcome.ending, ConfigError) and not outcome.rounds:  # found before anything was sent
+        raise outcome.ending
+    return outcome
 
 
-def cached_tokens(usage: dict) -> Optional[int]:
-    """Prompt tokens the endpoint served from its cache, as OpenAI, vLLM and Qwen or as DeepSeek report them."""
-    details = usage.get("prompt_tokens_details")
-    for value in (details.get("cached_tokens") if isinstance(details, dict) else None,
-                  usage.get("prompt_cache_hit_tokens")):
-        if is_count(value):
-            return value
-    return None
+@dataclass
+class Job:
+    """A run made ready: its agent (settings, client, tools, trace, approver) and task, the rounds
+    already done when it is taken up again; closing it ends what it opened or started (the trace,
+    the endpoint's session, the tools worker, the MCP servers)."""
+
+    agent: Agent
+    task: str
+    history: List[Round] = field(default_factory=list)
+    unfinished: List[Call] = field(default_factory=list)  # side-effecting calls started before a crash
+    follow_up: Optional[str] = None  # the user's next turn after the run's last round (--continue)
+    closing: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
+
+    def run(self) -> RunResult:
+        return self.agent.run(self.task, self.history, self.unfinished, self.follow_up)
+
+    def __enter__(self) -> "Job":
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.closing.close()
 
 
-def add_usage(total: dict, record: Round) -> None:
-    """Add one round's token counts to the run's totals (a count a trace holds that cannot be true is not added)."""
-    for key in (*COUNTS, "cached_tokens"):
-        value = record.usage.get(key)
-        if is_count(value):
-            total[key] = total.get(key, 0) + value
-    if record.usage_estimated:
-        total["estimated"] = True
+def prepare(task: str = "", *, given: Dict[str, Any], environment: Dict[str, str],
+            named: Callable[[str], str] = keyword_name, functions: Sequence[Callable] = (), material: str = "",
+            trace: Union[str, "os.PathLike[str]", bool, None] = None, resume: Optional[str] = None,
+            follow_up: Optional[str] = None, screen: Any = None, redactor: Any = None,
+            approver: Optional[Approver] = None) -> Job:
+    """A run made ready from what a caller gave: settings by name (`given`, named for messages by
+    `named`), tool functions, the task and its material, where to record it (a path, True for the
+    run log folder, None), or the trace of a run to take up again (`resume`, with the user's
+    `follow_up` for --continue); the screen that shows it and the redactor every output goes
+    through. ConfigError if it cannot start; what it opened is closed then."""
+    from agent_demo_kit import run_store
+    from agent_demo_kit.client import ModelClient, RequestForm
+    from agent_demo_kit.terminal import Redactor
+    closing = contextlib.ExitStack()
+    try:
+        redactor = redactor or Redactor(*secrets_of(environment, given.get("url")))
+        start: Optional[dict] = None
+        history: List[Round] = []
+        unfinished: List[Call] = []
+        if resume is not None:  # locked before it is read, and shown before its tools files are imported
+            log = closing.enter_context(contextlib.closing(run_store.RunLog(screen, resume, redactor)))
+            start, history, unfinished = run_store.read_run(log, resume, continuing=follow_up is not None)
+            if "***" in str(start.get("url")) and not any(
+                    (given.get("url"), environment.get("LLM_API_URL"), environment.get("OPENAI_BASE_URL"))):
+                raise ConfigError("the run's URL held a password, which is not recorded: give it again with --url"
+                                  " or LLM_API_URL")
+            settings = load_settings(given, environment, own_settings(start, follow_up is not None), named)
+            log.say(f"{'following up on' if follow_up is not None else 'resuming'} {resume}\n  requests go to"
+                    f" {display_url(settings.endpoint)}\n  tools files: {', '.join(settings.tools_files) or 'none'}")
+            task, material = start["task"], start.get("material") if isinstance(start.get("material"), str) else ""
+        else:
+            settings = load_settings(given, environment, named=named)
+        registry, start_fields, notes = tool_registry(settings, functions, redactor.secrets, closing, start)
+        if resume is not None and material:  # read a page at a time, as when the run started
+            registry["read_material"] = material_reader(material, settings.max_result_chars - PAGE_MARGIN_CHARS)
+        elif material:
+            task = with_material(task, material, registry, start_fields, settings)
+        form = RequestForm.resumed(settings, start, any(record.mode == settings.mode for record in history)) \
+            if start is not None else RequestForm.asked_for(settings)
+        client = closing.enter_context(contextlib.closing(ModelClient(settings, form=form)))
+        if resume is None:
+            path = run_store.new_log_file(environment) if trace is True else trace and os.fspath(trace)
+            log = closing.enter_context(contextlib.closing(run_store.RunLog(screen, path, redactor)))
+            if trace is True:
+                run_store.prune(Path(path).parent)
+        log.start_fields, log.start_notes = start_fields, notes
+        client.trace = log
+        agent = Agent(settings, client, registry, log, approver)
+        return Job(agent, task, history, unfinished, follow_up, closing)
+    except BaseException:
+        closing.close()
+        raise
 
 
-def total_usage(rounds: Sequence[Round]) -> dict:
-    """The token counts of the rounds already done (a resumed run goes on counting)."""
-    total: dict = {}
-    for record in rounds:
-        add_usage(total, record)
-    return total
+def own_settings(start: dict, continuing: bool) -> dict:
+    """The recorded settings a run takes up again: all of them, but a follow-up's limits are its own."""
+    return {name: value for name, value in start.items()
+            if not (continuing and name in ("max_rounds", "max_tokens"))}
 
 
-def main(argv: Optional[List[str]] = None) -> int:
-    """The command line (agent_demo_kit/cli.py); returns the exit code."""
-    from agent_demo_kit import cli
-    return cli.main(argv)
+def tool_registry(settings: Settings, functions: Sequence[Callable], secrets: List[str],
+                  closing: contextlib.ExitStack, start: Optional[dict]) -> Tuple[Dict[str, Tool], dict, List[str]]:
+    """The tools a run offers besides finish, fail, recall and note: the built-in ones, the caller's
+    functions, each --tools-file's (run by a worker process) and each MCP server's, cut down to
+    --tools (or, on a resume, to the tools the run had); with what the start record keeps of them
+    and the notes to say once it is written. ConfigError if a function or a file gives no usable
+    tool, a name clashes, a server does not start, or --tools names a tool that does not exist.
+    What they start is stopped when `closing` closes."""
+    registry = dict(REGISTRY)
+    for function in functions:
+        try:
+            described = describe(function)
+        except ToolDefinitionError as error:
+            raise ConfigError(f"tools: {error}") from None
+        if described.name in in_use(registry):
+            raise ConfigError(f"tools: the tool {described.name} clashes with another tool of that name")
+        registry[described.name] = described
+    start_fields: dict = {}
+    notes: List[str] = []
+    if settings.tools_files:
+        from agent_demo_kit.child_processes import load_tools_files
+        registry.update(load_tools_files(settings.tools_files, settings.tool_timeout, secrets, in_use(registry),
+                                         closing))
+    if settings.mcp_servers or settings.mcp_config:
+        from agent_demo_kit.mcp_client import McpError, McpTools, parse_server_specs
+        servers = closing.enter_context(McpTools())
+        try:
+            specs = parse_server_specs(settings.mcp_servers, settings.mcp_config)
+            registry.update(servers.start(specs, settings.tool_timeout, taken_names=in_use(registry),
+                                          stderr=sys.stderr))
+        except McpError as error:
+            raise ConfigError(str(error)) from None
+        start_fields["mcp"] = servers.describe()
+        notes += servers.notes + (servers.changes_since(start.get("mcp")) if start is not None else [])
+    if settings.tool_names is not None:
+        unknown = [name for name in settings.tool_names if name not in in_use(registry)]
+        if unknown:
+            raise ConfigError(f"--tools: unknown tool {', '.join(unknown)} (available: {', '.join(registry)})")
+        registry = {name: tool for name, tool in registry.items() if name in settings.tool_names}
+    elif start is not None and isinstance(start.get("tools"), list):
+        registry = {name: tool for name, tool in registry.items() if name in start["tools"]}
+    return registry, start_fields, notes
+
+
+def with_material(task: str, material: str, registry: Dict[str, Tool], start_fields: dict,
+                  settings: Settings) -> str:
+    """The task with the material piped in: whole when it takes at most a quarter of --max-context,
+    else its first MATERIAL_SHOWN_CHARS, with read_material among the tools to read the rest (and the
+    material recorded for a resume). Material of any size never makes a request too big; what is
+    shown does not grow with --max-context, so the budget check's advice holds."""
+    if wire_size(material) <= settings.max_context // 4:
+        return prompts.render_task_with_material(task, material)
+    registry["read_material"] = material_reader(material, settings.max_result_chars - PAGE_MARGIN_CHARS)
+    start_fields["material"] = material
+    return prompts.render_task_with_material(task, material, shown_chars=MATERIAL_SHOWN_CHARS)
 
 
 if __name__ == "__main__":
+    sys.modules.setdefault("agent_demo", sys.modules[__name__])  # one module, whichever way it was started
+    from agent_demo_kit.cli import main
     sys.exit(main())

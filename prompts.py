@@ -2,12 +2,13 @@
 
 Three ways to ask for actions (`mode`): "json" (JSON in the reply text),
 "schema" (the same, constrained by a JSON schema in `response_format`) and
-"tools" (the endpoint's native function calling).
+"tools" (the endpoint's native function calling). A tool here is anything with
+the attributes of tools.Tool; `tools` is always every tool in use, by name
+(tools.in_use), finish and fail among them.
 """
-import json
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
-from tools import CONTROL_ACTIONS, FAIL, FINISH, NOTE, RECALL, Tool, parameters_schema
+from agent_demo_kit.records import to_json, wire_size
 
 ACTION_FORMAT = '{"tool": "<name>", "args": {...}}'
 FORMATS = {
@@ -37,36 +38,25 @@ def clip(text: str, limit: int) -> str:
     return f"{text[:head]} ...{TRUNCATED.format(count=len(text) - head - tail)}... {text[len(text) - tail:]}"
 
 
-def wire_size(text: str) -> int:
-    """Characters text takes inside a JSON string in a request (non-ASCII escaped, as requests sends it)."""
-    return len(json.dumps(text)) - 2
+ENDINGS = ("finish", "fail")  # the two actions that end a run: schema mode lets them come only alone
 
 
-def to_json(value: Any) -> str:
-    """JSON as the model reads it: compact, non-ASCII kept readable."""
-    return json.dumps(value, ensure_ascii=False)
-
-
-def _every_tool(registry: Dict[str, Tool]) -> List[Tool]:
-    return [*registry.values(), *CONTROL_ACTIONS.values()]
-
-
-def _describe(tool: Tool, mode: str) -> str:
+def _describe(tool: Any, mode: str) -> str:
     args = ", ".join(f"{name} ({spec.get('type', 'any')}): {spec['description']}"
                      for name, spec in tool.parameters.items())
     example = {"actions": [tool.example()]} if mode == "schema" else tool.example()
     return f"- {tool.name}: {tool.description}\n  args: {args}\n  example: {to_json(example)}"
 
 
-def _name(tool: Tool) -> str:
+def _name(tool: Any) -> str:
     """A tool in one line, for tools mode: its function schema, which the endpoint may drop, says the rest."""
     return f"- {tool.name}({', '.join(tool.parameters)}): {tool.description} e.g. {to_json(tool.example())}"
 
 
-def render_system_prompt(registry: Dict[str, Tool], mode: str = "json", max_calls: int = 8) -> str:
+def render_system_prompt(tools: Dict[str, Any], mode: str, max_calls: int) -> str:
     """The system prompt: how to reply in this mode, and the tools (short in tools mode)."""
     describe = _name if mode == "tools" else (lambda tool: _describe(tool, mode))
-    tool_list = "\n\nTools:\n" + "\n".join(describe(tool) for tool in _every_tool(registry))
+    tool_list = "\n\nTools:\n" + "\n".join(describe(tool) for tool in tools.values())
     return f"""You are an agent that completes the user's task by calling tools.
 
 {FORMATS[mode]}{tool_list}
@@ -111,7 +101,7 @@ def render_pinned_follow_ups(follow_ups: List[Tuple[int, str]]) -> str:
     return "\n".join(f"Follow-up from the user after round {number}: {text}" for number, text in follow_ups)
 
 
-def render_format_error(problem: str, tool_names: Iterable[str], mode: str = "json") -> str:
+def render_format_error(problem: str, tool_names: Iterable[str], mode: str) -> str:
     """Tell the model its reply held no usable action, and exactly what to send."""
     return (f"Your reply could not be used: {problem}.\n{FORMATS[mode]}\n"
             f"Available tools: {', '.join(tool_names)}.")
@@ -230,21 +220,27 @@ def render_refusal(rounds: List[int]) -> str:
 
 # --- schemas sent with the request -------------------------------------------------------
 
-def _one_of(tools: Iterable[Tool]) -> dict:
+def parameters_schema(tool: Any) -> dict:
+    """The JSON schema of a tool's arguments, for constrained decoding and function calling."""
+    return {"type": "object", "properties": tool.parameters, "required": list(tool.required),
+            "additionalProperties": False}
+
+
+def _one_of(tools: Iterable[Any]) -> dict:
     """An action that is one of these tools: the name as a one-value enum, exactly its typed arguments."""
     return {"anyOf": [{"type": "object",
                        "properties": {"tool": {"type": "string", "enum": [tool.name]}, "args": parameters_schema(tool)},
                        "required": ["tool", "args"], "additionalProperties": False} for tool in tools]}
 
 
-def action_schema(registry: Dict[str, Tool], max_calls: int = 8) -> dict:
+def action_schema(tools: Dict[str, Any], max_calls: int) -> dict:
     """Schema mode's reply: {"actions": [...]}, up to max_calls tool calls, or finish or fail alone.
 
     Alone, because a model held to the schema writes whatever it allows: given the choice, a small
     one ends the run in the reply that makes its first call, with an answer it has not seen."""
-    ending = {"type": "array", "items": _one_of([FINISH, FAIL]), "minItems": 1, "maxItems": 1}
-    calls = {"type": "array", "items": _one_of([*registry.values(), RECALL, NOTE]), "minItems": 1,
-             "maxItems": max_calls}
+    ending = {"type": "array", "items": _one_of([tools[name] for name in ENDINGS]), "minItems": 1, "maxItems": 1}
+    calls = {"type": "array", "items": _one_of([tool for name, tool in tools.items() if name not in ENDINGS]),
+             "minItems": 1, "maxItems": max_calls}
     return {"type": "object", "properties": {"actions": {"anyOf": [calls, ending]}},
             "required": ["actions"], "additionalProperties": False}
 
@@ -255,18 +251,17 @@ def action_schema(registry: Dict[str, Tool], max_calls: int = 8) -> dict:
 SCHEMA_VARIANTS = ("json_schema", "json_object+schema", "json_object")
 
 
-def request_options(mode: str, registry: Dict[str, Tool], max_calls: int = 8,
-                    variant: str = SCHEMA_VARIANTS[0]) -> dict:
+def request_options(mode: str, tools: Dict[str, Any], max_calls: int, variant: str = SCHEMA_VARIANTS[0]) -> dict:
     """What a request carries besides the messages, in each mode (and schema mode's variant)."""
     if mode == "schema" and variant == "json_object":
         return {"response_format": {"type": "json_object"}}
     if mode == "schema" and variant == "json_object+schema":
-        return {"response_format": {"type": "json_object", "schema": action_schema(registry, max_calls)}}
+        return {"response_format": {"type": "json_object", "schema": action_schema(tools, max_calls)}}
     if mode == "schema":
         return {"response_format": {"type": "json_schema", "json_schema": {
-            "name": "agent_actions", "schema": action_schema(registry, max_calls)}}}
+            "name": "agent_actions", "schema": action_schema(tools, max_calls)}}}
     if mode == "tools":
         return {"tools": [{"type": "function", "function": {
             "name": tool.name, "description": tool.description, "parameters": parameters_schema(tool)}}
-            for tool in _every_tool(registry)]}
+            for tool in tools.values()]}
     return {}

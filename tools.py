@@ -16,7 +16,9 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional
 
-from agent_demo_kit.endings import SigTerm
+from agent_demo_kit.records import SigTerm, failure, success
+from agent_demo_kit.settings import MIN_PAGE_CHARS, VALUE_SHOWN_CHARS
+from prompts import clip
 
 
 class ToolError(Exception):
@@ -25,16 +27,6 @@ class ToolError(Exception):
 
 class ToolDefinitionError(ValueError):
     """A function cannot be described as a tool (no docstring, an argument without a type hint, ...)."""
-
-
-def success(data: Any) -> dict:
-    """The result shape of a call that worked."""
-    return {"ok": True, "data": data}
-
-
-def failure(error: str, **details: Any) -> dict:
-    """The result shape of a call that did not work; details help the model fix it."""
-    return {"ok": False, "error": error, **details}
 
 
 # --- describing a function as a tool -------------------------------------------------
@@ -219,6 +211,40 @@ def get_order_status(order_id: str) -> dict:
 REGISTRY: Dict[str, Tool] = registry_of(calculator, get_order_status)
 
 
+# --- material piped in with the task, a page at a time -------------------------------------
+
+def material_reader(material: str, page_chars: int) -> Tool:
+    """The read_material tool over this text: a page of at most page_chars characters (as JSON) a call."""
+    line_count = material.count("\n") + 1
+
+    @tool(example={"offset": 0}, constraints={"offset": {"minimum": 0}})
+    def read_material(offset: int) -> dict:
+        """Read the material piped in with the task, one page at a time.
+
+        Args:
+            offset: the character to start at (0 for the beginning); each page says where the next one starts
+        """
+        if offset >= len(material):
+            raise ToolError(f"offset {offset} is past the end: the material has {len(material):,} characters")
+        page = min(page_chars, len(material) - offset)
+        while True:  # escapes (a newline is \n in JSON) make a page longer than its text: shrink until it fits
+            text = material[offset:offset + page]
+            newline = text.rfind("\n", page // 2)
+            if offset + page < len(material) and newline != -1:
+                text = text[:newline + 1]  # end the page at a line's end when one is near
+            end = offset + len(text)
+            first = material.count("\n", 0, offset) + 1
+            data = {"offset": offset, "next_offset": end if end < len(material) else None,
+                    "total_chars": len(material),
+                    "lines": f"{first}-{first + text.count(chr(10), 0, max(0, len(text) - 1))} of {line_count}",
+                    "text": text}
+            size = len(json.dumps(data, ensure_ascii=False))
+            if size <= page_chars or page <= MIN_PAGE_CHARS:
+                return data
+            page = max(MIN_PAGE_CHARS, page * page_chars // size - 50)
+    return describe(read_material)
+
+
 # --- the two ways to end a run ------------------------------------------------------------
 # The loop handles them; they are described like the tools so the prompt and the
 # schemas show them the same way.
@@ -268,6 +294,12 @@ FINISH, FAIL = CONTROL_ACTIONS["finish"], CONTROL_ACTIONS["fail"]
 RECALL, NOTE = CONTROL_ACTIONS["recall"], CONTROL_ACTIONS["note"]
 
 
+def in_use(registry: Dict[str, Tool]) -> Dict[str, Tool]:
+    """Every tool a run offers, by name: the registry's, then finish, fail, recall and note. The one
+    list the prompt, the schemas, the format errors and every name-clash check go by."""
+    return {**registry, **CONTROL_ACTIONS}
+
+
 # --- checking and calling -----------------------------------------------------------------
 
 @dataclass
@@ -311,12 +343,6 @@ _PYTHON_TYPES = {"string": str, "number": (int, float), "integer": int,
                  "boolean": bool, "object": dict, "array": list, "null": type(None)}
 
 
-def parameters_schema(described: Tool) -> dict:
-    """The JSON schema of a tool's arguments, for constrained decoding and function calling."""
-    return {"type": "object", "properties": described.parameters, "required": list(described.required),
-            "additionalProperties": False}
-
-
 def _check_value(name: str, spec: dict, value: Any) -> Optional[str]:
     """What is wrong with one argument's value, or None."""
     if "anyOf" in spec and all(_check_value(name, branch, value) for branch in spec["anyOf"]):
@@ -328,8 +354,7 @@ def _check_value(name: str, spec: dict, value: Any) -> Optional[str]:
     if "enum" in spec and value not in spec["enum"]:
         return f"{name} must be one of {json.dumps(spec['enum'], ensure_ascii=False)}"
     if "pattern" in spec and isinstance(value, str) and not re.search(spec["pattern"], value):
-        from prompts import clip  # prompts is built on this module
-        shown = clip(value, 60)
+        shown = clip(value, VALUE_SHOWN_CHARS)
         return (f"{name} must match the pattern {spec['pattern']} ({spec.get('description', name)}),"
                 f" got {json.dumps(shown, ensure_ascii=False)}")
     if "minimum" in spec and isinstance(value, (int, float)) and value < spec["minimum"]:

@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from typing import Any, Iterator, List, Optional, Tuple
 
 import prompts
-from agent_demo_kit.terminal import printable
+from agent_demo_kit.records import Reply, printable, to_json
+from agent_demo_kit.settings import MAX_PARSED_CHARS
 
 _THINK_TAG = re.compile(r"<(/?)(think|thinking)>", re.I)
 
@@ -60,7 +61,6 @@ def _tags_outside(text: str, spans: List[Tuple[int, int, Any]]) -> Iterator["re.
 
 # Where an object or an array of objects may start; "{{{{" and "[[[[" in prose are not tried.
 _JSON_START = re.compile(r"\{\s*[\"}]|\[\s*\{")
-MAX_PARSED_CHARS = 100_000  # a longer reply is read at its beginning and at its end
 # Each failed decode costs up to the length of the text read (json counts the lines before the
 # error), so a reply made of thousands of almost-JSON starts is given up on after this many.
 MAX_FAILED_STARTS = 1_000
@@ -211,7 +211,7 @@ def parse_tool_calls(tool_calls: List[dict]) -> Parsed:
     return Parsed(actions, native=True)
 
 
-def parse_reply(reply: Any, mode: str = "json") -> Parsed:
+def parse_reply(reply: Reply, mode: str) -> Parsed:
     """The actions of a reply (its .content and .tool_calls): native tool calls first in tools mode,
     else the text, else its tool calls. A reply cut off at the length limit says so."""
     if reply.tool_calls and mode == "tools":
@@ -229,3 +229,12 @@ def parse_reply(reply: Any, mode: str = "json") -> Parsed:
         if parsed.problem and reply.content.strip():  # an empty reply's problem says so already
             parsed.problem = prompts.CUT_OFF.format(problem=parsed.problem)
     return parsed
+
+
+def native_calls(parsed: Parsed, mode: str) -> Optional[List[dict]]:
+    """A tools-mode reply's calls, to re-send as the model wrote them (broken arguments too)."""
+    if not parsed.answers_by_id(mode):
+        return None
+    return [{"id": action.id, "type": "function", "function": {
+        "name": action.tool, "arguments": action.arguments if isinstance(action.arguments, str)
+        else to_json(action.arguments)}} for action in parsed.actions]

@@ -1,23 +1,26 @@
-"""The command line around the loop: flags and help, preparing a run (or a resume),
-running it, and printing the outcome."""
+"""The command line: flags and help (each setting's from its one definition in settings.py), the
+task and what stdin brings, which run --resume and --continue take up, and the outcome printed.
+The run itself is prepared and run by `agent_demo.prepare`, the entrance every caller shares."""
 import argparse
 import contextlib
 import os
+import shlex
+import shutil
 import signal
 import stat
 import sys
 import traceback
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterator, List, Optional
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import prompts
-from agent_demo_kit import __version__
-from agent_demo_kit.endings import ConfigError, Interrupted, OutputClosed, RunResult, SigTerm, Terminated
-from agent_demo_kit.settings import DEFAULT_MODEL, DEFAULT_URL, MODES, Settings, flag_parser, read_environment, secrets_of
-from agent_demo_kit.job import Job, continue_command, prepare
-from agent_demo_kit.approval import terminal_approver
-from agent_demo_kit.terminal import Redactor, SafeStream, on_terminal, protected, stray_prints_to_stderr
-from agent_demo_kit import log_folder
+from agent_demo import Agent, Job, prepare
+from agent_demo_kit import __version__, run_store
+from agent_demo_kit.records import ConfigError, Interrupted, OutputClosed, RunResult, SigTerm, Terminated
+from agent_demo_kit.settings import (MODES, display_url, flag_name, read_environment, secrets_of, setting_fields,
+                                     shown_default)
+from agent_demo_kit.terminal import (Redactor, SafeStream, Screen, is_terminal, protected, stray_prints_to_stderr,
+                                     terminal_approver)
 from tools import REGISTRY
 
 HELP_START = """Run a task with a tool-calling LLM agent loop over any OpenAI-compatible endpoint.
@@ -29,34 +32,35 @@ examples:
 
 stdout holds only the answer; the round-by-round trace goes to stderr."""
 
-ENVIRONMENT_HELP = f"""environment (also read from ./.env; the real environment wins):
-  LLM_API_KEY             bearer key; optional for local servers (no Authorization header then)
-  LLM_API_URL             chat-completions URL or base URL ending in /v1 (default {DEFAULT_URL})
-  LLM_MODEL               model name (default {DEFAULT_MODEL})
-  OPENAI_API_KEY          read when LLM_API_KEY is unset
-  OPENAI_BASE_URL         read when LLM_API_URL is unset
-  AGENT_MAX_ROUNDS        default for --max-rounds (6)
-  AGENT_MAX_TOKENS        default for --max-tokens, the run's token budget (no cap)
-  AGENT_MAX_REPLY_TOKENS  default for --max-reply-tokens (4096; 0 sends none)
-  AGENT_MAX_CONTEXT       default for --max-context (24000)
-  AGENT_MAX_RESULT_CHARS  a longer tool result is cut to head and tail (4000)
-  AGENT_KEEP_RECENT       rounds kept verbatim when older ones are folded (4)
-  AGENT_MODE              default for --mode (json)
-  AGENT_MAX_CALLS         default for --max-calls (8)
-  AGENT_RETRIES           default for --retries (3)
-  AGENT_TIMEOUT           default for --timeout (30)
-  AGENT_TOOL_TIMEOUT      default for --tool-timeout (60)
-  AGENT_CHECK             default for --check (none)
-  AGENT_CHECK_ATTEMPTS    default for --check-attempts (3)
-  AGENT_MAX_RETRY_WAIT    the longest wait before a retry, in seconds (30)
-  AGENT_DEMO_LOG_DIR      the run log folder (else $XDG_STATE_HOME/agent-demo/runs,
-                          else ~/.local/state/agent-demo/runs)
-  NO_COLOR                set (not empty): no colour in the trace, even on a terminal
-  AGENT_DEBUG=1           same as --debug
+OTHER_VARIABLES = [  # read by the command line itself, not settings of a run
+    ("AGENT_DEMO_LOG_DIR", "the run log folder (else $XDG_STATE_HOME/agent-demo/runs,\n"
+                           + " " * 26 + "else ~/.local/state/agent-demo/runs)"),
+    ("NO_COLOR", "set (not empty): no colour in the trace, even on a terminal"),
+    ("AGENT_DEBUG=1", "same as --debug"),
+]
 
-exit codes: 0 finished; 1 not completed (gave up, --check rejected the answers,
+EXIT_CODES = """exit codes: 0 finished; 1 not completed (gave up, --check rejected the answers,
 round limit, token budget, stuck, or an internal error); 2 usage or configuration
 error; 3 endpoint failed; 130 interrupted (Ctrl-C); 143 terminated (SIGTERM)"""
+
+
+def environment_help() -> str:
+    """The variables --help lists, each setting's from its definition."""
+    lines = []
+    for item in setting_fields():
+        meta = item.metadata
+        for index, variable in enumerate(meta["variables"]):
+            if index:
+                said = f"read when {meta['variables'][0]} is unset"
+            elif meta["flag"] and item.name not in ("url", "model"):
+                said = f"default for {meta['flag']} ({shown_default(item)})"
+            elif item.name == "api_key":
+                said = meta["help"]
+            else:
+                said = f"{meta['help']} ({'default ' if meta['flag'] else ''}{shown_default(item)})"
+            lines.append(f"  {variable:<22}  {said}")
+    lines += [f"  {variable:<22}  {said}" for variable, said in OTHER_VARIABLES]
+    return "environment (also read from ./.env; the real environment wins):\n" + "\n".join(lines)
 
 
 class Parser(argparse.ArgumentParser):
@@ -71,66 +75,51 @@ class Parser(argparse.ArgumentParser):
         self.exit(2, f"agent-demo: error: {message} (see agent-demo --help)\n")  # one line, not the usage block
 
 
-def flag_type(name: str) -> Callable[[str], Any]:
-    """The argparse type of a number flag: the same check as its environment variable."""
-    parse = flag_parser(name)
-
+def flag_type(parse: Callable[[str], Any]) -> Callable[[str], Any]:
+    """The argparse type of a flag: the same check as its environment variable."""
     def checked(text: str) -> Any:
         try:
             return parse(text)
         except ValueError as error:
             raise argparse.ArgumentTypeError(str(error)) from None
+    checked.__name__ = parse.__name__
     return checked
+
+
+def add_setting_flags(parser: argparse.ArgumentParser) -> None:
+    """A flag for each setting that has one, with its help and default from the setting's definition."""
+    for item in setting_fields():
+        meta = item.metadata
+        if not meta["flag"]:
+            continue
+        names = [meta["short"], meta["flag"]] if meta["short"] else [meta["flag"]]
+        where = f"{meta['variables'][0]}; " if meta["variables"] else ""
+        help_text = f"{meta['help']} ({where}default {shown_default(item)})"
+        if item.name == "tool_names":
+            help_text += f"; available: {', '.join(REGISTRY)}"
+        options: Dict[str, Any] = {"dest": item.name, "help": help_text}
+        default = item.default_factory()
+        if item.name == "stream":
+            options.update(action=argparse.BooleanOptionalAction, default=None)
+        elif isinstance(default, bool):
+            options.update(action="store_true")
+        elif isinstance(default, list):
+            options.update(action="append", metavar=meta["metavar"])
+        elif item.name == "mode":
+            options.update(choices=MODES)
+        else:
+            options.update(metavar=meta["metavar"], **({"type": flag_type(meta["parse"])} if meta["parse"] else {}))
+        parser.add_argument(*names, **options)
 
 
 def build_parser() -> Parser:
     parser = Parser(
         prog="agent-demo", usage="agent-demo [options] TASK...   (or -: the task from stdin)",
-        description=HELP_START, epilog=ENVIRONMENT_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+        description=HELP_START, epilog=f"{environment_help()}\n\n{EXIT_CODES}",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("task", nargs="*", help='what to do, e.g. "compute (12 + 500) * 3"; "-" reads it from'
                         " stdin, and text piped to stdin beside a task is the material the task is about")
-    parser.add_argument("-m", "--model", metavar="NAME", help=f"model name (LLM_MODEL; default {DEFAULT_MODEL})")
-    parser.add_argument("--url", metavar="URL",
-                        help="chat-completions URL or base URL ending in /v1 (LLM_API_URL, else OPENAI_BASE_URL)")
-    parser.add_argument("--max-rounds", type=flag_type("max_rounds"), metavar="N",
-                        help="model requests at most, across resumes (default 6)")
-    parser.add_argument("--max-tokens", type=flag_type("max_tokens"), metavar="N",
-                        help="token budget of the whole run: stop before the next request once the run has used"
-                             " N tokens (default: no cap)")
-    parser.add_argument("--max-reply-tokens", type=flag_type("max_reply_tokens"), metavar="N",
-                        help="cap on each reply, sent to the endpoint as max_tokens (default 4096; 0 sends none)")
-    parser.add_argument("--max-context", type=flag_type("max_context"), metavar="CHARS",
-                        help="fold the oldest rounds into a digest to keep each request under CHARS (default 24000)")
-    parser.add_argument("--mode", choices=MODES,
-                        help="how actions are asked for: json in the text, json constrained by a schema,"
-                             " or native tool calls (default json)")
-    parser.add_argument("--max-calls", type=flag_type("max_calls"), metavar="N", help="actions run per reply at most (default 8)")
-    parser.add_argument("--tools", metavar="NAME,NAME",
-                        help=f"expose only these tools (available: {', '.join(REGISTRY)});"
-                             " finish, fail, recall and note always")
-    parser.add_argument("--tools-file", action="append", metavar="PATH",
-                        help="make each public function in the Python file PATH a tool (repeatable)")
-    parser.add_argument("--mcp", action="append", metavar="SERVER",
-                        help="add the tools of an MCP server: a command run over stdio, or an http(s):// URL"
-                             " (repeatable; needs pip install 'agent-demo[mcp]')")
-    parser.add_argument("--mcp-config", metavar="FILE",
-                        help='add the tools of each server in an {"mcpServers": {...}} JSON file')
-    parser.add_argument("--tool-timeout", type=flag_type("tool_timeout"), metavar="SECONDS",
-                        help="answer a tool call still running after SECONDS as an error (default 60)")
-    parser.add_argument("--check", metavar="COMMAND",
-                        help="accept a finish only when COMMAND exits 0, with the answer on its stdin and in"
-                             " AGENT_ANSWER, the task in AGENT_TASK; otherwise its output goes back to the model")
-    parser.add_argument("--check-attempts", type=flag_type("check_attempts"), metavar="N",
-                        help="end the run as failed after N answers --check rejected (default 3)")
-    parser.add_argument("--approve", action="store_true",
-                        help="ask y/N/a on the terminal before each tool call (a: yes to that tool from then on)")
-    parser.add_argument("--yes", action="store_true",
-                        help="run every call without asking, even tools marked as having side effects")
-    parser.add_argument("--timeout", type=flag_type("timeout"), metavar="SECONDS",
-                        help="the longest silence from the endpoint: no first byte, or no next piece of a"
-                             " reply (default 30)")
-    parser.add_argument("--retries", type=flag_type("retries"), metavar="N",
-                        help="retries on 429, 5xx, dropped connections and timeouts (default 3)")
+    add_setting_flags(parser)
     parser.add_argument("--trace", metavar="FILE",
                         help="append the JSON Lines record of the run to FILE instead of the run log folder")
     parser.add_argument("--no-log", action="store_true", help="keep no record of the run")
@@ -152,9 +141,6 @@ def build_parser() -> Parser:
                         help="print one JSON object with status, result, rounds, usage, calls (and error), and the"
                              " run's run_id and trace file; the trace goes to stderr")
     parser.add_argument("-q", "--quiet", action="store_true", help="no round-by-round trace; only the result")
-    parser.add_argument("--stream", action=argparse.BooleanOptionalAction, default=None,
-                        help="ask for the reply as server-sent events (default: on; an endpoint that refuses"
-                             " it is asked without it)")
     parser.add_argument("--debug", action="store_true", help="show tracebacks for errors")
     parser.add_argument("-V", "--version", action="version", version=f"agent-demo {__version__}")
     return parser
@@ -166,13 +152,13 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
     parser.json_output = "--json" in (sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
     words, args.material = " ".join(args.task).strip(), ""
-    if args.continue_run and not words and not log_folder.looks_like_a_run(args.continue_run):
+    if args.continue_run and not words and not run_store.looks_like_a_run(args.continue_run):
         words, args.continue_run = args.continue_run.strip(), ""  # --continue "follow-up" alone
     if args.continue_run is not None and args.resume is not None:
         parser.error("--continue and --resume cannot go together: a follow-up starts from where the run stands")
     if args.resume is None and not args.runs:
         if words == "-":
-            if on_terminal(sys.stdin):
+            if is_terminal(sys.stdin):
                 print("agent-demo: reading the task from the terminal; end it with Ctrl-D", file=sys.stderr)
             words = read_stdin().strip()
         elif not words:
@@ -206,58 +192,7 @@ def read_stdin() -> str:
         return ""
 
 
-@contextlib.contextmanager
-def ending_on_sigterm() -> Iterator[None]:
-    """While the run lasts, SIGTERM ends it like Ctrl-C does: the end record is written, exit 143."""
-    def terminate(signum: int, frame: Any) -> None:
-        raise SigTerm()
-    try:
-        previous = signal.signal(signal.SIGTERM, terminate)
-    except ValueError:  # not the main thread: leave signals alone
-        yield
-        return
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
-def show_traceback(outcome: RunResult) -> None:
-    """For --debug: the traceback of the error that ended the run, through the redacting stderr."""
-    error = outcome.ending
-    if outcome.status == "error" and str(error):
-        print("".join(traceback.format_exception(type(error), error, error.__traceback__)), file=sys.stderr, end="")
-
-
-def report(outcome: RunResult, args: argparse.Namespace, answer: SafeStream, trace_path: Optional[str] = None,
-           settings: Optional[Settings] = None) -> int:
-    """Print the outcome the way the flags ask for (the answer, or the --json object, on `answer`;
-    the rest on stderr, with how to continue a run cut short); returns the exit code."""
-    if args.json:
-        answer.write_json(json_object(outcome, trace_path))
-    elif outcome.status == "finished" and isinstance(outcome.result, str):
-        print(outcome.result, file=answer)
-    elif outcome.status == "finished":
-        answer.write_json(outcome.result, indent=2)
-    refused = sum(call["result"].get("error") == prompts.NO_TERMINAL for call in outcome.calls)
-    if refused:  # even under --quiet: the run may have "finished" without doing what was asked
-        print(f"agent-demo: {refused} tool call(s) refused: they need approval and there was no terminal"
-              " to ask; --yes runs them", file=sys.stderr)
-    if outcome.status == "error":
-        print(f"agent-demo: error: {outcome.error}", file=sys.stderr)
-    elif outcome.status != "finished" and args.quiet:  # otherwise the trace ended with it
-        lines = [f"agent-demo: {outcome.summary()}", *(f"  {line}" for line in outcome.progress)]
-        print("\n".join(lines), file=sys.stderr)
-    if trace_path and log_folder.can_resume(outcome) and not outcome.key_refused:  # a refused key: fix it first
-        print(f"agent-demo: to continue: {continue_command(trace_path, outcome, settings, args)}", file=sys.stderr)
-    return outcome.exit_code
-
-
-def json_object(outcome: RunResult, trace_path: Optional[str] = None) -> dict:
-    """The --json object: the outcome, and the run's id and trace file (null when nothing was recorded)."""
-    return {**outcome.to_json(), "run_id": log_folder.run_id(Path(trace_path)) if trace_path else None,
-            "trace": os.path.abspath(trace_path) if trace_path else None}
-
+# --- running ----------------------------------------------------------------------------------
 
 def main(argv: Optional[List[str]] = None) -> int:
     """The command line: read flags and settings, run, print the outcome; returns the exit code."""
@@ -276,45 +211,158 @@ def main(argv: Optional[List[str]] = None) -> int:
         redactor.add(*secrets_of(environment, args.url))
         if unreadable or args.runs:
             try:
-                return report(RunResult(unreadable), args, answer) if unreadable else log_folder.list_runs(environment)
+                return report(RunResult(unreadable), args, answer) if unreadable else list_runs(environment)
             except OutputClosed:  # agent-demo --runs | head -1
                 return unreadable.exit_code if unreadable else 0
             except ConfigError as error:  # the run log folder failed its checks
                 return report(RunResult(error), args, answer)
-        outcome, job = start(args, environment, redactor)
+        outcome, agent = start(args, environment, redactor)
         try:
             if args.debug or environment.get("AGENT_DEBUG", "") not in ("", "0"):
                 show_traceback(outcome)
-            return report(outcome, args, answer, job and job.trace_path, job and job.settings)
+            return report(outcome, args, answer, agent)
         except OutputClosed:  # the reader took what it wanted (| head): the run's own ending stands
             return outcome.exit_code
 
 
-def start(args: argparse.Namespace, environment: Dict[str, str], redactor: Redactor) -> tuple:
-    """Prepare the run (or the resume) and run it; the outcome, and the job once the run started."""
+def start(args: argparse.Namespace, environment: Dict[str, str],
+          redactor: Redactor) -> Tuple[RunResult, Optional[Agent]]:
+    """Prepare the run (or the resume, or the follow-up) and run it; the outcome, and the agent
+    that ran it once it started."""
     with ending_on_sigterm():
         try:
-            job = prepare(args, environment, redactor)
+            job = prepare_job(args, environment, redactor)
         except ConfigError as error:
             return RunResult(error), None
         except KeyboardInterrupt:
             return RunResult(Interrupted()), None
         except SigTerm:
             return RunResult(Terminated("terminated by SIGTERM")), None
-        with job.closing:  # the trace file, the tools worker, the MCP servers: closed whatever happens
-            return run_job(job, redactor), job
+        with job, stray_prints_to_stderr():  # closed whatever happens: the trace, the tools worker, MCP
+            return job.run(), job.agent
 
 
-def run_job(job: Job, redactor: Redactor) -> RunResult:
-    """Run the prepared job: its trace is open, its tools are ready."""
-    log = job.log
-    log.start_fields, log.start_notes, log.follow_up = job.start_fields, job.notes, job.follow_up
-    from agent_demo import Agent
-    from agent_demo_kit.client import ModelClient  # requests: imported only when a run starts
-    client = ModelClient(job.settings, log, job.form)
+def prepare_job(args: argparse.Namespace, environment: Dict[str, str], redactor: Redactor) -> Job:
+    """The run the flags ask for, made ready: a new one, or one taken up again from its trace."""
+    given = {item.name: getattr(args, item.name) for item in setting_fields() if item.metadata["flag"]}
+    follow_up = args.task if args.continue_run is not None else None
+    resume = run_path(args, environment) if args.resume is not None or follow_up is not None else None
+    return prepare(args.task, given=given, environment=environment, named=flag_name, material=args.material,
+                   trace=args.trace or (None if args.no_log else True), resume=resume, follow_up=follow_up,
+                   screen=screen(args, environment, redactor), redactor=redactor,
+                   approver=terminal_approver(redactor))
+
+
+def screen(args: argparse.Namespace, environment: Dict[str, str], redactor: Redactor) -> Optional[Screen]:
+    """The human trace on stderr (none under --quiet), so stdout holds only the answer; on a terminal
+    it is live and in colour (never with NO_COLOR set, nor on a dumb terminal, which takes no codes)."""
+    if args.quiet:
+        return None
+    terminal = is_terminal(sys.stderr) and environment.get("TERM") != "dumb"
+    return Screen(sys.stderr, colour=terminal and not environment.get("NO_COLOR"), live=terminal,
+                  redactor=redactor)
+
+
+def run_path(args: argparse.Namespace, environment: Dict[str, str]) -> str:
+    """The trace file --resume or --continue is about; ConfigError if there is none to take up."""
+    continuing = args.continue_run is not None
+    flag = "--continue" if continuing else "--resume"
+    if args.task and not continuing:
+        raise ConfigError("--resume continues the task recorded in the trace; give no task with it")
+    named = (args.continue_run if continuing else args.resume) or args.trace  # the run in --trace FILE
+    path = run_store.pick_run(named or "", environment, flag)
+    if args.trace and os.path.abspath(args.trace) != os.path.abspath(path) or continuing and args.no_log:
+        raise ConfigError(f"{flag} appends to the run's own trace file; --trace cannot name another one,"
+                          " nor --no-log keep none")
+    if not os.path.lexists(path):
+        raise ConfigError(f"cannot read the trace file {path}: no such file")
+    return path
+
+
+@contextlib.contextmanager
+def ending_on_sigterm() -> Iterator[None]:
+    """While the run lasts, SIGTERM ends it like Ctrl-C does: the end record is written, exit 143."""
+    def terminate(signum: int, frame: Any) -> None:
+        raise SigTerm()
     try:
-        with stray_prints_to_stderr():
-            agent = Agent(job.settings, client, job.registry, log, terminal_approver(redactor))
-            return agent.run(job.task, job.history, job.unfinished)
+        previous = signal.signal(signal.SIGTERM, terminate)
+    except ValueError:  # not the main thread: leave signals alone
+        yield
+        return
+    try:
+        yield
     finally:
-        client.close()
+        signal.signal(signal.SIGTERM, previous)
+
+
+# --- what is printed --------------------------------------------------------------------------
+
+def show_traceback(outcome: RunResult) -> None:
+    """For --debug: the traceback of the error that ended the run, through the redacting stderr."""
+    error = outcome.ending
+    if outcome.status == "error" and str(error):
+        print("".join(traceback.format_exception(type(error), error, error.__traceback__)), file=sys.stderr, end="")
+
+
+def report(outcome: RunResult, args: argparse.Namespace, answer: SafeStream, agent: Optional[Agent] = None) -> int:
+    """Print the outcome the way the flags ask for (the answer, or the --json object, on `answer`;
+    the rest on stderr, with how to continue a run cut short); returns the exit code."""
+    if args.json:
+        answer.write_json(json_object(outcome))
+    elif outcome.status == "finished" and isinstance(outcome.result, str):
+        print(outcome.result, file=answer)
+    elif outcome.status == "finished":
+        answer.write_json(outcome.result, indent=2)
+    refused = sum(call["result"].get("error") == prompts.NO_TERMINAL for call in outcome.calls)
+    if refused:  # even under --quiet: the run may have "finished" without doing what was asked
+        print(f"agent-demo: {refused} tool call(s) refused: they need approval and there was no terminal"
+              " to ask; --yes runs them", file=sys.stderr)
+    if outcome.status == "error":
+        print(f"agent-demo: error: {outcome.error}", file=sys.stderr)
+    elif outcome.status != "finished" and args.quiet:  # otherwise the trace ended with it
+        lines = [f"agent-demo: {outcome.summary()}", *(f"  {line}" for line in outcome.progress)]
+        print("\n".join(lines), file=sys.stderr)
+    if outcome.trace and outcome.resumable and not outcome.key_refused:  # a refused key: fix it first
+        print(f"agent-demo: to continue: {continue_command(outcome, agent, args)}", file=sys.stderr)
+    return outcome.exit_code
+
+
+def json_object(outcome: RunResult) -> dict:
+    """The --json object: the outcome, and the run's id and trace file (null when nothing was recorded)."""
+    path = outcome.trace
+    return {**outcome.to_json(), "run_id": run_store.run_id(Path(path)) if path else None,
+            "trace": os.path.abspath(path) if path else None}
+
+
+def continue_command(outcome: RunResult, agent: Optional[Agent], args: argparse.Namespace) -> str:
+    """The exact command that continues a run cut short: the model and URL given as flags are
+    given again (the environment would win over the record), and a limit it reached is doubled,
+    or the command would stop again at once."""
+    settings = agent and agent.settings
+    program = sys.argv[0] or ""
+    command = "agent-demo"
+    if program.endswith(".py"):  # started as python agent_demo.py
+        command = f"{shlex.quote(sys.executable)} {shlex.quote(os.path.abspath(program))}"
+    command += f" --resume {shlex.quote(os.path.abspath(outcome.trace))}"
+    if settings and args.model:
+        command += f" -m {shlex.quote(settings.model)}"
+    if settings and args.url and "***" not in display_url(settings.url):
+        command += f" --url {shlex.quote(settings.url)}"
+    if args.yes:  # never assumed on resume: said again, in the open
+        command += " --yes"
+    if agent and outcome.status == "max_rounds":
+        command += f" --max-rounds {agent.round_limit * 2}"
+    if agent and outcome.status == "budget" and agent.token_limit:
+        command += f" --max-tokens {agent.token_limit * 2}"
+    return command
+
+
+def list_runs(environment: Dict[str, str]) -> int:
+    """--runs: print the recent runs in the run log folder, newest first, as wide as the terminal
+    (80 columns into a pipe or a file)."""
+    folder = run_store.log_dir(environment)
+    run_store.checked_folder(folder)
+    runs = run_store.recent_runs(folder)
+    width = shutil.get_terminal_size().columns if sys.stdout.isatty() else 80
+    print(run_store.render_runs(runs, folder, run_store.short_ids(runs, run_store.run_files(folder)), width))
+    return 0

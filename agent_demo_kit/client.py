@@ -1,43 +1,192 @@
 """The endpoint: one session to the chat-completions URL, one loop that decides after each
 attempt whether to retry, to change the request's form, or to give up, and the reading of
-what comes back (a plain body or server-sent events) into one Reply.
+what comes back into one Reply, from a plain JSON body or from server-sent events.
+
+Servers differ: CRLF or LF line ends, comments and `event:` lines, a `data:` field split over
+several lines, a usage chunk with no choices, `[DONE]` or just the end of the stream, tool-call
+arguments in pieces. All of it is folded into the same Reply a plain request gives.
 
 The client owns what it negotiated with the endpoint (`RequestForm`): the mode that
 works, schema mode's response_format variant, the reply cap's field name, streaming.
-The conversation asks it, and the trace records each change, so a resume starts there.
+It builds every request body from it, and the trace records each change, so a resume starts there.
 """
 import ipaddress
+import json
+import math
 import re
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
+from urllib.parse import urlsplit
 
 import requests
 import requests.auth
 import urllib3
 from urllib3.exceptions import InvalidHeader, MaxRetryError
 from urllib3.util.retry import Retry
-from urllib.parse import urlsplit
 
 import prompts
-from agent_demo_kit.endings import EndpointError
-from agent_demo_kit.settings import Settings, chat_completions_url, display_url
-from agent_demo_kit.stream import Reply, TextListener, parse_body, read_stream
+from agent_demo_kit.records import EndpointError, Reply, RunEvents, to_json
+from agent_demo_kit.settings import MESSAGE_CHARS, SERVER_TEXT_SCANNED, SNIPPET_CHARS, Settings, display_url
+
+TextListener = Callable[[str], None]  # gets each piece of a streamed reply as it arrives
+
+
+# --- reading a reply --------------------------------------------------------------------------
+
+def parse_body(text: str) -> Any:
+    """A body's JSON, made safe to print and to send back: NaN and Infinity become null, and
+    lone surrogates (from \\ud800-style escapes) become "?". ValueError if it is not JSON."""
+    try:
+        body = json.loads(text, parse_constant=lambda name: None,
+                          parse_float=lambda number: float(number) if math.isfinite(float(number)) else None)
+    except RecursionError:
+        raise ValueError("nested too deeply") from None
+    return json.loads(json.dumps(body, ensure_ascii=False).encode("utf-8", "replace").decode("utf-8"))
+
+
+def events(chunks: Iterator[bytes]) -> Iterator[str]:
+    """The data of each server-sent event, in order (comments and other fields skipped)."""
+    buffer, data = b"", []
+    for chunk in chunks:
+        buffer += chunk
+        *lines, buffer = buffer.split(b"\n")
+        for raw in lines:
+            line = raw.rstrip(b"\r").decode("utf-8", errors="replace")
+            if not line:  # a blank line ends an event
+                if data:
+                    yield "\n".join(data)
+                data = []
+            elif line.startswith("data:"):
+                data.append(line[5:][1:] if line[5:6] == " " else line[5:])
+    tail = buffer.rstrip(b"\r").decode("utf-8", errors="replace")
+    if tail.startswith("data:"):
+        data.append(tail[5:].lstrip(" "))
+    if data:  # a stream that ended without its last blank line
+        yield "\n".join(data)
+
+
+class StreamedReply:
+    """The pieces of a streamed reply, put back together."""
+
+    def __init__(self, on_text: Optional[TextListener] = None):
+        self.on_text = on_text
+        self.content: List[str] = []
+        self.reasoning: List[str] = []
+        self.tool_calls: Dict[int, dict] = {}
+        self.finish_reason: Optional[str] = None
+        self.usage: Optional[dict] = None
+        self.model: Any = None
+
+    def add(self, chunk: Any) -> None:
+        """Fold one chunk (a parsed event) into the reply."""
+        if not isinstance(chunk, dict):
+            return
+        if chunk.get("error"):
+            error = chunk["error"]
+            message = error.get("message") if isinstance(error, dict) else error
+            raise EndpointError(f"the endpoint reported an error mid-reply: {_one_line(str(message))}")
+        if isinstance(chunk.get("usage"), dict):
+            self.usage = chunk["usage"]
+        choices = chunk.get("choices")
+        if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+            return
+        choice = choices[0]
+        if isinstance(choice.get("finish_reason"), str):
+            self.finish_reason = choice["finish_reason"]
+        delta = choice.get("delta") if isinstance(choice.get("delta"), dict) else choice.get("message")
+        if not isinstance(delta, dict):
+            return
+        for name, pieces in (("reasoning_content", self.reasoning), ("content", self.content)):
+            piece = delta.get(name)
+            if isinstance(piece, str) and piece:
+                pieces.append(piece)
+                if self.on_text:
+                    self.on_text(piece)
+        for position, call in enumerate(delta.get("tool_calls") or []):
+            if isinstance(call, dict):
+                self._add_call(call, position)
+
+    def _add_call(self, call: dict, position: int) -> None:
+        index = call.get("index")
+        if not isinstance(index, int):  # some servers send no index: a new id starts a new call
+            last = max(self.tool_calls, default=None)
+            fresh = last is None or call.get("id") and call.get("id") != self.tool_calls[last]["id"]
+            index = (position if last is None else last + 1) if fresh else last
+        known = self.tool_calls.setdefault(index, {"id": None, "type": "function",
+                                                    "function": {"name": "", "arguments": ""}})
+        if call.get("id"):
+            known["id"] = call["id"]
+        function = call.get("function") if isinstance(call.get("function"), dict) else {}
+        if isinstance(function.get("name"), str):
+            known["function"]["name"] += function["name"]
+        arguments = function.get("arguments")
+        if isinstance(arguments, str):
+            known["function"]["arguments"] += arguments
+        elif arguments is not None:  # a server that sends the arguments whole, as an object
+            known["function"]["arguments"] = arguments
+
+    def reply(self) -> Reply:
+        """The same Reply a plain request would have given."""
+        calls = [self.tool_calls[index] for index in sorted(self.tool_calls)]
+        return Reply(content="".join(self.content), usage=self.usage, finish_reason=self.finish_reason,
+                     tool_calls=[{**call, "id": call["id"] or f"call_{n}"} for n, call in enumerate(calls, 1)],
+                     reasoning="".join(self.reasoning))
+
+
+def read_stream(chunks: Iterator[bytes], on_text: Optional[TextListener] = None) -> Reply:
+    """Read a whole event stream into a Reply; EndpointError if it ends before the reply is complete."""
+    reply, done = StreamedReply(on_text), False
+    for data in events(chunks):
+        if data.strip() == "[DONE]":
+            done = True
+            break
+        try:
+            chunk = parse_body(data)
+        except ValueError:
+            continue  # a line of some other dialect: the next events still count
+        reply.add(chunk)
+    if not done and reply.finish_reason is None:  # neither [DONE] nor a finish_reason: it was cut off
+        raise EndpointError("the reply stopped arriving: the stream ended before the reply was complete")
+    return reply.reply()
+
+
+# --- asking ---------------------------------------------------------------------------------
 
 RETRY_STATUSES = (429, 500, 502, 503, 504)
 # What a streamed request carries besides a plain one: the client sends it, the budget counts it.
 STREAM_FIELDS = {"stream": True, "stream_options": {"include_usage": True}}
 
 
+REPLY_CAP_FIELDS = ("max_tokens", "max_completion_tokens")
+
+
 @dataclass
 class RequestForm:
     """The form of request the endpoint takes, as found out during the run (and recorded)."""
 
-    mode: str = "json"
+    mode: str
+    stream: bool
     schema_variant: str = prompts.SCHEMA_VARIANTS[0]
-    reply_cap_field: str = "max_tokens"  # max_completion_tokens once the endpoint asks for that
-    stream: bool = False
+    reply_cap_field: str = REPLY_CAP_FIELDS[0]  # max_completion_tokens once the endpoint asks for that
     mode_worked: bool = False  # the endpoint has answered a request in this form
+
+    @classmethod
+    def asked_for(cls, settings: Settings) -> "RequestForm":
+        """The form a new run starts with: the mode and streaming the settings ask for."""
+        return cls(mode=settings.mode, stream=settings.stream)
+
+    @classmethod
+    def resumed(cls, settings: Settings, start: dict, rounds_in_mode: bool) -> "RequestForm":
+        """The form a resumed run starts from: what the endpoint took before (as recorded in `start`, with
+        what later records changed), for the mode in force; rounds_in_mode: a round was answered in it."""
+        form = cls(mode=settings.mode, stream=settings.stream and start.get("stream") is not False)
+        if settings.mode == start.get("mode") and start.get("schema_variant") in prompts.SCHEMA_VARIANTS:
+            form.schema_variant = start["schema_variant"]
+        if start.get("reply_cap_field") in REPLY_CAP_FIELDS:
+            form.reply_cap_field = start["reply_cap_field"]
+        form.mode_worked = rounds_in_mode
+        return form
 
     def shape(self) -> tuple:
         """What the request's messages depend on: a change rebuilds them."""
@@ -71,31 +220,31 @@ class AttemptFailed(Exception):
         self.said = server_message(text) if status else ""
 
 
-Request = Callable[[], Tuple[List[dict], dict]]  # builds (messages, options) for the current form
+Request = Callable[[], List[dict]]  # builds the messages for the current form
 
 
 class ModelClient:
     """Sends the conversation to the endpoint over one session."""
 
-    def __init__(self, settings: Settings, trace: Any = None, form: Optional[RequestForm] = None):
-        if trace is None:
-            from agent_demo_kit.trace import RunLog
-            trace = RunLog()
-        self.settings, self.trace = settings, trace
-        self.form = form or RequestForm(mode=settings.mode, stream=settings.stream)
-        self.url = chat_completions_url(settings.url)
+    def __init__(self, settings: Settings, trace: Optional[RunEvents] = None, form: Optional[RequestForm] = None):
+        self.settings, self.trace = settings, trace or RunEvents()
+        self.form = form or RequestForm.asked_for(settings)
+        self.url = settings.endpoint
         self.on_text: Optional[TextListener] = None  # shown each piece of a streamed reply
         self.session = requests.Session()
         if settings.api_key:  # as auth, not a header: a user:password in the URL must not replace it
             self.session.auth = BearerAuth(settings.api_key)
 
-    def body(self, messages: List[dict], options: dict) -> dict:
-        """The request body, exactly as sent: the conversation measures it with this too."""
-        cap = {self.form.reply_cap_field: self.settings.max_reply_tokens} if self.settings.max_reply_tokens else {}
-        return {"model": self.settings.model, "messages": messages, **cap, **options,
-                **(STREAM_FIELDS if self.form.stream else {})}
+    def body(self, messages: List[dict], tools: Dict[str, Any]) -> dict:
+        """The request body, exactly as sent, in the current form, offering `tools` (every tool in use):
+        the conversation measures it with this too."""
+        form, settings = self.form, self.settings
+        cap = {form.reply_cap_field: settings.max_reply_tokens} if settings.max_reply_tokens else {}
+        options = prompts.request_options(form.mode, tools, settings.max_calls, form.schema_variant)
+        return {"model": settings.model, "messages": messages, **cap, **options,
+                **(STREAM_FIELDS if form.stream else {})}
 
-    def ask(self, request: Request) -> Tuple[Reply, List[dict]]:
+    def ask(self, request: Request, tools: Dict[str, Any]) -> Tuple[Reply, List[dict]]:
         """Send the request until it brings a reply: retry what may pass next time (429, 5xx, a
         dropped connection, a timeout), build it again in another form when the endpoint refuses
         this one, and raise EndpointError when neither helps. Returns the reply and the messages sent."""
@@ -103,9 +252,9 @@ class ModelClient:
                       status_forcelist=RETRY_STATUSES, allowed_methods=None)
         started = time.monotonic()
         while True:
-            messages, options = request()
+            messages = request()
             try:
-                reply = self.attempt(self.body(messages, options))
+                reply = self.attempt(self.body(messages, tools))
             except AttemptFailed as failure:
                 if not (failure.status and self.change_form(failure)):
                     retry = self.wait_to_retry(retry, failure)
@@ -255,7 +404,7 @@ def describe_network_error(error: Exception, settings: Settings, url: str) -> st
     if "Name or service not known" in text or "NameResolution" in text or "nodename nor servname" in text:
         return f"cannot reach {shown}: host name not found"
     if isinstance(error, requests.ConnectionError):
-        without_reprs = prompts.clip(re.sub(r"<[^>]*>:?\s*", "", text), 200)
+        without_reprs = prompts.clip(re.sub(r"<[^>]*>:?\s*", "", text), SNIPPET_CHARS)
         return f"cannot reach {shown}: {without_reprs}"
     return f"request to {shown} failed: {type(error).__name__}"
 
@@ -273,7 +422,7 @@ def server_message(text: str) -> str:
         if isinstance(error, list) and error and all(isinstance(item, dict) and "msg" in item for item in error):
             error = "; ".join(_field_message(item.get("loc"), item["msg"]) for item in error)  # FastAPI's 422
         if error:
-            text = error if isinstance(error, str) else prompts.to_json(error)
+            text = error if isinstance(error, str) else to_json(error)
             return _one_line(without_internals(text))
     return _one_line(without_internals(text)) or "(empty body)"
 
@@ -296,7 +445,7 @@ def _field_message(loc: Any, message: Any) -> str:
 def without_internals(text: str) -> str:
     """A server's message without its framework's internals: pydantic's error dumps become
     "field: message", a traceback its last line, a file path the file's name."""
-    text = text[:20_000]  # the line shown is 300 characters; a huge body is not worth scanning
+    text = text[:SERVER_TEXT_SCANNED]  # the line shown is much shorter; a huge body is not worth scanning
     found = _PYDANTIC_ERROR.findall(text)
     if found:
         return "; ".join(_field_message([a or b for a, b in re.findall(r"'([^']*)'|(\d+)", loc)],
@@ -306,9 +455,9 @@ def without_internals(text: str) -> str:
     return _PATH.sub(r"\1", _FILE_LINE.sub("", text))
 
 
-def _one_line(text: str, limit: int = 300) -> str:
+def _one_line(text: str) -> str:
     """A server's words fit for a one-line error: whitespace folded, long text cut."""
-    return prompts.clip(" ".join(text.split()), limit)
+    return prompts.clip(" ".join(text.split()), MESSAGE_CHARS)
 
 
 def _given(settings: Settings, name: str, variable: str) -> str:
@@ -335,7 +484,7 @@ def reply_from_body(text: str) -> Reply:
     try:
         body = parse_body(text)
     except ValueError:
-        snippet = prompts.clip(" ".join(text.split()), 200)
+        snippet = prompts.clip(" ".join(text.split()), SNIPPET_CHARS)
         raise EndpointError(f"the endpoint's reply is not JSON: {snippet or '(empty body)'}") from None
     choices = body.get("choices") if isinstance(body, dict) else None
     if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):

@@ -1,84 +1,51 @@
-"""Settings: what a run needs to know, from flags, the environment and ./.env, checked once."""
+"""Settings: what a run needs to know, each defined once (its default, flag, variables, check and
+help), loaded from what the caller gave (flags, or `agent_demo.run` keywords), the environment and
+./.env, checked once, and never changed after. Also the endpoint's URL, the secrets that must
+never be shown, and every size limit on text, by name."""
 import copy
 import io
 import math
 import os
 import re
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional
 from urllib.parse import unquote, urlsplit, urlunsplit
 
-from dotenv import dotenv_values
-from dotenv.parser import parse_stream
+from agent_demo_kit.records import ConfigError
 
-from agent_demo_kit.endings import ConfigError
-
-DEFAULT_URL = "https://api.openai.com/v1/chat/completions"
-DEFAULT_MODEL = "gpt-4o-mini"
 MODES = ("json", "schema", "tools")
 # Hosted endpoints that always need a key: without one, fail before any request.
 HOSTS_NEEDING_A_KEY = {"api.openai.com", "api.deepseek.com", "dashscope.aliyuncs.com",
                        "dashscope-intl.aliyuncs.com"}
-
-
-def chat_completions_url(url: str) -> str:
-    """Accept a full chat-completions URL or a base URL such as https://host/v1; the query is kept."""
-    parts = urlsplit(url.strip())
-    path = parts.path.rstrip("/")
-    if not path.endswith("/chat/completions"):
-        path += "/chat/completions"
-    return urlunsplit(parts._replace(path=path))
-
-
-def display_url(url: str) -> str:
-    """The URL as it may be shown and recorded: a password in it becomes ***."""
-    try:
-        parts = urlsplit(url)
-        password = parts.password
-    except ValueError:  # not even a URL: hide whatever stands before an @
-        return re.sub(r"(://[^/@]*:)[^/@]*@", r"\1***@", url)
-    if password is None:
-        return url
-    host = parts.netloc.rpartition("@")[2]
-    return urlunsplit(parts._replace(netloc=f"{parts.username}:***@{host}"))
-
-
-def secrets_of(environment: Dict[str, str], *urls: Optional[str]) -> List[str]:
-    """What must never be shown: both keys, and each URL's password as written and as sent."""
-    found = [(environment.get(name) or "").strip() for name in ("LLM_API_KEY", "OPENAI_API_KEY")]
-    for url in (*urls, environment.get("LLM_API_URL"), environment.get("OPENAI_BASE_URL")):
-        try:
-            password = urlsplit((url or "").strip()).password
-        except ValueError:
-            password = None
-        if password:
-            found += [password, unquote(password)]
-    return [secret for secret in found if secret]
-
-
-def read_environment() -> Dict[str, str]:
-    """The environment over ./.env: a variable set in the shell wins. A .env that cannot be parsed is
-    a ConfigError naming the line (and not its text, which may hold a key)."""
-    dotenv_file = Path.cwd() / ".env"
-    if not dotenv_file.is_file():
-        return dict(os.environ)
-    try:
-        text = dotenv_file.read_text(encoding="utf-8-sig")  # an editor's byte-order mark is not a name
-    except (OSError, UnicodeDecodeError) as error:
-        raise ConfigError(f"cannot read {dotenv_file}: {error}") from None
-    broken = next((binding for binding in parse_stream(io.StringIO(text)) if binding.error), None)
-    if broken:
-        raise ConfigError(f"cannot parse {dotenv_file.name} line {broken.original.line}:"
-                          " check for an unbalanced quote")
-    values = dotenv_values(stream=io.StringIO(text))
-    return {**{k: v for k, v in values.items() if v is not None}, **os.environ}
-
-
-# --- numbers: one check for a flag and for its variable ---------------------------------
-
 MAX_TIMEOUT = 86_400.0  # a day; beyond that a socket cannot take it
 
+
+# --- sizes: every limit on the length of a text, in one place -----------------------------------
+
+TASK_SHOWN_CHARS = 300  # the task (or a follow-up) on the trace's first lines
+MESSAGE_CHARS = 300  # outside words quoted in a one-line error (a server's message, a schema's complaint)
+SNIPPET_CHARS = 200  # the start of a body or an error that is quoted as a sample
+VALUE_SHOWN_CHARS = 60  # a value, a tool's name or a command named inside a message
+ARGS_LABEL_CHARS = 200  # a call's arguments, as the label of its result
+DIGEST_ARGS_CHARS = 120  # a folded call's arguments in the digest
+DIGEST_RESULT_WIDTHS = (400, 100)  # a folded result once the digest runs short of room, then shorter
+NOTES_CHARS = 2_000  # what the notes may take in a request (less when --max-context leaves little room)
+MATERIAL_SHOWN_CHARS = 1_500  # large piped material shown with the task (on the wire)
+PAGE_MARGIN_CHARS = 200  # a page of material is this much smaller than a result may be
+MIN_PAGE_CHARS = 200  # a page of material never shrinks below this to fit its escapes
+MAX_PARSED_CHARS = 100_000  # a longer reply is read at its beginning and at its end
+SERVER_TEXT_SCANNED = 20_000  # of an error body, what is searched for the server's words
+CHECK_OUTPUT_CHARS = 100_000  # of the check's output, kept in the trace
+CHECK_OUTPUT_SHOWN = 4_000  # of the check's last output, shown when it ended the run
+CHECK_VARIABLE_CHARS = 100_000  # AGENT_ANSWER and AGENT_TASK (stdin always has the whole answer)
+CHECK_LINE_CHARS = 200  # the start of the check's output on its trace line
+THOUGHT_SHOWN_CHARS = 80  # the first line of a thought on the trace
+STATUS_KEPT_CHARS = 2_000  # of a reply streaming in, what the status line keeps
+STATUS_SHOWN_CHARS = 600  # ... and looks at for the words that fit the terminal
+
+
+# --- the checks a flag and its variable go through ----------------------------------------------
 
 def seconds(text: str) -> float:
     """A finite number of seconds, more than 0; ValueError otherwise."""
@@ -108,123 +75,258 @@ def mode_name(text: str) -> str:
     return text
 
 
-def setting(default: Any, flag: Optional[str] = None, variables: tuple = (), parse: Optional[Callable] = None,
-            resume: bool = True, **options: Any) -> Any:
-    """A Settings field with where it comes from: its flag, its variables (the first set wins),
-    the check both go through, and whether a resume keeps the run's recorded value."""
+def setting(default: Any, help: str, flag: Optional[str] = None, variables: tuple = (),
+            parse: Optional[Callable] = None, resume: bool = True, metavar: Optional[str] = None,
+            shown: Optional[str] = None, short: Optional[str] = None, **options: Any) -> Any:
+    """A Settings field and everything about it: its default, its flag (and short flag) and variables
+    (the first set wins), the check both go through, its help, how its default is shown when it is
+    not a value (`shown`), and whether a resume keeps the run's recorded value."""
     return field(default_factory=lambda: copy.copy(default), **options,
-                 metadata={"flag": flag, "variables": variables, "parse": parse, "resume": resume})
+                 metadata={"flag": flag, "variables": variables, "parse": parse, "resume": resume, "help": help,
+                           "metavar": metavar, "shown": shown, "short": short})
 
 
-@dataclass
+@dataclass(frozen=True)
 class Settings:
-    """Everything a run needs to know, from flags, the environment and .env. A field marked
-    resume is recorded in the trace's start record and restored by --resume unless given again."""
+    """Everything a run needs to know. A field marked resume is recorded in the trace's start
+    record and restored by --resume unless given again."""
 
-    url: str = setting(DEFAULT_URL, "--url", ("LLM_API_URL", "OPENAI_BASE_URL"))
-    model: str = setting(DEFAULT_MODEL, "--model", ("LLM_MODEL",))
-    api_key: Optional[str] = setting(None, variables=("LLM_API_KEY", "OPENAI_API_KEY"), resume=False, repr=False)
-    mode: str = setting("json", "--mode", ("AGENT_MODE",), mode_name)  # json, schema or tools
-    max_rounds: int = setting(6, "--max-rounds", ("AGENT_MAX_ROUNDS",), whole_number(1))
-    max_tokens: Optional[int] = setting(None, "--max-tokens", ("AGENT_MAX_TOKENS",), whole_number(1))  # the run's budget
-    max_reply_tokens: int = setting(4096, "--max-reply-tokens", ("AGENT_MAX_REPLY_TOKENS",), whole_number(0))
-    max_context: int = setting(24_000, "--max-context", ("AGENT_MAX_CONTEXT",), whole_number(1))  # characters
-    max_result_chars: int = setting(4_000, None, ("AGENT_MAX_RESULT_CHARS",), whole_number(200))
-    keep_recent: int = setting(4, None, ("AGENT_KEEP_RECENT",), whole_number(0))  # rounds kept verbatim
-    max_calls: int = setting(8, "--max-calls", ("AGENT_MAX_CALLS",), whole_number(1))  # actions run per reply
-    timeout: float = setting(30.0, "--timeout", ("AGENT_TIMEOUT",), seconds)
-    retries: int = setting(3, "--retries", ("AGENT_RETRIES",), whole_number(0))
-    tool_timeout: float = setting(60.0, "--tool-timeout", ("AGENT_TOOL_TIMEOUT",), seconds)
-    check: Optional[str] = setting(None, "--check", ("AGENT_CHECK",))  # a command that must accept the answer
-    check_attempts: int = setting(3, "--check-attempts", ("AGENT_CHECK_ATTEMPTS",), whole_number(1))  # answers
-    tools_files: List[str] = setting([], "--tools-file")  # kept for --resume
-    mcp_servers: List[str] = setting([], "--mcp")  # commands or URLs of MCP servers, kept for --resume
-    mcp_config: Optional[str] = setting(None, "--mcp-config")  # an mcpServers JSON file
-    approve: bool = setting(False, "--approve")  # ask before every tool call; a resume keeps it on
-    yes: bool = setting(False, "--yes", resume=False)  # never ask, even for tools with side effects
-    stream: bool = setting(False, "--stream", resume=False)  # ask for server-sent events
-    backoff_factor: float = setting(0.5, resume=False)  # waits 0, 1, 2, 4 ... seconds between retries
-    max_retry_wait: float = setting(30.0, None, ("AGENT_MAX_RETRY_WAIT",), seconds)  # Retry-After or backoff, at most
-    sources: Dict[str, str] = setting({}, resume=False)  # where each setting came from, for messages
+    url: str = setting("https://api.openai.com/v1/chat/completions",
+                       "chat-completions URL or base URL ending in /v1", "--url", ("LLM_API_URL", "OPENAI_BASE_URL"),
+                       metavar="URL")
+    model: str = setting("gpt-4o-mini", "model name", "--model", ("LLM_MODEL",), metavar="NAME", short="-m")
+    api_key: Optional[str] = setting(None, "bearer key; optional for local servers (no Authorization header then)",
+                                     variables=("LLM_API_KEY", "OPENAI_API_KEY"), resume=False, repr=False,
+                                     shown="none")
+    mode: str = setting("json", "how actions are asked for: json in the text, json constrained by a schema,"
+                        " or native tool calls", "--mode", ("AGENT_MODE",), mode_name, metavar="{json,schema,tools}")
+    max_rounds: int = setting(6, "model requests at most, across resumes", "--max-rounds", ("AGENT_MAX_ROUNDS",),
+                              whole_number(1), metavar="N")
+    max_tokens: Optional[int] = setting(None, "token budget of the whole run: stop before the next request once"
+                                        " the run has used N tokens", "--max-tokens", ("AGENT_MAX_TOKENS",),
+                                        whole_number(1), metavar="N", shown="no cap")
+    max_reply_tokens: int = setting(4096, "cap on each reply, sent to the endpoint as max_tokens; 0 sends none",
+                                    "--max-reply-tokens", ("AGENT_MAX_REPLY_TOKENS",), whole_number(0), metavar="N")
+    max_context: int = setting(24_000, "fold the oldest rounds into a digest to keep each request under CHARS",
+                               "--max-context", ("AGENT_MAX_CONTEXT",), whole_number(1), metavar="CHARS")
+    max_result_chars: int = setting(4_000, "a longer tool result is cut to head and tail; at least 200",
+                                    variables=("AGENT_MAX_RESULT_CHARS",), parse=whole_number(200))
+    keep_recent: int = setting(4, "rounds kept verbatim when older ones are folded",
+                               variables=("AGENT_KEEP_RECENT",), parse=whole_number(0))
+    max_calls: int = setting(8, "actions run per reply at most", "--max-calls", ("AGENT_MAX_CALLS",),
+                             whole_number(1), metavar="N")
+    tool_names: Optional[List[str]] = setting(None, "expose only these tools; finish, fail, recall and note always",
+                                              "--tools", metavar="NAME,NAME", resume=False, shown="all")
+    tools_files: List[str] = setting([], "make each public function in the Python file PATH a tool; repeatable",
+                                     "--tools-file", metavar="PATH", shown="none")
+    mcp_servers: List[str] = setting([], "add the tools of an MCP server: a command run over stdio, or an"
+                                     " http(s):// URL; repeatable; needs pip install 'agent-demo[mcp]'",
+                                     "--mcp", metavar="SERVER", shown="none")
+    mcp_config: Optional[str] = setting(None, 'add the tools of each server in an {"mcpServers": {...}} JSON file',
+                                        "--mcp-config", metavar="FILE", shown="none")
+    tool_timeout: float = setting(60.0, "answer a tool call still running after SECONDS as an error",
+                                  "--tool-timeout", ("AGENT_TOOL_TIMEOUT",), seconds, metavar="SECONDS")
+    check: Optional[str] = setting(None, "accept a finish only when COMMAND exits 0, with the answer on its stdin"
+                                   " and in AGENT_ANSWER, the task in AGENT_TASK; otherwise its output goes back"
+                                   " to the model", "--check", ("AGENT_CHECK",), metavar="COMMAND", shown="none")
+    check_attempts: int = setting(3, "end the run as failed after N answers --check rejected", "--check-attempts",
+                                  ("AGENT_CHECK_ATTEMPTS",), whole_number(1), metavar="N")
+    approve: bool = setting(False, "ask y/N/a on the terminal before each tool call (a: yes to that tool from"
+                            " then on); a resume keeps it on", "--approve", shown="off")
+    yes: bool = setting(False, "run every call without asking, even tools marked as having side effects",
+                        "--yes", resume=False, shown="off")
+    timeout: float = setting(30.0, "the longest silence from the endpoint: no first byte, or no next piece of a"
+                             " reply", "--timeout", ("AGENT_TIMEOUT",), seconds, metavar="SECONDS")
+    retries: int = setting(3, "retries on 429, 5xx, dropped connections and timeouts", "--retries",
+                           ("AGENT_RETRIES",), whole_number(0), metavar="N")
+    max_retry_wait: float = setting(30.0, "the longest wait before a retry, in seconds",
+                                    variables=("AGENT_MAX_RETRY_WAIT",), parse=seconds)
+    stream: bool = setting(True, "ask for the reply as server-sent events (an endpoint that refuses it is asked"
+                           " without it)", "--stream", resume=False, shown="on")
+    backoff_factor: float = setting(0.5, "waits 0, 1, 2, 4 ... seconds between retries", resume=False)
+    sources: Dict[str, str] = setting({}, "where each setting came from, for messages", resume=False)
+
+    @property
+    def endpoint(self) -> str:
+        """The chat-completions URL requests are sent to."""
+        return chat_completions_url(self.url)
 
 
-def _fields() -> Dict[str, Any]:
-    return {item.name: item for item in fields(Settings)}
+def setting_fields() -> List[Any]:
+    """The settings a caller may give, in order (not `sources`)."""
+    return [item for item in fields(Settings) if item.name != "sources"]
 
 
-def flag_parser(name: str) -> Callable[[str], Any]:
-    """The check a setting's flag goes through: the same as its variable's."""
-    return _fields()[name].metadata["parse"]
+def _field(name: str) -> Any:
+    return next(item for item in fields(Settings) if item.name == name)
 
 
-def _dest(flag: str) -> str:
-    return flag.lstrip("-").replace("-", "_").replace("tools_files", "tools_file")
+def shown_default(item: Any) -> str:
+    """A setting's default as --help and the README show it."""
+    if item.metadata["shown"] is not None:
+        return item.metadata["shown"]
+    default = item.default_factory()
+    return f"{default:g}" if isinstance(default, float) else str(default)
 
 
-def given(name: str, args: Any, environment: Dict[str, str]) -> Optional[str]:
-    """Where the user gave this setting (its flag or the variable set), or None."""
-    meta = _fields()[name].metadata
-    value = getattr(args, _dest(meta["flag"]), None) if meta["flag"] else None
-    if value is not None and value is not False and value != []:  # 0 is given, False (no --approve) is not
-        return meta["flag"]
-    return next((variable for variable in meta["variables"] if environment.get(variable)), None)
+def flag_name(name: str) -> str:
+    """How the command line names a setting: its flag, else its first variable."""
+    meta = _field(name).metadata
+    return meta["flag"] or meta["variables"][0]
 
 
-def _from(name: str, args: Any, environment: Dict[str, str], default: Any) -> Any:
-    meta = _fields()[name].metadata
-    source = given(name, args, environment)
-    if source is None:
-        return default
-    if source == meta["flag"]:
-        return getattr(args, _dest(source))  # argparse already checked it with the same parser
-    text = environment[source].strip()
+def keyword_name(name: str) -> str:
+    """How a Python caller names a setting: its keyword."""
+    return f"{name}="
+
+
+# --- the endpoint --------------------------------------------------------------------------------
+
+def chat_completions_url(url: str) -> str:
+    """Accept a full chat-completions URL or a base URL such as https://host/v1; the query is kept."""
+    parts = urlsplit(url.strip())
+    path = parts.path.rstrip("/")
+    if not path.endswith("/chat/completions"):
+        path += "/chat/completions"
+    return urlunsplit(parts._replace(path=path))
+
+
+def display_url(url: str) -> str:
+    """A URL as it may be shown and recorded: a password in it becomes ***."""
     try:
-        return meta["parse"](text) if meta["parse"] else text
+        parts = urlsplit(url)
+        password = parts.password
+    except ValueError:  # not even a URL: hide whatever stands before an @
+        return re.sub(r"(://[^/@]*:)[^/@]*@", r"\1***@", url)
+    if password is None:
+        return url
+    host = parts.netloc.rpartition("@")[2]
+    return urlunsplit(parts._replace(netloc=f"{parts.username}:***@{host}"))
+
+
+def secrets_of(environment: Dict[str, str], *urls: Optional[str]) -> List[str]:
+    """What must never be shown: both keys, and each URL's password as written and as sent."""
+    found = [(environment.get(name) or "").strip() for name in ("LLM_API_KEY", "OPENAI_API_KEY")]
+    for url in (*urls, environment.get("LLM_API_URL"), environment.get("OPENAI_BASE_URL")):
+        try:
+            password = urlsplit((url or "").strip()).password
+        except ValueError:
+            password = None
+        if password:
+            found += [password, unquote(password)]
+    return [secret for secret in found if secret]
+
+
+# --- loading -------------------------------------------------------------------------------------
+
+def read_environment() -> Dict[str, str]:
+    """The environment over ./.env: a variable set in the shell wins. A .env that cannot be parsed is
+    a ConfigError naming the line (and not its text, which may hold a key)."""
+    dotenv_file = Path.cwd() / ".env"
+    if not dotenv_file.is_file():
+        return dict(os.environ)
+    from dotenv import dotenv_values  # only when there is a .env to read
+    from dotenv.parser import parse_stream
+    try:
+        text = dotenv_file.read_text(encoding="utf-8-sig")  # an editor's byte-order mark is not a name
+    except (OSError, UnicodeDecodeError) as error:
+        raise ConfigError(f"cannot read {dotenv_file}: {error}") from None
+    broken = next((binding for binding in parse_stream(io.StringIO(text)) if binding.error), None)
+    if broken:
+        raise ConfigError(f"cannot parse {dotenv_file.name} line {broken.original.line}:"
+                          " check for an unbalanced quote")
+    values = dotenv_values(stream=io.StringIO(text))
+    return {**{k: v for k, v in values.items() if v is not None}, **os.environ}
+
+
+def load_settings(given: Dict[str, Any], environment: Dict[str, str], recorded: Optional[dict] = None,
+                  named: Callable[[str], str] = flag_name) -> Settings:
+    """Settings from what the caller gave (by setting name; None is not given), the environment and
+    .env, or ConfigError. recorded: a resumed run's start record, whose values hold where nothing is
+    given again. named: how the caller names a setting, for messages (its flag, or its keyword)."""
+    known = {item.name: item for item in setting_fields()}
+    unknown = sorted(set(given) - set(known))
+    if unknown:
+        raise ConfigError(f"unknown setting {unknown[0]!r}; the settings are {', '.join(known)}")
+    values: Dict[str, Any] = {}
+    sources: Dict[str, str] = {}
+    for name, item in known.items():
+        meta = item.metadata
+        value, sources[name] = item.default_factory(), "default"
+        if recorded and meta["resume"] and _restorable(item, recorded.get(name)):
+            value, sources[name] = recorded[name], "the resumed run"
+        variable = next((variable for variable in meta["variables"] if environment.get(variable)), None)
+        if variable:
+            value, sources[name] = _parsed(item, environment[variable].strip(), variable), variable
+        if given.get(name) is not None and given[name] is not False and given[name] != []:  # 0 is given
+            value, sources[name] = _checked(item, given[name], named(name)), named(name)
+        values[name] = value
+    if recorded and recorded.get("approve") is True:
+        values["approve"] = True  # only --yes lifts it on resume
+    values["tools_files"] = [os.path.abspath(path) for path in values["tools_files"]]
+    values["mcp_config"] = values["mcp_config"] and os.path.abspath(values["mcp_config"])
+    settings = Settings(**values, sources=sources)
+    _check_endpoint(settings)
+    return settings
+
+
+def with_changes(settings: Settings, **changes: Any) -> Settings:
+    """A copy of settings with these values (the original is never changed)."""
+    return replace(settings, **changes)
+
+
+def _parsed(item: Any, text: str, source: str) -> Any:
+    """A variable's text through the setting's check; ConfigError naming the variable."""
+    parse = item.metadata["parse"]
+    if item.name == "api_key":
+        return text or None  # the \r of a CRLF .env is no key
+    try:
+        return parse(text) if parse else text
     except ValueError as error:
         raise ConfigError(f"{source} {error}") from None
 
 
-def api_key(environment: Dict[str, str]) -> Optional[str]:
-    """LLM_API_KEY, else OPENAI_API_KEY (what every OpenAI-compatible tool reads), else None."""
-    return (environment.get("LLM_API_KEY") or environment.get("OPENAI_API_KEY") or "").strip() or None  # \r of CRLF
+def _checked(item: Any, value: Any, source: str) -> Any:
+    """A value given as a flag or a keyword, through the same check as its variable."""
+    default, parse = item.default_factory(), item.metadata["parse"]
+    if parse is not None:
+        if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+            raise ConfigError(f"{source} must be a number, got {value!r}")
+        try:
+            return parse(str(value))
+        except ValueError as error:
+            raise ConfigError(f"{source} {error}") from None
+    if item.name == "tool_names" and isinstance(value, str):
+        value = [name.strip() for name in value.split(",") if name.strip()]
+    if isinstance(default, list) or item.name == "tool_names":
+        if isinstance(value, str) or not all(isinstance(entry, str) for entry in value):
+            raise ConfigError(f"{source} must be a list of strings, got {value!r}")
+        return list(value)
+    if isinstance(default, bool):
+        if not isinstance(value, bool):
+            raise ConfigError(f"{source} must be True or False, got {value!r}")
+        return value
+    if not isinstance(value, str):
+        raise ConfigError(f"{source} must be a string, got {value!r}")
+    return value
 
 
-def endpoint_url(args: Any, environment: Dict[str, str]) -> str:
-    """--url, else LLM_API_URL, else OPENAI_BASE_URL, else OpenAI's own."""
-    return (getattr(args, "url", None) or environment.get("LLM_API_URL") or environment.get("OPENAI_BASE_URL")
-            or DEFAULT_URL)
-
-
-def load_settings(args: Any, environment: Dict[str, str], recorded: Optional[dict] = None) -> Settings:
-    """Combine flags (an argparse namespace), the environment and .env into Settings, or raise
-    ConfigError. recorded: a resumed run's start record, whose values hold where nothing is given again."""
-    settings = Settings()
-    for name, item in _fields().items():
-        default, settings.sources[name] = getattr(settings, name), "default"
-        if recorded and item.metadata["resume"] and _restorable(item, recorded.get(name)):
-            default, settings.sources[name] = recorded[name], "the resumed run"
-        setattr(settings, name, _from(name, args, environment, default))
-        settings.sources[name] = given(name, args, environment) or settings.sources[name]
-    settings.api_key = api_key(environment)
-    settings.sources["api_key"] = "LLM_API_KEY" if (environment.get("LLM_API_KEY") or "").strip() else "OPENAI_API_KEY"
-    if recorded and recorded.get("approve") is True:
-        settings.approve = True  # only --yes lifts it on resume
-    settings.tools_files = [os.path.abspath(path) for path in settings.tools_files]
-    settings.mcp_config = settings.mcp_config and os.path.abspath(settings.mcp_config)
+def _check_endpoint(settings: Settings) -> None:
+    """ConfigError for a URL that is not http(s), a key that cannot go in a header, or a hosted endpoint
+    without a key."""
     try:
-        host = urlsplit(chat_completions_url(settings.url)).hostname
+        host = urlsplit(settings.endpoint).hostname
     except ValueError:  # a port that is not a number, a bracket left open
         host = None
     if not host or urlsplit(settings.url).scheme not in ("http", "https"):
-        source = given("url", args, environment) or "LLM_API_URL"
+        source = settings.sources["url"] if settings.sources["url"] != "default" else "LLM_API_URL"
         raise ConfigError(f"{source} must be an http(s) URL, got {display_url(settings.url)!r}")
-    if settings.api_key and not re.fullmatch(r"[\x21-\x7e]+", settings.api_key) or re.search(r"[\"'\\]",
-                                                                                          settings.api_key or ""):
-        raise ConfigError(f"{settings.sources['api_key']} holds spaces or characters that cannot go in an HTTP header;"
-                          " check for a stray quote, zero-width space or non-ASCII character")
-    if not settings.api_key and host in HOSTS_NEEDING_A_KEY:
+    key = settings.api_key or ""
+    if key and not re.fullmatch(r"[\x21-\x7e]+", key) or re.search(r"[\"'\\]", key):
+        raise ConfigError(f"{settings.sources['api_key']} holds spaces or characters that cannot go in an HTTP"
+                          " header; check for a stray quote, zero-width space or non-ASCII character")
+    if not key and host in HOSTS_NEEDING_A_KEY:
         raise ConfigError(f"LLM_API_KEY (or OPENAI_API_KEY) is not set, and {host} needs one (see .env.example)")
-    return settings
 
 
 def _restorable(item: Any, value: Any) -> bool:
@@ -246,4 +348,4 @@ def _restorable(item: Any, value: Any) -> bool:
 
 def recorded_settings(settings: Settings) -> dict:
     """What the start record keeps of the settings, for --resume."""
-    return {item.name: getattr(settings, item.name) for item in fields(Settings) if item.metadata["resume"]}
+    return {item.name: getattr(settings, item.name) for item in setting_fields() if item.metadata["resume"]}

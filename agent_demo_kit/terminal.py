@@ -1,13 +1,15 @@
 """What a person sees, and the one way text leaves the process.
 
-Every stream (stdout, stderr, the trace file, the approval question on the terminal)
-is a `SafeStream` over the same `Redactor` (redaction.py), so no output path can forget
-the key. A stream people read is inert as well: what a terminal would act on (escape
-codes, a bare carriage return, bidi controls) is shown as an escape, and only our own
-codes act. `Screen` is the round-by-round trace people read: colour, shortened think
+Every stream (stdout, stderr, the trace file, the approval question on the terminal) is a
+`SafeStream` over the same `Redactor`, so no output path can forget the key: the key, a
+password in the URL, and the forms they take (JSON- and URL-escaped, base64, cut short)
+become [redacted]. A stream people read is inert as well: what a terminal would act on
+(escape codes, a bare carriage return, bidi controls) is shown as an escape, and only our
+own codes act. `Screen` is the round-by-round trace people read: colour, shortened think
 blocks and a live status line on a terminal; plain text off one (a pipe, a file, NO_COLOR).
-The approval question is asked on the controlling terminal.
+The approval question is asked on the controlling terminal, whatever stdin is.
 """
+import base64
 import contextlib
 import json
 import os
@@ -18,16 +20,151 @@ import threading
 import time
 import traceback
 import unicodedata
-from typing import Any, Callable, Iterator, List, Optional, TextIO
+from typing import Any, Callable, Iterator, List, Optional, Set, TextIO
+from urllib.parse import quote, quote_plus
 
-from agent_demo_kit.endings import OutputClosed
-from agent_demo_kit.redaction import Redactor
+from agent_demo_kit.actions import think_pieces
+from agent_demo_kit.records import OutputClosed, Working, printable, to_json
+from agent_demo_kit.settings import (CHECK_LINE_CHARS, STATUS_KEPT_CHARS, STATUS_SHOWN_CHARS,
+                                     THOUGHT_SHOWN_CHARS)
+from prompts import TRUNCATED
 
 
-def to_json(value: Any) -> str:
-    """JSON as people (and the model) read it: compact, non-ASCII kept readable."""
-    return json.dumps(value, ensure_ascii=False)
+# --- redaction: the secrets and the forms they take --------------------------------------------
 
+REDACTED = "[redacted]"
+# A key shorter than this is a placeholder ("5", "none"): redacted in text for people only where
+# it stands as a whole token, so the result 1536 does not become 1[redacted]36; never in data
+# (JSON, what goes to the model).
+MIN_SECRET_CHARS = 8
+# A cut (a message or a result shortened to a length) can leave a long secret's first or last
+# characters: this many of them, or more, are redacted too.
+FRAGMENT_CHARS = 12
+# Beside the marker prompts.clip leaves, even this few of a secret's characters are redacted:
+# a cut is where a secret is most likely to be left in part.
+FRAGMENT_AT_A_CUT = 4
+_CUT = re.compile(re.escape(f" ...{TRUNCATED}... ").replace(re.escape("{count}"), r"\d+"))
+_URL_SAFE = str.maketrans("+/", "-_")
+
+
+def _forms(secret: str) -> List[str]:
+    """The ways a secret is written: as is, JSON- and URL-escaped, and, when it is long enough to be
+    a real one, in base64 (standard and URL-safe, alone or inside Basic auth's "user:key")."""
+    forms = {secret, json.dumps(secret)[1:-1], quote(secret, safe=""), quote_plus(secret)}
+    if len(secret) >= MIN_SECRET_CHARS:
+        raw = secret.encode("utf-8", "replace")
+        whole = base64.b64encode(raw).decode()
+        forms |= {whole, whole.translate(_URL_SAFE)}
+        for shift in range(3):  # after "user:" the key's bytes start at any offset modulo 3
+            shifted = base64.b64encode(b"\0" * shift + raw).decode()
+            core = shifted[-(-8 * shift // 6):8 * (shift + len(raw)) // 6]  # made of the key's bits alone
+            forms |= {core, core.translate(_URL_SAFE)}
+    return sorted(forms, key=len, reverse=True)
+
+
+def _pattern(form: str) -> str:
+    """A form as a regular expression in which a percent escape matches in either case (%2b, %2B)."""
+    return re.sub(r"%[0-9A-F]{2}", lambda escape: f"(?i:{escape.group()})", re.escape(form))
+
+
+class Redactor:
+    """Replaces each secret (the keys, a password in the URL), and the forms it takes inside JSON,
+    URLs and base64, with [redacted]."""
+
+    def __init__(self, *secrets: Optional[str]):
+        self.secrets: List[str] = []
+        self.forms: List[str] = []  # of every secret: what a stream holds back
+        self.long_forms: List[str] = []  # of the real secrets: what a cut may leave in part
+        self.pattern: Optional["re.Pattern"] = None
+        self.secret_pattern: Optional["re.Pattern"] = None  # the real secrets alone, no placeholder
+        self.longest = 0
+        self.add(*secrets)
+
+    def add(self, *secrets: Optional[str]) -> None:
+        """Redact these too (a URL password known only once the flags are read)."""
+        self.secrets += [secret for secret in secrets if secret and secret not in self.secrets]
+        real, placeholders = [], []
+        self.forms, self.long_forms = [], []
+        for secret in self.secrets:
+            forms = _forms(secret)
+            either = "|".join(map(_pattern, forms))
+            self.forms += forms
+            if len(secret) >= MIN_SECRET_CHARS:
+                self.long_forms += forms
+                real.append(either)
+            else:
+                placeholders.append(rf"(?<![A-Za-z0-9])(?:{either})(?![A-Za-z0-9])")
+        self.secret_pattern = re.compile("|".join(f"(?:{p})" for p in real)) if real else None
+        every = real + placeholders
+        self.pattern = re.compile("|".join(f"(?:{p})" for p in every)) if every else None
+        self.longest = max(map(len, self.forms), default=0)
+
+    def __call__(self, text: str, placeholders: bool = True) -> str:
+        """text without the secrets; placeholders=False leaves the short placeholder keys in it."""
+        pattern = self.pattern if placeholders else self.secret_pattern
+        if not pattern:
+            return text
+        return self._fragments(pattern.sub(REDACTED, text))
+
+    def values(self, value: Any) -> Any:
+        """value (what JSON holds, data) with each of its strings redacted, never its numbers or its
+        structure. A placeholder key stays: in data the key 5 cannot be told from the number 5, even
+        inside a string (a result fed back as JSON text), and it is no secret."""
+        if isinstance(value, str):
+            return self(value, placeholders=False)
+        if isinstance(value, dict):
+            return {self(key, placeholders=False) if isinstance(key, str) else key: self.values(item)
+                    for key, item in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [self.values(item) for item in value]
+        if value is None or isinstance(value, (bool, int, float)):
+            return value
+        return self(str(value), placeholders=False)  # what json.dumps(default=str) would write
+
+    def _fragments(self, text: str) -> str:
+        """A long secret's beginning or end left by a cut (a server message or a result shortened to a
+        length): FRAGMENT_CHARS or more of its first or last characters anywhere, and
+        FRAGMENT_AT_A_CUT or more beside the marker prompts.clip leaves."""
+        for form in self.long_forms:
+            if len(form) <= FRAGMENT_CHARS:
+                continue
+            head, tail = form[:FRAGMENT_CHARS], form[-FRAGMENT_CHARS:]
+            for seed, forward in ((head, True), (tail, False)):
+                start = text.find(seed)
+                while start != -1:
+                    if forward:  # as much of the secret as follows its first characters
+                        end = start + FRAGMENT_CHARS
+                        while end < len(text) and end - start < len(form) and text[end] == form[end - start]:
+                            end += 1
+                    else:  # as much of the secret as comes before its last characters
+                        end, start = start + FRAGMENT_CHARS, start
+                        while start > 0 and end - start < len(form) and text[start - 1] == form[-(end - start) - 1]:
+                            start -= 1
+                    text = text[:start] + REDACTED + text[end:]
+                    start = text.find(seed, start + len(REDACTED))
+        for cut in reversed(list(_CUT.finditer(text)) if self.long_forms else []):
+            head = self._left(lambda part: text.endswith(part, 0, cut.start()), first=True)
+            tail = self._left(lambda part: text.startswith(part, cut.end()), first=False)
+            text = (text[:cut.start() - head] + (REDACTED if head else "") + cut.group()
+                    + (REDACTED if tail else "") + text[cut.end() + tail:])
+        return text
+
+    def _left(self, found: Callable[[str], bool], first: bool) -> int:
+        """The most characters of a secret's beginning (first) or end that `found` sees, FRAGMENT_AT_A_CUT
+        at least; else 0."""
+        return max((size for form in self.long_forms for size in range(FRAGMENT_AT_A_CUT, len(form))
+                    if found(form[:size] if first else form[-size:])), default=0)
+
+    def unsafe_tail(self, text: str) -> int:
+        """How many characters at the end of text could be the start of a secret still being written."""
+        for size in range(min(len(text), self.longest - 1), 0, -1):
+            tail = text[-size:]
+            if any(form.startswith(tail) for form in self.forms):
+                return size
+        return 0
+
+
+# --- the inert writer ------------------------------------------------------------------
 
 # What a terminal would act on rather than show: C0 controls but newline and tab, a carriage return
 # that does not end a line (text after it would overwrite the line), DEL and C1 controls, and the
@@ -47,15 +184,6 @@ def inert(text: str) -> str:
 def _escape(match: "re.Match") -> str:
     code = ord(match.group())
     return "\\r" if code == 0x0D else f"\\x{code:02x}" if code < 0x20 else f"\\u{code:04x}"
-
-
-def printable(text: str) -> str:
-    """text that any UTF-8 stream takes: a lone surrogate (from a "\\ud83d" escape) becomes "?"."""
-    try:
-        text.encode("utf-8")
-        return text
-    except UnicodeEncodeError:
-        return text.encode("utf-8", "replace").decode("utf-8")
 
 
 class SafeStream:
@@ -143,7 +271,7 @@ def protected(redactor: Redactor) -> Iterator[SafeStream]:
     that is closed (`>&-`) or cannot be written (`>/dev/full`) costs no traceback."""
     plain = sys.stdout, sys.stderr
     stdout = plain[0] or open(os.devnull, "w")
-    sys.stdout = SafeStream(stdout, redactor, if_broken="end", inert=_is_terminal(stdout))
+    sys.stdout = SafeStream(stdout, redactor, if_broken="end", inert=is_terminal(stdout))
     sys.stderr = SafeStream(plain[1] or open(os.devnull, "w"), redactor, if_broken="drop", inert=True)
     sys.excepthook = _traceback_writer(redactor)  # kept: it prints after the block has ended
     answer = sys.stdout
@@ -165,10 +293,11 @@ def _traceback_writer(redactor: Redactor) -> Callable[..., None]:
     return write
 
 
-def _is_terminal(stream: TextIO) -> bool:
+def is_terminal(stream: Any) -> bool:
+    """Is this stream a terminal (not a pipe, a file, a closed stream or a test's stand-in)?"""
     try:
-        return stream.isatty()
-    except (AttributeError, ValueError, OSError):  # closed, or a test's stand-in
+        return bool(stream and stream.isatty())
+    except (AttributeError, ValueError, OSError):
         return False
 
 
@@ -202,7 +331,6 @@ _COLOURS = {"header": "1;36", "action": "33", "ok": "32", "error": "31", "note":
 
 def shorten_think(text: str) -> str:
     """Each thought as its first line and its size, tags kept; the trace file keeps it whole."""
-    from agent_demo_kit.actions import think_pieces
     return "".join(opening + (_summary(piece) if opening or closing else piece) + closing
                    for opening, piece, closing in think_pieces(text))
 
@@ -210,7 +338,7 @@ def shorten_think(text: str) -> str:
 def _summary(thought: str) -> str:
     """A thought as its first line (at most 80 characters) and, if that is not all, its size."""
     thought = thought.strip()
-    first = thought.split("\n", 1)[0][:80]
+    first = thought.split("\n", 1)[0][:THOUGHT_SHOWN_CHARS]
     return first + (f" … ({len(thought):,} chars)" if first != thought else "")
 
 
@@ -249,7 +377,6 @@ class Screen:
         """What the model said besides its actions (its JSON is not echoed: the action lines show it),
         before its calls run and before --approve asks about them."""
         self.say(header, "header")
-        from agent_demo_kit.actions import think_pieces
         pieces = think_pieces(prose)
         for thought in [reply.reasoning, *(piece for opening, piece, closing in pieces if opening or closing)]:
             if thought.strip():
@@ -332,7 +459,7 @@ def check_line(check: dict) -> str:
         else f"still running after {seconds}, stopped"
     command = "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in check["command"])
     output = " ".join(check["output"].split())
-    return f"check: {command} -> {ended}" + (f": {to_json(output[:200])}" if output else "")
+    return f"check: {command} -> {ended}" + (f": {to_json(output[:CHECK_LINE_CHARS])}" if output else "")
 
 
 def _columns(character: str) -> int:
@@ -349,7 +476,7 @@ def _last_columns(text: str, room: int) -> str:
     return text[start:]
 
 
-class Status:
+class Status(Working):
     """What the live line shows: seconds since the request went out, and the reply as it arrives."""
 
     def __init__(self, label: str = "model working") -> None:
@@ -363,21 +490,68 @@ class Status:
         self.pieces.append(piece)
         self.size += len(piece)
         if len(self.pieces) > 256:  # only the end is shown: keep the list short
-            self.pieces = ["".join(self.pieces)[-2000:]]
+            self.pieces = ["".join(self.pieces)[-STATUS_KEPT_CHARS:]]
 
     def line(self, width: int, redactor: Redactor) -> str:
         """One line that fits the terminal: 'model working 12 s (340 chars): ...the latest words'."""
         head = f"{self.label} {time.monotonic() - self.started:.0f} s"
         if not self.size:
             return (head + " …")[:width]
-        tail = redactor(" ".join("".join(self.pieces)[-600:].split()))
+        tail = redactor(" ".join("".join(self.pieces)[-STATUS_SHOWN_CHARS:].split()))
         tail = inert(tail[:len(tail) - redactor.unsafe_tail(tail)])  # never the start of a key still arriving
         head += f" ({self.size:,} chars): "
         return head + _last_columns(tail, max(0, width - len(head)))
 
 
-def on_terminal(stream: Any) -> bool:
+# --- the approval question ------------------------------------------------------------
+
+CONTROLLING_TERMINAL = "/dev/tty"
+
+
+def terminal_approver(redactor: Redactor) -> Optional["TerminalApprover"]:
+    """The approval question, asked on the controlling terminal whatever stdin is (as sudo and git
+    ask for a password); None when the process has no terminal."""
     try:
-        return bool(stream and stream.isatty())
-    except (AttributeError, ValueError, OSError):
-        return False
+        os.close(os.open(CONTROLLING_TERMINAL, os.O_RDWR | os.O_NOCTTY))
+    except OSError:
+        return None
+    return TerminalApprover(redactor)
+
+
+class TerminalApprover:
+    """Asks y/N/a about each call: "a" says yes to that tool for the rest of the run."""
+
+    def __init__(self, redactor: Redactor):
+        self.redactor = redactor
+        self.always: Set[str] = set()
+
+    def __call__(self, call: dict) -> bool:
+        if call["tool"] in self.always:
+            return True
+        # On a line of its own, the call exactly as it will run: JSON keeps the arguments' text
+        # exact, and the terminal stream shows anything a terminal would act on escaped.
+        warning = f"\nwarning: {call['tool']}: {call['warning']}" if call.get("warning") else ""
+        again = " again (it may have run before the run was cut short)" if call.get("may_have_run") else ""
+        answer = self.ask(f"{warning}\napprove {call['tool']} {to_json(call['args'])}{again}? [y/N/a] ")
+        if answer == "a":
+            self.always.add(call["tool"])
+        return answer in ("y", "yes", "a")
+
+    def ask(self, question: str) -> str:
+        """The answer typed to question on the terminal, lowercase; what was typed before it was
+        shown (while the model worked) is dropped, so it cannot answer a question not yet asked."""
+        import termios  # POSIX only, like /dev/tty
+        descriptor = os.open(CONTROLLING_TERMINAL, os.O_RDWR | os.O_NOCTTY)
+        try:
+            termios.tcflush(descriptor, termios.TCIFLUSH)
+            terminal = SafeStream(open(descriptor, "w", encoding="utf-8", closefd=False), self.redactor, "drop",
+                                  inert=True)
+            terminal.write(question)
+            terminal.finish()
+            answer = os.read(descriptor, 1024)  # one line: the terminal hands it over on Enter
+            if not answer:  # Ctrl-D: end the line the question left open
+                terminal.write("\n")
+                terminal.finish()
+            return answer.decode("utf-8", "replace").strip().lower()
+        finally:
+            os.close(descriptor)

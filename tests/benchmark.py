@@ -28,7 +28,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
-import agent_demo  # noqa: E402
+from agent_demo_kit.cli import main as cli_main  # noqa: E402
 from scripted_server import ScriptedServer, action  # noqa: E402
 
 CLI = [sys.executable, str(HERE.parent / "agent_demo.py")]
@@ -60,7 +60,7 @@ def harness_run(server: ScriptedServer, rounds: int, max_context: int) -> tuple:
     os.environ["LLM_API_URL"] = server.url
     stdout = io.StringIO()
     with Stopwatch() as watch, contextlib.redirect_stdout(stdout):
-        agent_demo.main(["--quiet", "--json", "--max-rounds", str(rounds), "--max-context", str(max_context),
+        cli_main(["--quiet", "--json", "--max-rounds", str(rounds), "--max-context", str(max_context),
                          "add up"])
     return (watch, json.loads(stdout.getvalue()), [request["body"] for request in server.requests],
             server.connections - connections)

@@ -36,7 +36,7 @@ class ScriptedModel(ModelClient):
 def run(task: str, settings: Settings, model: ScriptedModel, registry=REGISTRY, log=None,
         history: Sequence = (), approve=None):
     """Run the agent in-process against a scripted model, as the command line would."""
-    model.settings, model.form = settings, RequestForm(mode=settings.mode, stream=settings.stream)
+    model.settings, model.form = settings, RequestForm(mode=settings.mode, stream=False)  # played whole, not streamed
     if log is not None:
         model.trace = log
     return Agent(settings, model, registry, log, approve).run(task, history)

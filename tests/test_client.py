@@ -6,7 +6,7 @@ import requests
 import responses
 
 from agent_demo_kit.client import ModelClient, server_message
-from agent_demo_kit.endings import EndpointError
+from agent_demo_kit.records import EndpointError
 from agent_demo_kit.settings import Settings
 
 URL = "https://llm.example.test/v1/chat/completions"
@@ -20,13 +20,13 @@ def body(content="ok", **message_extra):
 
 def client(**overrides):
     settings = Settings(url="https://llm.example.test/v1", model="m1", api_key="sk-test-secret",
-                        retries=2, backoff_factor=0, **overrides)
+                        retries=2, backoff_factor=0, **{"stream": False, **overrides})
     return ModelClient(settings)
 
 
-def ask(asker: ModelClient, messages=MESSAGES, **options):
-    """One request through the client's whole loop (retries, form changes); the reply."""
-    return asker.ask(lambda: (messages, options))[0]
+def ask(asker: ModelClient, messages=MESSAGES):
+    """One request through the client's whole loop (retries, form changes), offering no tools; the reply."""
+    return asker.ask(lambda: messages, {})[0]
 
 
 def endpoint_error(**overrides) -> str:
@@ -214,7 +214,7 @@ def test_cleaning_a_hostile_error_body_takes_no_time(payload):
 def test_a_500_refusing_response_format_is_not_retried_and_says_it_was_refused():
     responses.post(URL, status=500, json=LLAMA_CPP_PYTHON_REJECTION)
     with pytest.raises(EndpointError) as raised:
-        ask(client(), response_format={"type": "json_schema", "json_schema": {"name": "a", "schema": {}}})
+        ask(client())
     assert str(raised.value) == ("request rejected (HTTP 500): response_format.type:"
                                  " Input should be 'text' or 'json_object'")
     assert raised.value.http_status == 500 and len(responses.calls) == 1
@@ -224,7 +224,7 @@ def test_a_500_refusing_response_format_is_not_retried_and_says_it_was_refused()
 def test_a_500_about_something_else_is_retried_even_with_response_format():
     responses.post(URL, status=500, json={"error": {"message": "out of memory"}})
     responses.post(URL, json=body("fine"))
-    assert ask(client(), response_format={"type": "json_object"}).content == "fine"
+    assert ask(client()).content == "fine"
     assert len(responses.calls) == 2
 
 

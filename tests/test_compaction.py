@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 import responses as responses_lib
 
-from agent_demo_kit import context
-from agent_demo import main
+from agent_demo_kit import conversation as context
+from agent_demo_kit.cli import main
 from agent_demo_kit.settings import Settings
-from agent_demo_kit.trace import RunLog
+from agent_demo_kit.run_store import RunLog
 from scripted_model import run
 from agent_demo_kit.client import AttemptFailed, ModelClient, Reply, RequestForm
 from conftest import run_cli, start_cli
@@ -118,8 +118,8 @@ class SizeWatcher(Recorder):
         super().__init__(*replies, **kwargs)
         self.sizes = []
 
-    def ask(self, request):
-        answer = super().ask(request)
+    def ask(self, request, tools):
+        answer = super().ask(request, tools)
         self.sizes.append((request.__self__.size, len(self.bodies[-1])))
         return answer
 
@@ -312,7 +312,7 @@ def test_the_running_size_counts_what_the_client_sends_streaming_included(stream
     url = "http://127.0.0.1:9/v1/chat/completions"
     responses_lib.post(url, json={"choices": [{"message": {"content": "x"}}]})
     settings = Settings(url=url)
-    client = ModelClient(settings, form=RequestForm(stream=stream, reply_cap_field=cap_field))
+    client = ModelClient(settings, form=RequestForm(mode="json", stream=stream, reply_cap_field=cap_field))
     conversation = context.Conversation("add things up", settings, REGISTRY, client)
-    client.ask(conversation.request)
+    client.ask(conversation.messages, conversation.tools)
     assert conversation.size == len(responses_lib.calls[0].request.body)

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from agent_demo_kit import cli
-from agent_demo import main
+from agent_demo_kit.cli import main
 from conftest import child_environment, run_cli, said_lines, start_cli
 from scripted_server import ScriptedServer, action as act
 

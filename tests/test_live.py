@@ -7,13 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from agent_demo import main
+from agent_demo_kit.cli import main
 from conftest import run_cli, start_cli
 from scripted_server import ScriptedServer, action as act
 from agent_demo_kit.terminal import Status, shorten_think
-from agent_demo_kit.endings import EndpointError
+from agent_demo_kit.records import EndpointError
 from agent_demo_kit.terminal import Redactor
-from agent_demo_kit.stream import events, read_stream
+from agent_demo_kit.client import events, read_stream
 
 ROOT = Path(__file__).resolve().parent.parent
 THINK = "<think>First I add 2 and 2.\n" + "Then I check it carefully. " * 60 + "</think>\n"

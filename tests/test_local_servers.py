@@ -5,9 +5,10 @@ import json
 import pytest
 
 import prompts
-from agent_demo import main
+from agent_demo_kit.cli import main
 from scripted_server import action as act, like_llama_cpp_python
-from tools import CONTROL_ACTIONS, REGISTRY
+from agent_demo_kit.records import to_json
+from tools import CONTROL_ACTIONS, REGISTRY, in_use
 
 FINISH = '{"actions": [' + act("finish", result="ok") + "]}"
 
@@ -148,11 +149,12 @@ def test_resuming_with_another_mode_starts_its_own_chain(serve, capsys, tmp_path
 # --- tools mode on a server that drops the tools list ----------------------------------------
 
 def test_tools_mode_names_every_tool_in_the_system_prompt_with_a_text_fallback():
-    prompt = prompts.render_system_prompt(REGISTRY, "tools")
+    prompt = prompts.render_system_prompt(in_use(REGISTRY), "tools", max_calls=8)
     for described in [*REGISTRY.values(), *CONTROL_ACTIONS.values()]:
-        assert f"- {described.name}(" in prompt and prompts.to_json(described.example()) in prompt
+        assert f"- {described.name}(" in prompt and to_json(described.example()) in prompt
     assert 'reply with one JSON object and nothing else: {"tool": "<name>", "args": {...}}' in prompt
-    assert len(prompt) < len(prompts.render_system_prompt(REGISTRY, "json")) + 200, "short: the schemas say the rest"
+    json_prompt = prompts.render_system_prompt(in_use(REGISTRY), "json", max_calls=8)
+    assert len(prompt) < len(json_prompt) + 200, "short: the schemas say the rest"
 
 
 def test_tools_mode_works_on_a_server_that_drops_the_tools(serve, capsys):
@@ -282,21 +284,21 @@ def test_help_says_which_limit_is_the_run_budget_and_which_caps_each_reply(capsy
     out = " ".join(capsys.readouterr().out.split())
     assert "--max-tokens N token budget of the whole run" in out
     assert "--max-reply-tokens N cap on each reply" in out
-    assert "AGENT_MAX_REPLY_TOKENS default for --max-reply-tokens (4096; 0 sends none)" in out
+    assert "AGENT_MAX_REPLY_TOKENS default for --max-reply-tokens (4096)" in out and "0 sends none" in out
 
 
 # --- what the schema lets a constrained model write ----------------------------------------
 
 def test_in_schema_mode_finish_and_fail_come_alone():
-    calls, ending = prompts.action_schema(REGISTRY, max_calls=5)["properties"]["actions"]["anyOf"]
+    calls, ending = prompts.action_schema(in_use(REGISTRY), max_calls=5)["properties"]["actions"]["anyOf"]
     assert [b["properties"]["tool"]["enum"][0] for b in calls["items"]["anyOf"]] == [*REGISTRY, "recall", "note"]
     assert (calls["minItems"], calls["maxItems"]) == (1, 5)
     assert [b["properties"]["tool"]["enum"][0] for b in ending["items"]["anyOf"]] == ["finish", "fail"]
     assert (ending["minItems"], ending["maxItems"]) == (1, 1)
-    assert "- finish or fail must come alone in a reply" in prompts.render_system_prompt(REGISTRY, "schema")
+    assert "- finish or fail must come alone in a reply" in prompts.render_system_prompt(in_use(REGISTRY), "schema", 8)
 
 
 def test_with_no_tools_exposed_the_schema_holds_only_finish_and_fail():
-    calls, ending = prompts.action_schema({})["properties"]["actions"]["anyOf"]
+    calls, ending = prompts.action_schema(in_use({}), max_calls=8)["properties"]["actions"]["anyOf"]
     assert [b["properties"]["tool"]["enum"][0] for b in calls["items"]["anyOf"]] == ["recall", "note"]
     assert [b["properties"]["tool"]["enum"][0] for b in ending["items"]["anyOf"]] == ["finish", "fail"]

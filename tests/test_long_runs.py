@@ -5,11 +5,11 @@ import re
 import pytest
 
 
-from agent_demo import main
+from agent_demo_kit.cli import main
 from agent_demo_kit.settings import Settings
-from agent_demo_kit.trace import RunLog
+from agent_demo_kit.run_store import RunLog
 from scripted_model import run
-from agent_demo_kit.context import request_size
+from agent_demo_kit.conversation import request_size
 from scripted_model import ScriptedModel
 from scripted_server import action as act
 from tools import REGISTRY, registry_of
@@ -183,7 +183,7 @@ def test_stuck_shows_in_the_json_output(serve, capsys):
 
 
 def test_a_truncated_error_keeps_its_other_fields():
-    from agent_demo_kit.context import truncate_result
+    from agent_demo_kit.conversation import truncate_result
     result = {"ok": False, "error": "x" * 5000, "available_tools": ["calculator", "finish"]}
     cut = truncate_result(result, 1000)
     assert cut["available_tools"] == ["calculator", "finish"] and cut["truncated"] is True

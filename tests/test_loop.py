@@ -3,10 +3,10 @@ import json
 import pytest
 
 import prompts
-from agent_demo_kit.client import Reply
-from agent_demo_kit.endings import EndpointError
+from agent_demo_kit.records import Reply
+from agent_demo_kit.records import EndpointError
 from agent_demo_kit.settings import Settings
-from agent_demo_kit.trace import RunLog
+from agent_demo_kit.run_store import RunLog
 from scripted_model import run
 from scripted_model import ScriptedModel as Scripted
 from tools import CONTROL_ACTIONS, REGISTRY
@@ -56,8 +56,7 @@ def test_a_format_error_is_fed_back_with_the_format_and_tool_names():
     outcome = run_scripted(model)
     assert (outcome.status, outcome.rounds) == ("finished", 2)
     fed_back = model.messages(1)[3]["content"]
-    assert fed_back == prompts.render_format_error(
-        "no JSON object found", [*REGISTRY, *CONTROL_ACTIONS])
+    assert fed_back == prompts.render_format_error("no JSON object found", [*REGISTRY, *CONTROL_ACTIONS], "json")
     assert '{"tool": "<name>", "args": {...}}' in fed_back and "get_order_status" in fed_back
 
 

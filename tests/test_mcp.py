@@ -24,10 +24,10 @@ import jsonschema  # noqa: E402  (the mcp SDK depends on it)
 
 import prompts  # noqa: E402
 import tools  # noqa: E402
-from agent_demo_kit.mcp_servers import DESTRUCTIVE, McpTools  # noqa: E402
-from agent_demo_kit.mcp_tools import McpError, parse_server_specs  # noqa: E402
-from agent_demo_kit.mcp_tools import parameters_of as _parameters, simplify_schema  # noqa: E402
-from agent_demo import main  # noqa: E402
+from agent_demo_kit.mcp_client import DESTRUCTIVE, McpTools  # noqa: E402
+from agent_demo_kit.mcp_client import McpError, parse_server_specs  # noqa: E402
+from agent_demo_kit.mcp_client import parameters_of as _parameters, simplify_schema  # noqa: E402
+from agent_demo_kit.cli import main  # noqa: E402
 from conftest import ROOT, said_lines  # noqa: E402
 from scripted_server import action as act  # noqa: E402
 
@@ -93,7 +93,7 @@ def test_a_command_with_unbalanced_quotes_is_an_error():
 
 
 def test_importing_the_module_does_not_import_the_sdk():
-    code = "import sys, agent_demo_kit.mcp_servers; print('mcp' in sys.modules)"
+    code = "import sys, agent_demo_kit.mcp_client; print('mcp' in sys.modules)"
     shown = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert shown.stdout.strip() == "False"
 
@@ -196,7 +196,7 @@ def servers(tmp_path_factory):
     config.write_text(json.dumps({"mcpServers": entries}))
     sink, mcp_tools = io.StringIO(), McpTools()
     try:
-        mcp_tools.start(parse_server_specs([], str(config)), tool_timeout=10, taken_names=tools.REGISTRY,
+        mcp_tools.start(parse_server_specs([], str(config)), tool_timeout=10, taken_names=tools.in_use(tools.REGISTRY),
                         stderr=sink, startup_timeout=30)
         yield mcp_tools, sink
     finally:
@@ -222,11 +222,11 @@ def test_tools_join_the_registry_and_a_clash_gets_the_server_name_in_front(serve
 
 
 def test_every_mode_can_send_the_tools(servers):
-    registry = {**tools.REGISTRY, **servers[0].tools}
+    registry = tools.in_use({**tools.REGISTRY, **servers[0].tools})
     for mode in ("json", "schema", "tools"):
-        assert "web_echo" in prompts.render_system_prompt(registry, mode)
-        json.dumps(prompts.request_options(mode, registry), allow_nan=False)
-    function = next(entry["function"] for entry in prompts.request_options("tools", registry)["tools"]
+        assert "web_echo" in prompts.render_system_prompt(registry, mode, max_calls=8)
+        json.dumps(prompts.request_options(mode, registry, max_calls=8), allow_nan=False)
+    function = next(entry["function"] for entry in prompts.request_options("tools", registry, 8)["tools"]
                     if entry["function"]["name"] == "odd")
     assert function["parameters"]["required"] == ["point", "when"]
     assert "$ref" not in json.dumps(function["parameters"])
@@ -307,7 +307,7 @@ def test_the_time_server_tells_the_time(servers):
 def test_a_server_that_does_not_start_is_one_line_naming_it(command, said):
     started = time.monotonic()
     with pytest.raises(McpError) as raised, McpTools() as mcp_tools:
-        mcp_tools.start(parse_server_specs([command]), stderr=io.StringIO(), startup_timeout=0.3)
+        mcp_tools.start(parse_server_specs([command]), 10, stderr=io.StringIO(), startup_timeout=0.3)
     message = str(raised.value)
     assert message.startswith(f"MCP server {parse_server_specs([command])[0].name} (") and said in message
     assert "\n" not in message and time.monotonic() - started < 5
@@ -318,7 +318,7 @@ def test_a_server_that_does_not_start_is_one_line_naming_it(command, said):
 def test_a_server_that_crashes_is_restarted_once_then_its_calls_fail(capfd):
     sink = io.StringIO()
     with McpTools() as mcp_tools:
-        registry = mcp_tools.start(parse_server_specs([f"{sys.executable} {BARE}"]), stderr=sink)
+        registry = mcp_tools.start(parse_server_specs([f"{sys.executable} {BARE}"]), 10, stderr=sink)
         assert tools.call_tool("echo", {"text": "a"}, registry) == {"ok": True, "data": "a"}
         crashed = tools.call_tool("crash", {}, registry)
         assert crashed["error"] == ("crash failed: MCP server bare stopped and was restarted; the call may not"
@@ -345,7 +345,7 @@ def test_a_call_that_hangs_ends_at_the_tool_timeout_and_the_server_goes_on():
 
 def test_close_ends_every_server_process_and_can_be_called_again():
     sink, mcp_tools = io.StringIO(), McpTools()
-    registry = mcp_tools.start(parse_server_specs([f"{sys.executable} {BARE}", f"{sys.executable} {BARE}"]),
+    registry = mcp_tools.start(parse_server_specs([f"{sys.executable} {BARE}", f"{sys.executable} {BARE}"]), 10,
                                stderr=sink)
     assert set(registry) == {"bare_echo", "bare_crash", "bare_hang", "bare_2_echo", "bare_2_crash", "bare_2_hang"}
     mcp_tools.close()

@@ -9,9 +9,10 @@ import time
 import pytest
 
 import prompts
-from agent_demo import main
+from agent_demo_kit.cli import main
 from agent_demo_kit.settings import Settings
-from agent_demo_kit.trace import RunLog
+from agent_demo_kit.run_store import RunLog
+from agent_demo_kit.terminal import Screen
 from benchmark import prefix_figures
 from conftest import said_lines, start_cli
 from scripted_model import ScriptedModel, run
@@ -168,7 +169,7 @@ def test_a_check_still_running_after_the_tool_timeout_rejects_the_answer(serve, 
 
 def test_the_status_line_shows_a_running_check():
     screen = io.StringIO()
-    log = RunLog(human=screen, live=True)
+    log = RunLog(Screen(screen, live=True))
     settings = Settings(check="sleep 0.3")
     assert run("x", settings, ScriptedModel(act("finish", result="1")), log=log).status == "finished"
     assert "check running (sleep 0.3)" in screen.getvalue()

@@ -2,7 +2,7 @@ import pytest
 from hypothesis import given, strategies as st
 
 from agent_demo_kit.actions import Action, parse_actions, parse_reply, strip_think
-from agent_demo_kit.client import Reply
+from agent_demo_kit.records import Reply
 from agent_demo_kit.settings import Settings
 from scripted_model import ScriptedModel, run
 from scripted_server import action as act
@@ -73,7 +73,7 @@ def test_native_tool_calls_are_read_when_the_content_is_empty():
         {"id": "call_1", "type": "function",
          "function": {"name": "calculator", "arguments": '{"expression": "12 + 500"}'}},
         {"id": "call_2", "type": "function", "function": {"name": "finish", "arguments": "{}"}}])
-    parsed = parse_reply(reply)
+    parsed = parse_reply(reply, "json")
     assert parsed.native and parsed.actions == [
         Action("calculator", {"expression": "12 + 500"}, "call_1", '{"expression": "12 + 500"}'),
         Action("finish", {}, "call_2", "{}")]
@@ -81,7 +81,7 @@ def test_native_tool_calls_are_read_when_the_content_is_empty():
 
 def test_native_tool_call_with_broken_arguments_carries_its_problem():
     reply = Reply(content="", tool_calls=[{"function": {"name": "calculator", "arguments": "{oops"}}])
-    assert parse_reply(reply).actions[0].problem == "the arguments of calculator are not valid JSON"
+    assert parse_reply(reply, "json").actions[0].problem == "the arguments of calculator are not valid JSON"
 
 
 @given(st.text(max_size=200))

@@ -6,7 +6,7 @@ import stat
 
 import pytest
 
-from agent_demo import main
+from agent_demo_kit.cli import main
 from conftest import KEY, run_cli, said_lines
 from scripted_server import ScriptedServer, action as act
 

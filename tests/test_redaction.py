@@ -14,9 +14,9 @@ from urllib.parse import quote, quote_plus
 
 import pytest
 
-from agent_demo import main
+from agent_demo_kit.cli import main
 from conftest import KEY, answer_on_a_terminal, child_environment, run_cli
-from agent_demo_kit.redaction import FRAGMENT_AT_A_CUT, REDACTED, Redactor
+from agent_demo_kit.terminal import FRAGMENT_AT_A_CUT, REDACTED, Redactor
 from agent_demo_kit.terminal import SafeStream
 from prompts import clip
 from scripted_server import ScriptedServer, action as act

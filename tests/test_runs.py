@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from agent_demo import main
+from agent_demo_kit.cli import main
 from conftest import run_cli, said_lines, start_cli
 from scripted_server import action as act
 

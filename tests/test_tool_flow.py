@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from agent_demo import main
-from agent_demo_kit.client import Reply
+from agent_demo_kit.cli import main
+from agent_demo_kit.records import Reply
 from agent_demo_kit.settings import Settings
 from scripted_model import run
 from conftest import answer_on_a_terminal, said_lines

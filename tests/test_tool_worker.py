@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from agent_demo import main
-from agent_demo_kit.log_folder import in_use
+from agent_demo_kit.cli import main
+from agent_demo_kit.run_store import in_use
 from agent_demo_kit.settings import Settings
 from conftest import KEY, run_cli, said_lines
 from scripted_model import ScriptedModel, run

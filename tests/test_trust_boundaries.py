@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from agent_demo import main
+from agent_demo_kit.cli import main
 from agent_demo_kit.terminal import inert
 from conftest import answer_on_a_terminal, run_cli
 from scripted_server import ScriptedServer, action as act

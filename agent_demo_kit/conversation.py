@@ -19,10 +19,10 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import prompts
 from agent_demo_kit.actions import strip_think
-from agent_demo_kit.endings import ConfigError
-from agent_demo_kit.settings import Settings
-from agent_demo_kit.trace import Call, Compaction, Round
-from tools import NOTE, RECALL, Tool, failure, success
+from agent_demo_kit.records import Call, Compaction, ConfigError, Round, failure, success, to_json, wire_size
+from agent_demo_kit.settings import (ARGS_LABEL_CHARS, DIGEST_ARGS_CHARS, DIGEST_RESULT_WIDTHS, NOTES_CHARS,
+                                     VALUE_SHOWN_CHARS, Settings)
+from tools import NOTE, RECALL, Tool, in_use
 
 
 def request_size(messages: List[dict]) -> int:
@@ -32,20 +32,19 @@ def request_size(messages: List[dict]) -> int:
 
 def truncate_result(result: dict, max_chars: int) -> dict:
     """A result whose JSON is longer than max_chars, cut to head and tail and marked truncated."""
-    if len(prompts.to_json(result)) <= max_chars:
+    if len(to_json(result)) <= max_chars:
         return result
     key = "data" if "data" in result else "error"
     value = result.get(key)
-    text = value if isinstance(value, str) else prompts.to_json(value)
-    rest = {name: prompts.clip(prompts.to_json(v), 200) if len(prompts.to_json(v)) > 200 else v
-            for name, v in result.items() if name != key}
-    room = max(100, max_chars - len(prompts.to_json(rest)) - 100)  # 100: the marker and the two new fields
+    text = value if isinstance(value, str) else to_json(value)
+    rest = {name: shorten_args(v) for name, v in result.items() if name != key}  # the details beside it
+    room = max(100, max_chars - len(to_json(rest)) - 100)  # 100: the marker and the two new fields
     return {**rest, key: prompts.clip(text, room), "truncated": True, "original_chars": len(text)}
 
 
-def shorten_args(args: Any, max_chars: int = 200) -> Any:
-    """Arguments as a label: unchanged when short, else their JSON cut to head and tail."""
-    text = prompts.to_json(args)
+def shorten_args(args: Any, max_chars: int = ARGS_LABEL_CHARS) -> Any:
+    """Arguments (or any value) as a label: unchanged when short, else their JSON cut to head and tail."""
+    text = to_json(args)
     return args if len(text) <= max_chars else prompts.clip(text, max_chars)
 
 
@@ -56,7 +55,7 @@ def assistant_message(record: Round, native_tools: bool = False) -> dict:
         return {"role": "assistant", "content": text, "tool_calls": record.tool_calls}
     if not text and record.calls:
         actions = [call.action for call in record.calls]
-        text = prompts.to_json(actions[0] if len(actions) == 1 else actions)
+        text = to_json(actions[0] if len(actions) == 1 else actions)
     return {"role": "assistant", "content": text or "(empty reply)"}
 
 
@@ -87,7 +86,7 @@ def digest_line(record: Round, result_chars: int) -> str:
 
 
 def _as_text(value: Any) -> str:
-    return value if isinstance(value, str) else prompts.to_json(value)
+    return value if isinstance(value, str) else to_json(value)
 
 
 def _call_summary(call: Call, result_chars: int) -> str:
@@ -97,17 +96,13 @@ def _call_summary(call: Call, result_chars: int) -> str:
     shown = _as_text(result.get("data")) if result.get("ok") else "error: " + _as_text(result.get("error"))
     if call.tool == RECALL.name and result.get("ok"):  # a copy of older rounds: folding it again would only repeat them
         shown = "(recalled; recall again if needed)"
-    return f"{prompts.clip(call.tool, 60)}({prompts.clip(shown_args, 120)}) -> {prompts.clip(shown, result_chars)}"
-
-
-def _encoded(text: str) -> int:
-    """Characters text takes inside a JSON string on the wire."""
-    return len(json.dumps(text)) - 2
+    return (f"{prompts.clip(call.tool, VALUE_SHOWN_CHARS)}({prompts.clip(shown_args, DIGEST_ARGS_CHARS)})"
+            f" -> {prompts.clip(shown, result_chars)}")
 
 
 # --- recall ------------------------------------------------------------------------------
 
-def recall_rounds(rounds: Sequence[Round], first_round: int, last_round: int = 0, max_chars: int = 4000) -> dict:
+def recall_rounds(rounds: Sequence[Round], max_chars: int, first_round: int, last_round: int = 0) -> dict:
     """What recall answers: earlier rounds' calls and whole results from the run's records, as many as fit."""
     done, last = len(rounds), last_round or first_round
     if first_round < 1:
@@ -122,10 +117,10 @@ def recall_rounds(rounds: Sequence[Round], first_round: int, last_round: int = 0
         data["not_yet"] = f"rounds after {done} have not happened yet"
         last = done
     room = max_chars - 150  # for the note saying what did not fit
-    used = len(prompts.to_json(success(data)))
+    used = len(to_json(success(data)))
     for record in rounds[first_round - 1:last]:
         entry = _recalled(record)
-        if used + len(prompts.to_json(entry)) + 2 > room:
+        if used + len(to_json(entry)) + 2 > room:
             if data["rounds"]:
                 data["not_shown"] = (f"rounds {record.number}-{last} did not fit; recall them with first_round"
                                      f" {record.number}" if record.number < last
@@ -133,7 +128,7 @@ def recall_rounds(rounds: Sequence[Round], first_round: int, last_round: int = 0
                 break
             entry = _recalled(record, max(100, (room - used) // max(1, len(record.calls)) - 100))
         data["rounds"].append(entry)
-        used += len(prompts.to_json(entry)) + 2
+        used += len(to_json(entry)) + 2
     return success(data)
 
 
@@ -156,7 +151,7 @@ _DIGEST_SEPARATOR = "\n\n"  # between the task and the digest, in one user messa
 
 def _header_size(omitted: int) -> int:
     """What a digest without lines adds to the task's message on the wire."""
-    return _encoded(_DIGEST_SEPARATOR + prompts.render_digest([], omitted))
+    return wire_size(_DIGEST_SEPARATOR + prompts.render_digest([], omitted))
 
 
 class DigestLines:
@@ -165,7 +160,8 @@ class DigestLines:
     def __init__(self, rounds: List[Round], result_chars: int, limit: int):
         self.rounds = rounds  # the run's own list, growing
         # Folded results keep their full length while the digest has room, then 400, then 100 characters.
-        self.widths = sorted({result_chars, min(400, result_chars), 100}, reverse=True)
+        self.widths = sorted({result_chars, *(min(width, result_chars) for width in DIGEST_RESULT_WIDTHS)},
+                             reverse=True)
         self.limit = limit  # wider lines stop being written once they add up to more than this
         self.lines: Dict[int, List[str]] = {width: [] for width in self.widths}
         self.totals: Dict[int, List[int]] = {width: [0] for width in self.widths}  # [k]: what lines 1..k add
@@ -176,7 +172,7 @@ class DigestLines:
         while len(lines) < count and (narrowest or totals[-1] <= self.limit):
             line = digest_line(self.rounds[len(lines)], width)
             lines.append(line)
-            totals.append(totals[-1] + 2 + _encoded(line))  # 2: the escaped newline before it
+            totals.append(totals[-1] + 2 + wire_size(line))  # 2: the escaped newline before it
         return totals[count] if count < len(totals) else None
 
     def fit(self, count: int, room: int, omitted_before: int = 0) -> Tuple[int, int, int]:
@@ -204,9 +200,6 @@ class DigestLines:
 
 
 # --- the working notes ------------------------------------------------------------------------
-
-NOTES_CHARS = 2_000  # what the notes may take in a request (less when --max-context leaves little room)
-
 
 class Notes:
     """The run's working notes, (round, text) oldest first: the newest that fit in `limit` characters.
@@ -248,7 +241,7 @@ class Notes:
 
 
 def _note_size(number: int, text: str) -> int:
-    return 2 + _encoded(prompts.render_note_line(number, text))  # 2: the escaped newline before it
+    return 2 + wire_size(prompts.render_note_line(number, text))  # 2: the escaped newline before it
 
 
 # --- the conversation ------------------------------------------------------------------------
@@ -259,7 +252,7 @@ class Conversation:
 
     def __init__(self, task: str, settings: Settings, registry: Dict[str, Tool], client: Any,
                  on_compaction: Callable[[Compaction], None] = lambda compaction: None):
-        self.task, self.settings, self.registry = task, settings, registry
+        self.task, self.settings, self.tools = task, settings, in_use(registry)  # every tool offered
         self.client = client  # owns the request's form (mode, schema variant, ...) and builds its body
         self.rounds: List[Round] = []
         self.on_compaction = on_compaction  # told before the first request that carries the new digest
@@ -280,12 +273,8 @@ class Conversation:
     def pinned(self) -> List[dict]:
         """The system prompt and the task: sent first in every request, never folded."""
         return [{"role": "system", "content": prompts.render_system_prompt(
-                    self.registry, self.mode, self.settings.max_calls)},
+                    self.tools, self.mode, self.settings.max_calls)},
                 {"role": "user", "content": prompts.render_task(self.task)}]
-
-    def request(self) -> Tuple[List[dict], dict]:
-        """The next request's messages and options, in the client's current form."""
-        return self.messages(), self.options()
 
     def messages(self) -> List[dict]:
         """The next request's messages: the last request's and the rounds since, compacted if over --max-context."""
@@ -343,7 +332,7 @@ class Conversation:
         added = "".join(_DIGEST_SEPARATOR + part for part in parts if part)
         task = {**task, "content": task["content"] + added} if added else task
         self._messages = [system, task, *(message for _, messages, _ in self._turns for message in messages)]
-        self.size = self._bare + _encoded(added) + sum(size for _, _, size in self._turns)
+        self.size = self._bare + wire_size(added) + sum(size for _, _, size in self._turns)
 
     def _pinned_follow_ups(self, folded: int) -> str:
         """The user's follow-ups (--continue) after rounds 1..folded: once their rounds are folded they
@@ -356,8 +345,8 @@ class Conversation:
         the notes of the folded rounds are pinned after it."""
         first, count = self._folded, self._added  # verbatim now: rounds first+1..count
         notes = self.notes.pinned(count)  # the most the notes of the folded rounds can take
-        notes_room = _encoded(_DIGEST_SEPARATOR + notes) if notes else 0
-        pinned = _encoded(self._pinned_follow_ups(count))  # at most what the follow-ups will take
+        notes_room = wire_size(_DIGEST_SEPARATOR + notes) if notes else 0
+        pinned = wire_size(self._pinned_follow_ups(count))  # at most what the follow-ups will take
         half = (self.settings.max_context - self._bare - notes_room - pinned) // 2  # the digest and verbatim rounds
         after = [0] * (count - first + 1)  # after[k - first]: what the verbatim rounds after round k take
         for index in range(count - first - 1, -1, -1):
@@ -381,12 +370,7 @@ class Conversation:
 
     def body_size(self, messages: List[dict]) -> int:
         """Characters of the whole request body as it goes on the wire."""
-        return len(json.dumps(self.client.body(messages, self.options())))
-
-    def options(self) -> dict:
-        """What the request carries besides the model and the messages (schemas, tools)."""
-        form = self.client.form
-        return prompts.request_options(form.mode, self.registry, self.settings.max_calls, form.schema_variant)
+        return len(json.dumps(self.client.body(messages, self.tools)))
 
     def check_fits(self) -> None:
         """ConfigError if the system prompt, task and schemas alone leave too little room for rounds."""

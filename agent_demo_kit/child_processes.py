@@ -1,12 +1,20 @@
-"""Your own tools: each public function of a --tools-file, described like the built-in ones and
-run in a worker process, since such a function may hang, print, fork, exit or even crash.
+"""The user's own code, run as child processes: the --tools-file worker and the --check command.
+Each runs in a session of its own, so that it and everything it started can be ended together.
 
-The worker is a new interpreter (started like multiprocessing's spawn, so it inherits no lock,
-thread or open trace file, but without re-running agent-demo's own main script), in a session
-of its own, and it imports the files itself: a file that exits or forks while it loads harms
-the worker alone. It is started once and reused. A call that hangs past --tool-timeout or ends
-the worker costs one error result: the worker's whole process group is killed, and the next
-call starts a new worker. Nothing it started outlives agent-demo, even one killed with kill -9.
+The worker makes each public function of a --tools-file a tool, described like the built-in
+ones and run apart, since such a function may hang, print, fork, exit or even crash. It is a new
+interpreter (started like multiprocessing's spawn, so it inherits no lock, thread or open trace
+file, but without re-running agent-demo's own main script), and it imports the files itself: a
+file that exits or forks while it loads harms the worker alone. It is started once and reused. A
+call that hangs past --tool-timeout or ends the worker costs one error result: the worker's whole
+process group is killed, and the next call starts a new worker. Nothing it started outlives
+agent-demo, even one killed with kill -9.
+
+--check must accept the answer before a finish is accepted. The answer goes to its stdin and to
+AGENT_ANSWER, the task to AGENT_TASK. A plain command is split into words as a shell would split
+them and run directly; one that uses the shell's own syntax (a pipe, a redirection, a $VARIABLE, a
+wildcard, `&&`) runs under /bin/sh -c, the rule make uses for its recipes. The answer never
+becomes part of the command line.
 """
 import contextlib
 import dataclasses
@@ -15,22 +23,24 @@ import inspect
 import json
 import os
 import re
+import shlex
+import shutil
 import signal
 import subprocess
 import sys
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, Iterable, List, Optional, Tuple
 
-from agent_demo_kit.endings import ConfigError
-from tools import CONTROL_ACTIONS, REGISTRY, Converted, Tool, ToolDefinitionError, ToolError, as_json, registry_of
-
-if TYPE_CHECKING:  # the worker does without settings (and python-dotenv)
-    from agent_demo_kit.settings import Settings
+from agent_demo_kit.records import ConfigError
+from agent_demo_kit.settings import CHECK_OUTPUT_CHARS, CHECK_VARIABLE_CHARS, SNIPPET_CHARS
+from prompts import clip
+from tools import Converted, Tool, ToolDefinitionError, ToolError, as_json, registry_of
 
 _DESCRIBED = [field.name for field in dataclasses.fields(Tool) if field.name != "function"]
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # where agent_demo_kit and tools are
-_BOOT = "import sys; sys.path[0] = sys.argv[1]; from agent_demo_kit.tools_file import serve; serve(int(sys.argv[2]))"
+_BOOT = ("import sys; sys.path[0] = sys.argv[1]; from agent_demo_kit.child_processes import serve;"
+         " serve(int(sys.argv[2]))")
 LOADING_SECONDS = 60.0  # starting a worker and importing a file may take longer than a call may
 Answer = Tuple[str, Any]  # ("tools", descriptions), ("ok", result as JSON), ("error", why) or ("lost", why)
 
@@ -97,7 +107,6 @@ class ToolWorker:
     def start(self) -> Optional[Answer]:
         """A new worker, with the files loaded so far loaded again; ("lost", why) if that fails."""
         import socket  # imported only when a tools file is used
-        import subprocess
         from multiprocessing.connection import Connection
         ours, theirs = socket.socketpair()
         with theirs:
@@ -137,20 +146,21 @@ def _is_open(fd: int) -> bool:
         return False
 
 
-def load_tools_files(settings: "Settings", secrets: List[str], opened: contextlib.ExitStack) -> Dict[str, Tool]:
+def load_tools_files(paths: List[str], timeout: float, secrets: List[str], taken: Iterable[str],
+                     opened: contextlib.ExitStack) -> Dict[str, Tool]:
     """The tools of each --tools-file, run by a worker process that is ended when `opened` closes;
-    ConfigError if a file gives no usable tools or a name clashes."""
+    ConfigError if a file gives no usable tools or a name clashes with a tool in use (`taken`)."""
     found: Dict[str, Tool] = {}
-    if not settings.tools_files:
+    if not paths:
         return found
-    worker = ToolWorker(settings.tool_timeout, secrets)
+    worker = ToolWorker(timeout, secrets)
     opened.callback(worker.stop)
-    for path in settings.tools_files:
+    for path in paths:
         try:
             tools = worker.load(path)
         except ToolDefinitionError as error:
             raise ConfigError(f"--tools-file {path}: {error}") from None
-        clash = next((name for name in tools if name in REGISTRY or name in found or name in CONTROL_ACTIONS), None)
+        clash = next((name for name in tools if name in taken or name in found), None)
         if clash:
             raise ConfigError(f"--tools-file {path}: the tool {clash} clashes with another tool of that name")
         found.update(tools)
@@ -186,7 +196,7 @@ def serve(fd: int) -> None:
 
 def prints_to_stderr(secrets: List[str]) -> Any:
     """A tool's prints go to stderr (stdout is stderr already, for a child process's too), without the key."""
-    from agent_demo_kit.terminal import Redactor, SafeStream
+    from agent_demo_kit.terminal import Redactor, SafeStream  # the worker needs them only here
     stream = sys.__stderr__ or open(os.devnull, "w")  # None when stderr is closed (2>&-)
     sys.stdout = sys.stderr = SafeStream(stream, Redactor(*secrets), if_broken="drop")
     return sys.stdout
@@ -244,3 +254,71 @@ def import_tools(path: str) -> Dict[str, Tool]:
     if not functions:
         raise ToolDefinitionError("it defines no public function")
     return registry_of(*functions)
+
+
+# --- the answer check (--check) -------------------------------------------------------------
+
+SHELL_SYNTAX = set("|&;<>()$`*?[]{}~\n")
+SHELL_WORDS = {"!", "if", "for", "while", "until", "case", "cd", "export", "set", "exec", "eval", ".", "source",
+               "exit"}  # keywords and builtins that are no program of their own
+
+
+def check_command(command: str) -> List[str]:
+    """How the check is started: its words, or /bin/sh -c and the command; ConfigError if it cannot start."""
+    if not command.strip():
+        raise ConfigError("--check is empty: give the command that accepts or rejects the answer")
+    try:
+        words = shlex.split(command)
+    except ValueError as error:  # "No closing quotation"
+        words = []
+        if not SHELL_SYNTAX & set(command):
+            raise ConfigError(f"--check cannot be read: {error}") from None
+    if SHELL_SYNTAX & set(command) or words[0] in SHELL_WORDS or "=" in words[0]:
+        shell = ["/bin/sh", "-c", command]
+        syntax = subprocess.run(["/bin/sh", "-n", "-c", command], capture_output=True, text=True, errors="replace")
+        if syntax.returncode:
+            said = (syntax.stderr.strip().splitlines() or ["a syntax error"])[-1]
+            raise ConfigError(f"--check cannot be read by /bin/sh: {clip(said, SNIPPET_CHARS)}")
+        return shell
+    if shutil.which(words[0]) is None:
+        raise ConfigError(f"--check cannot start {words[0]!r}: no such program, or it is not executable")
+    return words
+
+
+def run_check(argv: List[str], command: str, answer: str, task: str, timeout: float) -> dict:
+    """Run the check on one answer: {"command", "exit_code", "output", "ms"}; exit_code is None when it
+    did not finish within `timeout` seconds (it is then stopped, with whatever it started)."""
+    environment = {**os.environ, "AGENT_ANSWER": _variable(answer), "AGENT_TASK": _variable(task)}
+    started = time.monotonic()
+    try:  # its own process group, so a timeout or Ctrl-C stops what it started too
+        process = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                   env=environment, start_new_session=True)
+    except OSError as error:
+        raise ConfigError(f"--check cannot start: {error.strerror or error}") from None
+    code: Optional[int]
+    try:
+        output, _ = process.communicate(answer.encode("utf-8", "replace"), timeout=timeout)
+        code = process.returncode
+    except subprocess.TimeoutExpired:
+        _stop(process)
+        output, _ = process.communicate()
+        code = None
+    except BaseException:  # Ctrl-C, SIGTERM: leave nothing running
+        _stop(process)
+        process.wait()
+        raise
+    text = clip(output.decode("utf-8", "replace"), CHECK_OUTPUT_CHARS)
+    return {"command": command, "exit_code": code, "output": text, "ms": round((time.monotonic() - started) * 1000)}
+
+
+def _variable(text: str) -> str:
+    """text as an environment variable takes it: no NUL, valid UTF-8, not beyond what execve takes."""
+    return clip(text.encode("utf-8", "replace").decode("utf-8").replace("\0", ""), CHECK_VARIABLE_CHARS)
+
+
+def _stop(process: subprocess.Popen) -> None:
+    """End a check and everything it started (its process group)."""
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except OSError:  # already gone
+        pass

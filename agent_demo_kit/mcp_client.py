@@ -1,0 +1,647 @@
+"""Tools from MCP servers (--mcp, --mcp-config), through the official `mcp` SDK.
+
+What the servers and their tools look like to the loop: the servers a user names, each tool's
+schema made safe for every mode (grammar engines compile it), its arguments checked against the
+server's own schema, and its result read as data. Then the servers themselves, as processes or
+connections: their calls, a restart, and stopping them.
+
+The SDK is imported only once a server is named. Its async client runs on a background
+event-loop thread, so a tool's function is synchronous like every other tool's.
+"""
+import asyncio
+import atexit
+import collections
+import concurrent.futures
+import contextlib
+import copy
+import hashlib
+import json
+import os
+import re
+import shlex
+import sys
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, Iterable, List, Optional, TextIO, Tuple
+from urllib.parse import unquote, urlsplit
+
+from agent_demo_kit.settings import MESSAGE_CHARS, display_url
+from agent_demo_kit.terminal import inert
+from tools import ANY_JSON, Tool, ToolError
+
+INSTALL_HINT = "MCP servers need the mcp package: pip install 'agent-demo[mcp]' (Python 3.10 or later)"
+
+
+class McpError(Exception):
+    """A server cannot be used: a bad --mcp or --mcp-config, or a server that does not start."""
+
+
+@dataclass(frozen=True)
+class ServerSpec:
+    """One server: a command run over stdio, or a streamable-HTTP URL."""
+
+    name: str
+    command: Tuple[str, ...] = ()
+    env: Dict[str, str] = field(default_factory=dict)
+    url: Optional[str] = None
+
+    def shown(self) -> str:
+        """The server as the user gave it, for messages."""
+        return self.url or shlex.join(self.command)
+
+
+# --- naming servers ---------------------------------------------------------------------------
+
+def parse_server_specs(mcp_args: Iterable[str], config_path: Optional[str] = None) -> List[ServerSpec]:
+    """The servers of each --mcp SERVER, then of a --mcp-config file, each with a name of its own;
+    McpError says in one line what is wrong."""
+    specs = []
+    for argument in mcp_args:
+        if re.match(r"https?://", argument, re.IGNORECASE):
+            specs.append(ServerSpec(_url_name(argument), url=argument))
+            continue
+        try:
+            command = shlex.split(argument)
+        except ValueError as error:
+            raise McpError(f"--mcp {argument}: {error}") from None
+        if not command:
+            raise McpError("--mcp: the server command is empty")
+        specs.append(ServerSpec(_command_name(command), command=tuple(command)))
+    named: List[ServerSpec] = []
+    for spec in specs + (_read_config(config_path) if config_path else []):
+        name, number = safe_name(spec.name), 1  # the name goes in front of clashing tools: one per server
+        while any(earlier.name == name for earlier in named):
+            number += 1
+            name = f"{safe_name(spec.name)}_{number}"
+        named.append(ServerSpec(name, spec.command, spec.env, spec.url))
+    return named
+
+
+def _read_config(path: str) -> List[ServerSpec]:
+    where = f"--mcp-config {path}"
+    try:
+        with open(path, encoding="utf-8") as file:
+            config = json.load(file)
+    except FileNotFoundError:
+        raise McpError(f"{where}: no such file") from None
+    except OSError as error:
+        raise McpError(f"{where}: cannot read it ({error.strerror})") from None
+    except ValueError as error:
+        raise McpError(f"{where}: not valid JSON ({error})") from None
+    servers = config.get("mcpServers") if isinstance(config, dict) else None
+    if not isinstance(servers, dict):
+        raise McpError(f'{where}: expected {{"mcpServers": {{"NAME": {{"command": ...}} or {{"url": ...}}}}}}')
+    specs = []
+    for name, entry in servers.items():
+        entry = entry if isinstance(entry, dict) else {}
+        command, args, env, url = entry.get("command"), entry.get("args", []), entry.get("env", {}), entry.get("url")
+        if url is not None and not re.match(r"https?://", str(url), re.IGNORECASE):
+            raise McpError(f'{where}: server {name}: "url" must be an http:// or https:// URL')
+        if url is not None:
+            specs.append(ServerSpec(name, url=url))
+        elif not (isinstance(command, str) and command.strip()):
+            raise McpError(f'{where}: server {name} has neither "command" nor "url"')
+        elif not (isinstance(args, list) and all(isinstance(arg, str) for arg in args)):
+            raise McpError(f'{where}: server {name}: "args" must be a list of strings')
+        elif not (isinstance(env, dict) and all(isinstance(value, str) for value in env.values())):
+            raise McpError(f'{where}: server {name}: "env" must map names to strings')
+        else:
+            specs.append(ServerSpec(name, command=(command, *args), env=dict(env)))
+    return specs
+
+
+_LAUNCHERS = {"python", "python3", "py", "node", "npx", "uv", "uvx", "run", "pipx", "bun", "bunx", "deno",
+              "docker", "podman", "sh", "bash"}
+
+
+def _command_name(command: List[str]) -> str:
+    """What a command runs (its module, script or package): "time" for python -m mcp_server_time."""
+    if "-m" in command[:-1]:
+        runs = command[command.index("-m") + 1]
+    else:
+        runs = next((word for word in command if not word.startswith("-") and _stem(word) not in _LAUNCHERS),
+                    command[0])
+    return _without_filler(_stem(runs))
+
+
+def _url_name(url: str) -> str:
+    """The host: "deepwiki" for https://mcp.deepwiki.com/mcp, "local_8000" for http://127.0.0.1:8000."""
+    parts = urlsplit(url)
+    if re.fullmatch(r"[0-9.]+|localhost|::1", parts.hostname or ""):
+        return f"local_{parts.port}" if parts.port else "local"
+    return _without_filler(".".join((parts.hostname or "http").split(".")[:-1]))
+
+
+def _stem(path: str) -> str:
+    return os.path.splitext(os.path.basename(path.rstrip("/")))[0].lower()
+
+
+def _without_filler(text: str) -> str:
+    words = [word for word in re.split(r"[^a-zA-Z0-9]+", text) if word and word.lower() not in ("mcp", "server", "www")]
+    return "_".join(words) or "mcp"
+
+
+def safe_name(name: str) -> str:
+    """name as endpoints take a function name: ^[a-zA-Z0-9_-]{1,64}$."""
+    return re.sub(r"[^a-zA-Z0-9_-]", "_", name)[:64] or "mcp"
+
+
+# --- schemas every mode can use ----------------------------------------------------------------
+
+_TYPES = ("string", "integer", "number", "boolean", "object", "array", "null")
+_KEPT = {"integer": ("minimum", "maximum"), "number": ("minimum", "maximum"),
+         "string": ("minLength", "maxLength"), "array": ("minItems", "maxItems")}  # grammar engines take these
+
+
+def simplify_schema(schema: Any, root: Any = None, seen: frozenset = frozenset(), depth: int = 0) -> dict:
+    """A schema grammar engines compile that takes at least what `schema` takes: every value typed
+    (untyped: tools.ANY_JSON), $ref and allOf resolved, oneOf as anyOf, what they reject dropped
+    (not, if/then, patternProperties, format, unanchored patterns, ...)."""
+    flat, seen = _flatten(schema, schema if root is None else root, seen)
+    root = schema if root is None else root
+    simple: Dict[str, Any] = {"description": flat["description"]} if isinstance(flat.get("description"), str) else {}
+    branches, kind = flat.get("anyOf") or flat.get("oneOf"), flat.get("type")
+    if isinstance(branches, list) and branches and kind is None and depth < 12:
+        return {"anyOf": [simplify_schema(branch, root, seen, depth + 1) for branch in branches], **simple}
+    if isinstance(kind, list) and len([name for name in kind if name in _TYPES]) > 1 and depth < 12:
+        flat = {key: value for key, value in flat.items() if key != "description"}
+        return {"anyOf": [simplify_schema({**flat, "type": name}, root, seen, depth + 1)
+                          for name in kind if name in _TYPES], **simple}
+    kind = next((name for name in kind if name in _TYPES), None) if isinstance(kind, list) else kind
+    values = [flat["const"]] if "const" in flat else flat.get("enum") if isinstance(flat.get("enum"), list) else None
+    kind = kind if kind in _TYPES else _implied_type(flat, values)
+    simple.update({"enum": values} if values else {})
+    if kind is None or depth >= 12:  # deeper than that: any value
+        return {**copy.deepcopy(ANY_JSON), **simple}
+    simple["type"] = kind
+    simple.update((key, flat[key]) for key in _KEPT.get(kind, ())
+                  if isinstance(flat.get(key), (int, float)) and not isinstance(flat[key], bool))
+    if kind == "string" and _anchored_pattern(flat.get("pattern")):
+        simple["pattern"] = flat["pattern"]
+    if kind == "array" and isinstance(flat.get("items"), dict):
+        simple["items"] = simplify_schema(flat["items"], root, seen, depth + 1)
+    properties = flat.get("properties") if kind == "object" and isinstance(flat.get("properties"), dict) else {}
+    if properties:
+        simple["properties"] = {name: simplify_schema(value, root, seen, depth + 1)
+                                for name, value in properties.items()}
+        simple["required"] = [name for name in flat.get("required") or [] if name in properties]
+    extra = flat.get("additionalProperties") if kind == "object" else None
+    if isinstance(extra, dict):
+        simple["additionalProperties"] = simplify_schema(extra, root, seen, depth + 1)
+    elif extra is False and "patternProperties" not in flat:  # with it, the dropped patterns allowed more
+        simple["additionalProperties"] = False
+    return simple
+
+
+def _flatten(schema: Any, root: Any, seen: frozenset) -> Tuple[dict, frozenset]:
+    """schema with its $ref followed and its allOf merged in; a $ref met again on the way is any value."""
+    if not isinstance(schema, dict):
+        return {}, seen
+    ref = schema.get("$ref")
+    if isinstance(ref, str):
+        target = _pointer(root, ref) if ref not in seen else None
+        found, seen = _flatten(target, root, seen | {ref})
+        schema = {**found, **{key: value for key, value in schema.items() if key != "$ref"}}
+    if isinstance(schema.get("allOf"), list):
+        merged = {key: value for key, value in schema.items() if key != "allOf"}
+        for part in schema["allOf"]:
+            part, _ = _flatten(part, root, seen)
+            if isinstance(part.get("properties"), dict):
+                merged["properties"] = {**part["properties"], **merged.get("properties", {})}
+            if isinstance(part.get("required"), list):
+                merged["required"] = [*merged.get("required", []), *part["required"]]
+            for key, value in part.items():
+                merged.setdefault(key, value)
+        schema = merged
+    return schema, seen
+
+
+def _pointer(root: Any, ref: str) -> Any:
+    """What a local reference ("#/$defs/Point") points to in the schema, or None."""
+    node = root if ref.startswith("#") else None
+    for part in ref[1:].split("/")[1:]:
+        part = unquote(part).replace("~1", "/").replace("~0", "~")
+        if isinstance(node, list):
+            node = node[int(part)] if part.isdigit() and int(part) < len(node) else None
+        else:
+            node = node.get(part) if isinstance(node, dict) else None
+    return node
+
+
+def _implied_type(schema: dict, values: Optional[list]) -> Optional[str]:
+    """The type a schema without one implies by its values or keywords, or None."""
+    if values:
+        kinds = {"boolean" if isinstance(value, bool) else {int: "integer", float: "number", str: "string",
+                 list: "array", dict: "object"}.get(type(value), "null") for value in values}
+        kinds = {"number"} if kinds == {"integer", "number"} else kinds
+        return kinds.pop() if len(kinds) == 1 else None
+    if "properties" in schema or "additionalProperties" in schema:
+        return "object"
+    return "array" if "items" in schema else None
+
+
+def _anchored_pattern(pattern: Any) -> bool:
+    """Grammar engines take a pattern anchored at both ends; tools.check_args, one Python compiles."""
+    try:
+        return isinstance(pattern, str) and pattern[:1] == "^" and pattern[-1:] == "$" and bool(re.compile(pattern))
+    except re.error:
+        return False
+
+
+def parameters_of(schema: Any) -> Tuple[Dict[str, dict], List[str]]:
+    """A tool's parameters and required names from its inputSchema, each typed and described."""
+    top, _ = _flatten(schema, schema, frozenset())
+    properties = dict(top["properties"]) if isinstance(top.get("properties"), dict) else {}
+    for branch in top.get("anyOf") or top.get("oneOf") or []:  # alternative argument sets: any of their names
+        branch, _ = _flatten(branch, schema, frozenset())
+        properties.update((name, value) for name, value in (branch.get("properties") or {}).items()
+                          if name not in properties)
+    required = list(dict.fromkeys(name for name in top.get("required") or [] if isinstance(name, str)))
+    parameters = {}
+    for name in [*properties, *(name for name in required if name not in properties)]:
+        original, _ = _flatten(properties.get(name), schema, frozenset())
+        text = original.get("description") or original.get("title") or name.replace("_", " ")
+        noted = f" (format: {original['format']})" if isinstance(original.get("format"), str) else ""
+        parameters[name] = {**simplify_schema(properties.get(name), schema),
+                            "description": " ".join(str(text).split()) + noted}
+    return parameters, required
+
+
+def placeholder(schema: dict) -> Any:
+    if schema.get("enum"):
+        return schema["enum"][0]
+    if "anyOf" in schema:
+        return placeholder(schema["anyOf"][0])
+    return {"string": "...", "integer": 1, "number": 1.5, "boolean": True, "object": {}, "array": []}.get(
+        schema.get("type"), "...")
+
+
+def argument_checker(schema: Any) -> Callable[[dict], Optional[str]]:
+    """What the server's own schema says is wrong with a call's args, in a line the model can act on,
+    or None; a schema jsonschema cannot use is left to the server to judge."""
+    import jsonschema
+    try:
+        validator_class = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+        validator_class.check_schema(schema)
+        validator = validator_class(schema)
+    except Exception:
+        return lambda args: None
+
+    def problem(args: dict) -> Optional[str]:
+        try:
+            error = jsonschema.exceptions.best_match(validator.iter_errors(args))
+        except Exception:  # a $ref it cannot follow
+            return None
+        if error is None:
+            return None
+        where = "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in error.absolute_path)
+        message = error.message if len(error.message) <= MESSAGE_CHARS else error.message[:MESSAGE_CHARS] + "..."
+        return f"{where.lstrip('.')}: {message}" if where else message
+    return problem
+
+
+# --- results ---------------------------------------------------------------------------------
+
+def result_data(result: dict) -> Any:
+    """A tools/call result as a tool's data: structuredContent, else the content as text; an isError
+    result raises ToolError with its message."""
+    parts = [_content_text(block) for block in result.get("content") or [] if isinstance(block, dict)]
+    if result.get("isError"):
+        raise ToolError("\n".join(parts) or "the tool failed without saying why")
+    if result.get("structuredContent") is not None:
+        return result["structuredContent"]
+    return "\n".join(parts) if parts else None
+
+
+def _content_text(block: dict) -> str:
+    """One content block as text; images, audio and binary resources as a short description."""
+    kind = block.get("type")
+    resource = block.get("resource") if isinstance(block.get("resource"), dict) else {}
+    if kind == "text":
+        return str(block.get("text", ""))
+    if kind in ("image", "audio"):
+        return f"[{kind} {block.get('mimeType', '')}, {_decoded_size(block.get('data'))} bytes, not shown]"
+    if kind == "resource_link":
+        return f"[resource link: {block.get('uri')}]"
+    if kind == "resource" and "text" in resource:
+        return str(resource["text"])
+    if kind == "resource":
+        return (f"[resource {resource.get('uri')}: {resource.get('mimeType', 'binary')},"
+                f" {_decoded_size(resource.get('blob'))} bytes, not shown]")
+    return f"[{kind} content, not shown]"
+
+
+def _decoded_size(base64_text: Any) -> int:
+    return len(base64_text.rstrip("=")) * 3 // 4 if isinstance(base64_text, str) else 0
+
+
+# --- the servers' tools in the registry --------------------------------------------------------
+
+DESTRUCTIVE = "the server marks this tool destructive: it may delete or overwrite data"
+
+
+# --- the servers -------------------------------------------------------------------------------
+
+_CONNECTION_CLOSED = -32000  # the SDK's error code for a connection that ended
+_STOP_SECONDS = 8.0  # the SDK's shutdown (close stdin, SIGTERM, SIGKILL) waits at most 2 s a step
+
+
+class _Server:
+    """One server: what the user named, its session on the event loop, the tools it listed, its stderr."""
+
+    def __init__(self, spec: ServerSpec, sink: TextIO) -> None:
+        self.spec, self.sink = spec, sink
+        self.session: Any = None  # while connected
+        self.listing: List[dict] = []  # its tools/list answer at the start, as JSON
+        self.names: Dict[str, str] = {}  # registry name -> the server's name for the tool
+        self.stopping = asyncio.Event()
+        self.task: Optional[concurrent.futures.Future] = None
+        self.stderr_tail: collections.deque = collections.deque(maxlen=3)
+        self.stderr_copier: Optional[threading.Thread] = None
+        self.restarted = False
+
+    async def serve(self, ready: concurrent.futures.Future, timeout: float) -> None:
+        """Connect and list the tools within `timeout` seconds, then hold the connection until told to stop."""
+        import anyio
+        from mcp import ClientSession
+        try:
+            async with contextlib.AsyncExitStack() as stack:
+                read, write = await stack.enter_async_context(self._transport())
+                session = await stack.enter_async_context(ClientSession(read, write))
+                with anyio.fail_after(timeout):
+                    await session.initialize()
+                    listing = await _list_tools(session)
+                self.session = session
+                ready.set_result(listing)
+                await self.stopping.wait()
+        except BaseException as error:  # once started, a broken connection shows in the next call
+            if not ready.done():
+                ready.set_exception(error)
+        finally:
+            self.session = None
+
+    def _transport(self) -> Any:
+        if self.spec.url:
+            from mcp.client.streamable_http import streamable_http_client
+            return streamable_http_client(self.spec.url)
+        return self._stdio()
+
+    @contextlib.asynccontextmanager
+    async def _stdio(self) -> Any:
+        from mcp import StdioServerParameters, stdio_client
+        parameters = StdioServerParameters(command=self.spec.command[0], args=list(self.spec.command[1:]),
+                                           env=self.spec.env or None)
+        read_end, write_end = os.pipe()  # the server's stderr goes to the sink, never to stdout
+        self.stderr_copier = threading.Thread(target=self._copy_stderr, args=(read_end,), daemon=True)
+        self.stderr_copier.start()
+        with os.fdopen(write_end, "w") as errlog:
+            async with stdio_client(parameters, errlog=errlog) as streams:
+                errlog.close()  # the server has its own copy: the copier ends when the server does
+                yield streams
+
+    def _copy_stderr(self, read_end: int) -> None:
+        with open(read_end, encoding="utf-8", errors="replace") as lines:
+            for line in lines:
+                self.stderr_tail.append(inert(line.rstrip("\r\n")))
+                with contextlib.suppress(Exception):  # keep reading: a server with a full pipe would block
+                    self.sink.write(f"mcp {self.spec.name}: {self.stderr_tail[-1]}\n")
+                    self.sink.flush()
+
+    def failure(self, error: BaseException, timeout: float) -> McpError:
+        """Why the server did not start, in one line ending with the last lines of its stderr."""
+        while getattr(error, "exceptions", None):  # an ExceptionGroup from the SDK's task groups
+            error = error.exceptions[0]
+        if isinstance(error, (TimeoutError, concurrent.futures.TimeoutError)):
+            reason = f"no answer to the handshake within {timeout:g} s"
+        elif getattr(error, "code", None) == _CONNECTION_CLOSED:
+            reason = "the connection closed"
+        elif isinstance(error, OSError) and error.strerror:
+            reason = f"cannot run it: {error.strerror}"
+        else:
+            reason = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+        if self.stderr_copier:
+            self.stderr_copier.join(0.5)  # the server is gone: its last lines are on their way
+        said = f"; its stderr ended with: {' | '.join(self.stderr_tail)}" if self.stderr_tail else ""
+        return McpError(reason + said)
+
+
+async def _list_tools(session: Any) -> List[dict]:
+    from mcp import types
+    listing: List[dict] = []
+    cursor = None
+    for _ in range(100):  # a server whose pages never end cannot hang the start
+        page = await session.list_tools(params=types.PaginatedRequestParams(cursor=cursor) if cursor else None)
+        page = page.model_dump(by_alias=True, mode="json", exclude_none=True)
+        listing += [tool for tool in page.get("tools", []) if isinstance(tool.get("name"), str)]
+        cursor = page.get("nextCursor")
+        if not cursor:
+            break
+    return listing
+
+
+async def _call_tool(session: Any, name: str, args: dict, timeout: float) -> dict:
+    import anyio
+    with anyio.fail_after(timeout):
+        result = await session.call_tool(name, args)
+    return result.model_dump(by_alias=True, mode="json", exclude_none=True)
+
+
+class McpTools:
+    """The tools of a run's MCP servers, and the servers' lifetime: start, call, describe, close."""
+
+    def __init__(self) -> None:
+        self.tools: Dict[str, Tool] = {}
+        self.notes: List[str] = []  # one line per renamed tool, for the user
+        self._servers: List[_Server] = []
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True, name="mcp")
+        self._closed = False
+        self._tool_timeout = self._startup_timeout = 0.0
+
+    def __enter__(self) -> "McpTools":
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.close()
+
+    def start(self, specs: List[ServerSpec], tool_timeout: float, taken_names: Iterable[str] = (),
+              stderr: Optional[TextIO] = None, startup_timeout: float = 10.0) -> Dict[str, Tool]:
+        """Connect to every server (their stderr goes to `stderr`) and return their tools; a name that is
+        in taken_names or that two tools have gets the server's name in front. McpError names a server
+        that does not start; all are closed then."""
+        if not specs:
+            return {}
+        try:
+            import mcp  # noqa: F401
+        except ImportError:
+            raise McpError(INSTALL_HINT) from None
+        self._tool_timeout, self._startup_timeout = tool_timeout, startup_timeout
+        self._thread.start()
+        atexit.register(self.close)  # for an exit that skips the caller's finally
+        self._servers = [_Server(spec, stderr or sys.stderr) for spec in specs]
+        try:
+            connecting = [(server, self._connect(server)) for server in self._servers]  # all at once
+            for server, ready in connecting:
+                try:
+                    server.listing = self._wait(server, ready)
+                except McpError as error:
+                    raise McpError(f"MCP server {server.spec.name} ({server.spec.shown()}): {error}") from None
+            self.tools = self._name_tools(set(taken_names))
+        except BaseException:
+            self.close()
+            raise
+        return self.tools
+
+    def _connect(self, server: _Server) -> concurrent.futures.Future:
+        """Start connecting; the future gets the server's tool listing, or what went wrong."""
+        ready: concurrent.futures.Future = concurrent.futures.Future()
+        server.stopping = asyncio.Event()
+        server.task = asyncio.run_coroutine_threadsafe(server.serve(ready, self._startup_timeout), self._loop)
+        return ready
+
+    def _wait(self, server: _Server, ready: concurrent.futures.Future) -> List[dict]:
+        """The tools of a server that started; McpError says why it did not."""
+        try:
+            return ready.result(timeout=self._startup_timeout + 5)  # the handshake has its own limit
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException as error:
+            problem = error
+        self._stop([server])
+        raise server.failure(problem, self._startup_timeout)
+
+    def _stop(self, servers: List[_Server]) -> None:
+        """End these servers' connections and processes, and wait until they are gone (or time is up)."""
+        for server in servers:
+            with contextlib.suppress(RuntimeError):  # the loop is closed
+                self._loop.call_soon_threadsafe(server.stopping.set)
+        for server in servers:
+            with contextlib.suppress(Exception):
+                server.task.result(timeout=_STOP_SECONDS)
+
+    def close(self) -> None:
+        """End every server process and the event loop; safe to call again, in a finally block, at exit."""
+        if self._closed:
+            return
+        self._closed = True
+        atexit.unregister(self.close)
+        if self._thread.is_alive():
+            self._stop(self._servers)
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(1)
+        if not self._loop.is_running():
+            self._loop.close()
+
+    def _name_tools(self, taken: set) -> Dict[str, Tool]:
+        """Each server's tools under names endpoints take; a name that is taken, or that two tools have,
+        gets the server's name in front (said in self.notes), so no tool hides another."""
+        wanted = [(server, entry, safe_name(entry["name"])) for server in self._servers for entry in server.listing]
+        counts = collections.Counter(name for _, _, name in wanted)
+        tools: Dict[str, Tool] = {}
+        for server, entry, name in wanted:
+            if name in taken or counts[name] > 1:
+                renamed = safe_name(f"{server.spec.name}_{name}")
+                self.notes.append(f"MCP server {server.spec.name}: its tool {inert(entry['name'])} is called"
+                                  f" {renamed} here, since another tool is named {name}")
+                name = renamed
+            if name in taken or name in tools:
+                raise McpError(f"MCP server {server.spec.name}: its tool {inert(entry['name'])} clashes with"
+                               f" another tool named {name}")
+            tools[name] = self._tool(server, entry, name)
+            server.names[name] = entry["name"]
+        return tools
+
+    def _tool(self, server: _Server, entry: dict, name: str) -> Tool:
+        schema = entry.get("inputSchema") if isinstance(entry.get("inputSchema"), dict) else {"type": "object"}
+        parameters, required = parameters_of(schema)
+        hints = entry.get("annotations") if isinstance(entry.get("annotations"), dict) else {}
+        read_only = hints.get("readOnlyHint") is True
+        check = argument_checker(schema)
+
+        def call(**args: Any) -> Any:
+            problem = check(args)
+            if problem:
+                raise ToolError(f"bad arguments for {name}: {problem}")
+            return result_data(self._call(server, entry["name"], name, args))
+        text = entry.get("description") or entry.get("title") or hints.get("title") or name
+        return Tool(name=name, description=" ".join(str(text).split()), parameters=parameters, required=required,
+                    example_args={arg: placeholder(parameters[arg]) for arg in required}, function=call,
+                    side_effects=not read_only,
+                    warning=DESTRUCTIVE if hints.get("destructiveHint") is True and not read_only else None)
+
+    def _call(self, server: _Server, remote_name: str, name: str, args: dict) -> dict:
+        """The server's answer to one call; ToolError when there is none (a timeout, a server that stopped)."""
+        session = server.session
+        if self._closed or session is None:
+            raise ToolError(f"{name} failed: MCP server {server.spec.name} is not running")
+        call = _call_tool(session, remote_name, args, self._tool_timeout)
+        future = asyncio.run_coroutine_threadsafe(call, self._loop)
+        try:
+            return future.result(timeout=self._tool_timeout + 5)  # the call has its own limit
+        except (TimeoutError, concurrent.futures.TimeoutError):
+            future.cancel()
+            raise ToolError(f"{name} did not finish within {self._tool_timeout:g} s (--tool-timeout);"
+                            " it may still be running") from None
+        except Exception as error:
+            code = getattr(error, "code", None)
+            if isinstance(code, int) and code != _CONNECTION_CLOSED:  # the server answered with an error
+                raise ToolError(f"{name} failed: {error}") from None
+            if code is None and not server.task.done():  # the connection is fine: a result the SDK refused
+                raise ToolError(f"{name} failed: {type(error).__name__}: {error}") from None
+            raise ToolError(f"{name} failed: {self._restart(server)}") from None
+
+    def _restart(self, server: _Server) -> str:
+        """Restart a server that stopped, once a run; say what happened, for the failed call's error."""
+        self._stop([server])
+        stopped = f"MCP server {server.spec.name} stopped"
+        if server.restarted:
+            return f"{stopped} again; its tools cannot be used for the rest of the run"
+        server.restarted = True
+        try:
+            self._wait(server, self._connect(server))
+        except McpError as error:
+            return f"{stopped}, and restarting it failed: {error}"
+        return f"{stopped} and was restarted; the call may not have run: try it again if needed"
+
+    # --- records ------------------------------------------------------------------------------
+
+    def describe(self) -> List[dict]:
+        """The servers and their tools as JSON data for the trace, enough to tell at a resume what changed."""
+        return [{"name": server.spec.name,
+                 **({"url": display_url(server.spec.url)} if server.spec.url
+                    else {"command": list(server.spec.command)}),
+                 "tools": dict(server.names), "digest": _digest(server.listing)} for server in self._servers]
+
+    def changes_since(self, recorded: Any) -> List[str]:
+        """One line per difference from a recorded describe(): a server gone, new, run differently,
+        or with a tool list that changed."""
+        now = {entry["name"]: entry for entry in self.describe()}
+        then = {entry["name"]: entry for entry in (recorded if isinstance(recorded, list) else [])
+                if isinstance(entry, dict) and isinstance(entry.get("name"), str)}
+        changes = []
+        for name, old in then.items():
+            new, shown = now.get(name), inert(name)
+            if new is None:
+                changes.append(f"MCP server {shown} is not connected now")
+                continue
+            if (old.get("url"), old.get("command")) != (new.get("url"), new.get("command")):
+                changes.append(f"MCP server {shown} now runs {inert(_how(new))}, not {inert(_how(old))}")
+            if old.get("digest") != new["digest"] or old.get("tools") != new["tools"]:  # or named differently
+                before = set(old["tools"]) if isinstance(old.get("tools"), dict) else set()
+                added, gone = sorted(set(new["tools"]) - before), sorted(before - set(new["tools"]))
+                detail = "; ".join([*(["new: " + ", ".join(added)] if added else []),
+                                    *(["gone: " + ", ".join(gone)] if gone else [])])
+                changes.append(f"MCP server {shown}'s tool list changed" + (f" ({inert(detail)})" if detail else ""))
+        return changes + [f"MCP server {name} is new" for name in now if name not in then]
+
+
+def _how(described: dict) -> str:
+    return str(described.get("url") or " ".join(map(str, described.get("command") or [])))
+
+
+def _digest(listing: List[dict]) -> str:
+    """A fingerprint of what the model is told about a server's tools."""
+    essentials = sorted(json.dumps({key: tool.get(key) for key in ("name", "description", "inputSchema",
+                                                                    "annotations")}, sort_keys=True)
+                        for tool in listing)
+    return "sha256:" + hashlib.sha256("\n".join(essentials).encode()).hexdigest()[:16]

@@ -1,0 +1,488 @@
+"""What a run is made of, as plain data: the model's replies, each round with its calls, the
+compactions, the token counts, and how the run ended (one exception per reason, with its status
+and exit code), and the result the callers format. Each record says how it is written to a
+trace file and read back.
+
+This is the bottom layer: it imports nothing of agent-demo's, and everything else may import it.
+"""
+import contextlib
+import json
+from dataclasses import dataclass, field
+from typing import Any, ContextManager, Dict, List, Optional
+
+
+# --- JSON as records and requests hold it -----------------------------------------------------
+
+def to_json(value: Any) -> str:
+    """JSON as people and the model read it: compact, non-ASCII kept readable."""
+    return json.dumps(value, ensure_ascii=False)
+
+
+def wire_size(text: str) -> int:
+    """Characters text takes inside a JSON string in a request (non-ASCII escaped, as requests sends it)."""
+    return len(json.dumps(text)) - 2
+
+
+def printable(text: str) -> str:
+    """text that any UTF-8 stream takes: a lone surrogate (from a "\\ud83d" escape) becomes "?"."""
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "replace").decode("utf-8")
+
+
+def success(data: Any) -> dict:
+    """The result of a call that worked: what every tool answers."""
+    return {"ok": True, "data": data}
+
+
+def failure(error: str, **details: Any) -> dict:
+    """The result of a call that did not work; details help the model fix it."""
+    return {"ok": False, "error": error, **details}
+
+
+# --- a reply, a call, a round ---------------------------------------------------------------------
+
+@dataclass
+class Reply:
+    """What the model said in one round, however it arrived (a plain body or server-sent events)."""
+
+    content: str
+    tool_calls: List[dict] = field(default_factory=list)
+    usage: Optional[dict] = None
+    latency_ms: int = 0
+    finish_reason: Optional[str] = None  # "length" when the reply was cut off
+    reasoning: str = ""  # reasoning_content, which some servers send beside the content
+
+
+@dataclass
+class Call:
+    """One action of a reply and what came of it."""
+
+    tool: str
+    args: Any  # a dict when well-formed; kept as the model sent it otherwise
+    result: dict  # {"ok": true, "data": ...} or {"ok": false, "error": ...}
+    id: Optional[str] = None  # the tool_call id of a native call
+    note: Optional[str] = None  # said to the model beside the result
+    watchdog: Optional[str] = None  # "cached", "refused" or "stuck" for a repeated call
+    watched: bool = False  # counted by the watchdog (a real tool call, not finish or a refusal)
+    format_error: bool = False  # the action itself was malformed
+    ends_run: Optional[str] = None  # the status of the ending this call reached: "finished", "failed", "stuck"
+    check: Optional[dict] = None  # what --check said of a finish: command, exit_code, output, ms
+
+    @property
+    def action(self) -> dict:
+        return {"tool": self.tool, "args": self.args}
+
+
+_CALL_FLAGS = ("id", "note", "watchdog", "watched", "format_error", "ends_run", "check")
+
+
+@dataclass
+class Compaction:
+    """Older rounds folded into the digest before a request; the requests carry this digest from then on."""
+
+    before_round: int  # the round whose request was the first to carry it
+    folded: int  # rounds 1..folded are in the digest, no longer verbatim
+    omitted: int  # rounds 1..omitted are not even in the digest: recall gets them back
+    digest: str  # exactly as sent, after the task
+    chars_before: int = 0  # the request's size had it not compacted
+    chars_after: int = 0
+    notes: str = ""  # the working notes of the folded rounds, exactly as sent after the digest
+
+    def to_line(self) -> dict:
+        """The compaction as the trace file keeps it (the "compaction" event, without the event name)."""
+        line = {"before_round": self.before_round, "folded": self.folded, "omitted": self.omitted,
+                "chars_before": self.chars_before, "chars_after": self.chars_after, "digest": self.digest}
+        if self.notes:
+            line["notes"] = self.notes
+        return line
+
+    @classmethod
+    def from_line(cls, line: dict) -> "Compaction":
+        """A compaction read back from its trace line; KeyError or TypeError if the line is not one."""
+        before_round, folded, omitted = line["before_round"], line["folded"], line.get("omitted", 0)
+        if not all(isinstance(n, int) for n in (before_round, folded, omitted)) \
+                or not 0 <= omitted <= folded < before_round or not isinstance(line["digest"], str) \
+                or not isinstance(line.get("notes") or "", str):
+            raise TypeError("not a compaction")
+        return cls(before_round, folded, omitted, line["digest"], chars_before=line.get("chars_before") or 0,
+                   chars_after=line.get("chars_after") or 0, notes=line.get("notes") or "")
+
+
+@dataclass
+class Round:
+    """One request and its reply, the calls it made and the messages that answered it."""
+
+    number: int
+    model_output: str
+    calls: List[Call]
+    feedback: List[dict]  # the messages sent back, exactly
+    mode: str = "json"  # how actions were asked for (a trace written before modes were recorded: json)
+    latency_ms: int = 0
+    usage: Dict[str, Any] = field(default_factory=dict)
+    usage_estimated: bool = False
+    problem: Optional[str] = None  # why the reply held no usable action
+    tool_calls: Optional[List[dict]] = None  # a tools-mode reply's calls, re-sent as written
+    compaction: Optional[Compaction] = None  # made after this round, before the next request
+    follow_up: Optional[str] = None  # the user's next turn after this round (--continue), recorded on its own
+
+    @property
+    def result(self) -> dict:
+        """The first call's result, or the format error: what a one-line summary shows."""
+        return self.calls[0].result if self.calls else failure("format error: " + (self.problem or ""))
+
+    @property
+    def ending(self) -> Optional[str]:
+        """The status this round ended the run with ("finished", "failed", "stuck"), or None."""
+        return next((call.ends_run for call in self.calls if call.ends_run), None)
+
+    def add_follow_up(self, text: str) -> None:
+        """The user's next turn after this round (--continue), joined to one given before that got no reply.
+        A compaction made after the round was for a request without it: the next request is folded anew."""
+        self.follow_up = text if self.follow_up is None else f"{self.follow_up}\n\n{text}"
+        self.compaction = None
+
+    def to_line(self) -> dict:
+        """The round as the trace file keeps it (the "round" event, without the event name)."""
+        calls = []
+        for call in self.calls:
+            line = {"tool": call.tool, "args": call.args, "result": call.result}
+            line.update({name: getattr(call, name) for name in _CALL_FLAGS if getattr(call, name)})
+            calls.append(line)
+        line = {"round": self.number, "model_output": self.model_output,
+                "action": self.calls[0].action if self.calls else None, "result": self.result,
+                "calls": calls, "feedback": self.feedback, "mode": self.mode,
+                "latency_ms": self.latency_ms, "usage": self.usage, "usage_estimated": self.usage_estimated}
+        if self.tool_calls is not None:
+            line["tool_calls"] = self.tool_calls
+        if self.problem is not None:
+            line["problem"] = self.problem
+        return line
+
+    @classmethod
+    def from_line(cls, line: dict) -> "Round":
+        """A round read back from its trace line; KeyError, TypeError or ValueError if the line is not one."""
+        calls = [Call(tool=str(call["tool"]), args=call.get("args"), result=call["result"],
+                      **{name: call[name] for name in _CALL_FLAGS if call.get(name)})
+                 for call in line["calls"]]
+        if not isinstance(line["round"], int) or any(not isinstance(call.result, dict) or not isinstance(
+                call.result.get("ok"), bool) or not isinstance(call.check or {}, dict) for call in calls) or not all(
+                isinstance(m, dict) and m.get("role") in ("user", "tool") and isinstance(m.get("content"), str)
+                for m in line["feedback"]) \
+                or not isinstance(line.get("model_output") or "", str) \
+                or not isinstance(line.get("tool_calls") or [], list):
+            raise ValueError("not a round this version wrote")
+        problem = line.get("problem")
+        if not calls and not isinstance(problem, str):  # a trace written before "problem" was recorded
+            problem = str((line.get("result") or {}).get("error") or "").replace("format error: ", "", 1)
+        usage = line.get("usage")
+        return cls(number=line["round"], model_output=line.get("model_output") or "", calls=calls,
+                   feedback=list(line["feedback"]), mode=line.get("mode") or "json",
+                   latency_ms=line.get("latency_ms") or 0, usage=usage if isinstance(usage, dict) else {},
+                   usage_estimated=bool(line.get("usage_estimated")), problem=problem,
+                   tool_calls=line.get("tool_calls"))
+
+
+# --- token counts ---------------------------------------------------------------------------------
+
+MOST_TOKENS_A_ROUND = 10_000_000  # more than any model's context holds: a count above it is not a count
+COUNTS = ("prompt_tokens", "completion_tokens", "total_tokens")
+CHARACTERS_A_TOKEN = 4  # what an estimate assumes when the endpoint gives no counts that can be true
+
+
+def is_count(value: Any) -> bool:
+    """A token count that can be true: a whole number, not negative, not absurd (not a bool)."""
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MOST_TOKENS_A_ROUND
+
+
+def impossible_counts(usage: Optional[dict]) -> dict:
+    """The counts an endpoint reported that cannot be true (-1e9, NaN, true): the round is then estimated."""
+    usage = usage or {}
+    return {key: usage[key] for key in COUNTS if usage.get(key) is not None and not is_count(usage[key])}
+
+
+def cached_tokens(usage: dict) -> Optional[int]:
+    """Prompt tokens the endpoint served from its cache, as OpenAI, vLLM and Qwen or as DeepSeek report them."""
+    details = usage.get("prompt_tokens_details")
+    for value in (details.get("cached_tokens") if isinstance(details, dict) else None,
+                  usage.get("prompt_cache_hit_tokens")):
+        if is_count(value):
+            return value
+    return None
+
+
+def count_usage(reply: Reply, request_chars: int) -> tuple:
+    """The round's token counts and whether they are estimated: the endpoint's when they can be
+    true, else about CHARACTERS_A_TOKEN characters a token, so no reply can give back the budget it spent."""
+    usage = reply.usage or {}
+    prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
+    cached = cached_tokens(usage)
+    if cached is not None:
+        usage = {**usage, "cached_tokens": cached}
+    if not impossible_counts(usage):
+        if is_count(usage.get("total_tokens")):
+            return usage, False
+        if is_count(prompt) and is_count(completion):
+            return {**usage, "total_tokens": prompt + completion}, False
+    prompt = request_chars // CHARACTERS_A_TOKEN
+    written = len(reply.content) + (len(to_json(reply.tool_calls)) if reply.tool_calls else 0)
+    completion = written // CHARACTERS_A_TOKEN
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}, True
+
+
+def add_usage(total: dict, record: Round) -> None:
+    """Add one round's token counts to the run's totals (a count a trace holds that cannot be true is not added)."""
+    for key in (*COUNTS, "cached_tokens"):
+        value = record.usage.get(key)
+        if is_count(value):
+            total[key] = total.get(key, 0) + value
+    if record.usage_estimated:
+        total["estimated"] = True
+
+
+def total_usage(rounds: List[Round]) -> dict:
+    """The token counts of these rounds (a resumed run goes on counting)."""
+    total: dict = {}
+    for record in rounds:
+        add_usage(total, record)
+    return total
+
+
+# --- how a run ends ---------------------------------------------------------------------------------
+
+class RunEnded(Exception):
+    """Ends the run. Subclasses name the reason; `status` goes into the trace and --json."""
+
+    status = "error"
+    exit_code = 3
+    call: Optional[Call] = None  # the call that reached this ending, when one did
+
+    def __init__(self, message: str = "", result: Any = None):
+        super().__init__(message)
+        self.result = result
+
+    def by(self, call: Call) -> "RunEnded":
+        """This ending, reached by `call` (whose record says so)."""
+        self.call, call.ends_run = call, self.status
+        return self
+
+
+class Finished(RunEnded):
+    """The model called finish (or answered in words where that counts); `result` is its answer."""
+
+    status, exit_code = "finished", 0
+
+
+class GaveUp(RunEnded):
+    """The model called fail; `result` is its reason."""
+
+    status, exit_code = "failed", 1
+
+
+class CheckFailed(GaveUp):
+    """--check rejected the answer --check-attempts times; `result` is its last output."""
+
+
+class Stuck(RunEnded):
+    """The model repeats a call, or sends no usable action, again and again."""
+
+    status, exit_code = "stuck", 1
+
+
+class BudgetSpent(RunEnded):
+    """The run has used its --max-tokens."""
+
+    status, exit_code = "budget", 1
+
+
+class RoundLimit(RunEnded):
+    """The run has made its --max-rounds requests."""
+
+    status, exit_code = "max_rounds", 1
+
+
+class Interrupted(RunEnded):
+    """The user pressed Ctrl-C."""
+
+    status, exit_code = "interrupted", 130
+
+
+class Terminated(Interrupted):
+    """The process got SIGTERM (docker stop, timeout, a CI runner)."""
+
+    exit_code = 143
+
+
+class SigTerm(BaseException):
+    """Raised by the SIGTERM handler. Not an Exception, like KeyboardInterrupt, so that no
+    `except Exception` on the way (a tool's, a library's) can swallow it; the loop ends the run."""
+
+
+class OutputClosed(RunEnded):
+    """stdout cannot be written (its reader went away, a full disk): the answer is lost, nothing else."""
+
+
+class InternalError(RunEnded):
+    """A bug in agent-demo itself; --debug shows its traceback."""
+
+    exit_code = 1
+
+
+class ConfigError(RunEnded):
+    """A setting, a flag, a tool or a file is wrong, and the user can fix it; nothing was sent
+    (but for a trace file that fails mid-run). The Python API raises it; the command line says it
+    in one line and exits 2."""
+
+    exit_code = 2
+
+
+class EndpointError(RunEnded):
+    """The endpoint refused, failed or answered with something unusable (exit 3)."""
+
+    def __init__(self, message: str, http_status: Optional[int] = None, server_said: str = ""):
+        super().__init__(message)
+        self.http_status, self.server_said = http_status, server_said
+
+
+# Not finished, not failed: a run that ended so can be taken further with --resume.
+RESUMABLE = {"max_rounds", "budget", "stuck", "error", "interrupted"}
+
+
+@dataclass
+class RunResult:
+    """How a run ended: what `agent_demo.run` returns, and all the command line formats."""
+
+    ending: RunEnded
+    rounds: int = 0
+    usage: Dict[str, Any] = field(default_factory=dict)
+    calls: List[dict] = field(default_factory=list)  # every call of the run, with its round and result
+    progress: List[str] = field(default_factory=list)  # --check's last output, when it ended the run
+    checks: List[dict] = field(default_factory=list)  # every run of --check, with its round
+    trace: Optional[str] = None  # the trace file the run was recorded in, if any
+
+    @property
+    def status(self) -> str:
+        return self.ending.status
+
+    @property
+    def result(self) -> Any:
+        return self.ending.result
+
+    @property
+    def error(self) -> Optional[str]:
+        return str(self.ending) if self.status == "error" else None
+
+    @property
+    def exit_code(self) -> int:
+        return self.ending.exit_code
+
+    @property
+    def key_refused(self) -> bool:
+        """Did the endpoint refuse the key (HTTP 401 or 403)?"""
+        return isinstance(self.ending, EndpointError) and self.ending.http_status in (401, 403)
+
+    @property
+    def resumable(self) -> bool:
+        """Can --resume take the run further? Not once it finished or failed, not after a usage or
+        configuration error (nothing was sent, or the flags must change first), and not when a refused
+        key stopped it before its first round: going on would only start it again."""
+        return (self.status in RESUMABLE and self.exit_code != ConfigError.exit_code
+                and not (self.key_refused and self.rounds == 0))
+
+    def summary(self) -> str:
+        """One line on how the run ended, for people."""
+        tokens = f", {self.usage['total_tokens']} tokens" if "total_tokens" in self.usage else ""
+        if "cached_tokens" in self.usage:
+            tokens += f" ({self.usage['cached_tokens']} cached)"
+        if self.usage.get("estimated"):
+            tokens += " (partly estimated)"
+        return {
+            "finished": f"finished after {self.rounds} round(s){tokens}",
+            "failed": f"not completed: {self.ending} after {self.rounds} round(s); its last output:"
+                      if isinstance(self.ending, CheckFailed)
+                      else f"not completed: the model gave up after {self.rounds} round(s): {self.result}",
+            "max_rounds": f"not completed: round limit reached after {self.rounds} round(s){tokens}",
+            "budget": f"not completed: token budget spent after {self.rounds} round(s){tokens}",
+            "stuck": f"not completed: the model is stuck, repeating a call or sending no usable action"
+                     f" (round {self.rounds})",
+            "interrupted": f"interrupted after {self.rounds} completed round(s)",
+        }.get(self.status, f"error after {self.rounds} round(s): {self.error}")
+
+    def to_json(self) -> dict:
+        extra = {"error": self.error} if self.error else {}
+        checks = {"checks": self.checks} if self.checks else {}
+        return {"status": self.status, "result": self.result, "rounds": self.rounds,
+                "usage": self.usage, **extra, "calls": self.calls, **checks}
+
+
+def answer_text(value: Any) -> str:
+    """An answer as people (and --check) read it: text as is, anything else as JSON."""
+    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, indent=2)
+
+
+# --- what a run reports as it goes ------------------------------------------------------------------
+
+class Working:
+    """What a status line is told while the model, a tool or a check works: here, nothing."""
+
+    def feed(self, piece: str) -> None:
+        """A piece of a streamed reply."""
+
+
+class RunEvents:
+    """Everything a run reports as it goes, to whoever listens: this one keeps nothing and hides
+    nothing. The run store's RunLog writes the events to the trace file and the screen, and
+    redacts the key; the loop, the client and the conversation know only these methods."""
+
+    def redact(self, text: str) -> str:
+        """text without the secrets, before it goes to the model."""
+        return text
+
+    def redact_values(self, value: Any) -> Any:
+        """JSON data with the secrets taken out of its strings."""
+        return value
+
+    def working(self, label: str = "model working") -> ContextManager[Working]:
+        return contextlib.nullcontext(Working())
+
+    def start(self, task: str, model: str, url: str, kept: dict) -> None:
+        """A new run: its task, where requests go, and the settings a resume keeps."""
+
+    def resume(self, task: str, model: str, url: str, done_rounds: int, kept: dict) -> None:
+        """A run taken up again after its last completed round (or given a follow-up after it)."""
+
+    def note(self, text: str) -> None:
+        """Something the user should know, said once."""
+
+    def retry(self, cause: str, attempt: int, retries: int, wait: float) -> None:
+        """One attempt failed and the next is coming."""
+
+    def setting(self, name: str, value: Any, text: str) -> None:
+        """The endpoint made the run change how it asks (kept by --resume)."""
+
+    def fallback(self, from_mode: str, to_mode: str, error: str, from_variant: Optional[str] = None,
+                 to_variant: Optional[str] = None) -> None:
+        """The endpoint refused a form of request; the next one is tried."""
+
+    def compaction(self, compaction: Compaction) -> None:
+        """Older rounds were folded, before the first request that carries the new digest."""
+
+    def reply(self, header: str, reply: Reply, prose: str) -> None:
+        """The model's reply arrived; prose is what it said besides its actions."""
+
+    def action(self, label: str, tool: str, args: Any) -> None:
+        """An action is about to run."""
+
+    def result(self, call: Call, sent: dict) -> None:
+        """What the model is told of a call."""
+
+    def call_started(self, number: int, call: Call) -> None:
+        """A call with side effects is about to run (written ahead, for a resume after a crash)."""
+
+    def round(self, record: Round) -> None:
+        """A round is complete."""
+
+    def end(self, outcome: RunResult) -> None:
+        """The run ended."""
