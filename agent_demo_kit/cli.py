@@ -16,7 +16,8 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 import prompts
 from agent_demo import Agent, Job, prepare
 from agent_demo_kit import __version__, run_store
-from agent_demo_kit.records import ConfigError, Interrupted, OutputClosed, RunResult, SigTerm, Terminated
+from agent_demo_kit.records import (ConfigError, EndpointError, Finished, GaveUp, Interrupted, OutputClosed, RunResult,
+                                    SigTerm, Terminated)
 from agent_demo_kit.settings import (MODES, display_url, flag_name, read_environment, secrets_of, setting_fields,
                                      shown_default)
 from agent_demo_kit.terminal import (Redactor, SafeStream, Screen, is_terminal, protected, stray_prints_to_stderr,
@@ -39,9 +40,10 @@ OTHER_VARIABLES = [  # read by the command line itself, not settings of a run
     ("AGENT_DEBUG=1", "same as --debug"),
 ]
 
-EXIT_CODES = """exit codes: 0 finished; 1 not completed (gave up, --check rejected the answers,
-round limit, token budget, stuck, or an internal error); 2 usage or configuration
-error; 3 endpoint failed; 130 interrupted (Ctrl-C); 143 terminated (SIGTERM)"""
+EXIT_CODES = (f"exit codes: {Finished.exit_code} finished; {GaveUp.exit_code} not completed (gave up, --check rejected"
+              f" the answers,\nround limit, token budget, stuck, or an internal error); {ConfigError.exit_code} usage"
+              f" or configuration\nerror; {EndpointError.exit_code} endpoint failed; {Interrupted.exit_code} interrupted"
+              f" (Ctrl-C); {Terminated.exit_code} terminated (SIGTERM)")
 
 
 def environment_help() -> str:
@@ -72,7 +74,7 @@ class Parser(argparse.ArgumentParser):
         if self.json_output:
             with contextlib.suppress(OutputClosed):  # the usage error and its exit code stand
                 sys.stdout.write_json(json_object(RunResult(ConfigError(f"usage: {message}"))))
-        self.exit(2, f"agent-demo: error: {message} (see agent-demo --help)\n")  # one line, not the usage block
+        self.exit(ConfigError.exit_code, f"agent-demo: error: {message} (see agent-demo --help)\n")  # one line, not the usage block
 
 
 def flag_type(parse: Callable[[str], Any]) -> Callable[[str], Any]:
@@ -102,7 +104,7 @@ def add_setting_flags(parser: argparse.ArgumentParser) -> None:
         if item.name == "stream":
             options.update(action=argparse.BooleanOptionalAction, default=None)
         elif isinstance(default, bool):
-            options.update(action="store_true")
+            options.update(action="store_true", default=None)  # None: not given, so the environment or a resume holds
         elif isinstance(default, list):
             options.update(action="append", metavar=meta["metavar"])
         elif item.name == "mode":
@@ -176,7 +178,7 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
 def stdin_is_piped(any_kind: bool = False) -> bool:
     """Is stdin a pipe or a file (not a terminal)? any_kind: also /dev/null and other devices."""
     try:
-        if sys.stdin is None or sys.stdin.isatty():
+        if sys.stdin is None or is_terminal(sys.stdin):
             return False
         mode = os.fstat(sys.stdin.fileno()).st_mode
     except (OSError, ValueError, AttributeError):  # closed, or a test's stand-in
@@ -363,6 +365,6 @@ def list_runs(environment: Dict[str, str]) -> int:
     folder = run_store.log_dir(environment)
     run_store.checked_folder(folder)
     runs = run_store.recent_runs(folder)
-    width = shutil.get_terminal_size().columns if sys.stdout.isatty() else 80
+    width = shutil.get_terminal_size().columns if is_terminal(sys.stdout) else 80
     print(run_store.render_runs(runs, folder, run_store.short_ids(runs, run_store.run_files(folder)), width))
     return 0

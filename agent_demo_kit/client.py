@@ -462,8 +462,8 @@ def _one_line(text: str) -> str:
 
 def _given(settings: Settings, name: str, variable: str) -> str:
     """The flag or variable the user gave a setting with, to say what to check; else its usual variable."""
-    source = settings.sources.get(name, "")
-    return source if source.startswith(("-", "LLM_", "OPENAI_")) else variable
+    source = settings.sources.get(name, "default")
+    return variable if source in ("default", "the resumed run") else source
 
 
 def describe_http_error(status: int, text: str, settings: Settings, retried: bool = True) -> str:

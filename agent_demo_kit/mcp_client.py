@@ -27,6 +27,7 @@ from urllib.parse import unquote, urlsplit
 
 from agent_demo_kit.settings import MESSAGE_CHARS, display_url
 from agent_demo_kit.terminal import inert
+from prompts import clip
 from tools import ANY_JSON, Tool, ToolError
 
 INSTALL_HINT = "MCP servers need the mcp package: pip install 'agent-demo[mcp]' (Python 3.10 or later)"
@@ -295,7 +296,7 @@ def argument_checker(schema: Any) -> Callable[[dict], Optional[str]]:
         if error is None:
             return None
         where = "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in error.absolute_path)
-        message = error.message if len(error.message) <= MESSAGE_CHARS else error.message[:MESSAGE_CHARS] + "..."
+        message = clip(error.message, MESSAGE_CHARS)
         return f"{where.lstrip('.')}: {message}" if where else message
     return problem
 

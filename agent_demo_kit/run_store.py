@@ -553,7 +553,7 @@ def _long_start(head: bytes) -> Optional[dict]:
     """The start record of a run whose first line is too long to read whole: its task's beginning."""
     if not head.startswith(b'{"event": "start"'):
         return None
-    match = re.search(rb'"task": "((?:[^"\\]|\\.){0,200})', head)
+    match = re.search(rb'"task": "((?:[^"\\]|\\.){0,%d})' % TASK_SHOWN_CHARS, head)
     task = match[1].decode("utf-8", errors="replace") if match else ""
     return {"event": "start", "task": task + "…"}
 

@@ -49,7 +49,10 @@ STATUS_SHOWN_CHARS = 600  # ... and looks at for the words that fit the terminal
 
 def seconds(text: str) -> float:
     """A finite number of seconds, more than 0; ValueError otherwise."""
-    value = float(text)
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
     if not (math.isfinite(value) and 0 < value <= MAX_TIMEOUT):
         raise ValueError(f"must be a number of seconds more than 0 and at most {MAX_TIMEOUT:g}, got {text!r}")
     return value
@@ -177,7 +180,7 @@ def flag_name(name: str) -> str:
 
 def keyword_name(name: str) -> str:
     """How a Python caller names a setting: its keyword."""
-    return f"{name}="
+    return name
 
 
 # --- the endpoint --------------------------------------------------------------------------------
@@ -258,7 +261,7 @@ def load_settings(given: Dict[str, Any], environment: Dict[str, str], recorded: 
         variable = next((variable for variable in meta["variables"] if environment.get(variable)), None)
         if variable:
             value, sources[name] = _parsed(item, environment[variable].strip(), variable), variable
-        if given.get(name) is not None and given[name] is not False and given[name] != []:  # 0 is given
+        if given.get(name) is not None:
             value, sources[name] = _checked(item, given[name], named(name)), named(name)
         values[name] = value
     if recorded and recorded.get("approve") is True:

@@ -27,7 +27,7 @@ from agent_demo_kit.actions import think_pieces
 from agent_demo_kit.records import OutputClosed, Working, printable, to_json
 from agent_demo_kit.settings import (CHECK_LINE_CHARS, STATUS_KEPT_CHARS, STATUS_SHOWN_CHARS,
                                      THOUGHT_SHOWN_CHARS)
-from prompts import TRUNCATED
+from prompts import TRUNCATED, clip
 
 
 # --- redaction: the secrets and the forms they take --------------------------------------------
@@ -457,9 +457,9 @@ def check_line(check: dict) -> str:
     seconds = f"{check['ms'] / 1000:.1f} s"
     ended = f"exit {check['exit_code']} after {seconds}" if check["exit_code"] is not None \
         else f"still running after {seconds}, stopped"
-    command = "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in check["command"])
+    command = to_json(check["command"])[1:-1]  # on one line, escaped as JSON escapes it
     output = " ".join(check["output"].split())
-    return f"check: {command} -> {ended}" + (f": {to_json(output[:CHECK_LINE_CHARS])}" if output else "")
+    return f"check: {command} -> {ended}" + (f": {to_json(clip(output, CHECK_LINE_CHARS))}" if output else "")
 
 
 def _columns(character: str) -> int:

@@ -1,0 +1,175 @@
+"""agent_demo.run: the loop from Python, on the same agent the command line runs."""
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+import agent_demo
+from agent_demo_kit.cli import main
+from conftest import KEY, ROOT, child_environment, said_lines
+from scripted_server import ScriptedServer, action as act
+
+
+def shout(text: str) -> str:
+    """Say it louder.
+
+    Args:
+        text: what to say
+    """
+    return text.upper() + "!"
+
+
+def test_a_plain_function_is_a_tool_and_the_result_says_how_the_run_went(serve):
+    server = serve([act("shout", text="hi"), act("finish", result="HI!")], key=None)
+    seen = []
+    result = agent_demo.run("shout hi", url=server.url, tools=[shout], on_round=seen.append)
+    assert (result.status, result.result, result.rounds, result.exit_code) == ("finished", "HI!", 2, 0)
+    assert result.calls[0] == {"round": 1, "tool": "shout", "args": {"text": "hi"}, "result": {"ok": True,
+                                                                                              "data": "HI!"}}
+    assert result.usage["total_tokens"] == 30 and result.trace is None
+    assert [record.number for record in seen] == [1, 2] and seen[0].calls[0].result["data"] == "HI!"
+    system = server.sent_messages(0)[0]["content"]
+    assert "- shout: Say it louder." in system and "- calculator:" in system, "added to the built-in tools"
+
+
+def test_keywords_are_the_settings_by_their_long_names_and_win_over_the_environment(serve, monkeypatch):
+    server = serve([act("calculator", expression="1 + 1")], key=None)
+    monkeypatch.setenv("AGENT_MAX_ROUNDS", "5")
+    monkeypatch.setenv("LLM_MODEL", "from-the-environment")
+    result = agent_demo.run("add", max_rounds=2, mode="tools", max_reply_tokens=0, stream=False)
+    assert (result.status, result.rounds, result.exit_code) == ("max_rounds", 2, 1)
+    body = server.requests[0]["body"]
+    assert body["model"] == "from-the-environment" and "tools" in body and "max_tokens" not in body
+    assert "stream" not in body
+
+
+@pytest.mark.parametrize("settings, flags, message", [
+    ({"max_rounds": 0}, ["--max-rounds", "0"], "must be at least 1, got 0"),
+    ({"timeout": "soon"}, ["--timeout", "soon"], "must be a number of seconds"),
+    ({"url": "ftp://x"}, ["--url", "ftp://x"], "must be an http(s) URL, got 'ftp://x'"),
+    ({"max_context": 100}, ["--max-context", "100"], "--max-context 100 is too small"),
+    ({"check": "no-such-program-xyz"}, ["--check", "no-such-program-xyz"], "--check cannot start 'no-such-program-xyz'"),
+])
+def test_a_bad_setting_raises_config_error_with_the_words_the_command_line_prints(serve, capsys, settings, flags,
+                                                                                 message):
+    server = serve([act("finish", result="x")], key=None)
+    with pytest.raises(agent_demo.ConfigError) as raised:
+        agent_demo.run("x", **settings)
+    said = str(raised.value)
+    assert message in said and raised.value.exit_code == 2
+    try:
+        assert main([*flags, "--no-log", "x"]) == 2
+    except SystemExit as usage_error:  # a flag argparse refused
+        assert usage_error.code == 2
+    [line] = said_lines(capsys.readouterr().err)
+    name = next(iter(settings))
+    assert said.startswith(name) or said.startswith("--"), "the setting is named as the caller gave it"
+    assert said[len(name):].lstrip() in line if said.startswith(name) else f"agent-demo: error: {said}" == line
+    assert server.requests == [], "nothing was sent"
+
+
+def test_an_unknown_keyword_and_a_missing_key_raise_too(monkeypatch):
+    with pytest.raises(agent_demo.ConfigError, match="unknown setting 'max_round'"):
+        agent_demo.run("x", max_round=3)
+    with pytest.raises(agent_demo.ConfigError, match="LLM_API_KEY .* is not set, and api.openai.com needs one"):
+        agent_demo.run("x")
+
+
+def test_a_function_that_cannot_be_a_tool_raises_config_error():
+    def no_docstring(x: int):
+        return x
+    with pytest.raises(agent_demo.ConfigError, match="no_docstring has no docstring"):
+        agent_demo.run("x", url="http://127.0.0.1:9/v1", tools=[no_docstring])
+
+    def calculator(expression: str) -> str:
+        """A second calculator."""
+    with pytest.raises(agent_demo.ConfigError, match="the tool calculator clashes"):
+        agent_demo.run("x", url="http://127.0.0.1:9/v1", tools=[calculator])
+
+
+def test_an_endpoint_that_fails_gives_an_error_result_not_an_exception(serve):
+    server = serve([{"status": 401, "body": {"error": {"message": "bad key"}}}])
+    result = agent_demo.run("x", url=server.url, api_key="sk-wrong-key-12345")
+    assert (result.status, result.exit_code) == ("error", 3)
+    assert result.error == "authentication failed (HTTP 401): bad key - check api_key"
+
+
+def test_approve_decides_each_call(serve):
+    server = serve([act("calculator", expression="1 + 1"), act("get_order_status", order_id="A1001"),
+                    act("finish", result="done")], key=None)
+    asked = []
+    result = agent_demo.run("x", url=server.url, approve=lambda call: asked.append(call) or call["tool"] == "calculator")
+    assert [call["tool"] for call in asked] == ["calculator", "get_order_status"]
+    assert asked[0]["args"] == {"expression": "1 + 1"}
+    assert [call["result"]["ok"] for call in result.calls[:2]] == [True, False]
+    assert "did not approve" in result.calls[1]["result"]["error"]
+
+
+def test_trace_is_a_file_or_the_run_log_and_the_command_line_can_take_it_up(serve, tmp_path, capsys):
+    server = serve([act("calculator", expression="1 + 1")], key=None)
+    path = tmp_path / "run.jsonl"
+    cut_short = agent_demo.run("add", url=server.url, trace=path, max_rounds=1)
+    assert cut_short.status == "max_rounds" and cut_short.trace == str(path)
+    events = [json.loads(line)["event"] for line in path.read_text().splitlines()]
+    assert events == ["start", "round", "end"]
+    serve([act("finish", result="2")], key=None)
+    assert main(["--resume", str(path), "--max-rounds", "2", "--quiet"]) == 0
+    assert capsys.readouterr().out == "2\n"
+    logged = agent_demo.run("add", trace=True, max_rounds=1)
+    assert os.path.dirname(logged.trace) == str(tmp_path / "state" / "agent-demo" / "runs")
+
+
+def test_material_is_what_the_task_is_about(serve):
+    server = serve([act("finish", result="3 lines")], key=None)
+    agent_demo.run("count the lines", material="a\nb\nc\n")
+    assert "a\nb\nc" in server.sent_messages(0)[1]["content"]
+
+
+def test_importing_it_loads_neither_mcp_nor_the_terminal_nor_the_run_store():
+    code = ("import sys, agent_demo; print(sorted(m for m in sys.modules if m.startswith(('mcp', 'requests'))"
+            " or m in ('agent_demo_kit.terminal', 'agent_demo_kit.run_store', 'agent_demo_kit.cli')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True).stdout
+    assert out == "[]\n"
+
+
+def test_a_script_outside_the_checkout_runs_a_task_with_its_own_tool(tmp_path):
+    """As a user would: the installed package, from a folder of their own, against an endpoint."""
+    script = tmp_path / "my_agent.py"
+    script.write_text(textwrap.dedent('''
+        import sys
+        import agent_demo
+
+        def word_count(text: str) -> int:
+            """Count the words in a text.
+
+            Args:
+                text: the text
+            """
+            return len(text.split())
+
+        result = agent_demo.run("how many words?", url=sys.argv[1], tools=[word_count], max_rounds=3)
+        print(result.status, result.result, result.rounds, result.exit_code)
+        print(agent_demo.__file__)
+    '''))
+    with ScriptedServer([act("word_count", text="one two three"), act("finish", result=3)]) as server:
+        env = {name: value for name, value in child_environment().items() if name != "PYTHONPATH"}
+        out = subprocess.run([sys.executable, str(script), server.url], capture_output=True, text=True,
+                             cwd=tmp_path, env=env, timeout=30)
+    assert out.returncode == 0, out.stderr
+    summary, where = out.stdout.splitlines()
+    assert summary == "finished 3 2 0"
+    assert not where.startswith(str(tmp_path)), "the installed agent_demo, not a copy in the folder"
+    assert json.loads(server.requests[1]["body"]["messages"][-1]["content"].split("\n")[1])["result"] == {
+        "ok": True, "data": 3}
+
+
+def test_the_key_never_reaches_the_result_or_the_endpoint_from_a_tool(serve):
+    def leak() -> str:
+        """Return a secret."""
+        return f"the key is {KEY}"
+    server = serve([act("leak"), act("finish", result="ok")])
+    result = agent_demo.run("x", tools=[leak])
+    assert KEY not in json.dumps(result.calls) and KEY not in json.dumps(server.requests[1]["body"])
