@@ -150,6 +150,7 @@ def open_private(path: str, what: str = "the trace file") -> int:
     flags = os.O_RDWR | os.O_APPEND | _NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
     try:
         fd = os.open(real, flags | os.O_CREAT | os.O_EXCL, 0o600)
+        os.fchmod(fd, 0o600)  # whatever the umask: 0o277 would leave it unwritable to a later resume
     except FileExistsError:
         fd = os.open(real, flags)
     try:

@@ -7,7 +7,7 @@ import stat
 import pytest
 
 from agent_demo_kit.cli import main
-from conftest import KEY, run_cli, said_lines
+from conftest import KEY, said_lines
 from scripted_server import ScriptedServer, action as act
 
 NOBODY = 65534
@@ -73,9 +73,14 @@ def test_a_trace_file_writable_by_its_group_is_refused(tmp_path, capsys, monkeyp
         f"agent-demo: error: the trace file {trace} is writable by its group (mode 620): chmod 600 {trace}"]
 
 
-def test_folders_it_creates_are_0700_parents_included_whatever_the_umask(tmp_path):
-    with ScriptedServer([act("finish", result="ok")]) as server:
-        code, out, err = run_cli("--quiet", "hi", env={"LLM_API_URL": server.url}, umask=0)
+@pytest.mark.parametrize("umask", [0, 0o277])
+def test_folders_it_creates_are_0700_parents_included_whatever_the_umask(serve, cli, tmp_path, umask):
+    serve([act("finish", result="ok")])
+    before = os.umask(umask)
+    try:
+        code, out, err = cli("--quiet", "hi")
+    finally:
+        os.umask(before)
     assert (code, out) == (0, "ok\n")
     state = tmp_path / "state"
     for folder in (state, state / "agent-demo", state / "agent-demo" / "runs"):
