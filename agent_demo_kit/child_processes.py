@@ -89,9 +89,9 @@ class ToolWorker:
         except (EOFError, OSError) as error:
             why = self.death(error)
         except BaseException:  # Ctrl-C or SIGTERM while waiting: the run ends, and so does the call
-            self.stop()
+            self.stop(at_once=True)
             raise
-        self.stop()
+        self.stop(at_once=True)  # it hung or died: nothing to wait for
         return "lost", why
 
     def death(self, error: BaseException) -> str:
@@ -125,14 +125,15 @@ class ToolWorker:
                 return "lost", f"could not run: a new worker process could not import {path} again: {error}"
         return None
 
-    def stop(self) -> None:
-        """End the worker and everything it started (its process group)."""
+    def stop(self, at_once: bool = False) -> None:
+        """End the worker and everything it started (its process group): a worker that is well is
+        given half a second to exit by itself (its atexit hooks run); one that hung, at_once."""
         process, self.process = self.process, None
         if process is None:
             return
-        self.connection.close()  # the worker sees the end and exits by itself (its atexit hooks run)...
+        self.connection.close()  # the worker sees the end and exits by itself...
         with contextlib.suppress(subprocess.TimeoutExpired):
-            process.wait(timeout=0.5)
+            process.wait(timeout=0 if at_once else 0.5)
         with contextlib.suppress(OSError):  # ...and whatever it started ends with its group
             os.killpg(process.pid, signal.SIGKILL)
         process.wait()

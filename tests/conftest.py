@@ -1,3 +1,4 @@
+import contextlib
 import os
 import shlex
 import subprocess
@@ -63,6 +64,31 @@ def serve(monkeypatch):
         server.__exit__(None, None, None)
 
 
+@pytest.fixture
+def cli(capsys, monkeypatch):
+    """The command line in this process: cli(*args, stdin=None) gives (exit code, stdout, stderr).
+    stdin, when given, arrives through a real pipe, as from `echo ... | agent-demo`."""
+    import threading
+    from agent_demo_kit.cli import main
+
+    def run(*args, stdin=None):
+        if stdin is not None:
+            reading, writing = os.pipe()
+
+            def feed():
+                with open(writing, "wb") as pipe:
+                    pipe.write(stdin.encode("utf-8"))
+            threading.Thread(target=feed, daemon=True).start()
+            monkeypatch.setattr(sys, "stdin", open(reading, encoding="utf-8"))
+        try:
+            code = main([str(arg) for arg in args])
+        except SystemExit as usage:  # argparse's --help, --version and usage errors
+            code = usage.code
+        out, err = capsys.readouterr()
+        return code, out, err
+    return run
+
+
 def said_lines(err):
     """The lines agent-demo itself says on stderr (errors, summaries), without the round-by-round trace
     and without the command that continues a run cut short."""
@@ -99,6 +125,38 @@ def run_cli(*args, stdin=None, env=None, timeout=60, **popen):
                         **popen)
     out, err = process.communicate(stdin, timeout=timeout)
     return process.returncode, out, err
+
+
+@contextlib.contextmanager
+def terminal_as(name, monkeypatch):
+    """While the block runs in this process, sys.stdout or sys.stderr (`name`) is a pseudo terminal;
+    yields a list that holds what the terminal showed, as bytes, once the block has ended."""
+    import pty
+    import threading
+    controller, terminal = pty.openpty()
+    shown = []
+
+    def drain():
+        while True:
+            try:
+                data = os.read(controller, 65536)
+            except OSError:  # the other end closed
+                return
+            if not data:
+                return
+            shown.append(data)
+    reader = threading.Thread(target=drain, daemon=True)
+    reader.start()
+    seen = []
+    with open(terminal, "w", encoding="utf-8") as stream:
+        monkeypatch.setattr(sys, name, stream)
+        try:
+            yield seen
+        finally:
+            monkeypatch.setattr(sys, name, getattr(sys, f"__{name}__"))
+    reader.join(10)
+    os.close(controller)
+    seen.append(b"".join(shown))
 
 
 QUESTION = b"? [y/N/a] "

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from agent_demo_kit import cli
+from agent_demo_kit import __version__
 from agent_demo_kit.cli import main
 from conftest import child_environment, run_cli, said_lines, start_cli
 from scripted_server import ScriptedServer, action as act
@@ -19,32 +19,27 @@ ROOT = Path(__file__).resolve().parent.parent
 FINISH = act("finish", result="done")
 
 
-def agent(*args, stdin=None, env_extra=None, timeout=60):
-    """The real CLI in a subprocess: returns (exit code, stdout, stderr)."""
-    return run_cli(*args, stdin=stdin, env=env_extra, timeout=timeout)
-
-
 # --- the task from stdin ------------------------------------------------------------------
 
 @pytest.mark.parametrize("args", [["-"], []])
-def test_the_task_can_be_piped_in(args):
-    with ScriptedServer([FINISH]) as server:
-        code, out, err = agent(*args, stdin="compute 2 + 2\n", env_extra={"LLM_API_URL": server.url})
+def test_the_task_can_be_piped_in(serve, cli, args):
+    server = serve([FINISH], key=None)
+    code, out, err = cli(*args, stdin="compute 2 + 2\n")
     assert (code, out) == (0, "done\n")
     assert server.sent_messages(0)[1]["content"] == "Task: compute 2 + 2"
 
 
-def test_piped_text_beside_a_task_is_the_material_it_is_about():
-    with ScriptedServer([FINISH]) as server:
-        code, out, err = agent("summarize this", stdin="line one\nline two\n", env_extra={"LLM_API_URL": server.url})
+def test_piped_text_beside_a_task_is_the_material_it_is_about(serve, cli):
+    server = serve([FINISH], key=None)
+    code, out, err = cli("summarize this", stdin="line one\nline two\n")
     assert code == 0
     task = server.sent_messages(0)[1]["content"]
     assert task.startswith("Task: summarize this\n")
     assert task.index("summarize this") < task.index("line one\nline two")
 
 
-def test_an_empty_pipe_and_no_task_is_a_usage_error():
-    code, out, err = agent("-", stdin="  \n")
+def test_an_empty_pipe_and_no_task_is_a_usage_error(cli):
+    code, out, err = cli("-", stdin="  \n")
     assert code == 2 and "the task is empty" in err
 
 
@@ -88,9 +83,9 @@ def test_a_resumed_run_reads_its_material_as_before(serve, monkeypatch, tmp_path
 
 # --- stdout is for the answer -----------------------------------------------------------------
 
-def test_redirected_stdout_holds_only_the_answer(tmp_path):
-    with ScriptedServer([act("calculator", expression="2 + 2"), act("finish", result="4")]) as server:
-        code, out, err = agent("add", env_extra={"LLM_API_URL": server.url})
+def test_redirected_stdout_holds_only_the_answer(serve, cli):
+    serve([act("calculator", expression="2 + 2"), act("finish", result="4")], key=None)
+    code, out, err = cli("add")
     assert (code, out) == (0, "4\n")
     assert "--- round 1/6 ---" in err and "action: calculator" in err
 
@@ -126,9 +121,9 @@ def test_openai_variables_are_read_when_the_llm_ones_are_unset(serve, monkeypatc
     assert server.requests[1]["headers"]["Authorization"] == "Bearer sk-llm-variable-456"
 
 
-def test_version_prints_the_name_and_version():
-    code, out, err = agent("--version")
-    assert (code, out) == (0, f"agent-demo {cli.__version__}\n")
+def test_version_prints_the_name_and_version(cli):
+    code, out, err = cli("--version")
+    assert (code, out) == (0, f"agent-demo {__version__}\n")
 
 
 # --- the run log --------------------------------------------------------------------------------
@@ -196,7 +191,7 @@ def test_resume_alone_with_nothing_unfinished_is_a_usage_error(serve, capsys):
 def test_the_continue_command_works_as_printed(tmp_path):
     with ScriptedServer([act("calculator", expression="1 + 1"), FINISH]) as server:
         env = {"LLM_API_URL": server.url}
-        code, out, err = agent("--max-rounds", "1", "hi", env_extra=env)
+        code, out, err = run_cli("--max-rounds", "1", "hi", env=env)
         assert code == 1
         command = err.split("agent-demo: to continue: ", 1)[1].strip()
         finished = subprocess.run(command, shell=True, capture_output=True, text=True,  # as a user pastes it

@@ -1,15 +1,13 @@
 """The live trace: streamed replies, the status line, round headers, think blocks, colour."""
 import json
-import os
-import select
 import unicodedata
 from pathlib import Path
 
 import pytest
 
 from agent_demo_kit.cli import main
-from conftest import run_cli, start_cli
-from scripted_server import ScriptedServer, action as act
+from conftest import terminal_as
+from scripted_server import action as act
 from agent_demo_kit.terminal import Status, shorten_think
 from agent_demo_kit.records import EndpointError
 from agent_demo_kit.terminal import Redactor
@@ -126,35 +124,25 @@ def test_each_round_header_shows_its_time_and_tokens_and_think_blocks_are_shorte
     assert "Then I check it carefully" in trace.read_text(), "the trace file keeps the think block whole"
 
 
-def on_a_terminal(*args, env_extra=None, replies=GOOD):
-    """Run the CLI with stderr on a pseudo terminal; return (exit code, stdout, what the terminal showed)."""
-    import pty
-    with ScriptedServer(replies) as server:
-        controller, terminal = pty.openpty()
-        process = start_cli(*args, stderr=terminal, text=False, env={"LLM_API_URL": server.url, **(env_extra or {})})
-        os.close(terminal)
-        shown = b""
-        while True:
-            ready = select.select([controller], [], [], 30)[0]
-            try:
-                data = os.read(controller, 65536) if ready else b""
-            except OSError:  # the terminal closed with the process
-                data = b""
-            if not data:
-                break
-            shown += data
-        out = process.stdout.read().decode()
-        process.stdout.close()
-        process.wait(timeout=30)
-        os.close(controller)
-    return process.returncode, out, shown.decode("utf-8", "replace")
+@pytest.fixture
+def on_a_terminal(serve, capsys, monkeypatch):
+    """Run the command line in this process with its stderr on a pseudo terminal; returns a function
+    of (args, env_extra, replies) giving (exit code, stdout, what the terminal showed)."""
+    def run(*args, env_extra=None, replies=GOOD):
+        serve(replies, key=None)
+        for name, value in (env_extra or {}).items():
+            monkeypatch.setenv(name, value)
+        with terminal_as("stderr", monkeypatch) as shown:
+            code = main(list(args))
+        return code, capsys.readouterr().out, shown[0].decode("utf-8", "replace")
+    return run
 
 
-SLOW = [{"piece_delay": 0.05, "content": act("calculator", expression="2 + 2")},
+SLOW = [{"piece_delay": 0.035, "content": act("calculator", expression="2 + 2")},  # 9 pieces: ~0.3 s
         THINK + act("finish", result="4")]
 
 
-def test_on_a_terminal_the_trace_is_live_and_in_colour():
+def test_on_a_terminal_the_trace_is_live_and_in_colour(on_a_terminal):
     code, out, shown = on_a_terminal("add", replies=SLOW)
     assert (code, out) == (0, "4\n")
     assert "\x1b[1;36m--- round 1/6 ---" in shown, "coloured headers"
@@ -162,15 +150,15 @@ def test_on_a_terminal_the_trace_is_live_and_in_colour():
     assert "--- round 2/6 --- " in shown and " s, 15 tokens" in shown
 
 
-def test_no_color_turns_colour_off_even_on_a_terminal():
+def test_no_color_turns_colour_off_even_on_a_terminal(on_a_terminal):
     code, out, shown = on_a_terminal("add", env_extra={"NO_COLOR": "1"}, replies=SLOW)
     assert code == 0 and "\x1b[" not in shown
     assert "model working" in shown
 
 
-def test_off_a_terminal_there_is_no_colour_and_no_status_line_but_the_reply_streams(serve, tmp_path):
-    with ScriptedServer(SLOW) as server:
-        code, _, err = run_cli("add", env={"LLM_API_URL": server.url})
+def test_off_a_terminal_there_is_no_colour_and_no_status_line_but_the_reply_streams(serve, capsys):
+    server = serve(SLOW, key=None)
+    code, err = main(["add"]), capsys.readouterr().err
     assert code == 0
     assert "\x1b[" not in err and "model working" not in err and "\r" not in err
     assert server.requests[0]["body"]["stream"] is True, "streamed anyway: --timeout measures silence"
@@ -214,18 +202,18 @@ def test_a_round_header_estimates_the_tokens_when_the_endpoint_reports_none(serv
     assert header.endswith(" tokens") and ", ~" in header
 
 
-def test_a_dumb_terminal_gets_no_colour_and_no_status_line():
+def test_a_dumb_terminal_gets_no_colour_and_no_status_line(on_a_terminal):
     code, out, shown = on_a_terminal("add", env_extra={"TERM": "dumb"}, replies=SLOW)
     assert code == 0 and "finished after" in shown
     assert "\x1b[" not in shown and "model working" not in shown
 
 
-def test_a_running_tool_shows_on_the_status_line_under_its_action(tmp_path):
+def test_a_running_tool_shows_on_the_status_line_under_its_action(on_a_terminal, tmp_path):
     tools = tmp_path / "slow_tools.py"
     tools.write_text("import time\n\ndef nap(seconds: float) -> str:\n    '''Sleep.'''\n"
                      "    time.sleep(seconds)\n    return 'rested'\n")
     code, out, shown = on_a_terminal("--tools-file", str(tools), "rest",
-                                     replies=[act("nap", seconds=0.5), act("finish", result="rested")])
+                                     replies=[act("nap", seconds=0.3), act("finish", result="rested")])
     assert (code, out) == (0, "rested\n")
-    action = shown.index("action: nap(seconds=0.5)")
+    action = shown.index("action: nap(seconds=0.3)")
     assert shown.index("running nap 0 s", action) < shown.index("result: ", action)

@@ -15,7 +15,7 @@ from urllib.parse import quote, quote_plus
 import pytest
 
 from agent_demo_kit.cli import main
-from conftest import KEY, answer_on_a_terminal, child_environment, run_cli
+from conftest import KEY, answer_on_a_terminal, child_environment
 from agent_demo_kit.terminal import FRAGMENT_AT_A_CUT, REDACTED, Redactor
 from agent_demo_kit.terminal import SafeStream
 from prompts import clip
@@ -178,10 +178,9 @@ def test_a_key_a_tool_returns_is_not_sent_to_the_endpoint(serve, tmp_path, capsy
     assert KEY not in sent and "value: [redacted]" in sent
 
 
-def test_piped_material_with_the_key_is_not_sent_to_the_endpoint():
-    with ScriptedServer([act("finish", result="summed up")]) as server:
-        code, out, _ = run_cli("summarize this", stdin=f"config: api_key={KEY}\n",
-                               env={"LLM_API_URL": server.url, "LLM_API_KEY": KEY})
+def test_piped_material_with_the_key_is_not_sent_to_the_endpoint(serve, cli):
+    server = serve([act("finish", result="summed up")])
+    code, out, _ = cli("summarize this", stdin=f"config: api_key={KEY}\n")
     sent = json.dumps(server.requests[0]["body"])
     assert code == 0 and KEY not in sent and "api_key=[redacted]" in sent
 

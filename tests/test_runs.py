@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from agent_demo_kit.cli import main
-from conftest import run_cli, said_lines, start_cli
+from conftest import said_lines, start_cli
 from scripted_server import action as act
 
 FINISH = act("finish", result="done")
@@ -203,13 +203,13 @@ def test_continue_run_follows_up_on_the_run_named_and_a_lone_value_is_the_follow
     assert capsys.readouterr().out == "a\nb\na2\nb2\n"
 
 
-def test_c_alone_reads_the_follow_up_from_stdin_and_so_does_continue_run(serve, tmp_path, capsys):
+def test_c_alone_reads_the_follow_up_from_stdin_and_so_does_continue_run(serve, tmp_path, cli):
     server = serve([act("finish", result="one"), act("finish", result="two"), act("finish", result="three")])
-    assert main(["--quiet", "first"]) == 0
-    assert run_cli("-c", "--quiet", stdin="and then?\n")[:2] == (0, "two\n")
+    assert cli("--quiet", "first")[0] == 0
+    assert cli("-c", "--quiet", stdin="and then?\n")[:2] == (0, "two\n")
     assert server.sent_messages(1)[-1]["content"].endswith(": and then?")
     run_id = newest_run(tmp_path).stem[16:]
-    assert run_cli("--continue", run_id, "--quiet", stdin="and after that?\n")[:2] == (0, "three\n")
+    assert cli("--continue", run_id, "--quiet", stdin="and after that?\n")[:2] == (0, "three\n")
     assert server.sent_messages(2)[-1]["content"].endswith(": and after that?")
 
 

@@ -142,15 +142,15 @@ def test_a_tool_that_exits_crashes_raises_or_forks_costs_one_error_result(tmp_pa
     assert not in_use(trace)
 
 
-def test_a_tool_that_hangs_is_ended_with_its_children_and_nothing_outlives_the_run(tmp_path, unruly):
-    replies = [act("hangs", name="hung"), act("leave", name="left"), FINISH]
-    with ScriptedServer(replies) as server:
-        code, out, err = run_cli("--tools-file", unruly, "--tool-timeout", "0.5", "--quiet", "go",
-                                 env={"LLM_API_URL": server.url})
-        assert "hangs did not finish within 0.5 s (--tool-timeout); it was stopped" in server.sent_messages(1)[-1][
-            "content"]
-    assert (code, out) == (0, "done\n")
-    assert gone(int((tmp_path / "hung").read_text()), within=0.5), "the hung call was ended at its timeout"
+def test_a_tool_that_hangs_is_ended_with_its_children_and_nothing_outlives_the_run(serve, capsys, tmp_path, unruly):
+    server = serve([act("hangs", name="hung"), act("leave", name="left"), FINISH], key=None)
+    started = time.monotonic()
+    assert main(["--tools-file", unruly, "--tool-timeout", "0.3", "--quiet", "go"]) == 0
+    assert capsys.readouterr().out == "done\n"
+    assert "hangs did not finish within 0.3 s (--tool-timeout); it was stopped" in server.sent_messages(1)[-1][
+        "content"]
+    assert not alive(int((tmp_path / "hung").read_text())), "the hung call was ended at its timeout"
+    assert time.monotonic() - started < 2.5, "a hung call costs its timeout, not a wait for the worker to exit"
     assert gone(int((tmp_path / "left").read_text())), "what a tool started ends with the run"
 
 

@@ -10,7 +10,7 @@ import pytest
 
 from agent_demo_kit.cli import main
 from agent_demo_kit.terminal import inert
-from conftest import answer_on_a_terminal, run_cli
+from conftest import answer_on_a_terminal, terminal_as
 from scripted_server import ScriptedServer, action as act
 
 # An escape code for each way text could act on a terminal: colour (hidden text), a window title
@@ -92,17 +92,13 @@ def test_the_trace_shows_escape_codes_from_the_model_tools_and_endpoint_as_text(
     assert records[1]["model_output"].startswith(HOSTILE), "the trace file keeps the exact text"
 
 
-def test_the_answer_is_exact_data_off_a_terminal_and_inert_on_one(tmp_path):
-    import pty
-    with ScriptedServer([act("finish", result=HOSTILE)]) as server:
-        code, out, _ = run_cli("--quiet", "hi", env=terminal_env(server), text=False)
-        assert (code, out) == (0, (HOSTILE + "\n").encode())
-        controller, terminal = pty.openpty()
-        code, _, _ = run_cli("--quiet", "hi", env=terminal_env(server), stdout=terminal)
-        os.close(terminal)
-        shown = os.read(controller, 65536).decode()
-        os.close(controller)
-    assert code == 0 and shown == SHOWN + "\r\n"  # the terminal ends each line with \r\n
+def test_the_answer_is_exact_data_off_a_terminal_and_inert_on_one(serve, capsysbinary, monkeypatch):
+    serve([act("finish", result=HOSTILE)], key=None)
+    assert main(["--quiet", "hi"]) == 0
+    assert capsysbinary.readouterr().out == (HOSTILE + "\n").encode()
+    with terminal_as("stdout", monkeypatch) as shown:
+        assert main(["--quiet", "hi"]) == 0
+    assert shown[0].decode() == SHOWN + "\r\n"  # the terminal ends each line with \r\n
 
 
 # --- the approval question --------------------------------------------------------------------
@@ -165,11 +161,11 @@ def test_answering_a_says_yes_to_that_tool_for_the_rest_of_the_run(tools_file, t
     (["--approve"], "note: --approve: there is no terminal to ask, so every tool call will be refused; --yes runs them"),
     ([], "note: there is no terminal to ask, so every call to delete_file, echo will be refused; --yes runs them"),
 ])
-def test_without_a_terminal_the_run_says_at_once_that_calls_will_be_refused(tools_file, tmp_path, flags, said):
-    with ScriptedServer([act("echo", text="x"), act("fail", reason="refused")]) as server:
-        code, out, err = run_cli(*flags, "--tools-file", tools_file, env=terminal_env(server), stdin="hi",
-                                 start_new_session=True)  # a new session has no controlling terminal
-    lines = err.splitlines()
+def test_without_a_terminal_the_run_says_at_once_that_calls_will_be_refused(serve, capsys, tools_file, tmp_path,
+                                                                             flags, said):
+    server = serve([act("echo", text="x"), act("fail", reason="refused")], key=None)
+    main([*flags, "--tools-file", tools_file, "hi"])  # the tests run without a controlling terminal (conftest)
+    lines = capsys.readouterr().err.splitlines()
     assert said in lines and lines.index(said) < lines.index(next(line for line in lines if "--- round 1" in line))
     assert "there is no terminal to ask" in server.sent_messages(1)[-1]["content"] and ran(tmp_path) == []
 
