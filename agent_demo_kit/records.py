@@ -133,11 +133,6 @@ class Round:
         """The first call's result, or the format error: what a one-line summary shows."""
         return self.calls[0].result if self.calls else failure("format error: " + (self.problem or ""))
 
-    @property
-    def ending(self) -> Optional[str]:
-        """The status this round ended the run with ("finished", "failed", "stuck"), or None."""
-        return next((call.ends_run for call in self.calls if call.ends_run), None)
-
     def add_follow_up(self, text: str) -> None:
         """The user's next turn after this round (--continue), joined to one given before that got no reply.
         A compaction made after the round was for a request without it: the next request is folded anew."""
@@ -451,7 +446,10 @@ class RunEvents:
         """A new run: its task, where requests go, and the settings a resume keeps."""
 
     def resume(self, task: str, model: str, url: str, done_rounds: int, kept: dict) -> None:
-        """A run taken up again after its last completed round (or given a follow-up after it)."""
+        """A run taken up again after its last completed round."""
+
+    def follow_up(self, text: str, model: str, url: str, done_rounds: int, kept: dict) -> None:
+        """The user's next turn after a run's last round (--continue)."""
 
     def note(self, text: str) -> None:
         """Something the user should know, said once."""

@@ -7,7 +7,7 @@ import io
 import math
 import os
 import re
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional
 from urllib.parse import unquote, urlsplit, urlunsplit
@@ -271,11 +271,6 @@ def load_settings(given: Dict[str, Any], environment: Dict[str, str], recorded: 
     settings = Settings(**values, sources=sources)
     _check_endpoint(settings)
     return settings
-
-
-def with_changes(settings: Settings, **changes: Any) -> Settings:
-    """A copy of settings with these values (the original is never changed)."""
-    return replace(settings, **changes)
 
 
 def _parsed(item: Any, text: str, source: str) -> Any:

@@ -159,6 +159,39 @@ def terminal_as(name, monkeypatch):
     seen.append(b"".join(shown))
 
 
+@contextlib.contextmanager
+def signal_once(signum, when, within=20.0):
+    """While the block runs (the command line, in this process), send `signum` to this process once
+    when() turns true, from another thread, as a user's Ctrl-C or a `kill` would. The handlers put
+    in place meanwhile make a signal that comes after the block harmless to the test run."""
+    import signal
+    import threading
+    armed, stop = [True], threading.Event()
+
+    def interrupt(number, frame):
+        if armed[0]:
+            raise KeyboardInterrupt
+
+    def watch():
+        deadline = time.monotonic() + within
+        while not stop.is_set() and time.monotonic() < deadline:
+            if when():
+                os.kill(os.getpid(), signum)
+                return
+            time.sleep(0.01)
+    previous = signal.signal(signal.SIGINT, interrupt), signal.signal(signal.SIGTERM, lambda number, frame: None)
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        yield
+    finally:
+        armed[0] = False
+        stop.set()
+        watcher.join()
+        signal.signal(signal.SIGINT, previous[0])
+        signal.signal(signal.SIGTERM, previous[1])
+
+
 QUESTION = b"? [y/N/a] "
 
 

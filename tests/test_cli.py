@@ -2,10 +2,8 @@
 import json
 import os
 import re
-import signal
 import socket
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -195,23 +193,9 @@ def run_cli(*args, env_extra=None, **popen):
     return start_cli(*args, env=env_extra, **popen)
 
 
-def test_ctrl_c_exits_130_and_writes_the_end_record(tmp_path):
-    trace = tmp_path / "t.jsonl"
-    with ScriptedServer([act("calculator", expression="1 + 1"), {"delay": 30, "content": "{}"}]) as server:
-        process = run_cli("--trace", str(trace), "hi", env_extra={"LLM_API_URL": server.url})
-        deadline = time.monotonic() + 20
-        while len(server.requests) < 2 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        process.send_signal(signal.SIGINT)
-        out, err = process.communicate(timeout=20)
-    assert process.returncode == 130
-    assert "Traceback" not in err
-    assert "interrupted after 1 completed round(s)" in err
-    assert json.loads(trace.read_text().splitlines()[-1])["status"] == "interrupted"
-
-
-def test_the_help_lists_flags_environment_and_exit_codes():
-    out, _ = run_cli("--help").communicate(timeout=20)
+def test_the_help_lists_flags_environment_and_exit_codes(cli):
+    code, out, _ = cli("--help")
+    assert code == 0
     for word in ["--max-rounds", "--timeout", "--trace", "--json", "--quiet", "LLM_API_KEY", "LLM_API_URL",
                  "LLM_MODEL", "AGENT_MAX_ROUNDS", "130 interrupted"]:
         assert word in out

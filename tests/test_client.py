@@ -5,7 +5,7 @@ import pytest
 import requests
 import responses
 
-from agent_demo_kit.client import ModelClient, server_message
+from agent_demo_kit.client import ModelClient, read_stream, server_message
 from agent_demo_kit.records import EndpointError
 from agent_demo_kit.settings import Settings
 
@@ -19,8 +19,8 @@ def body(content="ok", **message_extra):
 
 
 def client(**overrides):
-    settings = Settings(url="https://llm.example.test/v1", model="m1", api_key="sk-test-secret",
-                        retries=2, backoff_factor=0, **{"stream": False, **overrides})
+    settings = Settings(**{"url": "https://llm.example.test/v1", "model": "m1", "api_key": "sk-test-secret",
+                           "retries": 2, "backoff_factor": 0, "stream": False, **overrides})
     return ModelClient(settings)
 
 
@@ -268,3 +268,37 @@ def test_a_retry_after_that_is_not_a_number_falls_back_to_the_backoff():
     asker = ModelClient(Settings(url="https://llm.example.test/v1", retries=1, backoff_factor=0), trace)
     assert ask(asker).content == "fine"
     assert trace.said == [("HTTP 429", 1, 1, 0)]
+
+
+@pytest.mark.parametrize("error, said", [
+    (requests.exceptions.ConnectTimeout("timed out"), "cannot reach https://llm.example.test/v1/chat/completions:"
+                                                      " no connection within 10 s"),
+    (requests.exceptions.ChunkedEncodingError("broken"), "the reply stopped arriving from https://llm.example.test/v1/"
+                                                         "chat/completions: the connection broke mid-reply"),
+    (requests.exceptions.ConnectionError("Failed to resolve: [Errno -2] Name or service not known"),
+     "cannot reach https://llm.example.test/v1/chat/completions: host name not found"),
+    (requests.exceptions.ConnectionError("<urllib3.connection.HTTPSConnection object at 0x7f>: something odd"),
+     "cannot reach https://llm.example.test/v1/chat/completions: something odd"),
+    (requests.exceptions.InvalidHeader("bad header"), "request to https://llm.example.test/v1/chat/completions"
+                                                      " failed: InvalidHeader"),
+])
+@responses.activate
+def test_each_network_failure_is_said_in_words(error, said):
+    responses.post(URL, body=error)
+    assert endpoint_error(retries=0) == said + " (after 0 retries)"
+
+
+@responses.activate
+def test_an_error_in_the_middle_of_a_stream_is_an_endpoint_error_with_its_message():
+    stream = ('data: {"choices": [{"delta": {"content": "Hel"}}]}\n\n'
+              'data: {"error": {"message": "the model   crashed\\n mid-reply"}}\n\n')
+    responses.post(URL, body=stream, content_type="text/event-stream")
+    assert endpoint_error(stream=True, retries=0) == ("the endpoint reported an error mid-reply: the model crashed"
+                                                      " mid-reply (after 0 retries)")
+
+
+def test_tool_call_arguments_sent_whole_as_an_object_are_kept():
+    stream = ('data: {"choices": [{"delta": {"tool_calls": [{"index": 0, "id": "a", "function": {"name": "calc",'
+              ' "arguments": {"x": 1}}}]}, "finish_reason": "tool_calls"}]}\n\ndata: [DONE]\n\n')
+    reply = read_stream(iter([stream.encode()]))
+    assert reply.tool_calls[0]["function"]["arguments"] == {"x": 1}

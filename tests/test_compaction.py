@@ -11,6 +11,8 @@ import responses as responses_lib
 
 from agent_demo_kit import conversation as context
 from agent_demo_kit.cli import main
+import prompts
+from agent_demo_kit.records import Call, Round
 from agent_demo_kit.settings import Settings
 from agent_demo_kit.run_store import RunLog
 from scripted_model import run
@@ -79,6 +81,7 @@ def test_a_compaction_brings_the_request_to_about_half_the_budget():
     sizes = [len(body) for body in model.bodies]
     bare = sizes[0]  # the system prompt and the task alone
     assert max(sizes) <= 24_000
+    assert len(compactions(model.bodies)) >= 3, "200 rounds of long think blocks fold again and again"
     for index in compactions(model.bodies):
         assert sizes[index - 1] + 400 > 24_000 - 2000, "it waited until the budget was nearly spent"
         assert 24_000 * 0.4 < sizes[index] <= bare + (24_000 - bare) // 2
@@ -245,7 +248,8 @@ def test_cached_prompt_tokens_are_counted_per_round_and_in_the_run(serve, tmp_pa
 def test_no_cached_tokens_are_claimed_when_the_endpoint_reports_none():
     outcome = play(ScriptedModel(act("finish", result=1), usage={"prompt_tokens": 3, "completion_tokens": 2,
                                                                   "total_tokens": 5}))
-    assert "cached_tokens" not in outcome.usage
+    assert (outcome.status, outcome.usage) == ("finished", {"prompt_tokens": 3, "completion_tokens": 2,
+                                                            "total_tokens": 5})
 
 
 # --- resume after compactions -------------------------------------------------------------------
@@ -316,3 +320,42 @@ def test_the_running_size_counts_what_the_client_sends_streaming_included(stream
     conversation = context.Conversation("add things up", settings, REGISTRY, client)
     client.ask(conversation.messages, conversation.tools)
     assert conversation.size == len(responses_lib.calls[0].request.body)
+
+
+def recorded_rounds():
+    """Three rounds as a run records them: a call, a reply with no action, a long result."""
+    return [Round(1, "", [Call("calculator", {"expression": "1 + 1"}, {"ok": True, "data": 2})], []),
+            Round(2, "hm", [], [], problem="no JSON object found"),
+            Round(3, "", [Call("blob", {"text": "y" * 500}, {"ok": True, "data": "x" * 3000})], [])]
+
+
+@pytest.mark.parametrize("first, last, said", [
+    (0, 0, {"ok": False, "error": "first_round must be at least 1"}),
+    (3, 2, {"ok": False, "error": "last_round 2 comes before first_round 3; give 0 or a later round"}),
+    (2, 0, {"ok": True, "data": {"rounds": [{"round": 2, "no_action": "no JSON object found"}]}}),
+    (1, 9, {"ok": True, "data": {"rounds": [
+        {"round": 1, "calls": [{"tool": "calculator", "args": {"expression": "1 + 1"}, "result": {"ok": True,
+                                                                                                "data": 2}}]},
+        {"round": 2, "no_action": "no JSON object found"}], "not_yet": "rounds after 3 have not happened yet",
+        "not_shown": "round 3 did not fit; recall it alone"}}),
+])
+def test_recall_says_what_it_cannot_give_back(first, last, said):
+    assert context.recall_rounds(recorded_rounds(), 1000, first, last) == said
+
+
+def test_a_round_recalled_alone_is_cut_to_fit():
+    [entry] = context.recall_rounds(recorded_rounds(), 1000, 3)["data"]["rounds"]
+    [call] = entry["calls"]
+    assert call["result"]["truncated"] and call["args"].startswith('{"text": "yyy') and len(json.dumps(entry)) < 1000
+
+
+@pytest.mark.parametrize("text, said", [
+    ("   ", {"ok": False, "error": prompts.NOTE_EMPTY}),
+    ("x" * 300, {"ok": False, "error": "a note takes at most 200 characters and this one has 313; keep only what"
+                                        " matters"}),
+    ("A1002 is unpaid", {"ok": True, "data": prompts.NOTE_KNOWN}),
+])
+def test_a_note_that_is_empty_too_long_or_known_is_said_so(text, said):
+    notes = context.Notes(200)
+    assert notes.add(1, "A1002 is unpaid")["ok"]
+    assert notes.add(2, text) == said

@@ -2,14 +2,13 @@
 import json
 import os
 import signal
-import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
 from agent_demo_kit.cli import main
-from conftest import KEY, run_cli as run_to_end, said_lines, start_cli
+from conftest import KEY, run_cli as run_to_end, said_lines, signal_once, start_cli
 from scripted_server import ScriptedServer, action as act
 from agent_demo_kit.settings import chat_completions_url
 
@@ -170,7 +169,7 @@ def test_sigterm_and_ctrl_c_end_the_run_with_its_end_record(tmp_path, sent, code
         process.send_signal(sent)
         out, err = process.communicate(timeout=20)
     assert process.returncode == code
-    assert "Traceback" not in err
+    assert "Traceback" not in err and "interrupted after 1 completed round(s)" in err
     assert json.loads(trace.read_text().splitlines()[-1])["status"] == "interrupted"
 
 
@@ -375,21 +374,17 @@ def test_a_closed_or_full_stdout_or_stderr_is_no_traceback(tmp_path, redirect):
 
 # --- found by a second review, after the merges ---------------------------------------------------
 
-def test_sigterm_during_a_tool_call_ends_the_run_as_terminated(tmp_path):
+def test_sigterm_during_a_tool_call_ends_the_run_as_terminated(serve, capsys, tmp_path):
     tools = tmp_path / "sleepy.py"
     started = tmp_path / "started"
     tools.write_text(f"import pathlib, time\n\ndef nap(seconds: float) -> str:\n    '''Sleep.'''\n"
                      f"    pathlib.Path({str(started)!r}).touch()\n    time.sleep(seconds)\n    return 'rested'\n")
     trace = tmp_path / "t.jsonl"
-    with ScriptedServer([act("nap", seconds=20), act("finish", result="all done")]) as server:
-        process = cli("--tools-file", str(tools), "--trace", str(trace), "x", env_extra={"LLM_API_URL": server.url},
-                      stdin=subprocess.DEVNULL)
-        deadline = time.monotonic() + 20
-        while not started.exists() and time.monotonic() < deadline:  # until the call is running
-            time.sleep(0.02)
-        process.send_signal(signal.SIGTERM)
-        out, err = process.communicate(timeout=20)
-    assert process.returncode == 143 and out == "" and "Traceback" not in err
+    serve([act("nap", seconds=20), act("finish", result="all done")], key=None)
+    with signal_once(signal.SIGTERM, when=started.exists):  # once the call is running
+        code = main(["--tools-file", str(tools), "--trace", str(trace), "x"])
+    out, err = capsys.readouterr()
+    assert code == 143 and out == "" and "Traceback" not in err
     assert json.loads(trace.read_text().splitlines()[-1])["status"] == "interrupted"
 
 

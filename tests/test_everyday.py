@@ -12,7 +12,7 @@ import pytest
 
 from agent_demo_kit import __version__
 from agent_demo_kit.cli import main
-from conftest import child_environment, run_cli, said_lines, start_cli
+from conftest import child_environment, run_cli, said_lines, signal_once, start_cli
 from scripted_server import ScriptedServer, action as act
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -305,17 +305,12 @@ def test_resume_reloads_the_same_tools_files(serve, tmp_path, capsys):
     assert '"data": "B"' in server.sent_messages(2)[-1]["content"]
 
 
-def test_ctrl_c_during_a_long_tool_call_still_ends_the_run_properly(tmp_path):
+def test_ctrl_c_during_a_long_tool_call_still_ends_the_run_properly(serve, capsys, tmp_path):
     trace = tmp_path / "t.jsonl"
-    with ScriptedServer([act("nap", seconds=30), FINISH]) as server:
-        process = start_cli("--tools-file", write_tools(tmp_path), "--trace", trace, "x",
-                            env={"LLM_API_URL": server.url})
-        deadline = time.monotonic() + 20
-        while not (tmp_path / "nap-started").exists() and time.monotonic() < deadline:  # the call is running
-            time.sleep(0.02)
-        process.send_signal(signal.SIGINT)
-        out, err = process.communicate(timeout=20)
-    assert process.returncode == 130 and "Traceback" not in err
+    serve([act("nap", seconds=30), FINISH], key=None)
+    with signal_once(signal.SIGINT, when=(tmp_path / "nap-started").exists):  # the call is running
+        code = main(["--tools-file", write_tools(tmp_path), "--trace", str(trace), "x"])
+    assert code == 130 and "Traceback" not in capsys.readouterr().err
     assert json.loads(trace.read_text().splitlines()[-1])["status"] == "interrupted"
 
 

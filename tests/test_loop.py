@@ -3,6 +3,9 @@ import json
 import pytest
 
 import prompts
+from agent_demo import Agent
+from agent_demo_kit.client import RequestForm
+from agent_demo_kit.records import Call, Round
 from agent_demo_kit.records import Reply
 from agent_demo_kit.records import EndpointError
 from agent_demo_kit.settings import Settings
@@ -103,6 +106,7 @@ def test_native_tool_call_with_empty_content_is_the_action():
 @pytest.mark.parametrize("raised, status, code", [
     (EndpointError("HTTP 401"), "error", 3),
     (KeyboardInterrupt(), "interrupted", 130),
+    (RuntimeError("a bug of ours"), "error", 1),
 ])
 def test_a_stop_ends_the_run_with_its_status_and_writes_the_end_record(tmp_path, raised, status, code):
     trace = tmp_path / "run.jsonl"
@@ -130,3 +134,21 @@ def test_the_trace_file_has_start_rounds_and_end(tmp_path):
     assert {"latency_ms", "usage"} <= set(first)
     assert end == {"event": "end", "status": "finished", "result": "6", "rounds": 2, "usage": {"total_tokens": 20},
                    "resumable": False}
+
+
+def test_a_follow_up_gets_its_own_rounds_and_its_own_token_budget_on_top_of_what_the_run_used():
+    fed = [{"role": "user", "content": "ok"}]
+    history = [Round(1, act("calculator", expression="1 + 1"), [Call("calculator", {"expression": "1 + 1"},
+                                                                     {"ok": True, "data": 2})], fed,
+                     usage={"total_tokens": 20}),
+               Round(2, act("finish", result=2), [Call("finish", {"result": 2}, {"ok": True, "data": 2},
+                                                       ends_run="finished")], fed, usage={"total_tokens": 20})]
+    model = ScriptedModel(*[act("calculator", expression=f"{n} + 1") for n in range(9)])  # 10 tokens a reply
+    settings = Settings(max_rounds=5, max_tokens=25)
+    model.settings, model.form = settings, RequestForm(mode="json", stream=False)
+    agent = Agent(settings, model)
+    outcome = agent.run("compute", history, follow_up="and 2 + 1?")
+    assert (agent.round_limit, agent.token_limit) == (7, 65)
+    assert (outcome.status, outcome.rounds, outcome.usage["total_tokens"]) == ("budget", 5, 70)
+    assert model.messages(0)[-1]["content"].endswith("Follow-up from the user (work on it as before, and end with"
+                                                      " finish or fail): and 2 + 1?")

@@ -428,21 +428,29 @@ def test_a_reference_server_from_the_package_registry_answers_in_every_mode(serv
     assert '\\"ok\\": true' in told and "UTC" in told and "datetime" in told, told
 
 
-def test_no_server_process_is_left_after_sigterm_mid_call(tmp_path):
-    from conftest import start_cli
-    from scripted_server import ScriptedServer
-    with ScriptedServer([act("hang")]) as server:
-        process = start_cli("--mcp", f"{sys.executable} {BARE}", "--yes", "--tool-timeout", "30", "x",
-                            env={"LLM_API_URL": server.url})
-        deadline = time.monotonic() + 20
-        while not server.requests and time.monotonic() < deadline:
-            time.sleep(0.02)
-        time.sleep(0.1)  # the call is on its way to the server
-        process.terminate()
-        _, err = process.communicate(timeout=20)
-    assert process.returncode == 143
-    [pid] = pids_said(err)
+def test_no_server_process_is_left_after_sigterm_mid_call(serve, capsys):
+    import signal
+    from conftest import signal_once
+    server = serve([act("hang")], key=None)
+    seen = []  # the request to the model went out 0.1 s ago: the call is on its way to the server
+    with signal_once(signal.SIGTERM, when=lambda: bool(server.requests) and len(seen.append(1) or seen) > 10):
+        code = main(["--mcp", f"{sys.executable} {BARE}", "--yes", "--tool-timeout", "30", "x"])
+    assert code == 143
+    [pid] = pids_said(capsys.readouterr().err)
     deadline = time.monotonic() + 5
     while not is_gone(pid) and time.monotonic() < deadline:
         time.sleep(0.02)
     assert is_gone(pid), "the server process was stopped with the run"
+
+
+def test_an_empty_command_and_an_unreadable_config_are_one_clear_error(tmp_path):
+    with pytest.raises(McpError, match="the server command is empty"):
+        parse_server_specs(["  "])
+    with pytest.raises(McpError, match=r"--mcp-config .*: cannot read it \(Is a directory\)"):
+        parse_server_specs([], str(tmp_path))
+
+
+def test_a_schema_jsonschema_cannot_use_leaves_the_arguments_to_the_server():
+    from agent_demo_kit.mcp_client import argument_checker, placeholder
+    assert argument_checker({"type": "no-such-type"})({"anything": 1}) is None
+    assert placeholder({"enum": ["b", "a"]}) == "b" and placeholder({"anyOf": [{"type": "integer"}]}) == 1

@@ -258,6 +258,16 @@ def damage(trace, how):
         lines[2] = json.dumps(second)
     elif how == "not JSON":
         lines[2] = lines[2][:40]
+    elif how == "a call of another round":
+        lines[2] = json.dumps({"event": "call", "round": 7, "tool": "calculator", "args": {}})
+    elif how == "a compaction without a digest":
+        lines[2] = json.dumps({"event": "compaction", "before_round": 2, "folded": 1})
+    elif how == "a compaction out of place":
+        lines[2] = json.dumps({"event": "compaction", "before_round": 9, "folded": 1, "digest": ""})
+    elif how == "a follow-up after no round":
+        lines[2] = json.dumps({"event": "follow_up", "text": "and?", "after_round": 5})
+    elif how == "no event":
+        lines[2] = json.dumps({"round": 2})
     trace.write_text("\n".join(lines) + "\n")
 
 
@@ -266,6 +276,11 @@ def damage(trace, how):
     ("round a string", "round '2' where round 2 was due"),
     ("feedback without content", "round 2 cannot be read by this version"),
     ("not JSON", "not a JSON record"),
+    ("a call of another round", "a call of round 7 where round 2 was going"),
+    ("a compaction without a digest", "a compaction this version cannot read"),
+    ("a compaction out of place", "a compaction before round 9 after round 1"),
+    ("a follow-up after no round", "a follow-up this version cannot read"),
+    ("no event", "a record without an event"),
 ])
 def test_a_damaged_line_before_the_last_refuses_the_trace_naming_the_line(serve, tmp_path, capsys, how, why):
     trace = tmp_path / "run.jsonl"

@@ -92,6 +92,8 @@ def test_settings_cannot_change_once_loaded():
     ({"max_rounds": "3"}, {}, None),
     ({"max_rounds": 2.5}, {}, "--max-rounds must be a whole number, got '2.5'"),
     ({"yes": "no"}, {}, "--yes must be True or False, got 'no'"),
+    ({"max_rounds": [3]}, {}, "--max-rounds must be a number, got [3]"),
+    ({"model": 5}, {}, "--model must be a string, got 5"),
     ({"tools_files": "a.py"}, {}, "--tools-file must be a list of strings, got 'a.py'"),
     ({}, {"AGENT_TIMEOUT": "nan"}, "AGENT_TIMEOUT must be a number of seconds more than 0"),
     ({}, {"AGENT_MAX_CALLS": "0"}, "AGENT_MAX_CALLS must be at least 1, got 0"),

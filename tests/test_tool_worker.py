@@ -10,9 +10,9 @@ import pytest
 from agent_demo_kit.cli import main
 from agent_demo_kit.run_store import in_use
 from agent_demo_kit.settings import Settings
-from conftest import KEY, run_cli, said_lines
+from conftest import KEY, said_lines
 from scripted_model import ScriptedModel, run
-from scripted_server import ScriptedServer, action as act
+from scripted_server import action as act
 from tools import call_tool, registry_of
 
 FINISH = act("finish", result="done")
@@ -121,14 +121,13 @@ def unruly(tmp_path):
     return str(path)
 
 
-def test_a_tool_that_exits_crashes_raises_or_forks_costs_one_error_result(tmp_path, unruly):
+def test_a_tool_that_exits_crashes_raises_or_forks_costs_one_error_result(serve, capfd, tmp_path, unruly):
     trace = tmp_path / "t.jsonl"
-    replies = [act("exits", code=7), act("crashes", x="a"), act("raises", x="b"), act("forks", name="copy"),
-               act("shout", text="still here"), FINISH]
-    with ScriptedServer(replies) as server:
-        code, out, err = run_cli("--tools-file", unruly, "--trace", trace, "--json", "go",
-                                 env={"LLM_API_URL": server.url, "LLM_API_KEY": KEY})
-        results = [server.sent_messages(n)[-1]["content"] for n in range(1, 6)]
+    server = serve([act("exits", code=7), act("crashes", x="a"), act("raises", x="b"), act("forks", name="copy"),
+                    act("shout", text="still here"), FINISH])
+    code = main(["--tools-file", unruly, "--trace", str(trace), "--json", "go"])
+    out, err = capfd.readouterr()  # the worker writes to file descriptor 2 itself
+    results = [server.sent_messages(n)[-1]["content"] for n in range(1, 6)]
     assert code == 0 and json.loads(out)["status"] == "finished"
     assert "exits ended the worker process (exit code 7)" in results[0]
     assert "crashes ended the worker process (signal SIGSEGV)" in results[1]

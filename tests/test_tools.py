@@ -6,6 +6,7 @@ import pytest
 from hypothesis import given, strategies as st
 
 from tools import (CONTROL_ACTIONS, REGISTRY, ToolDefinitionError, call_tool, calculator, check_args, describe,
+                   material_reader,
                    registry_of, tool)
 
 
@@ -59,9 +60,10 @@ def test_calculator_matches_integer_arithmetic(left, operator, right):
 @given(st.text(max_size=40))
 def test_calculator_never_raises_into_the_loop(text):
     result = call_tool("calculator", {"expression": text}, REGISTRY)
-    assert result["ok"] in (True, False)
-    if result["ok"]:
-        assert math.isfinite(result["data"])
+    if result["ok"] is True:
+        assert math.isfinite(result["data"]) and set(result) == {"ok", "data"}
+    else:
+        assert result["ok"] is False and isinstance(result["error"], str) and result["error"]
 
 
 @pytest.mark.parametrize("order_id, status", [
@@ -152,11 +154,16 @@ def _odd_type(x: complex):
     """A type JSON does not have."""
 
 
+def _unknown_hint(x: "NoSuchType"):  # noqa: F821
+    """A hint naming nothing."""
+
+
 @pytest.mark.parametrize("function, problem", [
     (_no_doc, "has no docstring"),
     (_no_hint, "argument x has no type hint"),
     (_star, "*values cannot be described"),
     (_odd_type, "has no JSON type"),
+    (_unknown_hint, "its type hints cannot be read"),
 ])
 def test_a_function_that_cannot_be_described_says_why(function, problem):
     with pytest.raises(ToolDefinitionError, match=problem.replace("*", r"\*")):
@@ -252,3 +259,15 @@ def test_a_result_json_cannot_hold_is_converted_and_the_conversion_noted():
     assert result["converted"] == ["Decimal to text", "PosixPath to text", "datetime to ISO 8601 text",
                                    "float to text", "set to a list", "tuple to a list"]
     assert json.loads(json.dumps(result, allow_nan=False)) == result
+
+
+def test_read_material_pages_through_the_text_and_says_where_the_end_is():
+    reader = material_reader("line one\nline two\n" * 50, page_chars=500)
+    first = call_tool("read_material", {"offset": 0}, {"read_material": reader})["data"]
+    assert first["offset"] == 0 and first["text"].endswith("\n") and first["lines"].startswith("1-")
+    assert len(json.dumps(first, ensure_ascii=False)) <= 500
+    last = call_tool("read_material", {"offset": 890}, {"read_material": reader})["data"]
+    assert last["next_offset"] is None and last["total_chars"] == 900
+    assert call_tool("read_material", {"offset": 900}, {"read_material": reader}) == {
+        "ok": False, "error": "offset 900 is past the end: the material has 900 characters"}
+    assert "offset must be at least 0" in call_tool("read_material", {"offset": -1}, {"read_material": reader})["error"]
