@@ -3,13 +3,14 @@ import json
 import os
 import re
 import socket
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
 from agent_demo_kit.cli import main
-from conftest import KEY, said_lines, start_cli
+from conftest import KEY, child_environment, said_lines, start_cli
 from scripted_server import ScriptedServer, action as act
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -283,12 +284,21 @@ def test_every_module_is_installed_with_the_command():
 
 @pytest.mark.parametrize("as_module", [False, True], ids=["python agent_demo.py", "python -m agent_demo"])
 def test_it_runs_from_a_folder_with_its_own_settings_records_client_and_cli(tmp_path, as_module):
-    for name in ("settings", "records", "client", "cli", "runs", "output", "endings"):
+    for name in ("settings", "records", "client", "cli", "actions", "conversation", "terminal", "run_store",
+                 "child_processes", "mcp_client", "runs", "output", "endings"):
         (tmp_path / f"{name}.py").write_text(f"raise ImportError('the folder\\'s own {name}.py was imported')\n")
     with ScriptedServer([act("calculator", expression="2 + 3"), act("finish", result=5)]) as server:
         process = start_cli("--no-log", "add", as_module=as_module, cwd=tmp_path, env={"LLM_API_URL": server.url})
         out, err = process.communicate(timeout=60)
     assert (process.returncode, out) == (0, "5\n"), err
+
+
+def test_python_agent_demo_py_runs_its_file_once_not_again_as_an_import():
+    shown = subprocess.run([sys.executable, "-X", "importtime", os.path.join(ROOT, "agent_demo.py"), "--version"],
+                           capture_output=True, text=True, env=child_environment(), timeout=30)
+    assert shown.returncode == 0 and shown.stdout.startswith("agent-demo ")
+    imported = [line.rsplit("|", 1)[1].strip() for line in shown.stderr.splitlines() if line.startswith("import time")]
+    assert "agent_demo_kit.cli" in imported and "agent_demo" not in imported
 
 
 def test_the_install_adds_three_modules_and_one_package():
