@@ -16,13 +16,14 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import prompts
 from agent_demo_kit import __version__  # noqa: F401  (agent_demo.__version__)
-from agent_demo_kit.actions import Parsed, native_calls, parse_reply
+from agent_demo_kit.actions import Action, Parsed, native_calls, parse_reply, said_besides_actions
 from agent_demo_kit.conversation import Conversation, recall_rounds, request_size, shorten_args, truncate_result
 from agent_demo_kit.records import (BudgetSpent, Call, CheckFailed, ConfigError, Finished, GaveUp, InternalError,
                                     Interrupted, Reply, RoundLimit, Round, RunEnded, RunEvents, RunResult, SigTerm,
                                     Stuck, Terminated, add_usage, answer_text, count_usage, failure, impossible_counts,
                                     success, to_json, total_usage, wire_size)
-from agent_demo_kit.settings import (CHECK_OUTPUT_SHOWN, MATERIAL_SHOWN_CHARS, PAGE_MARGIN_CHARS, VALUE_SHOWN_CHARS,
+from agent_demo_kit.settings import (CHECK_OUTPUT_LINES, CHECK_OUTPUT_SHOWN, LAST_WORDS_CHARS, LAST_WORDS_LINES,
+                                     MATERIAL_SHOWN_CHARS, PAGE_MARGIN_CHARS, VALUE_SHOWN_CHARS,
                                      Settings, display_url, keyword_name, load_settings, read_environment,
                                      recorded_settings, secrets_of)
 from tools import (CONTROL_ACTIONS, FAIL, FINISH, NOTE, RECALL, REGISTRY, Tool, ToolDefinitionError, call_tool,
@@ -81,7 +82,7 @@ class Agent:
         reply, messages = self.ask()
         usage, estimated = self.count(reply, messages)
         mode = self.conversation.mode
-        parsed = parse_reply(reply, mode)
+        parsed = self.read(reply)
         tokens = f", {'~' if estimated else ''}{usage['total_tokens']:,} tokens" if "total_tokens" in usage else ""
         self.trace.reply(f"\n--- round {number}/{self.round_limit} --- {reply.latency_ms / 1000:.1f} s{tokens}",
                          reply, parsed.prose)
@@ -144,6 +145,19 @@ class Agent:
             self.client.on_text = status.feed
             return self.client.ask(self.conversation.messages, self.conversation.tools)
 
+    def read(self, reply: Reply) -> Parsed:
+        """The reply's actions. A reply of plain words is the model's answer in tools mode, as in every
+        function-calling loop; in json and schema mode once the model was told how to send one and
+        answered in words again."""
+        mode, rounds = self.conversation.mode, self.conversation.rounds
+        parsed = parse_reply(reply, mode)
+        if not parsed.words:
+            return parsed
+        if mode == "tools" or rounds and rounds[-1].problem == prompts.WORDS_WITHOUT_ACTION:
+            return Parsed([Action(FINISH.name, {"result": parsed.words})], prose=parsed.prose, answered_in_words=True)
+        parsed.problem = prompts.WORDS_WITHOUT_ACTION
+        return parsed
+
     def count(self, reply: Reply, messages: List[dict]) -> Tuple[dict, bool]:
         """The round's token counts, estimated when the endpoint's cannot be true (and then said once)."""
         impossible = impossible_counts(reply.usage)
@@ -163,7 +177,9 @@ class Agent:
                 for index, action in enumerate(parsed.actions)]
         distinct = list(dict.fromkeys(keys))  # the actions, each once, in order
         for index, (action, key) in enumerate(zip(parsed.actions, keys), 1):
-            self.trace.action(f"action {index}/{len(keys)}" if len(keys) > 1 else "action", action.tool, action.args)
+            label = "answer in words" if parsed.answered_in_words else f"action {index}/{len(keys)}" \
+                if len(keys) > 1 else "action"
+            self.trace.action(label, action.tool, action.args)
             if key in first_of:
                 call = Call(action.tool, action.args, first_of[key].result, watchdog="cached", note=prompts.SAME_REPLY)
             else:
@@ -175,6 +191,8 @@ class Agent:
                     call, ending = reached.call, ending or reached
                 first_of[key] = call
             call.id = action.id
+            if parsed.answered_in_words:
+                call.note = prompts.ANSWERED_IN_WORDS
             calls.append(call)
             self.trace.result(call, truncate_result(call.result, self.settings.max_result_chars))
         if self.watchdog.count_reply(calls) >= FORMAT_ERRORS_BEFORE_STUCK:
@@ -285,6 +303,8 @@ class Agent:
     def feed_back(self, parsed: Parsed, calls: List[Call]) -> List[dict]:
         """The messages that answer this round: each result, cut to size, labelled with its call."""
         mode = self.conversation.mode
+        if parsed.words:  # told once how to answer; words again will be the answer
+            return [{"role": "user", "content": prompts.render_words_without_action(self.conversation.tools, mode)}]
         if parsed.problem:
             return [{"role": "user", "content": prompts.render_format_error(parsed.problem, self.conversation.tools,
                                                                             mode)}]
@@ -298,17 +318,36 @@ class Agent:
     def end(self, ending: RunEnded) -> RunResult:
         """The outcome, recorded as the run's last event."""
         rounds = self.conversation.rounds
-        progress = prompts.clip(ending.result, CHECK_OUTPUT_SHOWN).splitlines() or ["(it printed nothing)"] \
-            if isinstance(ending, CheckFailed) else []
+        last_words = "" if isinstance(ending, (Finished, GaveUp)) else next(
+            (said for said in (said_besides_actions(record.model_output) for record in reversed(rounds)) if said), "")
         outcome = RunResult(ending, rounds=len(rounds), usage=self.usage,
                             calls=[{"round": record.number, "tool": call.tool, "args": call.args,
                                     "result": call.result} for record in rounds for call in record.calls],
-                            progress=progress,
+                            progress=self.progress(ending, last_words), last_words=last_words,
                             checks=[{"round": record.number, **call.check} for record in rounds
                                     for call in record.calls if call.check],
                             trace=getattr(self.trace, "path", None))
         self.trace.end(outcome)
         return outcome
+
+    def progress(self, ending: RunEnded, last_words: str) -> List[str]:
+        """The lines said after the outcome of a run that did not finish: the last answer the check
+        rejected and what the check said of it, or the model's last words."""
+        if isinstance(ending, CheckFailed):
+            answer = answer_text(ending.call.args.get("result")) if isinstance(ending.call.args, dict) else ""
+            return ["the last answer:", *indented(answer, LAST_WORDS_LINES, LAST_WORDS_CHARS),
+                    "the check said:", *(indented(ending.result, CHECK_OUTPUT_LINES, CHECK_OUTPUT_SHOWN)
+                                         or ["  (nothing)"])]
+        if last_words:
+            return ["the model last said:", *indented(last_words, LAST_WORDS_LINES, LAST_WORDS_CHARS)]
+        return []
+
+
+def indented(text: str, lines: int, chars: int) -> List[str]:
+    """text cut to at most `chars` characters and `lines` lines, each indented, for the lines after an outcome."""
+    kept = prompts.clip(text.strip(), chars).splitlines()
+    return [f"  {line}" for line in kept[:lines]] + ([f"  ... ({len(kept) - lines} more lines)"]
+                                                    if len(kept) > lines else [])
 
 
 # --- the watchdog -----------------------------------------------------------------------

@@ -101,6 +101,20 @@ def render_pinned_follow_ups(follow_ups: List[Tuple[int, str]]) -> str:
     return "\n".join(f"Follow-up from the user after round {number}: {text}" for number, text in follow_ups)
 
 
+WORDS_WITHOUT_ACTION = "it held words but no action"
+ANSWERED_IN_WORDS = "your reply held no action, so its words were taken as your answer"
+FINISH_EXAMPLES = {"json": '{"tool": "finish", "args": {"result": "..."}}',
+                   "schema": '{"actions": [{"tool": "finish", "args": {"result": "..."}}]}'}
+
+
+def render_words_without_action(tool_names: Iterable[str], mode: str) -> str:
+    """Tell the model, once, that a reply of words is not an action, and how to answer."""
+    return (f"Your reply held words but no action. If they are your answer, send them with finish:"
+            f" {FINISH_EXAMPLES.get(mode, FINISH_EXAMPLES['json'])}. If you meant to call a tool, send its action."
+            f" (Words alone again will be taken as your answer.)\n{FORMATS[mode]}\n"
+            f"Available tools: {', '.join(tool_names)}.")
+
+
 def render_format_error(problem: str, tool_names: Iterable[str], mode: str) -> str:
     """Tell the model its reply held no usable action, and exactly what to send."""
     return (f"Your reply could not be used: {problem}.\n{FORMATS[mode]}\n"

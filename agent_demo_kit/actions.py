@@ -146,6 +146,8 @@ class Parsed:
     native: bool = False  # the actions came from the reply's tool_calls
     cut_off: bool = False  # the reply hit the length limit (finish_reason "length")
     prose: str = ""  # what the reply said besides its actions (all of it, when it held none)
+    words: str = ""  # a reply of plain words, no action and nothing like one: what it said, thoughts left out
+    answered_in_words: bool = False  # the actions are the finish its words stand for
 
     def answers_by_id(self, mode: str) -> bool:
         """In tools mode, native calls are answered one role-tool message per tool_call id."""
@@ -179,11 +181,24 @@ def parse_actions(text: str) -> Parsed:
         if len(text) > MAX_PARSED_CHARS:
             problem += (f" (your reply is {len(text):,} characters long; only its first and last"
                         f" {MAX_PARSED_CHARS:,} were read: keep replies short)")
-        return Parsed([], problem, prose=text)
+        return Parsed([], problem, prose=text, words="" if saw_json else plain_words(text))
     actions = [Action(value["tool"], value.get("args", {})) for value in found]  # copies: the loop answers once
     if not isinstance(actions[0].args, dict):
         return Parsed([], f"\"args\" of {actions[0].tool} must be a JSON object")
     return Parsed(actions, prose=_without(text, action_spans))
+
+
+def plain_words(text: str) -> str:
+    """What a reply said besides its thoughts, fences and actions, when that is words and nothing
+    that looks like a broken action (no "{" that would start a JSON object)."""
+    said = _without(strip_think(text), []).strip()
+    return "" if _JSON_START.search(said) else said
+
+
+def said_besides_actions(text: str) -> str:
+    """What a reply said besides its thoughts and its actions (the model's last words, when a run
+    ends without an answer)."""
+    return strip_think(parse_actions(text).prose).strip()
 
 
 def _without(text: str, spans: List[Tuple[int, int]]) -> str:
@@ -225,7 +240,7 @@ def parse_reply(reply: Reply, mode: str) -> Parsed:
             parsed = parse_tool_calls(reply.tool_calls)
             parsed.prose = reply.content
     if reply.finish_reason == "length":
-        parsed.cut_off = True
+        parsed.cut_off, parsed.words = True, ""  # words cut off are no answer
         if parsed.problem and reply.content.strip():  # an empty reply's problem says so already
             parsed.problem = prompts.CUT_OFF.format(problem=parsed.problem)
     return parsed

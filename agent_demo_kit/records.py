@@ -277,7 +277,8 @@ class GaveUp(RunEnded):
 
 
 class CheckFailed(GaveUp):
-    """--check rejected the answer --check-attempts times; `result` is its last output."""
+    """--check rejected the answer --check-attempts times; `result` is its last output, `call`
+    the finish it rejected last."""
 
 
 class Stuck(RunEnded):
@@ -353,9 +354,10 @@ class RunResult:
     rounds: int = 0
     usage: Dict[str, Any] = field(default_factory=dict)
     calls: List[dict] = field(default_factory=list)  # every call of the run, with its round and result
-    progress: List[str] = field(default_factory=list)  # --check's last output, when it ended the run
+    progress: List[str] = field(default_factory=list)  # the lines said after the outcome (the model's last words)
     checks: List[dict] = field(default_factory=list)  # every run of --check, with its round
     trace: Optional[str] = None  # the trace file the run was recorded in, if any
+    last_words: str = ""  # what the model last said besides actions, when the run ended without an answer
 
     @property
     def status(self) -> str:
@@ -395,7 +397,7 @@ class RunResult:
             tokens += " (partly estimated)"
         return {
             "finished": f"finished after {self.rounds} round(s){tokens}",
-            "failed": f"not completed: {self.ending} after {self.rounds} round(s); its last output:"
+            "failed": f"not completed: {self.ending} after {self.rounds} round(s)"
                       if isinstance(self.ending, CheckFailed)
                       else f"not completed: the model gave up after {self.rounds} round(s): {self.result}",
             "max_rounds": f"not completed: round limit reached after {self.rounds} round(s){tokens}",
@@ -408,8 +410,9 @@ class RunResult:
     def to_json(self) -> dict:
         extra = {"error": self.error} if self.error else {}
         checks = {"checks": self.checks} if self.checks else {}
+        said = {"last_words": self.last_words} if self.last_words else {}
         return {"status": self.status, "result": self.result, "rounds": self.rounds,
-                "usage": self.usage, **extra, "calls": self.calls, **checks}
+                "usage": self.usage, **extra, **said, "calls": self.calls, **checks}
 
 
 def answer_text(value: Any) -> str:

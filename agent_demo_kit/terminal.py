@@ -24,8 +24,8 @@ from typing import Any, Callable, Iterator, List, Optional, Set, TextIO
 from urllib.parse import quote, quote_plus
 
 from agent_demo_kit.actions import think_pieces
-from agent_demo_kit.records import OutputClosed, Working, printable, to_json
-from agent_demo_kit.settings import (CHECK_LINE_CHARS, STATUS_KEPT_CHARS, STATUS_SHOWN_CHARS,
+from agent_demo_kit.records import OutputClosed, Working, answer_text, printable, to_json
+from agent_demo_kit.settings import (CHECK_LINE_CHARS, LAST_WORDS_CHARS, STATUS_KEPT_CHARS, STATUS_SHOWN_CHARS,
                                      THOUGHT_SHOWN_CHARS)
 from prompts import TRUNCATED, clip
 
@@ -400,6 +400,9 @@ class Screen:
         if call.watchdog:
             self.say(f"watchdog: {call.watchdog}", "note")
         if call.check:  # its output is the result: one line says both
+            if call.check["exit_code"] != 0 and isinstance(call.args, dict):  # what it rejected, in full view
+                answer = answer_text(call.args.get("result"))
+                self.say(f"answer: {clip(answer, LAST_WORDS_CHARS)}", "error")
             self.say(check_line(call.check), "ok" if call.check["exit_code"] == 0 else "error")
             return
         if call.ends_run:

@@ -63,7 +63,7 @@ def test_messy_replies_still_work(serve, capsys):
     assert main(["--json", "add"]) == 0
     out, err = capsys.readouterr()
     assert json.loads(out)["result"] == {"value": 512}
-    assert "format error: no JSON object found" in err
+    assert "format error: it held words but no action" in err
 
 
 def test_a_model_that_gives_up_exits_1_with_its_reason(serve, capsys):

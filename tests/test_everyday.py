@@ -365,3 +365,24 @@ def test_the_budget_advice_for_piped_material_is_a_value_that_works(serve, monke
     advised = int(said.rsplit("use --max-context ", 1)[1].split()[0])
     piped(monkeypatch, tmp_path, material)
     assert main(["-q", "--max-context", str(advised), "summarize"]) == 0
+
+
+@pytest.mark.parametrize("flags, status", [(["--max-rounds", "2"], "max_rounds"), (["--max-tokens", "20"], "budget")])
+def test_a_run_that_ends_without_an_answer_shows_the_models_last_words(serve, cli, flags, status):
+    serve(["<think>hidden</think>Adding one at a time, I will get there.\n" + act("calculator", expression="1 + 1"),
+           "I need one more step:\n" + act("calculator", expression="2 + 1")], key=None)
+    code, out, err = cli(*flags, "--quiet", "--json", "count")
+    printed = json.loads(out)
+    assert (code, printed["status"]) == (1, status)
+    assert printed["last_words"] == "I need one more step:"
+    said = [line for line in err.splitlines() if not line.startswith("agent-demo: to continue")]
+    assert said[-2:] == ["  the model last said:", "    I need one more step:"]
+
+
+def test_stuck_shows_the_last_words_the_model_said_even_rounds_before(serve, cli):
+    serve(["I give up on JSON for now.\n" + act("calculator", expression="1 + 1")] + [act("calculator",
+                                                                                     expression="1 + 1")], key=None)
+    code, out, err = cli("--quiet", "count")
+    assert code == 1 and "not completed: the model is stuck" in err
+    said = [line for line in err.splitlines() if not line.startswith("agent-demo: to continue")]
+    assert said[-1] == "    I give up on JSON for now."

@@ -164,14 +164,13 @@ def test_calls_are_identical_whatever_the_order_of_their_arguments():
 
 
 def test_three_format_errors_in_a_row_end_the_run_as_stuck():
-    model = ScriptedModel("hmm", "let me think", "I am not sure", act("finish", result=1))
+    model = ScriptedModel('{"answer": 1}', "", '{"tool": 7}', act("finish", result=1))
     outcome = play(model)
     assert (outcome.status, outcome.rounds, outcome.exit_code) == ("stuck", 3, 1)
 
 
 def test_format_errors_that_are_not_in_a_row_are_tolerated():
-    model = ScriptedModel("hmm", "hmm", act("calculator", expression="1 + 1"), "hmm", "hmm",
-                          act("finish", result=2))
+    model = ScriptedModel("", "{}", act("calculator", expression="1 + 1"), "", "{}", act("finish", result=2))
     assert play(model).status == "finished"
 
 

@@ -55,11 +55,12 @@ def test_the_system_prompt_lists_every_tool_from_the_registry():
 
 
 def test_a_format_error_is_fed_back_with_the_format_and_tool_names():
-    model = ScriptedModel("The answer is 1536.", act("finish", result=1536))
+    model = ScriptedModel('{"answer": 1536}', act("finish", result=1536))
     outcome = run_scripted(model)
     assert (outcome.status, outcome.rounds) == ("finished", 2)
     fed_back = model.messages(1)[3]["content"]
-    assert fed_back == prompts.render_format_error("no JSON object found", [*REGISTRY, *CONTROL_ACTIONS], "json")
+    assert fed_back == prompts.render_format_error('found JSON, but no action object with a string "tool"',
+                                                   [*REGISTRY, *CONTROL_ACTIONS], "json")
     assert '{"tool": "<name>", "args": {...}}' in fed_back and "get_order_status" in fed_back
 
 

@@ -116,6 +116,7 @@ def test_a_wrong_answer_is_fed_back_with_the_checks_output_and_the_right_one_acc
     assert len(server.requests) == 2
     assert "expected 1536, got 1000 for: compute (12 + 500) * 3" in server.sent_messages(1)[-1]["content"]
     assert len([line for line in err.splitlines() if line.startswith("check:")]) == 2
+    assert "answer: 1000" in err.splitlines(), "the rejected answer is shown with the check's verdict"
 
 
 def test_a_check_that_never_passes_ends_the_run_failed_with_its_last_output(serve, tmp_path, capsys):
@@ -126,7 +127,7 @@ def test_a_check_that_never_passes_ends_the_run_failed_with_its_last_output(serv
     out, err = capsys.readouterr()
     assert out == ""
     assert said_lines(err)[0].startswith("agent-demo: not completed: the check rejected 3 answers")
-    assert "not accepted: 2" in err
+    assert err.splitlines()[1:5] == ["  the last answer:", "    2", "  the check said:", "    not accepted: 2"]
     end = records(trace)[-1]
     assert (end["status"], end["rounds"], end["result"]) == ("failed", 3, "not accepted: 2\n")
     checks = [call["check"] for r in records(trace) if r["event"] == "round" for call in r["calls"]]

@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 
+import prompts
 from agent_demo_kit.cli import main
 from agent_demo_kit.records import Reply
 from agent_demo_kit.settings import Settings
@@ -142,13 +143,38 @@ def test_tools_mode_sends_schemas_reads_tool_calls_and_answers_each_id():
     assert json.loads(second[3]["content"])["result"] == {"ok": True, "data": 512}
 
 
-def test_tools_mode_plain_text_without_calls_is_a_format_error():
-    model = ScriptedModel("I think the answer is 1536.", Reply(content="", tool_calls=[tool_call("c1", "finish", result=1)]))
-    outcome = play(model, mode="tools")
-    assert outcome.status == "finished"
-    said = model.requests[1]["messages"][-1]
-    assert said["role"] == "user" and "no JSON object found" in said["content"]
-    assert "function calling" in said["content"]
+def test_tools_mode_words_after_a_call_are_the_answer(serve, capsys):
+    serve([{"tool_calls": [tool_call("c1", "calculator", expression="12 + 500")]},
+           "<think>done adding</think>12 + 500 = 512."], key=None)
+    assert main(["--mode", "tools", "--quiet", "add"]) == 0
+    assert capsys.readouterr().out == "12 + 500 = 512.\n"
+
+
+def test_tools_mode_words_rejected_by_the_check_get_the_check_output_back(serve, capsys):
+    server = serve(["It is 500.", "It is 512."], key=None)
+    assert main(["--mode", "tools", "--check", "grep -q 512", "--json", "add"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert (out["status"], out["result"], out["rounds"]) == ("finished", "It is 512.", 2)
+    told = server.sent_messages(1)[-1]
+    assert told["role"] == "user" and "not accepted: the answer check exited with 1" in told["content"]
+    assert prompts.ANSWERED_IN_WORDS in told["content"]
+    assert server.sent_messages(1)[-2] == {"role": "assistant", "content": "It is 500."}
+
+
+@pytest.mark.parametrize("mode", ["json", "schema"])
+def test_words_twice_in_a_row_are_the_answer_once_the_model_was_told_how_to_send_one(mode):
+    model = ScriptedModel("The answer is 42.", "<think>as I said</think>\nThe answer is 42, truly.")
+    outcome = play(model, mode=mode)
+    assert (outcome.status, outcome.result, outcome.rounds) == ("finished", "The answer is 42, truly.", 2)
+    told = model.requests[1]["messages"][-1]["content"]
+    assert told.startswith("Your reply held words but no action. If they are your answer, send them with finish")
+    assert ("actions" in told) == (mode == "schema")
+
+
+def test_words_after_an_action_are_not_taken_for_an_answer_in_json_mode():
+    model = ScriptedModel("Let me think.", act("calculator", expression="1 + 1"), "Two.", act("finish", result=2))
+    outcome = play(model)
+    assert (outcome.status, outcome.result, outcome.rounds) == ("finished", 2, 4)
 
 
 @pytest.mark.parametrize("mode", ["json", "schema", "tools"])
