@@ -463,11 +463,13 @@ def prepare(task: str = "", *, given: Dict[str, Any], environment: Dict[str, str
     try:
         redactor = redactor or Redactor(*secrets_of(environment, given.get("url")))
         start: Optional[dict] = None
+        recorded: Optional[Any] = None
         history: List[Round] = []
         unfinished: List[Call] = []
         if resume is not None:  # locked before it is read, and shown before its tools files are imported
             log = closing.enter_context(contextlib.closing(run_store.RunLog(screen, resume, redactor)))
-            start, history, unfinished = run_store.read_run(log, resume, continuing=follow_up is not None)
+            recorded = run_store.read_run(log, resume, continuing=follow_up is not None)
+            start, history, unfinished = recorded.start, recorded.rounds, recorded.unfinished
             if "***" in str(start.get("url")) and not any(
                     (given.get("url"), environment.get("LLM_API_URL"), environment.get("OPENAI_BASE_URL"))):
                 raise ConfigError("the run's URL held a password, which is not recorded: give it again with --url"
@@ -494,6 +496,8 @@ def prepare(task: str = "", *, given: Dict[str, Any], environment: Dict[str, str
         log.start_fields, log.start_notes = start_fields, notes
         client.trace = log
         agent = Agent(settings, client, registry, log, approver)
+        if resume is not None and recorded.status == "max_rounds" and given.get("max_rounds") is None:
+            agent.round_limit = len(history) + settings.max_rounds  # a bare --resume: another --max-rounds
         return Job(agent, task, history, unfinished, follow_up, closing)
     except BaseException:
         closing.close()

@@ -324,8 +324,8 @@ def report(outcome: RunResult, args: argparse.Namespace, answer: SafeStream, age
     elif outcome.status != "finished" and args.quiet:  # otherwise the trace ended with it
         lines = [f"agent-demo: {outcome.summary()}", *(f"  {line}" for line in outcome.progress)]
         print("\n".join(lines), file=sys.stderr)
-    if outcome.trace and outcome.resumable and not outcome.key_refused:  # a refused key: fix it first
-        print(f"agent-demo: to continue: {continue_command(outcome, agent, args)}", file=sys.stderr)
+    if outcome.trace and outcome.resumable:
+        print(f"agent-demo: to continue: {continue_hint(outcome, agent, args)}", file=sys.stderr)
     return outcome.exit_code
 
 
@@ -336,27 +336,48 @@ def json_object(outcome: RunResult) -> dict:
             "trace": os.path.abspath(path) if path else None}
 
 
-def continue_command(outcome: RunResult, agent: Optional[Agent], args: argparse.Namespace) -> str:
-    """The exact command that continues a run cut short: the model and URL given as flags are
-    given again (the environment would win over the record), and a limit it reached is doubled,
-    or the command would stop again at once."""
-    settings = agent and agent.settings
-    program = sys.argv[0] or ""
-    command = "agent-demo"
-    if program.endswith(".py"):  # started as python agent_demo.py
-        command = f"{shlex.quote(sys.executable)} {shlex.quote(os.path.abspath(program))}"
-    command += f" --resume {shlex.quote(os.path.abspath(outcome.trace))}"
-    if settings and args.model:
+def continue_hint(outcome: RunResult, agent: Optional[Agent], args: argparse.Namespace) -> str:
+    """How to go on with a run cut short: agent-demo --resume and the run's id, with only the flags that
+    matter. The model and URL given as flags are given again (the environment would win over the
+    record), unless they caused the error: then the hint says what to fix first. After a round limit
+    a bare --resume gives another --max-rounds of rounds; after the token budget, the budget doubles."""
+    command = f"agent-demo --resume {run_name(outcome.trace, args)}"
+    ending, settings = outcome.ending, agent and agent.settings
+    http_status = getattr(ending, "http_status", None)
+    model_wrong, url_wrong = http_status == 404, http_status == 404 or getattr(ending, "unreachable", False)
+    if settings and args.model and not model_wrong:
         command += f" -m {shlex.quote(settings.model)}"
-    if settings and args.url and "***" not in display_url(settings.url):
+    if settings and args.url and not url_wrong and "***" not in display_url(settings.url):
         command += f" --url {shlex.quote(settings.url)}"
     if args.yes:  # never assumed on resume: said again, in the open
         command += " --yes"
-    if agent and outcome.status == "max_rounds":
-        command += f" --max-rounds {agent.round_limit * 2}"
     if agent and outcome.status == "budget" and agent.token_limit:
         command += f" --max-tokens {agent.token_limit * 2}"
+    if http_status in (401, 403):
+        return f"check {key_source(settings)}, then: {command}"
+    if model_wrong:
+        return f"give a model the endpoint has (-m NAME) or its right URL (--url), then: {command}"
+    if url_wrong:
+        return f"once {display_url(settings.endpoint) if settings else 'the endpoint'} answers (or with the right --url):" \
+               f" {command}"
     return command
+
+
+def key_source(settings: Any) -> str:
+    """The variable the key came from, to say which to check."""
+    source = settings.sources.get("api_key", "default") if settings else "default"
+    return "LLM_API_KEY" if source in ("default", "the resumed run") else source
+
+
+def run_name(path: str, args: argparse.Namespace) -> str:
+    """How --resume names a run: as the user named it (--trace FILE, --resume RUN), else by its short
+    id in the run log folder."""
+    named = args.trace or args.resume or args.continue_run
+    if named:
+        return shlex.quote(named)
+    folder = Path(path).parent
+    return run_store.short_ids([run_store.RunSummary(Path(path), 0, "", 0, None, "")],
+                               run_store.run_files(folder)).get(Path(path), run_store.run_id(Path(path)))
 
 
 def list_runs(environment: Dict[str, str]) -> int:

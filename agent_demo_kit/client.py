@@ -213,10 +213,11 @@ class AttemptFailed(Exception):
     response) or no usable answer at all (a network error, a reply cut off)."""
 
     def __init__(self, message: str, status: Optional[int] = None, text: str = "", response: Any = None,
-                 unanswered: bool = False):
+                 unanswered: bool = False, unreachable: bool = False):
         super().__init__(message)
         self.status, self.text, self.response = status, text, response
         self.unanswered = unanswered  # the server took the request and said nothing within --timeout
+        self.unreachable = unreachable  # no connection at all: a wrong URL, or a server that is down
         self.said = server_message(text) if status else ""
 
 
@@ -281,7 +282,7 @@ class ModelClient:
             if failure.status:
                 raise EndpointError(describe_http_error(failure.status, failure.text, self.settings),
                                     failure.status, failure.said) from None
-            raise EndpointError(f"{failure} (after {retries} retries)") from None
+            raise EndpointError(f"{failure} (after {retries} retries)", unreachable=failure.unreachable) from None
         try:
             wait = retry.get_retry_after(raw) if raw is not None else None
         except InvalidHeader:
@@ -329,8 +330,9 @@ class ModelClient:
         try:  # the read timeout is the longest wait for the next bytes, not for the whole reply
             response = self.session.post(self.url, json=body, stream=True, timeout=(min(10.0, timeout), timeout))
         except requests.RequestException as error:
-            raise AttemptFailed(describe_network_error(error, self.settings, self.url),
-                                unanswered=isinstance(error, requests.ReadTimeout)) from None
+            said = describe_network_error(error, self.settings, self.url)
+            raise AttemptFailed(said, unanswered=isinstance(error, requests.ReadTimeout),
+                                unreachable=said.startswith("cannot reach")) from None
         streamed = body.get("stream") and response.ok and "text/event-stream" in response.headers.get(
             "Content-Type", "")
         pieces = _pieces(response)

@@ -335,11 +335,13 @@ class ConfigError(RunEnded):
 
 
 class EndpointError(RunEnded):
-    """The endpoint refused, failed or answered with something unusable (exit 3)."""
+    """The endpoint refused, failed or answered with something unusable (exit 3); `unreachable`:
+    there was no connection at all (a wrong URL, or a server that is down)."""
 
-    def __init__(self, message: str, http_status: Optional[int] = None, server_said: str = ""):
+    def __init__(self, message: str, http_status: Optional[int] = None, server_said: str = "",
+                 unreachable: bool = False):
         super().__init__(message)
-        self.http_status, self.server_said = http_status, server_said
+        self.http_status, self.server_said, self.unreachable = http_status, server_said, unreachable
 
 
 # Not finished, not failed: a run that ended so can be taken further with --resume.

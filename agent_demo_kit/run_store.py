@@ -333,7 +333,17 @@ class RunLog(RunEvents):
                 pass  # a full disk refuses the last flush too; the file is closed all the same
 
 
-def load_trace(data: bytes, name: str, ended_too: bool = False) -> Tuple[dict, List[Round], List[Call]]:
+@dataclass
+class RecordedRun:
+    """The last run in a trace file, as a resume takes it up."""
+
+    start: dict  # its start record, with what later records changed
+    rounds: List[Round]  # its completed rounds
+    unfinished: List[Call]  # side-effecting calls started after them: their outcome is unknown
+    status: Optional[str]  # how it last ended (None: it was cut short before its end record)
+
+
+def load_trace(data: bytes, name: str, ended_too: bool = False) -> RecordedRun:
     """The start record, the completed rounds, and the side-effecting calls started after them (their
     outcome unknown) of the last run in a trace file's bytes; ValueError if it cannot go on (ended_too:
     a run that finished or failed can, with a follow-up). A line torn by a crash is skipped when it
@@ -402,20 +412,19 @@ def load_trace(data: bytes, name: str, ended_too: bool = False) -> Tuple[dict, L
     if status is not None and status not in RESUMABLE and not ended_too:
         raise ValueError(f"{name} holds a run that already ended with status {status!r};"
                          " only an unfinished run can be resumed")
-    return start, rounds, started
+    return RecordedRun(start, rounds, started, status)
 
 
-def read_run(log: RunLog, path: str, continuing: bool) -> Tuple[dict, List[Round], List[Call]]:
-    """What a trace brings back, read through the file `log` has locked: its start record (with what
-    later records changed), its completed rounds, and the side-effecting calls started after them;
-    ConfigError if the run cannot go on (continuing: a follow-up, which a finished run takes too)."""
+def read_run(log: RunLog, path: str, continuing: bool) -> RecordedRun:
+    """What a trace brings back, read through the file `log` has locked; ConfigError if the run
+    cannot go on (continuing: a follow-up, which a finished run takes too)."""
     try:
-        start, rounds, unfinished = load_trace(log.recorded(), path, ended_too=continuing)
+        recorded = load_trace(log.recorded(), path, ended_too=continuing)
     except ValueError as error:
         raise ConfigError(str(error)) from None
-    if continuing and not rounds:
+    if continuing and not recorded.rounds:
         raise ConfigError(f"--continue: {path} holds no round to follow up on; run the task again")
-    return start, rounds, unfinished
+    return recorded
 
 
 def _record(line: bytes) -> Optional[dict]:

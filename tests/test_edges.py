@@ -1,5 +1,6 @@
 """Hostile edges: no traceback, no lost reply, no leaked secret, and a trace that always ends."""
 import json
+import shlex
 import os
 import signal
 import time
@@ -283,7 +284,10 @@ def test_the_continue_command_keeps_a_model_given_as_a_flag(serve, tmp_path, cap
     serve([act("calculator", expression="1 + 1")])
     assert main(["-m", "model-from-flag", "--max-rounds", "1", "hi"]) == 1
     command = capsys.readouterr().err.split("agent-demo: to continue: ", 1)[1].strip()
-    assert " -m model-from-flag" in command and command.endswith("--max-rounds 2")
+    assert command.startswith("agent-demo --resume ") and command.endswith(" -m model-from-flag")
+    server = serve([act("finish", result="2")])
+    assert main(shlex.split(command)[1:] + ["--quiet"]) == 0, "the hint works as printed"
+    assert server.requests[0]["body"]["model"] == "model-from-flag"
 
 
 @pytest.mark.parametrize("lines", [
@@ -413,7 +417,7 @@ def test_resume_keeps_the_context_budget_and_the_continue_command_says_yes_again
     serve([act("calculator", expression=f"{n} + 1") for n in range(3)])
     assert main(["--max-context", "9000", "--yes", "--trace", str(trace), "--max-rounds", "1", "x"]) == 1
     command = capsys.readouterr().err.split("agent-demo: to continue: ", 1)[1]
-    assert " --yes" in command and " --max-rounds 2" in command
+    assert " --yes" in command and "--max-rounds" not in command and command.startswith(f"agent-demo --resume {trace}")
     assert json.loads(trace.read_text().splitlines()[0])["max_context"] == 9000
     assert main(["--resume", str(trace), "--max-rounds", "2", "--quiet"]) == 1
     assert [json.loads(line).get("max_context") for line in trace.read_text().splitlines()

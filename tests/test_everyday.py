@@ -1,5 +1,6 @@
 """Everyday use from a shell: pipes, the usual flags, the run log, your own tools."""
 import json
+import re
 import os
 import signal
 import stat
@@ -175,10 +176,11 @@ def test_a_run_cut_short_says_how_to_continue_and_resume_alone_picks_it_up(serve
     assert main(["--max-rounds", "1", "hi"]) == 1
     err = capsys.readouterr().err
     [command] = [line for line in err.splitlines() if line.startswith("agent-demo: to continue: ")]
-    assert command.endswith(".jsonl --max-rounds 2"), "the limit it reached is raised"
-    assert main(["--resume", "--max-rounds", "5", "--quiet"]) == 0
+    assert re.fullmatch(r"agent-demo: to continue: agent-demo --resume [0-9a-f]{6}", command)
+    assert main(["--resume", "--quiet"]) == 1, "a bare --resume gives another --max-rounds (1) of rounds"
+    assert main(["--resume", "--quiet"]) == 0
     assert capsys.readouterr().out == "done\n"
-    assert server.sent_messages(1)[1]["content"] == "Task: hi"
+    assert server.sent_messages(2)[1]["content"] == "Task: hi" and len(server.requests) == 3
 
 
 def test_resume_alone_with_nothing_unfinished_is_a_usage_error(serve, capsys):
@@ -194,8 +196,10 @@ def test_the_continue_command_works_as_printed(tmp_path):
         code, out, err = run_cli("--max-rounds", "1", "hi", env=env)
         assert code == 1
         command = err.split("agent-demo: to continue: ", 1)[1].strip()
+        assert command.startswith("agent-demo --resume ") and "/" not in command, "no interpreter, no trace path"
+        on_path = {"PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")}
         finished = subprocess.run(command, shell=True, capture_output=True, text=True,  # as a user pastes it
-                                  timeout=60, stdin=subprocess.DEVNULL, env=child_environment(env))
+                                  timeout=60, stdin=subprocess.DEVNULL, env=child_environment({**env, **on_path}))
     assert (finished.returncode, finished.stdout) == (0, "done\n")
 
 

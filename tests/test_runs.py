@@ -1,5 +1,6 @@
 """The run log from a shell: --runs, naming a run, what --json says about it, --continue."""
 import json
+import re
 import time
 from pathlib import Path
 
@@ -128,11 +129,13 @@ def test_a_run_stopped_before_its_first_round_offers_no_resume_and_is_not_picked
     assert server.sent_messages(0)[1]["content"] == "Task: older task", "bare --resume skips the newer run"
 
 
-def test_a_refused_key_after_some_rounds_offers_no_command_but_resume_takes_the_run_up(serve, capsys):
+def test_a_refused_key_after_some_rounds_says_what_to_fix_and_resume_takes_the_run_up(serve, capsys):
     serve([act("calculator", expression="1 + 1"), {"status": 401, "body": {"error": {"message": "key revoked"}}}])
     assert main(["hi"]) == 3
     err = capsys.readouterr().err
-    assert "authentication failed" in err and continue_hints(err) == []
+    [hint] = continue_hints(err)
+    assert "authentication failed" in err and re.fullmatch(
+        r"agent-demo: to continue: check LLM_API_KEY, then: agent-demo --resume [0-9a-f]{6}", hint)
     server = serve([FINISH])
     assert main(["--resume", "--quiet"]) == 0, "once the key is fixed, the run goes on"
     assert len(server.sent_messages(0)) == 4
@@ -306,3 +309,25 @@ def test_a_run_whose_url_held_a_password_asks_for_it_again(serve, tmp_path, caps
     [said] = said_lines(capsys.readouterr().err)
     assert said == ("agent-demo: error: the run's URL held a password, which is not recorded: give it again with"
                     " --url or LLM_API_URL")
+
+
+@pytest.mark.parametrize("reply, flags, hint", [
+    ({"status": 404, "body": {"error": {"message": "model gpt-5-turbo not found"}}}, ["-m", "gpt-5-turbo"],
+     r"give a model the endpoint has \(-m NAME\) or its right URL \(--url\), then: agent-demo --resume [0-9a-f]{6}"),
+    ({"status": 503, "body": "busy"}, ["-m", "small"], r"agent-demo --resume [0-9a-f]{6} -m small"),
+])
+def test_a_hint_never_repeats_the_flag_that_caused_the_error(serve, capsys, reply, flags, hint):
+    serve([act("calculator", expression="1 + 1"), reply])
+    assert main([*flags, "--retries", "0", "hi"]) == 3
+    [said] = continue_hints(capsys.readouterr().err)
+    assert re.fullmatch("agent-demo: to continue: " + hint, said)
+
+
+def test_after_a_refused_connection_the_hint_waits_for_the_endpoint_and_drops_the_url(serve, capsys):
+    server = serve([act("calculator", expression="1 + 1")])
+    assert main(["--url", server.url, "--max-rounds", "1", "hi"]) == 1
+    capsys.readouterr()
+    assert main(["--resume", "--url", "http://127.0.0.1:9/v1", "--retries", "0"]) == 3
+    [said] = continue_hints(capsys.readouterr().err)
+    assert re.fullmatch(r"agent-demo: to continue: once http://127.0.0.1:9/v1/chat/completions answers \(or with"
+                        r" the right --url\): agent-demo --resume [0-9a-f]{6}", said)
