@@ -17,6 +17,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 import prompts
 from agent_demo_kit import __version__  # noqa: F401  (agent_demo.__version__)
 from agent_demo_kit.actions import Action, Parsed, native_calls, parse_reply, said_besides_actions
+from agent_demo_kit.child_processes import check_command, run_check
 from agent_demo_kit.conversation import Conversation, recall_rounds, request_size, shorten_args, truncate_result
 from agent_demo_kit.records import (BudgetSpent, Call, CheckFailed, ConfigError, Finished, GaveUp, InternalError,
                                     Interrupted, Reply, RoundLimit, Round, RunEnded, RunEvents, RunResult, SigTerm,
@@ -83,9 +84,7 @@ class Agent:
         usage, estimated = self.count(reply, messages)
         mode = self.conversation.mode
         parsed = self.read(reply)
-        tokens = f", {'~' if estimated else ''}{usage['total_tokens']:,} tokens" if "total_tokens" in usage else ""
-        self.trace.reply(f"\n--- round {number}/{self.round_limit} --- {reply.latency_ms / 1000:.1f} s{tokens}",
-                         reply, parsed.prose)
+        self.trace.reply(number, self.round_limit, reply, parsed.prose, usage, estimated)
         calls, ending = self.execute(parsed, number)
         record = Round(number, reply.content, calls, self.feed_back(parsed, calls), mode, reply.latency_ms,
                        usage, estimated, problem=parsed.problem, tool_calls=native_calls(parsed, mode))
@@ -135,8 +134,7 @@ class Agent:
             self.trace.note(f"{'--approve: ' if settings.approve else ''}there is no terminal to ask, so {refused}"
                             " will be refused; --yes runs them")
         self.conversation.check_fits()
-        if settings.check is not None:
-            from agent_demo_kit.child_processes import check_command  # a child process: only with --check
+        if settings.check is not None and self.check is None:
             self.check = check_command(settings.check)
 
     def ask(self) -> Tuple[Reply, List[dict]]:
@@ -177,9 +175,7 @@ class Agent:
                 for index, action in enumerate(parsed.actions)]
         distinct = list(dict.fromkeys(keys))  # the actions, each once, in order
         for index, (action, key) in enumerate(zip(parsed.actions, keys), 1):
-            label = "answer in words" if parsed.answered_in_words else f"action {index}/{len(keys)}" \
-                if len(keys) > 1 else "action"
-            self.trace.action(label, action.tool, action.args)
+            self.trace.action(index, len(keys), action.tool, action.args, parsed.answered_in_words)
             if key in first_of:
                 call = Call(action.tool, action.args, first_of[key].result, watchdog="cached", note=prompts.SAME_REPLY)
             else:
@@ -258,7 +254,6 @@ class Agent:
     def check_answer(self, action: Any, answer: Any) -> Call:
         """Run --check on a finish: it ends the run when the check exits 0; otherwise the model gets the
         check's output and goes on, until the run has had its --check-attempts."""
-        from agent_demo_kit.child_processes import run_check
         settings = self.settings
         with self.trace.working(f"check running ({prompts.clip(settings.check, VALUE_SHOWN_CHARS)})"):
             check = run_check(self.check, settings.check, answer_text(answer), self.conversation.task,
@@ -488,6 +483,8 @@ def prepare(task: str = "", *, given: Dict[str, Any], environment: Dict[str, str
         form = RequestForm.resumed(settings, start, any(record.mode == settings.mode for record in history)) \
             if start is not None else RequestForm.asked_for(settings)
         client = closing.enter_context(contextlib.closing(ModelClient(settings, form=form)))
+        Conversation(task, settings, registry, client).check_fits()  # before a new run's trace is made:
+        check = check_command(settings.check) if settings.check is not None else None  # a run that cannot start
         if resume is None:
             path = run_store.new_log_file(environment) if trace is True else trace and os.fspath(trace)
             log = closing.enter_context(contextlib.closing(run_store.RunLog(screen, path, redactor)))
@@ -496,6 +493,7 @@ def prepare(task: str = "", *, given: Dict[str, Any], environment: Dict[str, str
         log.start_fields, log.start_notes = start_fields, notes
         client.trace = log
         agent = Agent(settings, client, registry, log, approver)
+        agent.check = check
         if resume is not None and recorded.status == "max_rounds" and given.get("max_rounds") is None:
             agent.round_limit = len(history) + settings.max_rounds  # a bare --resume: another --max-rounds
         return Job(agent, task, history, unfinished, follow_up, closing)

@@ -472,11 +472,12 @@ class RunEvents:
     def compaction(self, compaction: Compaction) -> None:
         """Older rounds were folded, before the first request that carries the new digest."""
 
-    def reply(self, header: str, reply: Reply, prose: str) -> None:
-        """The model's reply arrived; prose is what it said besides its actions."""
+    def reply(self, number: int, limit: int, reply: Reply, prose: str, usage: dict, estimated: bool) -> None:
+        """Round `number` of at most `limit`: the model's reply arrived (prose: what it said besides its
+        actions), with its token counts."""
 
-    def action(self, label: str, tool: str, args: Any) -> None:
-        """An action is about to run."""
+    def action(self, index: int, count: int, tool: str, args: Any, in_words: bool = False) -> None:
+        """Action `index` of the reply's `count` is about to run (in_words: the reply's words, as its answer)."""
 
     def result(self, call: Call, sent: dict) -> None:
         """What the model is told of a call."""

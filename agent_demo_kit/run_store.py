@@ -286,16 +286,16 @@ class RunLog(RunEvents):
                  f" ({compaction.chars_before:,} -> {compaction.chars_after:,} chars)")
         self.record("compaction", **compaction.to_line(), ts=time.time())
 
-    def reply(self, header: str, reply: Reply, prose: str) -> None:
+    def reply(self, number: int, limit: int, reply: Reply, prose: str, usage: dict, estimated: bool) -> None:
         """Show what the model said besides its actions, under the round's header, before its calls
         run; think blocks are shortened here, not in the trace file."""
         if self.screen:
-            self.screen.show_reply(header, reply, prose)
+            self.screen.show_reply(number, limit, reply, prose, usage, estimated)
 
-    def action(self, label: str, tool: str, args: Any) -> None:
+    def action(self, index: int, count: int, tool: str, args: Any, in_words: bool = False) -> None:
         """Show an action before it runs (a tool's own prints come after this line)."""
         if self.screen:
-            self.screen.show_action(label, tool, args)
+            self.screen.show_action(index, count, tool, args, in_words)
 
     def result(self, call: Call, sent: dict) -> None:
         """Show what the model is told of a call: its result as sent."""

@@ -373,10 +373,11 @@ class Screen:
             self.stream.write("\n")
             self.stream.flush()
 
-    def show_reply(self, header: str, reply: Any, prose: str) -> None:
-        """What the model said besides its actions (its JSON is not echoed: the action lines show it),
-        before its calls run and before --approve asks about them."""
-        self.say(header, "header")
+    def show_reply(self, number: int, limit: int, reply: Any, prose: str, usage: dict, estimated: bool) -> None:
+        """The round's header (its time and tokens), then what the model said besides its actions (its
+        JSON is not echoed: the action lines show it), before its calls run and --approve asks about them."""
+        tokens = f", {'~' if estimated else ''}{usage['total_tokens']:,} tokens" if "total_tokens" in usage else ""
+        self.say(f"\n--- round {number}/{limit} --- {reply.latency_ms / 1000:.1f} s{tokens}", "header")
         pieces = think_pieces(prose)
         for thought in [reply.reasoning, *(piece for opening, piece, closing in pieces if opening or closing)]:
             if thought.strip():
@@ -387,8 +388,9 @@ class Screen:
         elif not reply.content.strip() and not reply.tool_calls:
             self.say(f"model: (empty reply, finish_reason {reply.finish_reason})")
 
-    def show_action(self, label: str, tool: str, args: Any) -> None:
-        """One action, before it runs: name(arguments)."""
+    def show_action(self, index: int, count: int, tool: str, args: Any, in_words: bool = False) -> None:
+        """One action of `count` in the reply, before it runs: name(arguments)."""
+        label = "answer in words" if in_words else f"action {index}/{count}" if count > 1 else "action"
         if isinstance(args, dict) and tool in ("finish", "fail"):  # the answer is printed once, at the end
             args = {name: "..." if name == "result" else value for name, value in args.items()}
         shown = ", ".join(f"{name}={to_json(value)}" for name, value in args.items()) if isinstance(args, dict) \
