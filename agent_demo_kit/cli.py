@@ -16,10 +16,12 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 import prompts
 from agent_demo import Agent, Job, prepare
 from agent_demo_kit import __version__, run_store
-from agent_demo_kit.records import (ConfigError, EndpointError, Finished, GaveUp, Interrupted, OutputClosed, RunResult,
-                                    SigTerm, Terminated)
-from agent_demo_kit.settings import (MODES, display_url, flag_name, read_environment, secrets_of, setting_fields,
-                                     shown_default)
+from agent_demo_kit.actions import parse_actions
+from agent_demo_kit.conversation import truncate_result
+from agent_demo_kit.records import (Compaction, ConfigError, EndpointError, Finished, GaveUp, Interrupted, OutputClosed,
+                                    Reply, Round, RunResult, SigTerm, Terminated, ending_of, total_usage)
+from agent_demo_kit.settings import (MODES, Settings, display_url, flag_name, read_environment, secrets_of,
+                                     setting_fields, shown_default, whole_number)
 from agent_demo_kit.terminal import (Redactor, SafeStream, Screen, is_terminal, protected, stray_prints_to_stderr,
                                      terminal_approver)
 from tools import REGISTRY
@@ -137,8 +139,16 @@ def build_parser() -> Parser:
                              ' finished or not, appending to its trace; it gets --max-rounds new rounds.'
                              ' --continue "follow-up" alone: the most recent run')
     parser.add_argument("--runs", action="store_true",
-                        help="list the recent runs in the run log folder (id, when, status, rounds, tokens, task)"
-                             " and exit")
+                        help="list the recent runs in the run log folder, a line a run (id, when, status, rounds,"
+                             " tokens, the task and its answer or why it ended) and exit; with --json, as JSON")
+    parser.add_argument("-n", dest="count", type=flag_type(whole_number(1)), metavar="N",
+                        help="--runs: the N most recent (default 20)")
+    parser.add_argument("--status", metavar="STATUS",
+                        help="--runs: only the runs that ended with STATUS (finished, failed, max_rounds, budget,"
+                             " stuck, error, interrupted, unfinished)")
+    parser.add_argument("--show", metavar="RUN", nargs="?", const="",
+                        help="print the run RUN (named as for --resume; without RUN the most recent) as its live"
+                             " trace showed it, and its answer; with --json, its summary")
     parser.add_argument("--json", action="store_true",
                         help="print one JSON object with status, result, rounds, usage, calls (and error), and the"
                              " run's run_id and trace file; the trace goes to stderr")
@@ -158,7 +168,7 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
         words, args.continue_run = args.continue_run.strip(), ""  # --continue "follow-up" alone
     if args.continue_run is not None and args.resume is not None:
         parser.error("--continue and --resume cannot go together: a follow-up starts from where the run stands")
-    if args.resume is None and not args.runs:
+    if args.resume is None and not args.runs and args.show is None:
         if words == "-":
             if is_terminal(sys.stdin):
                 print("agent-demo: reading the task from the terminal; end it with Ctrl-D", file=sys.stderr)
@@ -211,12 +221,15 @@ def main(argv: Optional[List[str]] = None) -> int:
         except OutputClosed:  # --help or --version into a reader that went away (| head): it took what it wanted
             return 0
         redactor.add(*secrets_of(environment, args.url))
-        if unreadable or args.runs:
+        if unreadable or args.runs or args.show is not None:
             try:
-                return report(RunResult(unreadable), args, answer) if unreadable else list_runs(environment)
+                if unreadable:
+                    return report(RunResult(unreadable), args, answer)
+                return list_runs(args, environment, answer) if args.runs else show_run(args, environment, answer,
+                                                                                         redactor)
             except OutputClosed:  # agent-demo --runs | head -1
                 return unreadable.exit_code if unreadable else 0
-            except ConfigError as error:  # the run log folder failed its checks
+            except ConfigError as error:  # the run log folder failed its checks, or no such run
                 return report(RunResult(error), args, answer)
         outcome, agent = start(args, environment, redactor)
         try:
@@ -380,12 +393,107 @@ def run_name(path: str, args: argparse.Namespace) -> str:
                                run_store.run_files(folder)).get(Path(path), run_store.run_id(Path(path)))
 
 
-def list_runs(environment: Dict[str, str]) -> int:
-    """--runs: print the recent runs in the run log folder, newest first, as wide as the terminal
-    (80 columns into a pipe or a file)."""
+def list_runs(args: argparse.Namespace, environment: Dict[str, str], answer: SafeStream) -> int:
+    """--runs: the recent runs in the run log folder, newest first, a line a run, as wide as the terminal
+    (80 columns into a pipe or a file); with --json, a list of objects."""
     folder = run_store.log_dir(environment)
     run_store.checked_folder(folder)
-    runs = run_store.recent_runs(folder)
+    runs = run_store.recent_runs(folder, args.count or 20, args.status)
+    ids = run_store.short_ids(runs, run_store.run_files(folder))
+    if args.json:
+        answer.write_json([run.to_json(ids[run.path]) for run in runs])
+        return 0
     width = shutil.get_terminal_size().columns if is_terminal(sys.stdout) else 80
-    print(run_store.render_runs(runs, folder, run_store.short_ids(runs, run_store.run_files(folder)), width))
+    print(run_store.render_runs(runs, folder, ids, width))
     return 0
+
+
+def show_run(args: argparse.Namespace, environment: Dict[str, str], answer: SafeStream, redactor: Redactor) -> int:
+    """--show RUN: the run as its live trace showed it (on stderr) and its answer (on stdout); with --json,
+    its summary: the --json object of the run."""
+    path = run_store.pick_run(args.show, environment, "--show")
+    try:
+        records = run_store.last_run_records(path)
+    except OSError as error:
+        raise ConfigError(f"--show: cannot read {path}: {error.strerror or error}") from None
+    outcome = replay(records, run_store.RunLog(screen(args, environment, redactor)))
+    outcome.trace = path
+    if args.json:
+        answer.write_json({"task": records[0].get("task"), **json_object(outcome)})
+    elif outcome.status == "finished" and isinstance(outcome.result, str):
+        print(outcome.result, file=answer)
+    elif outcome.status == "finished":
+        answer.write_json(outcome.result, indent=2)
+    return 0
+
+
+def replay(records: List[dict], log: Any) -> RunResult:
+    """Show a recorded run through the same screen calls the live run made; its outcome ("unfinished"
+    when it has no end record)."""
+    kept, rounds, end = dict(records[0]), [], None
+    for record in records:
+        event = record.get("event")
+        try:
+            if event in ("start", "resume", "follow_up"):
+                kept.update(record)
+                task, model, url = str(kept.get("task")), str(record.get("model")), str(record.get("url"))
+                if event == "start":
+                    log.start(task, model, url, kept)
+                elif event == "resume":
+                    log.resume(task, model, url, record.get("after_round"), kept)
+                else:
+                    log.follow_up(str(record.get("text")), model, url, record.get("after_round"), kept)
+            elif event == "round":
+                rounds.append(Round.from_line(record))
+                show_round(rounds[-1], kept, log)
+            elif event == "note":
+                log.note(str(record.get("text")))
+            elif event == "retry":
+                log.retry(str(record.get("cause")), record["attempt"], record["retries"], record["wait"])
+            elif event == "setting":
+                log.setting(str(record.get("name")), record.get("value"), str(record.get("text")))
+            elif event == "fallback":
+                log.fallback(str(record.get("from_mode")), str(record.get("to_mode")), str(record.get("error")),
+                             record.get("from_variant"), record.get("to_variant"))
+            elif event == "compaction":
+                log.compaction(Compaction.from_line(record))
+            elif event == "end":
+                end = record
+        except (KeyError, TypeError, ValueError):  # a record this version cannot show: left out
+            continue
+    return ended(end, rounds, log)
+
+
+def show_round(record: Round, kept: dict, log: Any) -> None:
+    """One recorded round, as it was shown when it ran."""
+    native = record.tool_calls is not None
+    prose = record.model_output if native else parse_actions(record.model_output).prose
+    reply = Reply(content=record.model_output, tool_calls=record.tool_calls or [], latency_ms=record.latency_ms)
+    log.reply(record.number, kept.get("max_rounds") or record.number, reply, prose, record.usage,
+              record.usage_estimated)
+    for index, call in enumerate(record.calls, 1):
+        log.action(index, len(record.calls), call.tool, call.args, call.note == prompts.ANSWERED_IN_WORDS)
+        log.result(call, truncate_result(call.result, kept.get("max_result_chars") or Settings().max_result_chars))
+    log.round(record)
+
+
+def ended(end: Optional[dict], rounds: List[Round], log: Any) -> RunResult:
+    """The outcome an end record holds (shown as it was), or an unfinished one."""
+    calls = [{"round": record.number, "tool": call.tool, "args": call.args, "result": call.result}
+             for record in rounds for call in record.calls]
+    if end is None:
+        outcome = RunResult(ending_of("error", "unfinished: cut short before its end record"), len(rounds),
+                            total_usage(rounds), calls)
+        log.ended("unfinished", f"unfinished after {len(rounds)} round(s)", [])
+        return outcome
+    outcome = RunResult(ending_of(str(end.get("status")), str(end.get("error") or ""), end.get("result")),
+                        end.get("rounds") if isinstance(end.get("rounds"), int) else len(rounds),
+                        end.get("usage") if isinstance(end.get("usage"), dict) else {}, calls,
+                        last_words=str(end.get("last_words") or ""),
+                        checks=[{"round": record.number, **call.check} for record in rounds for call in record.calls
+                                if call.check])
+    progress = end.get("progress") if isinstance(end.get("progress"), list) else outcome.progress
+    log.ended(outcome.status, str(end.get("summary") or outcome.summary()), [str(line) for line in progress])
+    if outcome.status == "error":
+        print(f"agent-demo: error: {outcome.error}", file=sys.stderr)
+    return outcome

@@ -344,6 +344,12 @@ class EndpointError(RunEnded):
         self.http_status, self.server_said, self.unreachable = http_status, server_said, unreachable
 
 
+def ending_of(status: str, message: str = "", result: Any = None) -> RunEnded:
+    """An ending with this status, as a trace's end record names it (an unknown one is an error)."""
+    kinds = {kind.status: kind for kind in (Finished, GaveUp, Stuck, BudgetSpent, RoundLimit, Interrupted)}
+    return kinds.get(status, RunEnded)(message, result=result)
+
+
 # Not finished, not failed: a run that ended so can be taken further with --resume.
 RESUMABLE = {"max_rounds", "budget", "stuck", "error", "interrupted"}
 

@@ -314,15 +314,20 @@ class RunLog(RunEvents):
         self.record("round", **record.to_line())
 
     def end(self, outcome: RunResult) -> None:
-        if outcome.status != "error":  # an error is one line on stderr, said by the caller
-            self.say(f"\n=== {outcome.summary()} ===", "finished" if outcome.status == "finished" else "stopped")
-        for line in outcome.progress:
-            self.say(f"  {line}")
+        self.ended(outcome.status, outcome.summary(), outcome.progress)
+        said = {"summary": outcome.summary(), **({"progress": outcome.progress} if outcome.progress else {})}
         try:
             self.record("end", **{k: v for k, v in outcome.to_json().items() if k not in ("calls", "checks")},
-                        resumable=outcome.resumable)
+                        resumable=outcome.resumable, **said)
         except TraceWriteError as error:  # the outcome stands; only its record is missing
             print(f"agent-demo: warning: {error}", file=self.screen.stream if self.screen else sys.stderr)
+
+    def ended(self, status: str, summary: str, progress: List[str]) -> None:
+        """Show how the run ended, and the lines after it (an error is one line on stderr, said by the caller)."""
+        if status != "error":
+            self.say(f"\n=== {summary} ===", "finished" if status == "finished" else "stopped")
+        for line in progress:
+            self.say(f"  {line}")
 
     def close(self) -> None:
         trace_file, self.trace_file = self.trace_file, None
@@ -518,10 +523,18 @@ class RunSummary:
     tokens: Optional[int]
     task: str
     goes_on: bool = True  # False when its end record says --resume cannot take it further
+    answer: str = ""  # its answer, or why it ended: the reason it gave up, the error, its last words
 
     @property
     def resumable(self) -> bool:
         return (self.status in RESUMABLE or self.status == "unfinished") and self.goes_on
+
+    def to_json(self, short_id: str) -> dict:
+        """The run as --runs --json lists it."""
+        return {"id": short_id, "run_id": run_id(self.path), "started": time.strftime(
+                    "%Y-%m-%dT%H:%M:%S%z", time.localtime(self.started)), "status": self.status,
+                "rounds": self.rounds, "tokens": self.tokens, "task": self.task, "answer": self.answer,
+                "trace": str(self.path)}
 
 
 def summarize(path: Path) -> Optional[RunSummary]:
@@ -541,22 +554,25 @@ def summarize(path: Path) -> Optional[RunSummary]:
     if not start:
         return None
     after_start = records[len(records) - 1 - records[::-1].index(start):]
-    status, rounds, tokens, goes_on = "unfinished", 0, None, True
+    status, rounds, tokens, goes_on, answer = "unfinished", 0, None, True, ""
     for record in after_start:
         if record.get("event") == "round" and isinstance(record.get("round"), int):
-            rounds, status, goes_on = record["round"], "unfinished", True
+            rounds, status, goes_on, answer = record["round"], "unfinished", True, ""
         elif record.get("event") in ("resume", "start", "follow_up"):
-            status, goes_on = "unfinished", True
+            status, goes_on, answer = "unfinished", True, ""
         elif record.get("event") == "end":
             status, rounds = str(record.get("status")), record.get("rounds") or rounds
             goes_on = record.get("resumable") is not False
             usage = record.get("usage") if isinstance(record.get("usage"), dict) else {}
             tokens = usage.get("total_tokens") if isinstance(usage.get("total_tokens"), int) else None
+            said = record.get("result") if status in ("finished", "failed") else \
+                record.get("error") or record.get("last_words")
+            answer = "" if said is None else said if isinstance(said, str) else to_json(said)
     started = start.get("ts")
     if not (isinstance(started, (int, float)) and math.isfinite(started) and 0 <= started < 1e11):
         started = _mtime(path)
     return RunSummary(path, started, status, rounds if isinstance(rounds, int) else 0, tokens,
-                      str(start.get("task") or ""), goes_on)
+                      str(start.get("task") or ""), goes_on, answer)
 
 
 def _long_start(head: bytes) -> Optional[dict]:
@@ -568,10 +584,10 @@ def _long_start(head: bytes) -> Optional[dict]:
     return {"event": "start", "task": task + "…"}
 
 
-def recent_runs(folder: Path, limit: int = 20) -> List[RunSummary]:
-    """The newest runs first."""
+def recent_runs(folder: Path, limit: int = 20, status: Optional[str] = None) -> List[RunSummary]:
+    """The newest runs first, at most `limit`, only those that ended with `status` when it is given."""
     summaries = (summarize(path) for path in run_files(folder))
-    return [summary for summary in summaries if summary][:limit]
+    return [summary for summary in summaries if summary and status in (None, summary.status)][:limit]
 
 
 def latest_unfinished(folder: Path) -> Optional[Path]:
@@ -585,24 +601,46 @@ def latest_unfinished(folder: Path) -> Optional[Path]:
 
 def render_runs(runs: List[RunSummary], folder: Path, ids: Optional[Dict[Path, str]] = None,
                 width: int = 80) -> str:
-    """The --runs table in `width` columns: the run's id, when it started, status, rounds, tokens,
-    the task's first words; then the folder, once."""
+    """The --runs table in `width` columns, a line a run: its id, when it started, status, rounds,
+    tokens, the task's first words and its answer (or why it ended); then the folder, once."""
     if not runs:
         return f"no runs yet in {folder}"
     ids = ids or {run.path: run_id(run.path) for run in runs}
     id_width = max(3, *(len(ids[run.path]) for run in runs))
     this_year = time.strftime("%Y")
-    rows = [(f"{'run':<{id_width}}  {'when':<11}  {'status':<11}  {'rounds':>6}  {'tokens':>7}  ", "task")]
+    rows = [(f"{'run':<{id_width}}  {'when':<11}  {'status':<11}  {'rounds':>6}  {'tokens':>7}  ", "task → answer")]
     for run in runs:
         started = time.localtime(run.started)
         when = time.strftime("%m-%d %H:%M" if time.strftime("%Y", started) == this_year else "%Y-%m-%d", started)
         tokens = "-" if run.tokens is None else str(run.tokens) if run.tokens < 10**7 else f"{run.tokens // 10**6}M"
         rows.append((f"{ids[run.path]:<{id_width}}  {when:<11}  {run.status:<11}  {run.rounds:>6}  {tokens:>7}  ",
-                     " ".join(run.task.split())))
-    room = max(10, width - len(rows[0][0]))
-    lines = [columns + (words if len(words) <= room else words[:room - 1] + "…") for columns, words in rows]
+                     one_line(run.task, run.answer, max(10, width - id_width - 45))))
+    lines = [columns + words for columns, words in rows]
     return "\n".join([*lines, f"runs in {folder}",
                       'agent-demo --resume RUN goes on with a run; --continue RUN "..." follows one up'])
+
+
+def one_line(task: str, answer: str, room: int) -> str:
+    """A task and its answer in `room` columns on one line: "task → answer", each cut with … when
+    they do not fit, the task to at most half the room when there is an answer."""
+    task, answer = " ".join(task.split()), " ".join(answer.split())
+
+    def cut(text: str, size: int) -> str:
+        return text if len(text) <= size else text[:max(0, size - 1)] + "…"
+    if not answer:
+        return cut(task, room)
+    task = cut(task, max(room // 2, room - len(answer) - 3))
+    return f"{task} → {cut(answer, room - len(task) - 3)}"
+
+
+def last_run_records(path: str) -> List[dict]:
+    """The records of the last run in a trace file, in order (lines that cannot be read left out)."""
+    with open(path, "rb") as trace:
+        records = [record for record in map(_record, trace.read().split(b"\n")) if record]
+    starts = [index for index, record in enumerate(records) if record.get("event") == "start"]
+    if not starts:
+        raise ConfigError(f"{path} is not an agent-demo trace (it holds no start record)")
+    return records[starts[-1]:]
 
 
 def new_log_file(environment: Dict[str, str]) -> str:
@@ -683,7 +721,14 @@ def latest_to_follow_up(environment: Dict[str, str]) -> str:
 
 
 def pick_run(name: str, environment: Dict[str, str], flag: str) -> str:
-    """The trace file `flag [NAME]` is about: the run NAME names, else the most recent that flag can take."""
+    """The trace file `flag [NAME]` is about: the run NAME names, else the most recent that flag can take
+    (--show: the most recent run)."""
     if name:
         return find_run(name, environment, flag)
+    if flag == "--show":
+        folder = log_dir(environment)
+        newest = run_files(folder) if checked_folder(folder) else []
+        if not newest:
+            raise ConfigError(f"--show: no runs yet in {folder}")
+        return str(newest[0])
     return latest_run(environment) if flag == "--resume" else latest_to_follow_up(environment)

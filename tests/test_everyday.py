@@ -212,9 +212,28 @@ def test_runs_lists_recent_runs_newest_first(serve, capsys):
     capsys.readouterr()
     assert main(["--runs"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].split()[:6] == ["run", "when", "status", "rounds", "tokens", "task"]
-    assert "failed" in lines[1] and lines[1].endswith("second task words")
-    assert "finished" in lines[2] and "first task here" in lines[2] and " 15 " in lines[2]
+    assert lines[0].split()[:8] == ["run", "when", "status", "rounds", "tokens", "task", "→", "answer"]
+    assert "failed" in lines[1] and lines[1].endswith("second task words → no")
+    assert "finished" in lines[2] and lines[2].endswith("first task here → a") and " 15 " in lines[2]
+
+
+def test_runs_takes_a_count_a_status_and_json_and_leaves_out_runs_that_never_started(serve, cli):
+    serve([act("finish", result=f"answer {n}") for n in range(4)], key=None)
+    for task in ("one", "two\nlines", "three"):
+        assert cli("--quiet", task)[0] == 0
+        time.sleep(0.01)
+    serve([act("fail", reason="cannot")], key=None)
+    assert cli("--quiet", "four")[0] == 1
+    assert cli("--max-context", "100", "five")[0] == 2, "a set-up error: the run never started"
+    code, out, _ = cli("--runs", "-n", "3", "--json")
+    listed = json.loads(out)
+    assert code == 0 and [(run["task"], run["status"], run["answer"]) for run in listed] == [
+        ("four", "failed", "cannot"), ("three", "finished", "answer 2"), ("two\nlines", "finished", "answer 1")]
+    assert all(re.fullmatch(r"[0-9a-f]{6}", run["id"]) and run["trace"].endswith(run["run_id"] + ".jsonl")
+               for run in listed)
+    code, out, _ = cli("--runs", "--status", "finished")
+    rows = out.splitlines()[1:-2]
+    assert len(rows) == 3 and all("finished" in row for row in rows) and rows[1].endswith("two lines → answer 1")
 
 
 # --- your own tools -------------------------------------------------------------------------------

@@ -134,7 +134,7 @@ def test_the_trace_file_has_start_rounds_and_end(tmp_path):
     assert first["result"] == {"ok": True, "data": 6}
     assert {"latency_ms", "usage"} <= set(first)
     assert end == {"event": "end", "status": "finished", "result": "6", "rounds": 2, "usage": {"total_tokens": 20},
-                   "resumable": False}
+                   "resumable": False, "summary": "finished after 2 round(s), 20 tokens"}
 
 
 def test_a_follow_up_gets_its_own_rounds_and_its_own_token_budget_on_top_of_what_the_run_used():

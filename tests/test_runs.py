@@ -1,5 +1,6 @@
 """The run log from a shell: --runs, naming a run, what --json says about it, --continue."""
 import json
+import os
 import re
 import time
 from pathlib import Path
@@ -94,7 +95,7 @@ def test_runs_fits_80_columns_and_its_ids_resume_the_runs(serve, tmp_path, capsy
     capsys.readouterr()
     assert main(["--runs"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].split() == ["run", "when", "status", "rounds", "tokens", "task"]
+    assert lines[0].split() == ["run", "when", "status", "rounds", "tokens", "task", "→", "answer"]
     assert len(lines) == 7 and lines[-2] == f"runs in {run_folder(tmp_path)}"
     assert all(len(line) <= 80 for line in lines[:-2] + lines[-1:]) and ".jsonl" not in "\n".join(lines)
     newest = lines[1].split()
@@ -331,3 +332,34 @@ def test_after_a_refused_connection_the_hint_waits_for_the_endpoint_and_drops_th
     [said] = continue_hints(capsys.readouterr().err)
     assert re.fullmatch(r"agent-demo: to continue: once http://127.0.0.1:9/v1/chat/completions answers \(or with"
                         r" the right --url\): agent-demo --resume [0-9a-f]{6}", said)
+
+
+def test_show_prints_a_past_run_as_its_live_trace_showed_it_and_its_answer(serve, cli):
+    serve(["<think>plan: add first</think>I will add.\n" + act("calculator", expression="12 + 500"),
+           {"status": 429, "headers": {"Retry-After": "0"}, "body": {"error": {"message": "slow down"}}},
+           act("get_order_status", order_id="A9999"), act("finish", result="512; A9999 is unknown")], key=None)
+    code, live_out, live_err = cli("add and look up")
+    assert code == 0
+    code, out, err = cli("--show")
+    assert (code, out) == (0, live_out) and err == live_err
+    code, out, _ = cli("--show", "--json")
+    shown = json.loads(out)
+    assert (shown["task"], shown["status"], shown["result"], shown["rounds"]) == (
+        "add and look up", "finished", "512; A9999 is unknown", 3)
+    assert [call["tool"] for call in shown["calls"]] == ["calculator", "get_order_status", "finish"]
+    assert re.fullmatch(r"\d{8}-\d{6}-[0-9a-f]{6}", shown["run_id"])
+
+
+def test_show_names_a_run_like_resume_and_shows_one_cut_short_with_its_last_words(serve, cli):
+    serve(["Counting.\n" + act("calculator", expression="1 + 1")], key=None)
+    assert cli("--max-rounds", "1", "count")[0] == 1
+    serve([act("finish", result="other")], key=None)
+    assert cli("--quiet", "another")[0] == 0
+    run_id = [run["id"] for run in json.loads(cli("--runs", "--json")[1]) if run["task"] == "count"][0]
+    code, out, err = cli("--show", run_id)
+    assert (code, out) == (0, "")
+    assert "=== not completed: round limit reached after 1 round(s), 15 tokens ===" in err
+    assert err.rstrip().endswith("  the model last said:\n    Counting.")
+    assert cli("--show", "ffffff")[2] == ("agent-demo: error: --show ffffff: no run ffffff in"
+                                          f" {os.environ['XDG_STATE_HOME']}/agent-demo/runs, and no file ffffff here"
+                                          " (agent-demo --runs lists the runs)\n")
