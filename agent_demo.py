@@ -184,6 +184,8 @@ class Agent:
                     call = Call(action.tool, action.args, failure(refusal)) if refusal \
                         else self.execute_call(action, number)
                 except RunEnded as reached:  # finish, fail, a check out of attempts, a call repeated too often
+                    if reached.call is None:  # not reached by the call: the trace or the check failed
+                        raise
                     call, ending = reached.call, ending or reached
                 first_of[key] = call
             call.id = action.id

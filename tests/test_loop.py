@@ -6,13 +6,14 @@ import prompts
 from agent_demo import Agent
 from agent_demo_kit.client import RequestForm
 from agent_demo_kit.records import Call, Round
+from agent_demo_kit.run_store import TraceWriteError
 from agent_demo_kit.records import Reply
 from agent_demo_kit.records import EndpointError
 from agent_demo_kit.settings import Settings
 from agent_demo_kit.run_store import RunLog
 from scripted_model import run
 from scripted_model import ScriptedModel as Scripted
-from tools import CONTROL_ACTIONS, REGISTRY
+from tools import CONTROL_ACTIONS, REGISTRY, describe, tool
 
 
 def ScriptedModel(*replies):
@@ -153,3 +154,35 @@ def test_a_follow_up_gets_its_own_rounds_and_its_own_token_budget_on_top_of_what
     assert (outcome.status, outcome.rounds, outcome.usage["total_tokens"]) == ("budget", 5, 70)
     assert model.messages(0)[-1]["content"].endswith("Follow-up from the user (work on it as before, and end with"
                                                       " finish or fail): and 2 + 1?")
+
+
+class FailingTrace(RunLog):
+    """A run log whose file fills up just before a call with side effects is written ahead."""
+
+    def call_started(self, number, call):
+        raise TraceWriteError("cannot write the trace file: No space left on device")
+
+
+def test_an_ending_raised_while_a_call_runs_ends_the_run_with_its_own_status(tmp_path):
+    @tool(side_effects=True)
+    def send(text: str) -> str:
+        """Send a text."""
+        return "sent"
+    model = ScriptedModel(act("send", text="hi"), act("finish", result="done"))
+    settings = Settings(yes=True)
+    outcome = run("x", settings, model, registry={**REGISTRY, "send": describe(send)}, log=FailingTrace())
+    assert (outcome.status, outcome.exit_code, outcome.error) == ("error", 2, "cannot write the trace file: No space"
+                                                                             " left on device")
+
+
+def test_a_check_that_can_no_longer_start_mid_run_is_a_configuration_error(tmp_path):
+    check = tmp_path / "check.sh"
+    check.write_text("#!/bin/sh\nexit 1\n")
+    check.chmod(0o755)
+    model = ScriptedModel(act("finish", result="1"), act("finish", result="2"))
+    model.settings = settings = Settings(check=str(check))
+    agent = Agent(settings, model)
+    agent.on_round = lambda record: check.unlink()  # gone after the first rejection
+    outcome = agent.run("x")
+    assert (outcome.status, outcome.exit_code) == ("error", 2)
+    assert outcome.error.startswith("--check cannot start: ")
