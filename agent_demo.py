@@ -313,16 +313,18 @@ class Agent:
         return [{"role": "user", "content": prompts.render_results(lines, parsed.cut_off)}]
 
     def end(self, ending: RunEnded) -> RunResult:
-        """The outcome, recorded as the run's last event."""
-        rounds = self.conversation.rounds
+        """The outcome, recorded as the run's last event. It is data a caller keeps: no key in it
+        (an endpoint's error may quote it, a model may repeat it)."""
+        rounds, redact = self.conversation.rounds, self.trace.redact_values
         last_words = "" if isinstance(ending, (Finished, GaveUp)) else next(
             (said for said in (said_besides_actions(record.model_output) for record in reversed(rounds)) if said), "")
+        ending.args, ending.result = tuple(redact(list(ending.args))), redact(ending.result)
         outcome = RunResult(ending, rounds=len(rounds), usage=self.usage,
-                            calls=[{"round": record.number, "tool": call.tool, "args": call.args,
-                                    "result": call.result} for record in rounds for call in record.calls],
-                            progress=self.progress(ending, last_words), last_words=last_words,
-                            checks=[{"round": record.number, **call.check} for record in rounds
-                                    for call in record.calls if call.check],
+                            calls=redact([{"round": record.number, "tool": call.tool, "args": call.args,
+                                           "result": call.result} for record in rounds for call in record.calls]),
+                            progress=redact(self.progress(ending, last_words)), last_words=redact(last_words),
+                            checks=redact([{"round": record.number, **call.check} for record in rounds
+                                           for call in record.calls if call.check]),
                             trace=getattr(self.trace, "path", None))
         self.trace.end(outcome)
         return outcome
@@ -477,6 +479,7 @@ def prepare(task: str = "", *, given: Dict[str, Any], environment: Dict[str, str
             task, material = start["task"], start.get("material") if isinstance(start.get("material"), str) else ""
         else:
             settings = load_settings(given, environment, named=named)
+        redactor.add(*secrets_of({"LLM_API_KEY": settings.api_key or ""}, settings.url))  # a key= given too
         registry, start_fields, notes = tool_registry(settings, functions, redactor.secrets, closing, start)
         if resume is not None and material:  # read a page at a time, as when the run started
             registry["read_material"] = material_reader(material, settings.max_result_chars - PAGE_MARGIN_CHARS)

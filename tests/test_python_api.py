@@ -173,3 +173,18 @@ def test_the_key_never_reaches_the_result_or_the_endpoint_from_a_tool(serve):
     server = serve([act("leak"), act("finish", result="ok")])
     result = agent_demo.run("x", tools=[leak])
     assert KEY not in json.dumps(result.calls) and KEY not in json.dumps(server.requests[1]["body"])
+
+
+def test_a_key_given_as_a_keyword_is_redacted_like_one_from_the_environment(serve, tmp_path):
+    secret = "sk-given-as-keyword-0123456789"
+
+    def echo_key() -> str:
+        """Return the key."""
+        return f"key={secret}"
+    server = serve([act("echo_key"), {"status": 401, "body": {"error": {"message": f"Incorrect API key: {secret}"}}}],
+                   key=None)
+    result = agent_demo.run("x", api_key=secret, tools=[echo_key], trace=tmp_path / "t.jsonl")
+    assert result.status == "error" and "Incorrect API key: [redacted]" in result.error
+    assert secret not in (tmp_path / "t.jsonl").read_text() and secret not in json.dumps(result.calls)
+    assert secret not in json.dumps(server.requests[1]["body"])
+    assert server.requests[0]["headers"]["Authorization"] == f"Bearer {secret}"
