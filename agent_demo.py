@@ -28,7 +28,7 @@ from agent_demo_kit.settings import (CHECK_OUTPUT_LINES, CHECK_OUTPUT_SHOWN, LAS
                                      Settings, display_url, keyword_name, load_settings, read_environment,
                                      recorded_settings, secrets_of)
 from tools import (CONTROL_ACTIONS, FAIL, FINISH, NOTE, RECALL, REGISTRY, Tool, ToolDefinitionError, call_tool,
-                   check_args, describe, in_use, material_reader)
+                   check_args, clash_message, describe, in_use, material_reader)
 
 __all__ = ["run", "prepare", "Agent", "RunResult", "Round", "Call", "ConfigError", "Settings"]
 
@@ -135,7 +135,7 @@ class Agent:
                             " will be refused; --yes runs them")
         self.conversation.check_fits()
         if settings.check is not None and self.check is None:
-            self.check = check_command(settings.check)
+            self.check = check_command(settings.check, settings.named("check"))
 
     def ask(self) -> Tuple[Reply, List[dict]]:
         """The model's reply to the conversation (and the messages sent), with the live status line meanwhile."""
@@ -259,7 +259,7 @@ class Agent:
         settings = self.settings
         with self.trace.working(f"check running ({prompts.clip(settings.check, VALUE_SHOWN_CHARS)})"):
             check = run_check(self.check, settings.check, answer_text(answer), self.conversation.task,
-                              settings.tool_timeout)
+                              settings.tool_timeout, settings.named("check"))
         call = Call(action.tool, action.args, success(answer), check=check)
         if check["exit_code"] == 0:
             raise Finished(result=answer).by(call)
@@ -489,7 +489,7 @@ def prepare(task: str = "", *, given: Dict[str, Any], environment: Dict[str, str
             if start is not None else RequestForm.asked_for(settings)
         client = closing.enter_context(contextlib.closing(ModelClient(settings, form=form)))
         Conversation(task, settings, registry, client).check_fits()  # before a new run's trace is made:
-        check = check_command(settings.check) if settings.check is not None else None  # a run that cannot start
+        check = check_command(settings.check, settings.named("check")) if settings.check is not None else None
         if resume is None:
             path = run_store.new_log_file(environment) if trace is True else trace and os.fspath(trace)
             log = closing.enter_context(contextlib.closing(run_store.RunLog(screen, path, redactor)))
@@ -528,19 +528,20 @@ def tool_registry(settings: Settings, functions: Sequence[Callable], secrets: Li
         except ToolDefinitionError as error:
             raise ConfigError(f"tools: {error}") from None
         if described.name in in_use(registry):
-            raise ConfigError(f"tools: the tool {described.name} clashes with another tool of that name")
+            raise ConfigError(f"tools: {clash_message(described.name)}")
         registry[described.name] = described
     start_fields: dict = {}
     notes: List[str] = []
     if settings.tools_files:
         from agent_demo_kit.child_processes import load_tools_files
         registry.update(load_tools_files(settings.tools_files, settings.tool_timeout, secrets, in_use(registry),
-                                         closing))
+                                         closing, settings.named("tools_files")))
     if settings.mcp_servers or settings.mcp_config:
         from agent_demo_kit.mcp_client import McpError, McpTools, parse_server_specs
         servers = closing.enter_context(McpTools())
         try:
-            specs = parse_server_specs(settings.mcp_servers, settings.mcp_config)
+            specs = parse_server_specs(settings.mcp_servers, settings.mcp_config, settings.named("mcp_servers"),
+                                       settings.named("mcp_config"))
             registry.update(servers.start(specs, settings.tool_timeout, taken_names=in_use(registry),
                                           stderr=sys.stderr))
         except McpError as error:
@@ -550,7 +551,8 @@ def tool_registry(settings: Settings, functions: Sequence[Callable], secrets: Li
     if settings.tool_names is not None:
         unknown = [name for name in settings.tool_names if name not in in_use(registry)]
         if unknown:
-            raise ConfigError(f"--tools: unknown tool {', '.join(unknown)} (available: {', '.join(registry)})")
+            raise ConfigError(f"{settings.named('tool_names')}: unknown tool {', '.join(unknown)}"
+                              f" (available: {', '.join(in_use(registry))})")
         registry = {name: tool for name, tool in registry.items() if name in settings.tool_names}
     elif start is not None and isinstance(start.get("tools"), list):
         registry = {name: tool for name, tool in registry.items() if name in start["tools"]}

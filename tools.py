@@ -294,6 +294,11 @@ FINISH, FAIL = CONTROL_ACTIONS["finish"], CONTROL_ACTIONS["fail"]
 RECALL, NOTE = CONTROL_ACTIONS["recall"], CONTROL_ACTIONS["note"]
 
 
+def clash_message(name: str) -> str:
+    """Why a tool cannot join the registry: its name is taken."""
+    return f"the tool {name} clashes with another tool of that name"
+
+
 def in_use(registry: Dict[str, Tool]) -> Dict[str, Tool]:
     """Every tool a run offers, by name: the registry's, then finish, fail, recall and note. The one
     list the prompt, the schemas, the format errors and every name-clash check go by."""

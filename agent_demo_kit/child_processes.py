@@ -35,7 +35,7 @@ from typing import Any, Dict, Iterable, List, Optional, Tuple
 from agent_demo_kit.records import ConfigError
 from agent_demo_kit.settings import CHECK_OUTPUT_CHARS, CHECK_VARIABLE_CHARS, SNIPPET_CHARS
 from prompts import clip
-from tools import Converted, Tool, ToolDefinitionError, ToolError, as_json, registry_of
+from tools import Converted, Tool, ToolDefinitionError, ToolError, as_json, clash_message, registry_of
 
 _DESCRIBED = [field.name for field in dataclasses.fields(Tool) if field.name != "function"]
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # where agent_demo_kit and tools are
@@ -148,7 +148,7 @@ def _is_open(fd: int) -> bool:
 
 
 def load_tools_files(paths: List[str], timeout: float, secrets: List[str], taken: Iterable[str],
-                     opened: contextlib.ExitStack) -> Dict[str, Tool]:
+                     opened: contextlib.ExitStack, named: str = "--tools-file") -> Dict[str, Tool]:
     """The tools of each --tools-file, run by a worker process that is ended when `opened` closes;
     ConfigError if a file gives no usable tools or a name clashes with a tool in use (`taken`)."""
     found: Dict[str, Tool] = {}
@@ -160,10 +160,10 @@ def load_tools_files(paths: List[str], timeout: float, secrets: List[str], taken
         try:
             tools = worker.load(path)
         except ToolDefinitionError as error:
-            raise ConfigError(f"--tools-file {path}: {error}") from None
+            raise ConfigError(f"{named} {path}: {error}") from None
         clash = next((name for name in tools if name in taken or name in found), None)
         if clash:
-            raise ConfigError(f"--tools-file {path}: the tool {clash} clashes with another tool of that name")
+            raise ConfigError(f"{named} {path}: {clash_message(clash)}")
         found.update(tools)
     return found
 
@@ -264,29 +264,29 @@ SHELL_WORDS = {"!", "if", "for", "while", "until", "case", "cd", "export", "set"
                "exit"}  # keywords and builtins that are no program of their own
 
 
-def check_command(command: str) -> List[str]:
+def check_command(command: str, named: str = "--check") -> List[str]:
     """How the check is started: its words, or /bin/sh -c and the command; ConfigError if it cannot start."""
     if not command.strip():
-        raise ConfigError("--check is empty: give the command that accepts or rejects the answer")
+        raise ConfigError(f"{named} is empty: give the command that accepts or rejects the answer")
     try:
         words = shlex.split(command)
     except ValueError as error:  # "No closing quotation"
         words = []
         if not SHELL_SYNTAX & set(command):
-            raise ConfigError(f"--check cannot be read: {error}") from None
+            raise ConfigError(f"{named} cannot be read: {error}") from None
     if SHELL_SYNTAX & set(command) or words[0] in SHELL_WORDS or "=" in words[0]:
         shell = ["/bin/sh", "-c", command]
         syntax = subprocess.run(["/bin/sh", "-n", "-c", command], capture_output=True, text=True, errors="replace")
         if syntax.returncode:
             said = (syntax.stderr.strip().splitlines() or ["a syntax error"])[-1]
-            raise ConfigError(f"--check cannot be read by /bin/sh: {clip(said, SNIPPET_CHARS)}")
+            raise ConfigError(f"{named} cannot be read by /bin/sh: {clip(said, SNIPPET_CHARS)}")
         return shell
     if shutil.which(words[0]) is None:
-        raise ConfigError(f"--check cannot start {words[0]!r}: no such program, or it is not executable")
+        raise ConfigError(f"{named} cannot start {words[0]!r}: no such program, or it is not executable")
     return words
 
 
-def run_check(argv: List[str], command: str, answer: str, task: str, timeout: float) -> dict:
+def run_check(argv: List[str], command: str, answer: str, task: str, timeout: float, named: str = "--check") -> dict:
     """Run the check on one answer: {"command", "exit_code", "output", "ms"}; exit_code is None when it
     did not finish within `timeout` seconds (it is then stopped, with whatever it started)."""
     environment = {**os.environ, "AGENT_ANSWER": _variable(answer), "AGENT_TASK": _variable(task)}
@@ -295,7 +295,7 @@ def run_check(argv: List[str], command: str, answer: str, task: str, timeout: fl
         process = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                    env=environment, start_new_session=True)
     except OSError as error:
-        raise ConfigError(f"--check cannot start: {error.strerror or error}") from None
+        raise ConfigError(f"{named} cannot start: {error.strerror or error}") from None
     code: Optional[int]
     try:
         output, _ = process.communicate(answer.encode("utf-8", "replace"), timeout=timeout)

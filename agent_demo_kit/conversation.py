@@ -376,6 +376,7 @@ class Conversation:
         """ConfigError if the system prompt, task and schemas alone leave too little room for rounds."""
         bare, budget = self.body_size(self.pinned()), self.settings.max_context
         if bare > budget // 2:
-            raise ConfigError(f"--max-context {budget} is too small: the system prompt, the task and the tool"
+            named = self.settings.named("max_context")
+            raise ConfigError(f"{named} {budget} is too small: the system prompt, the task and the tool"
                               f" schemas, sent with every request, take {bare:,} characters, and they may take at"
-                              f" most half of it (the rest is for the rounds); use --max-context {2 * bare} or more")
+                              f" most half of it (the rest is for the rounds); use {named} {2 * bare} or more")

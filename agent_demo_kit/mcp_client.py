@@ -53,7 +53,8 @@ class ServerSpec:
 
 # --- naming servers ---------------------------------------------------------------------------
 
-def parse_server_specs(mcp_args: Iterable[str], config_path: Optional[str] = None) -> List[ServerSpec]:
+def parse_server_specs(mcp_args: Iterable[str], config_path: Optional[str] = None, named: str = "--mcp",
+                       config_named: str = "--mcp-config") -> List[ServerSpec]:
     """The servers of each --mcp SERVER, then of a --mcp-config file, each with a name of its own;
     McpError says in one line what is wrong."""
     specs = []
@@ -64,12 +65,12 @@ def parse_server_specs(mcp_args: Iterable[str], config_path: Optional[str] = Non
         try:
             command = shlex.split(argument)
         except ValueError as error:
-            raise McpError(f"--mcp {argument}: {error}") from None
+            raise McpError(f"{named} {argument}: {error}") from None
         if not command:
-            raise McpError("--mcp: the server command is empty")
+            raise McpError(f"{named}: the server command is empty")
         specs.append(ServerSpec(_command_name(command), command=tuple(command)))
     named: List[ServerSpec] = []
-    for spec in specs + (_read_config(config_path) if config_path else []):
+    for spec in specs + (_read_config(config_path, config_named) if config_path else []):
         name, number = safe_name(spec.name), 1  # the name goes in front of clashing tools: one per server
         while any(earlier.name == name for earlier in named):
             number += 1
@@ -78,8 +79,8 @@ def parse_server_specs(mcp_args: Iterable[str], config_path: Optional[str] = Non
     return named
 
 
-def _read_config(path: str) -> List[ServerSpec]:
-    where = f"--mcp-config {path}"
+def _read_config(path: str, named: str) -> List[ServerSpec]:
+    where = f"{named} {path}"
     try:
         with open(path, encoding="utf-8") as file:
             config = json.load(file)

@@ -157,6 +157,12 @@ class Settings:
         """The chat-completions URL requests are sent to."""
         return chat_completions_url(self.url)
 
+    def named(self, name: str) -> str:
+        """How the user gave a setting, for a message about it: its flag, its keyword or its variable (its
+        flag when it holds its default or the resumed run's value)."""
+        source = self.sources.get(name, "default")
+        return flag_name(name) if source in ("default", "the resumed run") else source
+
 
 def setting_fields() -> List[Any]:
     """The settings a caller may give, in order (not `sources`)."""

@@ -50,8 +50,10 @@ def test_keywords_are_the_settings_by_their_long_names_and_win_over_the_environm
     ({"max_rounds": 0}, ["--max-rounds", "0"], "must be at least 1, got 0"),
     ({"timeout": "soon"}, ["--timeout", "soon"], "must be a number of seconds"),
     ({"url": "ftp://x"}, ["--url", "ftp://x"], "must be an http(s) URL, got 'ftp://x'"),
-    ({"max_context": 100}, ["--max-context", "100"], "--max-context 100 is too small"),
-    ({"check": "no-such-program-xyz"}, ["--check", "no-such-program-xyz"], "--check cannot start 'no-such-program-xyz'"),
+    ({"max_context": 100}, ["--max-context", "100"], "max_context 100 is too small"),
+    ({"check": "no-such-program-xyz"}, ["--check", "no-such-program-xyz"], "check cannot start 'no-such-program-xyz'"),
+    ({"tool_names": ["nope"]}, ["--tools", "nope"], "tool_names: unknown tool nope"),
+    ({"tools_files": ["/no/such.py"]}, ["--tools-file", "/no/such.py"], "tools_files /no/such.py: no such file"),
 ])
 def test_a_bad_setting_raises_config_error_with_the_words_the_command_line_prints(serve, capsys, settings, flags,
                                                                                  message):
@@ -66,8 +68,8 @@ def test_a_bad_setting_raises_config_error_with_the_words_the_command_line_print
         assert usage_error.code == 2
     [line] = said_lines(capsys.readouterr().err)
     name = next(iter(settings))
-    assert said.startswith(name) or said.startswith("--"), "the setting is named as the caller gave it"
-    assert said[len(name):].lstrip() in line if said.startswith(name) else f"agent-demo: error: {said}" == line
+    assert said.startswith(name), "the setting is named as the caller gave it"
+    assert said.replace(name, flags[0]) == line[len("agent-demo: error: "):] or said[len(name):].lstrip() in line
     assert server.requests == [], "nothing was sent"
 
 
