@@ -19,7 +19,7 @@ from agent_demo_kit import __version__  # noqa: F401  (agent_demo.__version__)
 from agent_demo_kit.actions import Action, Parsed, native_calls, parse_reply, said_besides_actions
 from agent_demo_kit.child_processes import check_command, run_check
 from agent_demo_kit.conversation import Conversation, recall_rounds, request_size, shorten_args, truncate_result
-from agent_demo_kit.records import (BudgetSpent, Call, CheckFailed, ConfigError, Finished, GaveUp, InternalError,
+from agent_demo_kit.records import (BudgetSpent, Call, CallerError, CheckFailed, ConfigError, Finished, GaveUp, InternalError,
                                     Interrupted, Reply, RoundLimit, Round, RunEnded, RunEvents, RunResult, SigTerm,
                                     Stuck, Terminated, add_usage, answer_text, count_usage, failure, impossible_counts,
                                     success, to_json, total_usage, wire_size)
@@ -68,6 +68,9 @@ class Agent:
             ending = Interrupted()
         except SigTerm:
             ending = Terminated("terminated by SIGTERM")
+        except CallerError as error:  # the caller's own function raised: the run ends, and they get it back
+            self.end(RunEnded(f"{error}: {type(error.__cause__).__name__}: {error.__cause__}"))
+            raise error.__cause__ from None
         except Exception as error:  # a bug of ours: the run still ends with its record, and --debug shows it
             ending = InternalError(f"internal error: {type(error).__name__}: {error}")
             ending.__cause__ = error
@@ -409,17 +412,27 @@ def run(task: str, *, tools: Sequence[Callable] = (), approve: Optional[Approver
     bad setting, no key, a tool that cannot be described, a --check that cannot start. An endpoint
     that fails gives a result with status "error" (exit_code 3), as on the command line."""
     path = None if trace is None or trace is False else trace
-    if callable(approve):  # the function decides about every call, as --approve asks about every call
-        settings["approve"], approve = True, approve
-    elif approve is not None:
-        settings["approve"], approve = approve, None
+    if approve is not None and not callable(approve):
+        raise ConfigError(f"approve must be a function that decides each call, got {approve!r}")
+    if approve is not None:  # it decides about every call, as --approve asks about every call
+        settings["approve"] = True
     with prepare(task, given=settings, environment=read_environment(), named=keyword_name, functions=tools,
-                 material=material, trace=path, approver=approve) as job:
-        job.agent.on_round = on_round
+                 material=material, trace=path, approver=approve and the_callers("approve", approve)) as job:
+        job.agent.on_round = on_round and the_callers("on_round", on_round)
         outcome = job.run()
     if isinstance(outcome.ending, ConfigError) and not outcome.rounds:  # found before anything was sent
         raise outcome.ending
     return outcome
+
+
+def the_callers(name: str, function: Callable) -> Callable:
+    """The caller's function, whose exceptions end the run and reach the caller rather than pass for ours."""
+    def call(*args: Any) -> Any:
+        try:
+            return function(*args)
+        except Exception as error:
+            raise CallerError(f"the {name} function raised") from error
+    return call
 
 
 @dataclass

@@ -316,6 +316,11 @@ class SigTerm(BaseException):
     `except Exception` on the way (a tool's, a library's) can swallow it; the loop ends the run."""
 
 
+class CallerError(BaseException):
+    """A function the caller gave the run (approve=, on_round=) raised: the run ends, and the caller gets
+    its exception back as `__cause__`. Not an Exception, so nothing on the way takes it for a bug of ours."""
+
+
 class OutputClosed(RunEnded):
     """stdout cannot be written (its reader went away, a full disk): the answer is lost, nothing else."""
 

@@ -24,7 +24,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, ContextManager, Dict, List, Optional, Tuple
+from typing import IO, Any, ContextManager, Dict, List, Optional
 
 from agent_demo_kit.records import (RESUMABLE, Call, Compaction, ConfigError, Reply, Round, RunEvents, RunResult,
                                     Working, to_json)

@@ -190,3 +190,20 @@ def test_a_key_given_as_a_keyword_is_redacted_like_one_from_the_environment(serv
     assert secret not in (tmp_path / "t.jsonl").read_text() and secret not in json.dumps(result.calls)
     assert secret not in json.dumps(server.requests[1]["body"])
     assert server.requests[0]["headers"]["Authorization"] == f"Bearer {secret}"
+
+
+@pytest.mark.parametrize("where", ["approve", "on_round"])
+def test_an_exception_in_the_callers_own_function_reaches_the_caller_and_ends_the_run(serve, tmp_path, where):
+    serve([act("calculator", expression="1 + 1"), act("finish", result="2")], key=None)
+
+    def broken(*args):
+        raise ValueError("my bug")
+    with pytest.raises(ValueError, match="my bug"):
+        agent_demo.run("x", trace=tmp_path / "t.jsonl", **{where: broken})
+    end = json.loads((tmp_path / "t.jsonl").read_text().splitlines()[-1])
+    assert end["event"] == "end" and end["error"] == f"the {where} function raised: ValueError: my bug"
+
+
+def test_approve_must_be_a_function():
+    with pytest.raises(agent_demo.ConfigError, match="approve must be a function that decides each call, got True"):
+        agent_demo.run("x", url="http://127.0.0.1:9/v1", approve=True)
