@@ -3,8 +3,8 @@
 `Agent.run` is the loop: ask the model, parse its actions, execute them, feed the results
 back, until an ending (agent_demo_kit/records.py) is raised where it is detected and caught
 once, in `run`. `agent_demo.run(task, ...)` is the one entrance: the command line
-(agent_demo_kit/cli.py), batch runs and Python callers all prepare their run with `prepare`
-and run this same agent. Which module owns what: README, "Layout".
+(agent_demo_kit/cli.py) and Python callers both prepare their run with `prepare` and run this
+same agent. Which module owns what: README, "Layout".
 """
 import contextlib
 import json
@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
+from agent_demo_kit import __version__  # noqa: F401  (agent_demo.__version__; first: it checks prompts and tools)
 import prompts
-from agent_demo_kit import __version__  # noqa: F401  (agent_demo.__version__)
 from agent_demo_kit.actions import Action, Parsed, native_calls, parse_reply, said_besides_actions
 from agent_demo_kit.child_processes import check_command, run_check
 from agent_demo_kit.conversation import Conversation, recall_rounds, request_size, shorten_args, truncate_result

@@ -207,3 +207,12 @@ def test_an_exception_in_the_callers_own_function_reaches_the_caller_and_ends_th
 def test_approve_must_be_a_function():
     with pytest.raises(agent_demo.ConfigError, match="approve must be a function that decides each call, got True"):
         agent_demo.run("x", url="http://127.0.0.1:9/v1", approve=True)
+
+
+def test_a_folder_with_its_own_tools_py_gets_an_error_that_names_it(tmp_path):
+    (tmp_path / "tools.py").write_text("def mine(): pass\n")
+    shown = subprocess.run([sys.executable, "-c", "import agent_demo"], capture_output=True, text=True, cwd=tmp_path,
+                           env={name: value for name, value in child_environment().items() if name != "PYTHONPATH"})
+    assert shown.returncode == 1
+    assert shown.stderr.splitlines()[-1] == (f"ImportError: {tmp_path / 'tools.py'} shadows agent-demo's own tools.py:"
+                                             " rename it, or run from another folder")
