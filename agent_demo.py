@@ -18,22 +18,22 @@ from agent_demo_kit import __version__  # noqa: F401  (agent_demo.__version__; f
 import prompts
 from agent_demo_kit.actions import Action, Parsed, native_calls, parse_reply, said_besides_actions
 from agent_demo_kit.child_processes import check_command, run_check
-from agent_demo_kit.conversation import Conversation, recall_rounds, request_size, shorten_args, truncate_result
+from agent_demo_kit.conversation import Conversation, recall_rounds, shorten_args, truncate_result
 from agent_demo_kit.records import (BudgetSpent, Call, CallerError, CheckFailed, ConfigError, Finished, GaveUp, InternalError,
                                     Interrupted, Reply, RoundLimit, Round, RunEnded, RunEvents, RunResult, SigTerm,
                                     Stuck, Terminated, add_usage, answer_text, count_usage, failure, impossible_counts,
-                                    success, to_json, total_usage, wire_size)
+                                    json_size, success, to_json, total_usage, wire_size)
 from agent_demo_kit.settings import (CHECK_OUTPUT_LINES, CHECK_OUTPUT_SHOWN, LAST_WORDS_CHARS, LAST_WORDS_LINES,
                                      MATERIAL_SHOWN_CHARS, PAGE_MARGIN_CHARS, VALUE_SHOWN_CHARS,
                                      Settings, display_url, keyword_name, load_settings, read_environment,
                                      recorded_settings, secrets_of)
-from tools import (CONTROL_ACTIONS, FAIL, FINISH, NOTE, RECALL, REGISTRY, Tool, ToolDefinitionError, call_tool,
+from tools import (CONTROL_ACTIONS, FINISH, NOTE, RECALL, REGISTRY, Tool, ToolDefinitionError, call_tool,
                    check_args, clash_message, describe, in_use, material_reader)
+from prompts import ENDINGS  # may only come last in a reply
 
 __all__ = ["run", "prepare", "Agent", "RunResult", "Round", "Call", "ConfigError", "Settings"]
 
 FORMAT_ERRORS_BEFORE_STUCK = 3
-ENDINGS = (FINISH.name, FAIL.name)  # may only come last in a reply
 Approver = Callable[[dict], bool]  # decides about one call ({"tool", "args", ...}); True runs it
 
 
@@ -165,7 +165,7 @@ class Agent:
         if impossible:
             self.trace.note(f"the endpoint reported token counts that cannot be right ({to_json(impossible)});"
                             " this round's tokens are estimated")
-        return count_usage(reply, request_size(messages))
+        return count_usage(reply, json_size(messages))
 
     def execute(self, parsed: Parsed, number: int) -> Tuple[List[Call], Optional[RunEnded]]:
         """Run a reply's actions in order, one Call each (in tools mode every tool_call id gets its

@@ -16,9 +16,9 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional
 
-from agent_demo_kit.records import SigTerm, failure, success
-from agent_demo_kit.settings import MIN_PAGE_CHARS, VALUE_SHOWN_CHARS
-from prompts import clip
+from agent_demo_kit.records import SigTerm, failure, success, to_json
+from agent_demo_kit.settings import EXPRESSION_CHARS, MIN_PAGE_CHARS, PAGE_STEP_CHARS, VALUE_SHOWN_CHARS
+from prompts import ENDINGS, clip
 
 
 class ToolError(Exception):
@@ -56,6 +56,15 @@ _SCHEMA_TYPES = {str: "string", int: "integer", float: "number", bool: "boolean"
 ANY_JSON = {"anyOf": [{"type": name} for name in ("string", "number", "boolean", "object", "array", "null")]}
 _UNIONS = (typing.Union, getattr(types, "UnionType", typing.Union))  # Union[a, b] and, from 3.10, a | b
 _PLACEHOLDERS = {"string": "...", "integer": 1, "number": 1.5, "boolean": True, "object": {}, "array": []}
+
+
+def placeholder(schema: dict) -> Any:
+    """A value an example may show for an argument of this schema."""
+    if schema.get("enum"):
+        return schema["enum"][0]
+    if schema.get("anyOf"):
+        return placeholder(schema["anyOf"][0])
+    return _PLACEHOLDERS.get(schema.get("type"), "...")
 
 
 def tool(function: Optional[Callable] = None, *, example: Optional[dict] = None, side_effects: bool = False,
@@ -126,7 +135,7 @@ def describe(function: Callable, name: Optional[str] = None) -> Tool:
         parameters[arg.name] = schema
         if arg.default is arg.empty:
             required.append(arg.name)
-            example[arg.name] = schema["enum"][0] if "enum" in schema else _PLACEHOLDERS.get(schema.get("type"), "...")
+            example[arg.name] = placeholder(schema)
         else:
             example[arg.name] = arg.default
     return Tool(name=name, description=description, parameters=parameters, required=required,
@@ -149,7 +158,6 @@ _NUMBER = r"([+-]?([0-9]+([.][0-9]*)?|[.][0-9]+)([eE][+-]?[0-9]+)?)"  # four gro
 EXPRESSION_PATTERN = rf"^ *{_NUMBER} *([-+*/]) *{_NUMBER} *$"
 _EXPRESSION = re.compile(EXPRESSION_PATTERN)
 ORDER_ID_PATTERN = r"^ *[A-Za-z][0-9]{1,9} *$"
-_MAX_EXPRESSION_CHARS = 200
 _CALCULATOR_HINT = "write exactly: number operator number, e.g. 12 + 500 (operators: + - * /)"
 
 
@@ -169,8 +177,8 @@ def calculator(expression: str):
     Args:
         expression: number operator number, e.g. '12 + 500' or '-3 * 4'
     """
-    if len(expression) > _MAX_EXPRESSION_CHARS:
-        raise ToolError(f"expression is longer than {_MAX_EXPRESSION_CHARS} characters")
+    if len(expression) > EXPRESSION_CHARS:
+        raise ToolError(f"expression is longer than {EXPRESSION_CHARS} characters")
     match = _EXPRESSION.fullmatch(expression)
     if not match:
         raise ToolError(f"cannot read {expression!r}: {_CALCULATOR_HINT}")
@@ -238,10 +246,10 @@ def material_reader(material: str, page_chars: int) -> Tool:
                     "total_chars": len(material),
                     "lines": f"{first}-{first + text.count(chr(10), 0, max(0, len(text) - 1))} of {line_count}",
                     "text": text}
-            size = len(json.dumps(data, ensure_ascii=False))
+            size = len(to_json(data))
             if size <= page_chars or page <= MIN_PAGE_CHARS:
                 return data
-            page = max(MIN_PAGE_CHARS, page * page_chars // size - 50)
+            page = max(MIN_PAGE_CHARS, page * page_chars // size - PAGE_STEP_CHARS)
     return describe(read_material)
 
 
@@ -279,7 +287,7 @@ def recall(first_round: int, last_round: int = 0):
     """
 
 
-# Answered by the loop: the note is pinned in every request (agent_demo_kit/context.py, Notes).
+# Answered by the loop: the note is pinned in every request (agent_demo_kit/conversation.py, Notes).
 @tool(example={"text": "A1002 is unpaid; 512 * 3 still to do"})
 def note(text: str):
     """Add to your notes, which every request keeps: facts you established, your plan, what you ruled out.
@@ -290,7 +298,7 @@ def note(text: str):
 
 
 CONTROL_ACTIONS: Dict[str, Tool] = registry_of(finish, fail, recall, note)
-FINISH, FAIL = CONTROL_ACTIONS["finish"], CONTROL_ACTIONS["fail"]
+FINISH, FAIL = (CONTROL_ACTIONS[name] for name in ENDINGS)
 RECALL, NOTE = CONTROL_ACTIONS["recall"], CONTROL_ACTIONS["note"]
 
 
@@ -357,11 +365,11 @@ def _check_value(name: str, spec: dict, value: Any) -> Optional[str]:
     if python_type and (not isinstance(value, python_type) or isinstance(value, bool) and expected != "boolean"):
         return f"{name} must be a{'n' if expected[0] in 'aeiou' else ''} {expected}, got {type(value).__name__}"
     if "enum" in spec and value not in spec["enum"]:
-        return f"{name} must be one of {json.dumps(spec['enum'], ensure_ascii=False)}"
+        return f"{name} must be one of {to_json(spec['enum'])}"
     if "pattern" in spec and isinstance(value, str) and not re.search(spec["pattern"], value):
         shown = clip(value, VALUE_SHOWN_CHARS)
         return (f"{name} must match the pattern {spec['pattern']} ({spec.get('description', name)}),"
-                f" got {json.dumps(shown, ensure_ascii=False)}")
+                f" got {to_json(shown)}")
     if "minimum" in spec and isinstance(value, (int, float)) and value < spec["minimum"]:
         return f"{name} must be at least {spec['minimum']}"
     if "maximum" in spec and isinstance(value, (int, float)) and value > spec["maximum"]:
@@ -391,7 +399,7 @@ def call_tool(name: str, args: dict, registry: Dict[str, Tool]) -> dict:
     """Run one tool call and always return the result shape; never raises."""
     described = registry.get(name)
     if described is None:
-        return failure(f"unknown tool {name!r}", available_tools=sorted(registry) + sorted(CONTROL_ACTIONS))
+        return failure(f"unknown tool {name!r}", available_tools=list(in_use(registry)))
     problem = check_args(described, args)
     if problem:
         return failure(f"bad arguments for {name}: {problem}", example=described.example())

@@ -97,7 +97,7 @@ def add_setting_flags(parser: argparse.ArgumentParser) -> None:
         if not meta["flag"]:
             continue
         names = [meta["short"], meta["flag"]] if meta["short"] else [meta["flag"]]
-        where = f"{meta['variables'][0]}; " if meta["variables"] else ""
+        where = f"{' or '.join(meta['variables'])}; " if meta["variables"] else ""
         help_text = f"{meta['help']} ({where}default {shown_default(item)})"
         if item.name == "tool_names":
             help_text += f"; available: {', '.join(REGISTRY)}"

@@ -154,6 +154,7 @@ def read_stream(chunks: Iterator[bytes], on_text: Optional[TextListener] = None)
 # --- asking ---------------------------------------------------------------------------------
 
 RETRY_STATUSES = (429, 500, 502, 503, 504)
+CONNECT_SECONDS = 10.0  # the longest wait for a connection (less when --timeout is shorter)
 # What a streamed request carries besides a plain one: the client sends it, the budget counts it.
 STREAM_FIELDS = {"stream": True, "stream_options": {"include_usage": True}}
 
@@ -328,7 +329,7 @@ class ModelClient:
         byte, or no next piece): a slow model that keeps writing is never cut off."""
         timeout = self.settings.timeout
         try:  # the read timeout is the longest wait for the next bytes, not for the whole reply
-            response = self.session.post(self.url, json=body, stream=True, timeout=(min(10.0, timeout), timeout))
+            response = self.session.post(self.url, json=body, stream=True, timeout=(min(CONNECT_SECONDS, timeout), timeout))
         except requests.RequestException as error:
             said = describe_network_error(error, self.settings, self.url)
             raise AttemptFailed(said, unanswered=isinstance(error, requests.ReadTimeout),
@@ -396,7 +397,7 @@ def describe_network_error(error: Exception, settings: Settings, url: str) -> st
     if isinstance(error, (requests.ReadTimeout, requests.exceptions.ConnectionError)) and "Read timed out" in text:
         return f"no reply within {settings.timeout:g} s from {shown}: the server is busy or still generating"
     if isinstance(error, requests.ConnectTimeout):
-        return f"cannot reach {shown}: no connection within {min(10.0, settings.timeout):g} s"
+        return f"cannot reach {shown}: no connection within {min(CONNECT_SECONDS, settings.timeout):g} s"
     if isinstance(error, requests.exceptions.ChunkedEncodingError):
         return f"the reply stopped arriving from {shown}: the connection broke mid-reply"
     if "RemoteDisconnected" in text or "Connection aborted" in text:

@@ -14,20 +14,15 @@ pins those of the folded rounds after the digest: taking a note costs the prompt
 cache nothing, and the notes survive every fold.
 """
 import bisect
-import json
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import prompts
 from agent_demo_kit.actions import strip_think
-from agent_demo_kit.records import Call, Compaction, ConfigError, Round, failure, success, to_json, wire_size
+from agent_demo_kit.records import (Call, Compaction, ConfigError, Round, failure, json_size, success, to_json,
+                                    wire_size)
 from agent_demo_kit.settings import (ARGS_LABEL_CHARS, DIGEST_ARGS_CHARS, DIGEST_RESULT_WIDTHS, NOTES_CHARS,
-                                     VALUE_SHOWN_CHARS, Settings)
+                                     RECALL_NOTE_CHARS, RESULT_MARKER_CHARS, VALUE_SHOWN_CHARS, Settings)
 from tools import NOTE, RECALL, Tool, in_use
-
-
-def request_size(messages: List[dict]) -> int:
-    """Characters the messages take on the wire (JSON, non-ASCII escaped as requests sends it)."""
-    return len(json.dumps(messages))
 
 
 def truncate_result(result: dict, max_chars: int) -> dict:
@@ -38,7 +33,7 @@ def truncate_result(result: dict, max_chars: int) -> dict:
     value = result.get(key)
     text = value if isinstance(value, str) else to_json(value)
     rest = {name: shorten_args(v) for name, v in result.items() if name != key}  # the details beside it
-    room = max(100, max_chars - len(to_json(rest)) - 100)  # 100: the marker and the two new fields
+    room = max(RESULT_MARKER_CHARS, max_chars - len(to_json(rest)) - RESULT_MARKER_CHARS)
     return {**rest, key: prompts.clip(text, room), "truncated": True, "original_chars": len(text)}
 
 
@@ -116,7 +111,7 @@ def recall_rounds(rounds: Sequence[Round], max_chars: int, first_round: int, las
     if last > done:
         data["not_yet"] = f"rounds after {done} have not happened yet"
         last = done
-    room = max_chars - 150  # for the note saying what did not fit
+    room = max_chars - RECALL_NOTE_CHARS  # for the note saying what did not fit
     used = len(to_json(success(data)))
     for record in rounds[first_round - 1:last]:
         entry = _recalled(record)
@@ -126,7 +121,8 @@ def recall_rounds(rounds: Sequence[Round], max_chars: int, first_round: int, las
                                      f" {record.number}" if record.number < last
                                      else f"round {last} did not fit; recall it alone")
                 break
-            entry = _recalled(record, max(100, (room - used) // max(1, len(record.calls)) - 100))
+            share = (room - used) // max(1, len(record.calls))
+            entry = _recalled(record, max(RESULT_MARKER_CHARS, share - RESULT_MARKER_CHARS))
         data["rounds"].append(entry)
         used += len(to_json(entry)) + 2
     return success(data)
@@ -304,7 +300,7 @@ class Conversation:
 
     def _turn(self, record: Round) -> Tuple[int, List[dict], int]:
         messages = round_messages(record, self.mode == "tools")
-        return record.number, messages, sum(len(json.dumps(message)) + 2 for message in messages)  # 2: ", "
+        return record.number, messages, sum(json_size(message) + 2 for message in messages)  # 2: ", "
 
     def _append(self, record: Round) -> None:
         turn = self._turn(record)
@@ -370,7 +366,7 @@ class Conversation:
 
     def body_size(self, messages: List[dict]) -> int:
         """Characters of the whole request body as it goes on the wire."""
-        return len(json.dumps(self.client.body(messages, self.tools)))
+        return json_size(self.client.body(messages, self.tools))
 
     def check_fits(self) -> None:
         """ConfigError if the system prompt, task and schemas alone leave too little room for rounds."""

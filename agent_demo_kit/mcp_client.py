@@ -25,10 +25,10 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterable, List, Optional, TextIO, Tuple
 from urllib.parse import unquote, urlsplit
 
-from agent_demo_kit.settings import MESSAGE_CHARS, display_url
+from agent_demo_kit.settings import FUNCTION_NAME_CHARS, MESSAGE_CHARS, display_url
 from agent_demo_kit.terminal import inert
 from prompts import clip
-from tools import ANY_JSON, Tool, ToolError
+from tools import ANY_JSON, Tool, ToolError, placeholder
 
 INSTALL_HINT = "MCP servers need the mcp package: pip install 'agent-demo[mcp]' (Python 3.10 or later)"
 
@@ -145,12 +145,13 @@ def _without_filler(text: str) -> str:
 
 def safe_name(name: str) -> str:
     """name as endpoints take a function name: ^[a-zA-Z0-9_-]{1,64}$."""
-    return re.sub(r"[^a-zA-Z0-9_-]", "_", name)[:64] or "mcp"
+    return re.sub(r"[^a-zA-Z0-9_-]", "_", name)[:FUNCTION_NAME_CHARS] or "mcp"
 
 
 # --- schemas every mode can use ----------------------------------------------------------------
 
 _TYPES = ("string", "integer", "number", "boolean", "object", "array", "null")
+MAX_SCHEMA_DEPTH = 12  # a schema nested deeper (or recursive) takes any value below this
 _KEPT = {"integer": ("minimum", "maximum"), "number": ("minimum", "maximum"),
          "string": ("minLength", "maxLength"), "array": ("minItems", "maxItems")}  # grammar engines take these
 
@@ -163,9 +164,9 @@ def simplify_schema(schema: Any, root: Any = None, seen: frozenset = frozenset()
     root = schema if root is None else root
     simple: Dict[str, Any] = {"description": flat["description"]} if isinstance(flat.get("description"), str) else {}
     branches, kind = flat.get("anyOf") or flat.get("oneOf"), flat.get("type")
-    if isinstance(branches, list) and branches and kind is None and depth < 12:
+    if isinstance(branches, list) and branches and kind is None and depth < MAX_SCHEMA_DEPTH:
         return {"anyOf": [simplify_schema(branch, root, seen, depth + 1) for branch in branches], **simple}
-    if isinstance(kind, list) and len([name for name in kind if name in _TYPES]) > 1 and depth < 12:
+    if isinstance(kind, list) and len([name for name in kind if name in _TYPES]) > 1 and depth < MAX_SCHEMA_DEPTH:
         flat = {key: value for key, value in flat.items() if key != "description"}
         return {"anyOf": [simplify_schema({**flat, "type": name}, root, seen, depth + 1)
                           for name in kind if name in _TYPES], **simple}
@@ -173,7 +174,7 @@ def simplify_schema(schema: Any, root: Any = None, seen: frozenset = frozenset()
     values = [flat["const"]] if "const" in flat else flat.get("enum") if isinstance(flat.get("enum"), list) else None
     kind = kind if kind in _TYPES else _implied_type(flat, values)
     simple.update({"enum": values} if values else {})
-    if kind is None or depth >= 12:  # deeper than that: any value
+    if kind is None or depth >= MAX_SCHEMA_DEPTH:  # deeper than that: any value
         return {**copy.deepcopy(ANY_JSON), **simple}
     simple["type"] = kind
     simple.update((key, flat[key]) for key in _KEPT.get(kind, ())
@@ -267,15 +268,6 @@ def parameters_of(schema: Any) -> Tuple[Dict[str, dict], List[str]]:
         parameters[name] = {**simplify_schema(properties.get(name), schema),
                             "description": " ".join(str(text).split()) + noted}
     return parameters, required
-
-
-def placeholder(schema: dict) -> Any:
-    if schema.get("enum"):
-        return schema["enum"][0]
-    if "anyOf" in schema:
-        return placeholder(schema["anyOf"][0])
-    return {"string": "...", "integer": 1, "number": 1.5, "boolean": True, "object": {}, "array": []}.get(
-        schema.get("type"), "...")
 
 
 def argument_checker(schema: Any) -> Callable[[dict], Optional[str]]:

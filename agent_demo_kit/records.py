@@ -18,9 +18,14 @@ def to_json(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False)
 
 
+def json_size(value: Any) -> int:
+    """Characters a value takes in a request body (non-ASCII escaped, as requests sends it)."""
+    return len(json.dumps(value))
+
+
 def wire_size(text: str) -> int:
-    """Characters text takes inside a JSON string in a request (non-ASCII escaped, as requests sends it)."""
-    return len(json.dumps(text)) - 2
+    """Characters text takes inside a JSON string in a request."""
+    return json_size(text) - 2
 
 
 def printable(text: str) -> str:

@@ -34,6 +34,12 @@ NOTES_CHARS = 2_000  # what the notes may take in a request (less when --max-con
 MATERIAL_SHOWN_CHARS = 1_500  # large piped material shown with the task (on the wire)
 PAGE_MARGIN_CHARS = 200  # a page of material is this much smaller than a result may be
 MIN_PAGE_CHARS = 200  # a page of material never shrinks below this to fit its escapes
+PAGE_STEP_CHARS = 50  # ... and shrinks by at least this much more than its escapes took
+MIN_RESULT_CHARS = PAGE_MARGIN_CHARS + MIN_PAGE_CHARS  # AGENT_MAX_RESULT_CHARS at least: a page must fit
+RESULT_MARKER_CHARS = 100  # what a cut result's marker and its two new fields take
+RECALL_NOTE_CHARS = 150  # what recall's note about rounds that did not fit takes
+EXPRESSION_CHARS = 200  # the calculator's expression at most
+FUNCTION_NAME_CHARS = 64  # a tool's name, as endpoints take a function name
 MAX_PARSED_CHARS = 100_000  # a longer reply is read at its beginning and at its end
 SERVER_TEXT_SCANNED = 20_000  # of an error body, what is searched for the server's words
 CHECK_OUTPUT_CHARS = 100_000  # of the check's output, kept in the trace
@@ -115,8 +121,8 @@ class Settings:
                                     "--max-reply-tokens", ("AGENT_MAX_REPLY_TOKENS",), whole_number(0), metavar="N")
     max_context: int = setting(24_000, "fold the oldest rounds into a digest to keep each request under CHARS",
                                "--max-context", ("AGENT_MAX_CONTEXT",), whole_number(1), metavar="CHARS")
-    max_result_chars: int = setting(4_000, "a longer tool result is cut to head and tail; at least 200",
-                                    variables=("AGENT_MAX_RESULT_CHARS",), parse=whole_number(200))
+    max_result_chars: int = setting(4_000, f"a longer tool result is cut to head and tail; at least {MIN_RESULT_CHARS}",
+                                    variables=("AGENT_MAX_RESULT_CHARS",), parse=whole_number(MIN_RESULT_CHARS))
     keep_recent: int = setting(4, "rounds kept verbatim when older ones are folded",
                                variables=("AGENT_KEEP_RECENT",), parse=whole_number(0))
     max_calls: int = setting(8, "actions run per reply at most", "--max-calls", ("AGENT_MAX_CALLS",),

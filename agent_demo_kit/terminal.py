@@ -27,7 +27,7 @@ from agent_demo_kit.actions import think_pieces
 from agent_demo_kit.records import OutputClosed, Working, answer_text, printable, to_json
 from agent_demo_kit.settings import (CHECK_LINE_CHARS, LAST_WORDS_CHARS, STATUS_KEPT_CHARS, STATUS_SHOWN_CHARS,
                                      THOUGHT_SHOWN_CHARS)
-from prompts import TRUNCATED, clip
+from prompts import ENDINGS, TRUNCATED, clip
 
 
 # --- redaction: the secrets and the forms they take --------------------------------------------
@@ -329,12 +329,6 @@ _COLOURS = {"header": "1;36", "action": "33", "ok": "32", "error": "31", "note":
             "finished": "1;32", "stopped": "1;31"}
 
 
-def shorten_think(text: str) -> str:
-    """Each thought as its first line and its size, tags kept; the trace file keeps it whole."""
-    return "".join(opening + (_summary(piece) if opening or closing else piece) + closing
-                   for opening, piece, closing in think_pieces(text))
-
-
 def _summary(thought: str) -> str:
     """A thought as its first line (at most 80 characters) and, if that is not all, its size."""
     thought = thought.strip()
@@ -391,7 +385,7 @@ class Screen:
     def show_action(self, index: int, count: int, tool: str, args: Any, in_words: bool = False) -> None:
         """One action of `count` in the reply, before it runs: name(arguments)."""
         label = "answer in words" if in_words else f"action {index}/{count}" if count > 1 else "action"
-        if isinstance(args, dict) and tool in ("finish", "fail"):  # the answer is printed once, at the end
+        if isinstance(args, dict) and tool in ENDINGS:  # the answer is printed once, at the end
             args = {name: "..." if name == "result" else value for name, value in args.items()}
         shown = ", ".join(f"{name}={to_json(value)}" for name, value in args.items()) if isinstance(args, dict) \
             else to_json(args)

@@ -1,4 +1,5 @@
 """The live trace: streamed replies, the status line, round headers, think blocks, colour."""
+import io
 import json
 import unicodedata
 from pathlib import Path
@@ -8,8 +9,8 @@ import pytest
 from agent_demo_kit.cli import main
 from conftest import terminal_as
 from scripted_server import action as act
-from agent_demo_kit.terminal import Status, shorten_think
-from agent_demo_kit.records import EndpointError
+from agent_demo_kit.terminal import Screen, Status
+from agent_demo_kit.records import EndpointError, Reply
 from agent_demo_kit.terminal import Redactor
 from agent_demo_kit.client import events, read_stream
 
@@ -187,12 +188,14 @@ def test_the_status_line_fits_the_terminal_with_wide_characters():
 
 
 @pytest.mark.parametrize("text, shown", [
-    ("long reasoning\nmore lines</think>" + act("finish", result=1),
-     "long reasoning … (25 chars)</think>" + act("finish", result=1)),
-    ("<think>never closed\nstill thinking", "<think>never closed … (27 chars)"),
+    ("long reasoning\nmore lines</think>I will finish.", ["thinking: long reasoning … (25 chars)",
+                                                         "model: I will finish."]),
+    ("<think>never closed\nstill thinking", ["thinking: never closed … (27 chars)"]),
 ])
 def test_think_blocks_the_server_cut_open_or_never_closed_are_shortened_too(text, shown):
-    assert shorten_think(text) == shown
+    stream = io.StringIO()
+    Screen(stream).show_reply(1, 6, Reply(content=text), text, {}, False)
+    assert stream.getvalue().splitlines()[2:] == shown
 
 
 def test_a_round_header_estimates_the_tokens_when_the_endpoint_reports_none(serve, capsys):

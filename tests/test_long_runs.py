@@ -9,7 +9,7 @@ from agent_demo_kit.cli import main
 from agent_demo_kit.settings import Settings
 from agent_demo_kit.run_store import RunLog
 from scripted_model import run
-from agent_demo_kit.conversation import request_size
+from agent_demo_kit.records import json_size as request_size
 from scripted_model import ScriptedModel
 from scripted_server import action as act
 from tools import REGISTRY, registry_of

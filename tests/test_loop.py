@@ -78,7 +78,7 @@ def test_two_actions_in_one_reply_both_run_in_order_and_come_back_together():
 def test_an_unknown_tool_is_fed_back_with_the_list_and_the_loop_goes_on():
     model = ScriptedModel(act("weather", city="Paris"), act("fail", reason="no weather tool"))
     outcome = run_scripted(model)
-    assert f'"available_tools": {json.dumps(sorted(REGISTRY) + sorted(CONTROL_ACTIONS))}' in model.messages(1)[3]["content"]
+    assert f'"available_tools": {json.dumps([*REGISTRY, *CONTROL_ACTIONS])}' in model.messages(1)[3]["content"]
     assert (outcome.status, outcome.result, outcome.exit_code) == ("failed", "no weather tool", 1)
 
 

@@ -56,9 +56,11 @@ def test_the_readme_and_the_cli_docs_list_each_flag_with_its_default(item):
 
 
 def test_help_shows_each_flag_and_variable_with_the_default_of_its_definition():
-    shown = " ".join(build_parser().format_help().split())
+    actions = {flag: action for action in build_parser()._actions for flag in action.option_strings}
     for item in WITH_FLAGS:
-        assert item.metadata["flag"] in shown and f"default {shown_default(item)})" in shown
+        help_text = actions[item.metadata["flag"]].help
+        assert help_text.startswith(item.metadata["help"]) and f"default {shown_default(item)})" in help_text
+        assert all(variable in help_text for variable in item.metadata["variables"])
     variables = environment_help()
     for item in WITH_VARIABLES:
         assert re.search(rf"^  {item.metadata['variables'][0]} +\S.*\({'default ' if item.name in ('url', 'model') else ''}"
