@@ -20,8 +20,9 @@ from agent_demo_kit.actions import parse_actions
 from agent_demo_kit.conversation import truncate_result
 from agent_demo_kit.records import (Compaction, ConfigError, EndpointError, Finished, GaveUp, Interrupted, OutputClosed,
                                     Reply, Round, RunResult, SigTerm, Terminated, ending_of, total_usage)
-from agent_demo_kit.settings import (MODES, Settings, display_url, flag_name, read_environment, secrets_of,
-                                     setting_fields, shown_default, whole_number)
+from agent_demo_kit.settings import (MODES, Environment, Settings, check_endpoint_settings, display_url, flag_name,
+                                     load_settings, read_environment, secrets_of, setting_fields, shown_default,
+                                     user_config_file, whole_number)
 from agent_demo_kit.terminal import (Redactor, SafeStream, Screen, is_terminal, protected, stray_prints_to_stderr,
                                      terminal_approver)
 from tools import REGISTRY
@@ -149,6 +150,9 @@ def build_parser() -> Parser:
     parser.add_argument("--show", metavar="RUN", nargs="?", const="",
                         help="print the run RUN (named as for --resume; without RUN the most recent) as its live"
                              " trace showed it, and its answer; with --json, its summary")
+    parser.add_argument("--config", action="store_true",
+                        help="show each setting's value and where it came from (a flag, the shell, ./.env, your"
+                             " settings file, the default), the key redacted, and exit; with --json, as JSON")
     parser.add_argument("--json", action="store_true",
                         help="print one JSON object with status, result, rounds, usage, calls (and error), and the"
                              " run's run_id and trace file; the trace goes to stderr")
@@ -168,7 +172,7 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
         words, args.continue_run = args.continue_run.strip(), ""  # --continue "follow-up" alone
     if args.continue_run is not None and args.resume is not None:
         parser.error("--continue and --resume cannot go together: a follow-up starts from where the run stands")
-    if args.resume is None and not args.runs and args.show is None:
+    if args.resume is None and not args.runs and args.show is None and not args.config:
         if words == "-":
             if is_terminal(sys.stdin):
                 print("agent-demo: reading the task from the terminal; end it with Ctrl-D", file=sys.stderr)
@@ -221,10 +225,12 @@ def main(argv: Optional[List[str]] = None) -> int:
         except OutputClosed:  # --help or --version into a reader that went away (| head): it took what it wanted
             return 0
         redactor.add(*secrets_of(environment, args.url))
-        if unreadable or args.runs or args.show is not None:
+        if unreadable or args.runs or args.show is not None or args.config:
             try:
                 if unreadable:
                     return report(RunResult(unreadable), args, answer)
+                if args.config:
+                    return show_config(args, environment, answer)
                 return list_runs(args, environment, answer) if args.runs else show_run(args, environment, answer,
                                                                                          redactor)
             except OutputClosed:  # agent-demo --runs | head -1
@@ -259,13 +265,18 @@ def start(args: argparse.Namespace, environment: Dict[str, str],
 
 def prepare_job(args: argparse.Namespace, environment: Dict[str, str], redactor: Redactor) -> Job:
     """The run the flags ask for, made ready: a new one, or one taken up again from its trace."""
-    given = {item.name: getattr(args, item.name) for item in setting_fields() if item.metadata["flag"]}
+    given = given_settings(args)
     follow_up = args.task if args.continue_run is not None else None
     resume = run_path(args, environment) if args.resume is not None or follow_up is not None else None
     return prepare(args.task, given=given, environment=environment, named=flag_name, material=args.material,
                    trace=args.trace or (None if args.no_log else True), resume=resume, follow_up=follow_up,
                    screen=screen(args, environment, redactor), redactor=redactor,
                    approver=terminal_approver(redactor))
+
+
+def given_settings(args: argparse.Namespace) -> Dict[str, Any]:
+    """The settings the flags give, by name (None: not given)."""
+    return {item.name: getattr(args, item.name) for item in setting_fields() if item.metadata["flag"]}
 
 
 def screen(args: argparse.Namespace, environment: Dict[str, str], redactor: Redactor) -> Optional[Screen]:
@@ -497,3 +508,44 @@ def ended(end: Optional[dict], rounds: List[Round], log: Any) -> RunResult:
     if outcome.status == "error":
         print(f"agent-demo: error: {outcome.error}", file=sys.stderr)
     return outcome
+
+
+def show_config(args: argparse.Namespace, environment: Environment, answer: SafeStream) -> int:
+    """--config: each setting's value and where it came from, the key redacted; then the files read,
+    and what is wrong with the endpoint's settings, if anything."""
+    settings = load_settings(given_settings(args), environment, check_endpoint=False)
+    shown = {}
+    for item in setting_fields():
+        source = settings.sources[item.name]
+        where = ("default" if source == "default" else f"flag {source}" if source.startswith("-")
+                 else f"{source} in {environment.origin(source)}")
+        shown[item.name] = {"value": config_value(item, getattr(settings, item.name)), "source": where}
+    files = {str(path): path.is_file() for path in (Path.cwd() / ".env", user_config_file(environment))}
+    try:
+        check_endpoint_settings(settings)
+        problem = None
+    except ConfigError as error:
+        problem = str(error)
+    if args.json:
+        answer.write_json({"settings": shown, "files": files, "problem": problem})
+        return 0
+    width = max(map(len, shown))
+    for name, entry in shown.items():
+        print(f"{name:<{width}}  {entry['value']:<32}  {entry['source']}", file=answer)
+    for path, found in files.items():
+        print(f"{'read' if found else 'none'}: {path}", file=answer)
+    if problem:
+        print(f"problem: {problem}", file=answer)
+    return 0
+
+
+def config_value(item: Any, value: Any) -> str:
+    """A setting's value as --config shows it: the key never, a URL without its password."""
+    if item.name == "api_key":
+        return "[redacted]" if value else "not set"
+    if item.name == "url":
+        return display_url(value)
+    if value is None or value == [] or isinstance(value, bool):
+        return {True: "on", False: "off"}.get(value, shown_default(item)) if isinstance(value, bool) \
+            else shown_default(item)
+    return ", ".join(value) if isinstance(value, list) else f"{value:g}" if isinstance(value, float) else str(value)

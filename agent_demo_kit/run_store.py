@@ -28,7 +28,7 @@ from typing import IO, Any, ContextManager, Dict, List, Optional
 
 from agent_demo_kit.records import (RESUMABLE, Call, Compaction, ConfigError, Reply, Round, RunEvents, RunResult,
                                     Working, to_json)
-from agent_demo_kit.settings import TASK_SHOWN_CHARS
+from agent_demo_kit.settings import TASK_SHOWN_CHARS, check, checked_folder, resolve
 from agent_demo_kit.terminal import Redactor, SafeStream, Screen
 from prompts import clip
 
@@ -40,75 +40,7 @@ except ImportError:  # Windows: runs are not locked
 
 # --- private files -------------------------------------------------------------------
 
-_CHECKED = hasattr(os, "getuid")  # ownership and modes mean nothing on Windows
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
-_MAX_LINKS = 40  # what the kernel follows before it gives up (ELOOP)
-
-
-def _trusted(uid: int) -> bool:
-    return uid in (os.getuid(), 0)
-
-
-def _owner(uid: int) -> str:
-    try:
-        import pwd
-        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
-    except (ImportError, KeyError):
-        return f"uid {uid}"
-
-
-def _me() -> str:
-    try:
-        import pwd
-        return pwd.getpwuid(os.getuid()).pw_name
-    except (ImportError, KeyError):
-        return str(os.getuid())
-
-
-def resolve(path: str, what: str) -> str:
-    """The path with every symlink on the way followed, each one checked to be the user's or root's."""
-    if not _CHECKED:
-        return os.path.abspath(path)
-    pending = list(Path(os.path.join(os.getcwd(), path)).parts[1:])
-    real, hops = os.sep, 0
-    while pending:
-        part = pending.pop(0)
-        if part == "..":
-            real = os.path.dirname(real)
-            continue
-        candidate = os.path.join(real, part)
-        try:
-            info = os.lstat(candidate)
-        except OSError:  # not there (yet): the rest is made by us, or fails when opened
-            return os.path.join(candidate, *pending)
-        if not stat.S_ISLNK(info.st_mode):
-            real = candidate
-            continue
-        if not _trusted(info.st_uid):
-            raise ConfigError(f"{what} {path} is reached through {candidate}, a symlink owned by"
-                              f" {_owner(info.st_uid)}, not by you: chown -h {_me()} {candidate}, or remove it")
-        hops += 1
-        if hops > _MAX_LINKS:
-            raise ConfigError(f"{what} {path}: too many levels of symlinks")
-        target = Path(os.readlink(candidate))
-        if target.is_absolute():
-            real = os.sep
-        pending[:0] = list(target.parts[1:] if target.is_absolute() else target.parts)
-    return real
-
-
-def check(info: os.stat_result, path: str, what: str) -> None:
-    """A folder or a regular file must be ours (or root's) and writable by nobody else; devices
-    such as /dev/null are let through (nobody can plant a record in them)."""
-    if not _CHECKED or not (stat.S_ISDIR(info.st_mode) or stat.S_ISREG(info.st_mode)):
-        return
-    if not _trusted(info.st_uid):
-        raise ConfigError(f"{what} {path} belongs to {_owner(info.st_uid)}, not to you:"
-                          f" chown {_me()} {path}, or use another one")
-    if info.st_mode & 0o022:
-        private = "700" if stat.S_ISDIR(info.st_mode) else "600"
-        raise ConfigError(f"{what} {path} is writable by {'others' if info.st_mode & 0o002 else 'its group'}"
-                          f" (mode {stat.S_IMODE(info.st_mode):o}): chmod {private} {path}")
 
 
 def private_folder(folder: Path, what: str = "the run log folder") -> Path:
@@ -130,17 +62,6 @@ def private_folder(folder: Path, what: str = "the run log folder") -> Path:
         raise ConfigError(f"{what} {folder} is not a folder")
     check(info, str(folder), what)
     return target
-
-
-def checked_folder(folder: Path, what: str = "the run log folder") -> Optional[Path]:
-    """The folder, checked, if it exists; None if it does not."""
-    real = resolve(str(folder), what)
-    try:
-        info = os.stat(real)
-    except FileNotFoundError:
-        return None
-    check(info, str(folder), what)
-    return Path(real)
 
 
 def open_private(path: str, what: str = "the trace file") -> int:

@@ -7,6 +7,8 @@ import io
 import math
 import os
 import re
+import stat
+import sys
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional
@@ -235,30 +237,156 @@ def secrets_of(environment: Dict[str, str], *urls: Optional[str]) -> List[str]:
     return [secret for secret in found if secret]
 
 
+# --- files that are the user's alone: checked the way ssh checks ~/.ssh ------------------------------
+
+_CHECKED = hasattr(os, "getuid")  # ownership and modes mean nothing on Windows
+_MAX_LINKS = 40  # what the kernel follows before it gives up (ELOOP)
+
+
+def _trusted(uid: int) -> bool:
+    return uid in (os.getuid(), 0)
+
+
+def _owner(uid: int) -> str:
+    try:
+        import pwd
+        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
+    except (ImportError, KeyError):
+        return f"uid {uid}"
+
+
+def _me() -> str:
+    try:
+        import pwd
+        return pwd.getpwuid(os.getuid()).pw_name
+    except (ImportError, KeyError):
+        return str(os.getuid())
+
+
+def resolve(path: str, what: str) -> str:
+    """The path with every symlink on the way followed, each one checked to be the user's or root's."""
+    if not _CHECKED:
+        return os.path.abspath(path)
+    pending = list(Path(os.path.join(os.getcwd(), path)).parts[1:])
+    real, hops = os.sep, 0
+    while pending:
+        part = pending.pop(0)
+        if part == "..":
+            real = os.path.dirname(real)
+            continue
+        candidate = os.path.join(real, part)
+        try:
+            info = os.lstat(candidate)
+        except OSError:  # not there (yet): the rest is made by us, or fails when opened
+            return os.path.join(candidate, *pending)
+        if not stat.S_ISLNK(info.st_mode):
+            real = candidate
+            continue
+        if not _trusted(info.st_uid):
+            raise ConfigError(f"{what} {path} is reached through {candidate}, a symlink owned by"
+                              f" {_owner(info.st_uid)}, not by you: chown -h {_me()} {candidate}, or remove it")
+        hops += 1
+        if hops > _MAX_LINKS:
+            raise ConfigError(f"{what} {path}: too many levels of symlinks")
+        target = Path(os.readlink(candidate))
+        if target.is_absolute():
+            real = os.sep
+        pending[:0] = list(target.parts[1:] if target.is_absolute() else target.parts)
+    return real
+
+
+def check(info: os.stat_result, path: str, what: str) -> None:
+    """A folder or a regular file must be ours (or root's) and writable by nobody else; devices
+    such as /dev/null are let through (nobody can plant a record in them)."""
+    if not _CHECKED or not (stat.S_ISDIR(info.st_mode) or stat.S_ISREG(info.st_mode)):
+        return
+    if not _trusted(info.st_uid):
+        raise ConfigError(f"{what} {path} belongs to {_owner(info.st_uid)}, not to you:"
+                          f" chown {_me()} {path}, or use another one")
+    if info.st_mode & 0o022:
+        private = "700" if stat.S_ISDIR(info.st_mode) else "600"
+        raise ConfigError(f"{what} {path} is writable by {'others' if info.st_mode & 0o002 else 'its group'}"
+                          f" (mode {stat.S_IMODE(info.st_mode):o}): chmod {private} {path}")
+
+
+def checked_folder(folder: Path, what: str = "the run log folder") -> Optional[Path]:
+    """The folder, checked, if it exists; None if it does not."""
+    real = resolve(str(folder), what)
+    try:
+        info = os.stat(real)
+    except FileNotFoundError:
+        return None
+    check(info, str(folder), what)
+    return Path(real)
+
+
 # --- loading -------------------------------------------------------------------------------------
 
-def read_environment() -> Dict[str, str]:
-    """The environment over ./.env: a variable set in the shell wins. A .env that cannot be parsed is
-    a ConfigError naming the line (and not its text, which may hold a key)."""
-    dotenv_file = Path.cwd() / ".env"
-    if not dotenv_file.is_file():
-        return dict(os.environ)
+class Environment(dict):
+    """The variables a run reads, each from where it was found first: the shell, ./.env, or the
+    user's own file (`origins`: variable -> "the shell", "./.env" or the user file's path)."""
+
+    def __init__(self, values: Dict[str, str], origins: Dict[str, str]):
+        super().__init__(values)
+        self.origins = origins
+
+    def origin(self, variable: str) -> str:
+        return self.origins.get(variable, "the shell")
+
+
+def user_config_file(environment: Optional[Dict[str, str]] = None) -> Path:
+    """The user's own settings: $XDG_CONFIG_HOME/agent-demo/.env, else the platform's config folder
+    (~/.config on Linux, ~/Library/Application Support on macOS, %APPDATA% on Windows)."""
+    environment = os.environ if environment is None else environment
+    if environment.get("XDG_CONFIG_HOME"):
+        folder = Path(environment["XDG_CONFIG_HOME"])
+    elif sys.platform == "darwin":
+        folder = Path.home() / "Library" / "Application Support"
+    elif os.name == "nt" and environment.get("APPDATA"):
+        folder = Path(environment["APPDATA"])
+    else:
+        folder = Path.home() / ".config"
+    return folder / "agent-demo" / ".env"
+
+
+def read_environment() -> Environment:
+    """The shell's variables over ./.env over the user's own file (user_config_file): the first that
+    sets a variable wins. The user's file, which may hold a key, must be theirs and writable by nobody
+    else, as must its folder. A file that cannot be parsed is a ConfigError naming its line (and not
+    its text, which may hold a key)."""
+    values: Dict[str, str] = {}
+    origins: Dict[str, str] = {}
+    user_file = user_config_file()
+    for path, origin in ((user_file, str(user_file)), (Path.cwd() / ".env", "./.env")):
+        if path == user_file and os.path.lexists(path):
+            check(os.stat(resolve(str(path.parent), "the settings folder")), str(path.parent), "the settings folder")
+            check(os.stat(resolve(str(path), "the settings file")), str(path), "the settings file")
+        if path.is_file():
+            found = _dotenv_values(path)
+            values.update(found)
+            origins.update(dict.fromkeys(found, origin))
+    for name in os.environ:
+        origins.pop(name, None)
+    return Environment({**values, **os.environ}, origins)
+
+
+def _dotenv_values(path: Path) -> Dict[str, str]:
+    """The variables a .env file sets; ConfigError naming the line python-dotenv cannot parse."""
     from dotenv import dotenv_values  # only when there is a .env to read
     from dotenv.parser import parse_stream
     try:
-        text = dotenv_file.read_text(encoding="utf-8-sig")  # an editor's byte-order mark is not a name
+        text = path.read_text(encoding="utf-8-sig")  # an editor's byte-order mark is not a name
     except (OSError, UnicodeDecodeError) as error:
-        raise ConfigError(f"cannot read {dotenv_file}: {error}") from None
+        raise ConfigError(f"cannot read {path}: {error}") from None
     broken = next((binding for binding in parse_stream(io.StringIO(text)) if binding.error), None)
     if broken:
-        raise ConfigError(f"cannot parse {dotenv_file.name} line {broken.original.line}:"
-                          " check for an unbalanced quote")
-    values = dotenv_values(stream=io.StringIO(text))
-    return {**{k: v for k, v in values.items() if v is not None}, **os.environ}
+        shown = path.name if path.parent == Path.cwd() else str(path)
+        raise ConfigError(f"cannot parse {shown} line {broken.original.line}: check for an unbalanced quote")
+    return {name: value for name, value in dotenv_values(stream=io.StringIO(text)).items() if value is not None}
 
 
 def load_settings(given: Dict[str, Any], environment: Dict[str, str], recorded: Optional[dict] = None,
-                  named: Callable[[str], str] = flag_name) -> Settings:
+                  named: Callable[[str], str] = flag_name, check_endpoint: bool = True) -> Settings:
     """Settings from what the caller gave (by setting name; None is not given), the environment and
     .env, or ConfigError. recorded: a resumed run's start record, whose values hold where nothing is
     given again. named: how the caller names a setting, for messages (its flag, or its keyword)."""
@@ -284,7 +412,8 @@ def load_settings(given: Dict[str, Any], environment: Dict[str, str], recorded: 
     values["tools_files"] = [os.path.abspath(path) for path in values["tools_files"]]
     values["mcp_config"] = values["mcp_config"] and os.path.abspath(values["mcp_config"])
     settings = Settings(**values, sources=sources)
-    _check_endpoint(settings)
+    if check_endpoint:
+        check_endpoint_settings(settings)
     return settings
 
 
@@ -324,7 +453,7 @@ def _checked(item: Any, value: Any, source: str) -> Any:
     return value
 
 
-def _check_endpoint(settings: Settings) -> None:
+def check_endpoint_settings(settings: Settings) -> None:
     """ConfigError for a URL that is not http(s), a key that cannot go in a header, or a hosted endpoint
     without a key."""
     try:

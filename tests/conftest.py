@@ -43,6 +43,7 @@ def clean_environment(monkeypatch, tmp_path):
         if name.startswith(("LLM_", "AGENT_", "OPENAI_")):
             monkeypatch.delenv(name)
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))  # no settings file of the developer's
     monkeypatch.setenv("AGENT_MAX_RETRY_WAIT", "0.05")  # no real waits between retries, unless a test sets its own
     monkeypatch.chdir(tmp_path)
 

@@ -13,7 +13,7 @@ import pytest
 
 from agent_demo_kit import __version__
 from agent_demo_kit.cli import main
-from conftest import child_environment, run_cli, said_lines, signal_once, start_cli
+from conftest import KEY, child_environment, run_cli, said_lines, signal_once, start_cli
 from scripted_server import ScriptedServer, action as act
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -409,3 +409,40 @@ def test_stuck_shows_the_last_words_the_model_said_even_rounds_before(serve, cli
     assert code == 1 and "not completed: the model is stuck" in err
     said = [line for line in err.splitlines() if not line.startswith("agent-demo: to continue")]
     assert said[-1] == "    I give up on JSON for now."
+
+
+def user_settings(tmp_path, text, mode=0o600):
+    """The user's own settings file, $XDG_CONFIG_HOME/agent-demo/.env (conftest points it into tmp_path)."""
+    path = tmp_path / "config" / "agent-demo" / ".env"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    path.chmod(mode)
+    return path
+
+
+def test_the_users_own_settings_file_is_read_after_dotenv_and_the_shell_wins_over_both(serve, cli, tmp_path,
+                                                                                        monkeypatch):
+    server = serve([FINISH] * 3, key=None)
+    monkeypatch.delenv("LLM_API_URL")
+    user_settings(tmp_path, f"LLM_API_URL={server.url}\nLLM_MODEL=from-user-file\nLLM_API_KEY={KEY}\n"
+                            "AGENT_MAX_ROUNDS=4\n")
+    (tmp_path / ".env").write_text("LLM_MODEL=from-dotenv\n")
+    monkeypatch.setenv("AGENT_MAX_ROUNDS", "5")
+    assert cli("--quiet", "hi")[:2] == (0, "done\n")
+    assert server.requests[0]["body"]["model"] == "from-dotenv"
+    assert server.requests[0]["headers"]["Authorization"] == f"Bearer {KEY}"
+    code, out, err = cli("--config", "--json")
+    shown = json.loads(out)["settings"]
+    assert shown["model"] == {"value": "from-dotenv", "source": "LLM_MODEL in ./.env"}
+    assert shown["url"]["source"] == f"LLM_API_URL in {tmp_path / 'config' / 'agent-demo' / '.env'}"
+    assert shown["max_rounds"] == {"value": "5", "source": "AGENT_MAX_ROUNDS in the shell"}
+    assert shown["api_key"]["value"] == "[redacted]" and KEY not in out + err
+    code, out, err = cli("--config", "-m", "from-flag")
+    assert code == 0 and re.search(r"^model +from-flag +flag --model$", out, re.M) and KEY not in out
+
+
+def test_a_settings_file_others_can_write_is_refused(cli, tmp_path):
+    path = user_settings(tmp_path, "LLM_MODEL=x\n", mode=0o666)
+    code, out, err = cli("hi")
+    assert code == 2 and err == (f"agent-demo: error: the settings file {path} is writable by others (mode 666):"
+                                 f" chmod 600 {path}\n")
