@@ -353,6 +353,8 @@ class _Server:
         self.stderr_tail: collections.deque = collections.deque(maxlen=3)
         self.stderr_copier: Optional[threading.Thread] = None
         self.restarted = False
+        self.held: Optional[List[str]] = []  # its stderr until it has started (None from then on): said once
+        self.lock = threading.Lock()
 
     async def serve(self, ready: concurrent.futures.Future, timeout: float) -> None:
         """Connect and list the tools within `timeout` seconds, then hold the connection until told to stop."""
@@ -366,6 +368,7 @@ class _Server:
                     await session.initialize()
                     listing = await _list_tools(session)
                 self.session = session
+                self.show_stderr()
                 ready.set_result(listing)
                 await self.stopping.wait()
         except BaseException as error:  # once started, a broken connection shows in the next call
@@ -394,12 +397,29 @@ class _Server:
                 yield streams
 
     def _copy_stderr(self, read_end: int) -> None:
+        """The server's stderr, a line at a time: held until it has started (a server that does not start
+        has its last lines said in the error, once), then copied to the sink as it comes."""
         with open(read_end, encoding="utf-8", errors="replace") as lines:
             for line in lines:
-                self.stderr_tail.append(inert(line.rstrip("\r\n")))
-                with contextlib.suppress(Exception):  # keep reading: a server with a full pipe would block
-                    self.sink.write(f"mcp {self.spec.name}: {self.stderr_tail[-1]}\n")
-                    self.sink.flush()
+                shown = inert(line.rstrip("\r\n"))
+                with self.lock:
+                    self.stderr_tail.append(shown)
+                    if self.held is not None:
+                        self.held.append(shown)
+                        continue
+                self._say(shown)
+
+    def show_stderr(self) -> None:
+        """The server has started: what it said so far, then the rest as it comes."""
+        with self.lock:
+            held, self.held = self.held or [], None
+        for line in held:
+            self._say(line)
+
+    def _say(self, line: str) -> None:
+        with contextlib.suppress(Exception):  # keep reading: a server with a full pipe would block
+            self.sink.write(f"mcp {self.spec.name}: {line}\n")
+            self.sink.flush()
 
     def failure(self, error: BaseException, timeout: float) -> McpError:
         """Why the server did not start, in one line ending with the last lines of its stderr."""

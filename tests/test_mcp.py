@@ -387,8 +387,10 @@ def test_a_server_from_mcp_config_and_its_side_effects_are_asked_about(serve, ca
 def test_a_server_that_does_not_start_is_a_configuration_error(serve, capsys):
     server = serve([act("finish", result="never")])
     assert main(["--mcp", f"{sys.executable} {BARE} --exit-on-initialize", "x"]) == 2
-    [said] = said_lines(capsys.readouterr().err)
+    err = capsys.readouterr().err
+    [said] = said_lines(err)
     assert said.startswith("agent-demo: error: ") and "cannot open the database" in said
+    assert err.count("cannot open the database") == 1, "its stderr is said once, in the error"
     assert server.requests == []
 
 
