@@ -489,14 +489,17 @@ def prepare(task: str = "", *, given: Dict[str, Any], environment: Dict[str, str
             settings = load_settings(given, environment, own_settings(start, follow_up is not None), named)
             log.say(f"{'following up on' if follow_up is not None else 'resuming'} {resume}\n  requests go to"
                     f" {display_url(settings.endpoint)}\n  tools files: {', '.join(settings.tools_files) or 'none'}")
-            task, material = start["task"], start.get("material") if isinstance(start.get("material"), str) else ""
+            task = start["task"]
         else:
             settings = load_settings(given, environment, named=named)
         redactor.add(*secrets_of({"LLM_API_KEY": settings.api_key or ""}, settings.url))  # a key= given too
         registry, start_fields, notes = tool_registry(settings, functions, redactor.secrets, closing, start)
-        if resume is not None and material:  # read a page at a time, as when the run started
-            registry["read_material"] = material_reader(material, settings.max_result_chars - PAGE_MARGIN_CHARS)
-        elif material:
+        if start is not None and isinstance(start.get("material"), str):  # read a page at a time, as before
+            registry["read_material"] = material_reader(start["material"],
+                                                        settings.max_result_chars - PAGE_MARGIN_CHARS)
+        if material and follow_up is not None:  # piped beside a follow-up: what the follow-up is about
+            follow_up = with_material(follow_up, material, registry, start_fields, settings)
+        elif material and resume is None:
             task = with_material(task, material, registry, start_fields, settings)
         form = RequestForm.resumed(settings, start, any(record.mode == settings.mode for record in history)) \
             if start is not None else RequestForm.asked_for(settings)

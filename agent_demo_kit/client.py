@@ -10,6 +10,7 @@ The client owns what it negotiated with the endpoint (`RequestForm`): the mode t
 works, schema mode's response_format variant, the reply cap's field name, streaming.
 It builds every request body from it, and the trace records each change, so a resume starts there.
 """
+import html
 import ipaddress
 import json
 import math
@@ -17,7 +18,7 @@ import re
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
-from urllib.parse import urlsplit
+from urllib.parse import urlsplit, urlunsplit
 
 import requests
 import requests.auth
@@ -427,7 +428,16 @@ def server_message(text: str) -> str:
         if error:
             text = error if isinstance(error, str) else to_json(error)
             return _one_line(without_internals(text))
+    if _HTML.match(text):  # a proxy's or a framework's error page: its title, else its words
+        title = _TITLE.search(text[:SERVER_TEXT_SCANNED])
+        text = title[1] if title else _TAG.sub(" ", text[:SERVER_TEXT_SCANNED])
+        return _one_line(html.unescape(text)) or "(an empty HTML page)"
     return _one_line(without_internals(text)) or "(empty body)"
+
+
+_HTML = re.compile(r"\s*(<!doctype html|<html|<head|<body|<title|<h1)", re.I)
+_TITLE = re.compile(r"<title[^>]*>(.*?)</title>", re.I | re.S)
+_TAG = re.compile(r"<[^>]*>")
 
 
 # pydantic's errors as Python reprs: {'type': ..., 'loc': ('body', 'response_format', 'type'), 'msg': "...", ...}
@@ -475,11 +485,21 @@ def describe_http_error(status: int, text: str, settings: Settings, retried: boo
     if status in (401, 403):
         return f"authentication failed (HTTP {status}): {message} - check {_given(settings, 'api_key', 'LLM_API_KEY')}"
     if status == 404:
-        return (f"not found (HTTP 404): {message} - check {_given(settings, 'model', 'LLM_MODEL')} ({settings.model})"
+        said = (f"not found (HTTP 404): {message} - check {_given(settings, 'model', 'LLM_MODEL')} ({settings.model})"
                 f" and {_given(settings, 'url', 'LLM_API_URL')}")
+        return said + (f"; its path has no /v1, which most servers want (Ollama's among them): try"
+                       f" {display_url(with_v1(settings.url))}" if "/v1" not in urlsplit(settings.endpoint).path else "")
     if status in RETRY_STATUSES and retried:
         return f"HTTP {status} after {settings.retries} retries: {message}"
     return f"request rejected (HTTP {status}): {message}"
+
+
+def with_v1(url: str) -> str:
+    """A base URL with /v1 where the path has none: http://localhost:11434 -> http://localhost:11434/v1."""
+    parts = urlsplit(url.strip())
+    path = parts.path.rstrip("/")
+    path = path[:-len("/chat/completions")] if path.endswith("/chat/completions") else path
+    return urlunsplit(parts._replace(path=path + "/v1"))
 
 
 def reply_from_body(text: str) -> Reply:

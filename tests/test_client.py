@@ -302,3 +302,24 @@ def test_tool_call_arguments_sent_whole_as_an_object_are_kept():
               ' "arguments": {"x": 1}}}]}, "finish_reason": "tool_calls"}]}\n\ndata: [DONE]\n\n')
     reply = read_stream(iter([stream.encode()]))
     assert reply.tool_calls[0]["function"]["arguments"] == {"x": 1}
+
+
+@pytest.mark.parametrize("page, said", [
+    ("<!DOCTYPE html><html><head><title>501 Not Implemented</title></head><body><h1>Not Implemented</h1>"
+     + "<p>filler</p>" * 500 + "</body></html>", "501 Not Implemented"),
+    ("<html><body><h1>Bad &amp; Gateway</h1><p>nginx</p></body></html>", "Bad & Gateway nginx"),
+])
+def test_an_html_error_page_is_said_by_its_title_or_its_words(page, said):
+    assert server_message(page) == said
+
+
+@pytest.mark.parametrize("url, hint", [
+    ("http://localhost:11434", "; its path has no /v1, which most servers want (Ollama's among them): try"
+                               " http://localhost:11434/v1"),
+    ("http://localhost:11434/v1", ""),
+])
+@responses.activate
+def test_a_404_from_a_url_without_v1_says_to_try_it(url, hint):
+    responses.post(url.rstrip("/") + "/chat/completions", status=404, body="404 page not found")
+    said = endpoint_error(url=url)
+    assert said == ("not found (HTTP 404): 404 page not found - check LLM_MODEL (m1) and LLM_API_URL" + hint)
