@@ -22,7 +22,7 @@ from agent_demo_kit.conversation import Conversation, recall_rounds, shorten_arg
 from agent_demo_kit.records import (BudgetSpent, Call, CallerError, CheckFailed, ConfigError, Finished, GaveUp, InternalError,
                                     Interrupted, Reply, RoundLimit, Round, RunEnded, RunEvents, RunResult, SigTerm,
                                     Stuck, Terminated, add_usage, answer_text, count_usage, failure, impossible_counts,
-                                    json_size, success, to_json, total_usage, wire_size)
+                                    json_size, success, to_json, total_usage)
 from agent_demo_kit.settings import (CHECK_OUTPUT_LINES, CHECK_OUTPUT_SHOWN, LAST_WORDS_CHARS, LAST_WORDS_LINES,
                                      MATERIAL_SHOWN_CHARS, PAGE_MARGIN_CHARS, VALUE_SHOWN_CHARS,
                                      Settings, display_url, keyword_name, load_settings, read_environment,
@@ -51,6 +51,7 @@ class Agent:
         self.usage: dict = {}
         self.unfinished: Dict[str, int] = {}  # calls with side effects started before a crash -> their round
         self.round_limit, self.token_limit = settings.max_rounds, settings.max_tokens  # a follow-up's are its own
+        self.material: Optional[Tuple[str, int]] = None  # material read a page at a time, and how much was shown
         self.conversation = Conversation("", settings, registry, client, self.trace.compaction)
 
     def run(self, task: str, history: Sequence[Round] = (), unfinished: Sequence[Call] = (),
@@ -136,6 +137,8 @@ class Agent:
             refused = "every tool call" if settings.approve else f"every call to {', '.join(side_effects)}"
             self.trace.note(f"{'--approve: ' if settings.approve else ''}there is no terminal to ask, so {refused}"
                             " will be refused; --yes runs them")
+        for text in getattr(self.client, "window_notes", list)():
+            self.trace.note(text)
         self.conversation.check_fits()
         if settings.check is not None and self.check is None:
             self.check = check_command(settings.check, settings.named("check"))
@@ -328,9 +331,27 @@ class Agent:
                             progress=redact(self.progress(ending, last_words)), last_words=redact(last_words),
                             checks=redact([{"round": record.number, **call.check} for record in rounds
                                            for call in record.calls if call.check]),
-                            trace=getattr(self.trace, "path", None))
+                            trace=getattr(self.trace, "path", None), material=self.material_read())
         self.trace.end(outcome)
         return outcome
+
+    def material_read(self) -> Optional[dict]:
+        """How much of the material piped in (read a page at a time) the model saw: the part shown with
+        the task and every page read_material gave, each counted once."""
+        if self.material is None:
+            return None
+        material, shown = self.material
+        spans = [(0, shown)] + [(call.result["data"]["offset"], call.result["data"]["offset"]
+                                 + len(call.result["data"]["text"]))
+                                for record in self.conversation.rounds for call in record.calls
+                                if call.tool == "read_material" and call.result.get("ok")
+                                and isinstance(call.result.get("data"), dict)
+                                and isinstance(call.result["data"].get("text"), str)]
+        read, reached = 0, 0
+        for start, end in sorted(spans):
+            read += max(0, end - max(start, reached))
+            reached = max(reached, end)
+        return {"chars": len(material), "bytes": len(material.encode("utf-8", "replace")), "read_chars": read}
 
     def progress(self, ending: RunEnded, last_words: str) -> List[str]:
         """The lines said after the outcome of a run that did not finish: the last answer the check
@@ -494,16 +515,20 @@ def prepare(task: str = "", *, given: Dict[str, Any], environment: Dict[str, str
             settings = load_settings(given, environment, named=named)
         redactor.add(*secrets_of({"LLM_API_KEY": settings.api_key or ""}, settings.url))  # a key= given too
         registry, start_fields, notes = tool_registry(settings, functions, redactor.secrets, closing, start)
-        if start is not None and isinstance(start.get("material"), str):  # read a page at a time, as before
-            registry["read_material"] = material_reader(start["material"],
-                                                        settings.max_result_chars - PAGE_MARGIN_CHARS)
-        if material and follow_up is not None:  # piped beside a follow-up: what the follow-up is about
-            follow_up = with_material(follow_up, material, registry, start_fields, settings)
-        elif material and resume is None:
-            task = with_material(task, material, registry, start_fields, settings)
         form = RequestForm.resumed(settings, start, any(record.mode == settings.mode for record in history)) \
             if start is not None else RequestForm.asked_for(settings)
         client = closing.enter_context(contextlib.closing(ModelClient(settings, form=form)))
+        piped = start.get("material") if start is not None and isinstance(start.get("material"), str) else None
+        if piped is not None:  # read a page at a time, as before
+            registry["read_material"] = material_reader(piped, settings.max_result_chars - PAGE_MARGIN_CHARS)
+        if material and follow_up is not None:  # piped beside a follow-up: what the follow-up is about
+            follow_up = with_material(follow_up, material, registry, start_fields, settings, lambda text: Conversation(
+                f"{task}\n\n{text}", settings, registry, client).fits())
+            piped = start_fields.get("material", piped)
+        elif material and resume is None:
+            task = with_material(task, material, registry, start_fields, settings,
+                                 lambda text: Conversation(text, settings, registry, client).fits())
+            piped = start_fields.get("material")
         Conversation(task, settings, registry, client).check_fits()  # before a new run's trace is made:
         check = check_command(settings.check, settings.named("check")) if settings.check is not None else None
         if resume is None:
@@ -515,6 +540,8 @@ def prepare(task: str = "", *, given: Dict[str, Any], environment: Dict[str, str
         client.trace = log
         agent = Agent(settings, client, registry, log, approver)
         agent.check = check
+        if piped is not None:  # paged: the outcome says how much of it the model read
+            agent.material = (piped, start_fields.get("material_shown", (start or {}).get("material_shown", 0)))
         if resume is not None and recorded.status == "max_rounds" and given.get("max_rounds") is None:
             agent.round_limit = len(history) + settings.max_rounds  # a bare --resume: another --max-rounds
         return Job(agent, task, history, unfinished, follow_up, closing)
@@ -575,16 +602,19 @@ def tool_registry(settings: Settings, functions: Sequence[Callable], secrets: Li
     return registry, start_fields, notes
 
 
-def with_material(task: str, material: str, registry: Dict[str, Tool], start_fields: dict,
-                  settings: Settings) -> str:
-    """The task with the material piped in: whole when it takes at most a quarter of --max-context,
-    else its first MATERIAL_SHOWN_CHARS, with read_material among the tools to read the rest (and the
-    material recorded for a resume). Material of any size never makes a request too big; what is
-    shown does not grow with --max-context, so the budget check's advice holds."""
-    if wire_size(material) <= settings.max_context // 4:
-        return prompts.render_task_with_material(task, material)
+def with_material(task: str, material: str, registry: Dict[str, Tool], start_fields: dict, settings: Settings,
+                  fits: Callable[[str], bool]) -> str:
+    """The task with the material piped in: whole when the requests it starts still leave room for
+    rounds (`fits`), else its first MATERIAL_SHOWN_CHARS, with read_material among the tools to read
+    the rest (and the material, and how much was shown, recorded for a resume). Material of any size
+    never makes a request too big; what is shown does not grow with the budget, so the budget check's
+    advice holds."""
+    whole = prompts.render_task_with_material(task, material)
+    if fits(whole):
+        return whole
     registry["read_material"] = material_reader(material, settings.max_result_chars - PAGE_MARGIN_CHARS)
-    start_fields["material"] = material
+    start_fields["material"], start_fields["material_shown"] = material, prompts.material_shown(
+        material, MATERIAL_SHOWN_CHARS)
     return prompts.render_task_with_material(task, material, shown_chars=MATERIAL_SHOWN_CHARS)
 
 

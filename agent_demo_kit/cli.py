@@ -339,6 +339,10 @@ def report(outcome: RunResult, args: argparse.Namespace, answer: SafeStream, age
         print(outcome.result, file=answer)
     elif outcome.status == "finished":
         answer.write_json(outcome.result, indent=2)
+    if outcome.material:  # even under --quiet: an answer about part of the material should say so
+        read = outcome.material
+        print(f"agent-demo: {prompts.render_material_read(read['read_chars'], read['chars'], read['bytes'])}",
+              file=sys.stderr)
     refused = sum(call["result"].get("error") == prompts.NO_TERMINAL for call in outcome.calls)
     if refused:  # even under --quiet: the run may have "finished" without doing what was asked
         print(f"agent-demo: {refused} tool call(s) refused: they need approval and there was no terminal"

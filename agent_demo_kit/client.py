@@ -27,8 +27,9 @@ from urllib3.exceptions import InvalidHeader, MaxRetryError
 from urllib3.util.retry import Retry
 
 import prompts
-from agent_demo_kit.records import EndpointError, Reply, RunEvents, to_json
-from agent_demo_kit.settings import MESSAGE_CHARS, SERVER_TEXT_SCANNED, SNIPPET_CHARS, Settings, display_url
+from agent_demo_kit.records import MOST_TOKENS_A_ROUND, EndpointError, Reply, RunEvents, json_size, to_json
+from agent_demo_kit.settings import (CHARS_A_TOKEN, DEFAULT_WINDOW_TOKENS, MESSAGE_CHARS, SERVER_TEXT_SCANNED,
+                                     SNIPPET_CHARS, Settings, display_url)
 
 TextListener = Callable[[str], None]  # gets each piece of a streamed reply as it arrives
 
@@ -156,6 +157,10 @@ def read_stream(chunks: Iterator[bytes], on_text: Optional[TextListener] = None)
 
 RETRY_STATUSES = (429, 500, 502, 503, 504)
 CONNECT_SECONDS = 10.0  # the longest wait for a connection (less when --timeout is shorter)
+WINDOW_ASK_SECONDS = 2.0  # the longest wait for a local server to say its model's window
+MIN_WINDOW_TOKENS = 256  # a window said smaller than this is not taken for one
+MIN_REPLY_TOKENS = 128  # the smallest reply a request leaves room for
+CAP_FIELD_CHARS = 32  # what the reply cap adds to a request: ', "max_completion_tokens": 4096' and some
 # What a streamed request carries besides a plain one: the client sends it, the budget counts it.
 STREAM_FIELDS = {"stream": True, "stream_options": {"include_usage": True}}
 
@@ -237,15 +242,64 @@ class ModelClient:
         self.session = requests.Session()
         if settings.api_key:  # as auth, not a header: a user:password in the URL must not replace it
             self.session.auth = BearerAuth(settings.api_key)
+        self.learned_window: Optional[int] = None  # the model's window in tokens, once asked
+        self.window_said = False  # the server said it (else it is DEFAULT_WINDOW_TOKENS)
+        self.cap_shrunk = False  # the reply cap was shrunk to fit, and the trace said so
 
     def body(self, messages: List[dict], tools: Dict[str, Any]) -> dict:
         """The request body, exactly as sent, in the current form, offering `tools` (every tool in use):
-        the conversation measures it with this too."""
+        the conversation measures it with this too. Its reply cap is --max-reply-tokens, or what the
+        model's window leaves beside the request when that is less."""
         form, settings = self.form, self.settings
-        cap = {form.reply_cap_field: settings.max_reply_tokens} if settings.max_reply_tokens else {}
         options = prompts.request_options(form.mode, tools, settings.max_calls, form.schema_variant)
-        return {"model": settings.model, "messages": messages, **cap, **options,
-                **(STREAM_FIELDS if form.stream else {})}
+        body = {"model": settings.model, "messages": messages, **options, **(STREAM_FIELDS if form.stream else {})}
+        cap = self.reply_cap(json_size(body))
+        return {**body, form.reply_cap_field: cap} if cap else body
+
+    def reply_cap(self, request_chars: int) -> int:
+        """The reply cap a request of this size gets: --max-reply-tokens (0: none), shrunk to what the
+        model's window leaves, counting CHARS_A_TOKEN characters a token (the trace says so once)."""
+        wanted = self.settings.max_reply_tokens
+        left = self.window() - -(-(request_chars + CAP_FIELD_CHARS) // CHARS_A_TOKEN)
+        if not wanted or left >= wanted:
+            return wanted
+        cap = max(1, left)
+        if not self.cap_shrunk:
+            self.cap_shrunk = True
+            self.trace.note(f"the reply cap is {cap:,} tokens, not {wanted:,}: the request takes about"
+                            f" {request_chars // CHARS_A_TOKEN:,} of the model's {self.window():,}")
+        return cap
+
+    def request_budget(self) -> int:
+        """The characters a request may take: --max-context when given, else what the model's window holds
+        beside a reply of --max-reply-tokens (at most half the window); never more than the window holds
+        beside the smallest reply."""
+        window, wanted, asked = self.window(), self.settings.max_reply_tokens, self.settings.max_context
+        if asked is None:
+            reserve = min(wanted, window // 2) if wanted else window // 4
+            return min(self.most_chars(), (window - reserve) * CHARS_A_TOKEN)
+        return min(asked, self.most_chars())
+
+    def most_chars(self) -> int:
+        """The most characters a request may take in the model's window, beside the smallest reply."""
+        return (self.window() - MIN_REPLY_TOKENS) * CHARS_A_TOKEN
+
+    def window_notes(self) -> List[str]:
+        """What a run says once, before its first request, about the window: a --max-context it does not hold."""
+        asked = self.settings.max_context
+        if asked is None or asked <= self.most_chars():
+            return []
+        return [f"{self.settings.named('max_context')} {asked:,} is more than the model's window of"
+                f" {self.window():,} tokens holds: requests are kept under {self.most_chars():,} characters"]
+
+    def window(self) -> int:
+        """The model's context window in tokens: what its server says (llama.cpp's /props, vLLM's
+        /v1/models, Ollama's /api/show; asked once, local servers only), else DEFAULT_WINDOW_TOKENS."""
+        if self.learned_window is None:
+            self.learned_window = (ask_window(self.session, self.settings) if is_local(self.url) else None) \
+                or DEFAULT_WINDOW_TOKENS
+            self.window_said = self.learned_window != DEFAULT_WINDOW_TOKENS
+        return self.learned_window
 
     def ask(self, request: Request, tools: Dict[str, Any]) -> Tuple[Reply, List[dict]]:
         """Send the request until it brings a reply: retry what may pass next time (429, 5xx, a
@@ -362,6 +416,44 @@ class ModelClient:
 
     def close(self) -> None:
         self.session.close()
+
+
+def ask_window(session: requests.Session, settings: Settings) -> Optional[int]:
+    """The context window a local server says its model has, in tokens, or None: llama.cpp's /props
+    (n_ctx), vLLM's /v1/models (max_model_len), Ollama's /api/show (num_ctx, else the model's
+    context_length). Each is asked briefly; one that does not answer is passed by."""
+    parts = urlsplit(settings.endpoint)
+    root = urlunsplit(parts._replace(path="", query=""))
+    base = urlunsplit(parts._replace(path=parts.path[:-len("/chat/completions")], query=""))
+    quick = min(WINDOW_ASK_SECONDS, settings.timeout)
+    asks = [("GET", f"{root}/props", None), ("GET", f"{base}/models", None),
+            ("POST", f"{root}/api/show", {"model": settings.model})]
+    for method, url, body in asks:
+        try:
+            response = session.request(method, url, json=body, timeout=quick)
+            found = window_in(response.json(), settings.model) if response.ok else None
+        except (requests.RequestException, ValueError):
+            continue
+        if found:
+            return found
+    return None
+
+
+def window_in(body: Any, model: str) -> Optional[int]:
+    """The window a server's answer names, if it names one that can be true."""
+    if not isinstance(body, dict):
+        return None
+    found: List[Any] = [body.get("n_ctx"), (body.get("default_generation_settings") or {}).get("n_ctx")
+                        if isinstance(body.get("default_generation_settings"), dict) else None]
+    models = [entry for entry in body.get("data") or [] if isinstance(entry, dict)] \
+        if isinstance(body.get("data"), list) else []
+    found += [entry.get("max_model_len") for entry in models if entry.get("id") == model or len(models) == 1]
+    parameters = body.get("parameters") if isinstance(body.get("parameters"), str) else ""
+    found += [int(match) for match in re.findall(r"^num_ctx\s+(\d+)", parameters, re.M)]
+    if isinstance(body.get("model_info"), dict):
+        found += [value for key, value in body["model_info"].items() if key.endswith(".context_length")]
+    return next((value for value in found if isinstance(value, int) and not isinstance(value, bool)
+                 and MIN_WINDOW_TOKENS <= value <= MOST_TOKENS_A_ROUND), None)
 
 
 def refuses_options(status: Optional[int], said: str, mode_worked: bool) -> bool:

@@ -21,7 +21,8 @@ from agent_demo_kit.actions import strip_think
 from agent_demo_kit.records import (Call, Compaction, ConfigError, Round, failure, json_size, success, to_json,
                                     wire_size)
 from agent_demo_kit.settings import (ARGS_LABEL_CHARS, DIGEST_ARGS_CHARS, DIGEST_RESULT_WIDTHS, NOTES_CHARS,
-                                     RECALL_NOTE_CHARS, RESULT_MARKER_CHARS, VALUE_SHOWN_CHARS, Settings)
+                                     PINNED_SHARE, RECALL_NOTE_CHARS, RESULT_MARKER_CHARS, VALUE_SHOWN_CHARS,
+                                     Settings)
 from tools import NOTE, RECALL, Tool, in_use
 
 
@@ -153,7 +154,7 @@ def _header_size(omitted: int) -> int:
 class DigestLines:
     """Each folded round's digest line at each width a result may take, written and measured once."""
 
-    def __init__(self, rounds: List[Round], result_chars: int, limit: int):
+    def __init__(self, rounds: List[Round], result_chars: int, limit: Callable[[], int]):
         self.rounds = rounds  # the run's own list, growing
         # Folded results keep their full length while the digest has room, then 400, then 100 characters.
         self.widths = sorted({result_chars, *(min(width, result_chars) for width in DIGEST_RESULT_WIDTHS)},
@@ -165,7 +166,7 @@ class DigestLines:
     def total(self, width: int, count: int) -> Optional[int]:
         """What the lines of rounds 1..count add at this width; None if they add up to more than the limit."""
         lines, totals, narrowest = self.lines[width], self.totals[width], width == self.widths[-1]
-        while len(lines) < count and (narrowest or totals[-1] <= self.limit):
+        while len(lines) < count and (narrowest or totals[-1] <= self.limit()):
             line = digest_line(self.rounds[len(lines)], width)
             lines.append(line)
             totals.append(totals[-1] + 2 + wire_size(line))  # 2: the escaped newline before it
@@ -252,7 +253,7 @@ class Conversation:
         self.client = client  # owns the request's form (mode, schema variant, ...) and builds its body
         self.rounds: List[Round] = []
         self.on_compaction = on_compaction  # told before the first request that carries the new digest
-        self.lines = DigestLines(self.rounds, settings.max_result_chars, settings.max_context)
+        self.lines = DigestLines(self.rounds, settings.max_result_chars, lambda: self.budget)
         self._built_for: Optional[tuple] = None  # the form the messages were built for
         self._messages: List[dict] = []
         self._turns: List[Tuple[int, List[dict], int]] = []  # the verbatim rounds: number, messages, size
@@ -278,7 +279,7 @@ class Conversation:
             self._rebuild()
         for record in self.rounds[self._added:]:
             self._append(record)
-        if self.size > self.settings.max_context and self._added:
+        if self.size > self.budget and self._added:
             self._compact()
         return list(self._messages)
 
@@ -286,7 +287,7 @@ class Conversation:
         """Build the messages afresh (the first request, a resumed run, another mode), from the last compaction."""
         self._built_for, self._bare = self.client.form.shape(), self.body_size(self.pinned())
         self._folded, self._omitted, self._digest, self._turns, self._added = 0, 0, "", [], 0
-        self.notes, self._notes = Notes(min(NOTES_CHARS, max(0, self.settings.max_context - self._bare) // 4)), ""
+        self.notes, self._notes = Notes(min(NOTES_CHARS, max(0, self.budget - self._bare) // 4)), ""
         for record in self.rounds:
             self.notes.take_in(record)
         last = next((index for index in range(len(self.rounds) - 1, -1, -1) if self.rounds[index].compaction), None)
@@ -343,7 +344,7 @@ class Conversation:
         notes = self.notes.pinned(count)  # the most the notes of the folded rounds can take
         notes_room = wire_size(_DIGEST_SEPARATOR + notes) if notes else 0
         pinned = wire_size(self._pinned_follow_ups(count))  # at most what the follow-ups will take
-        half = (self.settings.max_context - self._bare - notes_room - pinned) // 2  # the digest and verbatim rounds
+        half = (self.budget - self._bare - notes_room - pinned) // 2  # the digest and verbatim rounds
         after = [0] * (count - first + 1)  # after[k - first]: what the verbatim rounds after round k take
         for index in range(count - first - 1, -1, -1):
             after[index] = after[index + 1] + self._turns[index][2]
@@ -368,11 +369,24 @@ class Conversation:
         """Characters of the whole request body as it goes on the wire."""
         return json_size(self.client.body(messages, self.tools))
 
+    @property
+    def budget(self) -> int:
+        """The characters a request may take: --max-context when given, else what the model's window
+        holds beside the reply, and never more than the window holds (at CHARS_A_TOKEN a token)."""
+        return self.client.request_budget()
+
+    def fits(self) -> bool:
+        """Do the system prompt, the task and the schemas, sent with every request, leave room for rounds?"""
+        return self.body_size(self.pinned()) <= self.budget * PINNED_SHARE
+
     def check_fits(self) -> None:
         """ConfigError if the system prompt, task and schemas alone leave too little room for rounds."""
-        bare, budget = self.body_size(self.pinned()), self.settings.max_context
-        if bare > budget // 2:
-            named = self.settings.named("max_context")
-            raise ConfigError(f"{named} {budget} is too small: the system prompt, the task and the tool"
-                              f" schemas, sent with every request, take {bare:,} characters, and they may take at"
-                              f" most half of it (the rest is for the rounds); use {named} {2 * bare} or more")
+        if not self.fits():
+            bare, budget, named = self.body_size(self.pinned()), self.budget, self.settings.named("max_context")
+            enough = -(-bare * 4 // 3)
+            window = (f" (all the model's window of {self.client.window():,} tokens holds)"
+                      if self.settings.max_context is None or budget < self.settings.max_context else "")
+            raise ConfigError(f"{named} {budget} is too small{window}: the system prompt, the task and the"
+                              f" tool schemas, sent with every request, take {bare:,} characters, and they may"
+                              f" take at most {PINNED_SHARE:.0%} of it (the rest is for the rounds); use {named}"
+                              f" {enough} or more")

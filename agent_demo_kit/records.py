@@ -376,6 +376,7 @@ class RunResult:
     checks: List[dict] = field(default_factory=list)  # every run of --check, with its round
     trace: Optional[str] = None  # the trace file the run was recorded in, if any
     last_words: str = ""  # what the model last said besides actions, when the run ended without an answer
+    material: Optional[dict] = None  # material read a page at a time: its chars, bytes and read_chars
 
     @property
     def status(self) -> str:
@@ -429,8 +430,9 @@ class RunResult:
         extra = {"error": self.error} if self.error else {}
         checks = {"checks": self.checks} if self.checks else {}
         said = {"last_words": self.last_words} if self.last_words else {}
+        read = {"material": self.material} if self.material else {}
         return {"status": self.status, "result": self.result, "rounds": self.rounds,
-                "usage": self.usage, **extra, **said, "calls": self.calls, **checks}
+                "usage": self.usage, **extra, **said, **read, "calls": self.calls, **checks}
 
 
 def answer_text(value: Any) -> str:

@@ -25,6 +25,10 @@ MAX_TIMEOUT = 86_400.0  # a day; beyond that a socket cannot take it
 
 # --- sizes: every limit on the length of a text, in one place -----------------------------------
 
+CHARS_A_TOKEN = 3  # at most, as a request's size is counted against the model's window (a token is 3-4 chars)
+DEFAULT_WINDOW_TOKENS = 128_000  # the window of a model whose server does not say: today's hosted models
+PINNED_SHARE = 0.75  # the system prompt, the task and its material take at most this share of a request
+
 TASK_SHOWN_CHARS = 300  # the task (or a follow-up) on the trace's first lines
 MESSAGE_CHARS = 300  # outside words quoted in a one-line error (a server's message, a schema's complaint)
 SNIPPET_CHARS = 200  # the start of a body or an error that is quoted as a sample
@@ -121,8 +125,9 @@ class Settings:
                                         whole_number(1), metavar="N", shown="no cap")
     max_reply_tokens: int = setting(4096, "cap on each reply, sent to the endpoint as max_tokens; 0 sends none",
                                     "--max-reply-tokens", ("AGENT_MAX_REPLY_TOKENS",), whole_number(0), metavar="N")
-    max_context: int = setting(24_000, "fold the oldest rounds into a digest to keep each request under CHARS",
-                               "--max-context", ("AGENT_MAX_CONTEXT",), whole_number(1), metavar="CHARS")
+    max_context: Optional[int] = setting(None, "fold the oldest rounds into a digest to keep each request under"
+                                         " CHARS", "--max-context", ("AGENT_MAX_CONTEXT",), whole_number(1),
+                                         metavar="CHARS", shown="the model's window")
     max_result_chars: int = setting(4_000, f"a longer tool result is cut to head and tail; at least {MIN_RESULT_CHARS}",
                                     variables=("AGENT_MAX_RESULT_CHARS",), parse=whole_number(MIN_RESULT_CHARS))
     keep_recent: int = setting(4, "rounds kept verbatim when older ones are folded",

@@ -53,8 +53,8 @@ def serve(monkeypatch):
     """Start a scripted server and point LLM_API_URL (and a key, unless key=None) at it."""
     servers = []
 
-    def _serve(replies, key=KEY, screen=None):
-        server = ScriptedServer(replies, screen=screen).__enter__()
+    def _serve(replies, key=KEY, screen=None, window=None):
+        server = ScriptedServer(replies, screen=screen, window=window).__enter__()
         servers.append(server)
         monkeypatch.setenv("LLM_API_URL", server.url)
         if key:

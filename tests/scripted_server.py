@@ -15,7 +15,8 @@ server that ignores "stream").
 When the script runs out, the last reply is repeated (a model that never finishes).
 `screen` (tests only) is a function of each request's body that may answer it instead, with a
 canned reply, without using up the script: a server that refuses some request options, say.
-`like_llama_cpp_python` is one.
+`like_llama_cpp_python` is one. `window` (tests only): the context window GET /props announces, as
+llama.cpp's server does; without it, /props and every path but chat completions are 404.
 
 Run it by hand: python tests/scripted_server.py replies.json [port]
 """
@@ -80,9 +81,10 @@ class ScriptedServer:
     """Serves canned replies in order; `requests` holds what each request carried."""
 
     def __init__(self, replies: List[Canned], port: int = 0,
-                 screen: Optional[Callable[[Any], Optional[Canned]]] = None):
+                 screen: Optional[Callable[[Any], Optional[Canned]]] = None, window: Optional[int] = None):
         self.replies = list(replies)
         self.screen = screen
+        self.window = window  # the context window GET /props announces, as llama.cpp's server does
         self.played = 0  # scripted replies used up
         self.requests: List[dict] = []
         self.connections = 0
@@ -103,9 +105,18 @@ class ScriptedServer:
             def log_message(self, *args):
                 pass
 
+            def do_GET(self):  # /props, as llama.cpp's server says its window; anything else is not here
+                if self.path == "/props" and server.window:
+                    server._send(self, 200, {"default_generation_settings": {"n_ctx": server.window}})
+                else:
+                    server._send(self, 404, {"error": {"message": "not found"}})
+
             def do_POST(self):
                 length = int(self.headers.get("Content-Length") or 0)
                 raw = self.rfile.read(length)
+                if not self.path.split("?")[0].endswith("/chat/completions"):  # /api/show, say: not this server
+                    server._send(self, 404, {"error": {"message": "not found"}})
+                    return
                 with server._lock:
                     try:
                         body = json.loads(raw)
@@ -123,6 +134,15 @@ class ScriptedServer:
         self.httpd = _QuietServer(("127.0.0.1", port), Handler)
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
         self._thread = threading.Thread(target=self.httpd.serve_forever, args=(0.005,), daemon=True)  # stops within 5 ms
+
+    @staticmethod
+    def _send(handler: BaseHTTPRequestHandler, status: int, body: Any) -> None:
+        data = json.dumps(body).encode("utf-8")
+        handler.send_response(status)
+        handler.send_header("Content-Type", "application/json")
+        handler.send_header("Content-Length", str(len(data)))
+        handler.end_headers()
+        handler.wfile.write(data)
 
     def _answer(self, handler: BaseHTTPRequestHandler, canned: Canned, wants_stream: bool = False) -> None:
         spec = {"content": canned} if isinstance(canned, str) else dict(canned)

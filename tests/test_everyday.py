@@ -51,14 +51,14 @@ def piped(monkeypatch, tmp_path, text):
     monkeypatch.setattr(sys, "stdin", open(path, encoding="utf-8"))
 
 
-@pytest.mark.parametrize("lines", [500, 30_000], ids=["10 KB", "1 MB"])
+@pytest.mark.parametrize("lines", [1_100, 30_000], ids=["22 KB", "1 MB"])
 def test_piped_material_of_any_size_is_read_a_page_at_a_time_within_the_budget(serve, monkeypatch, tmp_path,
                                                                                 capsys, lines):
     material = "".join(f"log line number {n}\n" for n in range(1, lines + 1))
     piped(monkeypatch, tmp_path, material)
     server = serve([act("read_material", offset=3000), act("read_material", offset=len(material) - 100),
                     act("finish", result="summarized")])
-    assert main(["--quiet", "summarize this"]) == 0
+    assert main(["--quiet", "--max-context", "24000", "summarize this"]) == 0
     assert capsys.readouterr().out == "summarized\n"
     task = server.sent_messages(0)[1]["content"]
     assert f"It is {len(material):,} characters ({lines + 1:,} lines)" in task and "read_material" in task
@@ -75,7 +75,7 @@ def test_a_resumed_run_reads_its_material_as_before(serve, monkeypatch, tmp_path
     piped(monkeypatch, tmp_path, material)
     trace = tmp_path / "t.jsonl"
     serve([act("calculator", expression="1 + 1")])
-    assert main(["--quiet", "--max-rounds", "1", "--trace", str(trace), "count the x"]) == 1
+    assert main(["--quiet", "--max-context", "24000", "--max-rounds", "1", "--trace", str(trace), "count the x"]) == 1
     server = serve([act("read_material", offset=49_990), act("finish", result="done")])
     assert main(["--quiet", "--resume", str(trace), "--max-rounds", "3"]) == 0
     page = json.loads(server.sent_messages(1)[-1]["content"].splitlines()[1])["result"]["data"]

@@ -21,7 +21,7 @@ def sums(count, think=""):
 
 
 def play(model, registry=REGISTRY, log=None, **settings):
-    return run("keep adding", Settings(**{"max_rounds": 50, **settings}), model, registry=registry, log=log)
+    return run("keep adding", Settings(**{"max_rounds": 50, "max_context": 24_000, **settings}), model, registry=registry, log=log)
 
 
 # --- token budget ---------------------------------------------------------------------
@@ -120,7 +120,7 @@ def test_a_200_round_run_with_long_think_blocks_stays_under_budget_and_loses_no_
 
 
 def test_a_budget_too_small_for_the_task_is_a_configuration_error():
-    outcome = run("x" * 20_000, Settings(), ScriptedModel(act("finish", result=1)))
+    outcome = run("x" * 20_000, Settings(max_context=24_000), ScriptedModel(act("finish", result=1)))
     assert (outcome.status, outcome.exit_code) == ("error", 2)
     assert "--max-context 24000 is too small" in outcome.error
 

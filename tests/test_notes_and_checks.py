@@ -77,7 +77,7 @@ def test_notes_past_their_limit_drop_the_oldest_which_recall_still_reaches(tmp_p
     replies += [prose + act("calculator", expression=f"{n} + 1") for n in range(20)]
     replies += [act("recall", first_round=1), act("finish", result="done")]
     model = ScriptedModel(*replies)
-    assert run("keep adding", Settings(max_rounds=30), model).status == "finished"
+    assert run("keep adding", Settings(max_rounds=30, max_context=24_000), model).status == "finished"
     told = model.messages(3)[-1]["content"]
     assert "notes are full" in told and "round 1" in told and "recall" in told
     task_message = model.messages(-1)[1]["content"]
