@@ -5,12 +5,20 @@ import subprocess
 import sys
 import time
 
+import hypothesis
 import pytest
 
 # The project is three top-level modules and one package; importable without installing.
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# The test modules, rewritten for pytest's assertion messages, are kept compiled from one run to the
+# next, as the project's modules are by the child processes (some shells set PYTHONDONTWRITEBYTECODE).
+sys.dont_write_bytecode = False
 
 from scripted_server import ScriptedServer  # noqa: E402
+
+# Property tests: 40 cases each in a run (hypothesis keeps the ones that failed and tries them first).
+hypothesis.settings.register_profile("agent-demo", max_examples=40, deadline=None)
+hypothesis.settings.load_profile("agent-demo")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 KEY = "sk-live-DO-NOT-LEAK-0123456789"

@@ -132,9 +132,10 @@ def test_material_is_what_the_task_is_about(serve):
 
 def test_importing_it_loads_neither_mcp_nor_the_terminal_nor_the_run_store():
     code = ("import sys, agent_demo; print(sorted(m for m in sys.modules if m.startswith(('mcp', 'requests'))"
-            " or m in ('agent_demo_kit.terminal', 'agent_demo_kit.run_store', 'agent_demo_kit.cli')))")
+            " or m in ('agent_demo_kit.terminal', 'agent_demo_kit.run_store', 'agent_demo_kit.cli')));"
+            " import agent_demo_kit.mcp_client; print('mcp' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True).stdout
-    assert out == "[]\n"
+    assert out == "[]\nFalse\n", "nor the MCP SDK when its module is imported, until a server is named"
 
 
 def test_a_script_outside_the_checkout_runs_a_task_with_its_own_tool(tmp_path):
