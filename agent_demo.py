@@ -9,8 +9,9 @@ same agent. Which module owns what: README, "Layout".
 import contextlib
 import json
 import os
+import shlex
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
@@ -23,10 +24,11 @@ from agent_demo_kit.records import (BudgetSpent, Call, CallerError, CheckFailed,
                                     Interrupted, Reply, RoundLimit, Round, RunEnded, RunEvents, RunResult, SigTerm,
                                     Stuck, Terminated, add_usage, answer_text, count_usage, failure, impossible_counts,
                                     json_size, success, to_json, total_usage)
-from agent_demo_kit.settings import (CHECK_OUTPUT_LINES, CHECK_OUTPUT_SHOWN, LAST_WORDS_CHARS, LAST_WORDS_LINES,
+from agent_demo_kit.settings import (OBEYED_ONLY_WHEN_GIVEN, CHECK_OUTPUT_LINES, CHECK_OUTPUT_SHOWN, LAST_WORDS_CHARS, LAST_WORDS_LINES,
                                      MATERIAL_SHOWN_CHARS, PAGE_MARGIN_CHARS, VALUE_SHOWN_CHARS,
                                      Settings, display_url, keyword_name, load_settings, read_environment,
-                                     recorded_settings, secrets_of)
+                                     check_endpoint_settings, flag_name, recorded_differences, recorded_settings,
+                                     secrets_of)
 from tools import (CONTROL_ACTIONS, FINISH, NOTE, RECALL, REGISTRY, Tool, ToolDefinitionError, call_tool,
                    check_args, clash_message, describe, in_use, material_reader)
 from prompts import ENDINGS  # may only come last in a reply
@@ -483,12 +485,13 @@ def prepare(task: str = "", *, given: Dict[str, Any], environment: Dict[str, str
             named: Callable[[str], str] = keyword_name, functions: Sequence[Callable] = (), material: str = "",
             trace: Union[str, "os.PathLike[str]", bool, None] = None, resume: Optional[str] = None,
             follow_up: Optional[str] = None, screen: Any = None, redactor: Any = None,
-            approver: Optional[Approver] = None) -> Job:
+            approver: Optional[Approver] = None, confirm: Optional[Callable[[str], bool]] = None) -> Job:
     """A run made ready from what a caller gave: settings by name (`given`, named for messages by
     `named`), tool functions, the task and its material, where to record it (a path, True for the
     run log folder, None), or the trace of a run to take up again (`resume`, with the user's
-    `follow_up` for --continue); the screen that shows it and the redactor every output goes
-    through. ConfigError if it cannot start; what it opened is closed then."""
+    `follow_up` for --continue); the screen that shows it, the redactor every output goes through,
+    and who confirms using what only the trace names (`confirm`, a y/N question; None: nobody can).
+    ConfigError if it cannot start; what it opened is closed then."""
     from agent_demo_kit import run_store
     from agent_demo_kit.client import ModelClient, RequestForm
     from agent_demo_kit.terminal import Redactor
@@ -507,9 +510,12 @@ def prepare(task: str = "", *, given: Dict[str, Any], environment: Dict[str, str
                     (given.get("url"), environment.get("LLM_API_URL"), environment.get("OPENAI_BASE_URL"))):
                 raise ConfigError("the run's URL held a password, which is not recorded: give it again with --url"
                                   " or LLM_API_URL")
-            settings = load_settings(given, environment, own_settings(start, follow_up is not None), named)
+            settings = load_settings(given, environment, own_settings(start, follow_up is not None), named,
+                                     check_endpoint=False)
             log.say(f"{'following up on' if follow_up is not None else 'resuming'} {resume}\n  requests go to"
                     f" {display_url(settings.endpoint)}\n  tools files: {', '.join(settings.tools_files) or 'none'}")
+            settings = settle_differences(settings, start, confirm, log)
+            check_endpoint_settings(settings)
             task = start["task"]
         else:
             settings = load_settings(given, environment, named=named)
@@ -551,9 +557,32 @@ def prepare(task: str = "", *, given: Dict[str, Any], environment: Dict[str, str
 
 
 def own_settings(start: dict, continuing: bool) -> dict:
-    """The recorded settings a run takes up again: all of them, but a follow-up's limits are its own."""
-    return {name: value for name, value in start.items()
-            if not (continuing and name in ("max_rounds", "max_tokens"))}
+    """The recorded settings a run takes up again: all but what starts a process, loads a file or
+    chooses where requests go (asked about apart), and a follow-up's limits, which are its own."""
+    return {name: value for name, value in start.items() if name not in OBEYED_ONLY_WHEN_GIVEN
+            and not (continuing and name in ("max_rounds", "max_tokens"))}
+
+
+def settle_differences(settings: Settings, start: dict, confirm: Optional[Callable[[str], bool]], log: Any) -> Settings:
+    """The settings a resumed run goes on with. What the trace recorded that starts a process, loads a
+    file or chooses where requests go is used only when this command line gives the same, or the user
+    says so on the terminal (default no); with nobody to ask, ConfigError naming the flags to give."""
+    differ = recorded_differences(start, settings)
+    if not differ:
+        return settings
+    flags = " ".join(f"{flag_name(name)} {shlex.quote(value)}" for name, values in differ.items()
+                     for value in (values if isinstance(values, list) else [values]))
+    if confirm is None:
+        raise ConfigError(f"the run was recorded with {flags}, which is not given now: a trace decides no such"
+                          " thing on its own; give them again to use them, or others")
+    log.say(f"  the trace also names {flags}")
+    if not confirm(f"use {flags} as the trace names them? [y/N] "):
+        log.say("  not used: the run goes on with this command line's")
+        return settings
+    sources = {**settings.sources, **dict.fromkeys(differ, "the resumed run")}
+    return replace(settings, **{name: os.path.abspath(value) if name == "mcp_config" else
+                                [os.path.abspath(path) for path in value] if name == "tools_files" else value
+                                for name, value in differ.items()}, sources=sources)
 
 
 def tool_registry(settings: Settings, functions: Sequence[Callable], secrets: List[str],

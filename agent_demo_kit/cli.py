@@ -24,7 +24,7 @@ from agent_demo_kit.settings import (MODES, Environment, Settings, check_endpoin
                                      load_settings, read_environment, secrets_of, setting_fields, shown_default,
                                      user_config_file, whole_number)
 from agent_demo_kit.terminal import (Redactor, SafeStream, Screen, is_terminal, protected, stray_prints_to_stderr,
-                                     terminal_approver)
+                                     terminal_approver, terminal_confirm)
 from tools import REGISTRY
 
 HELP_START = """Run a task with a tool-calling LLM agent loop over any OpenAI-compatible endpoint.
@@ -271,7 +271,7 @@ def prepare_job(args: argparse.Namespace, environment: Dict[str, str], redactor:
     return prepare(args.task, given=given, environment=environment, named=flag_name, material=args.material,
                    trace=args.trace or (None if args.no_log else True), resume=resume, follow_up=follow_up,
                    screen=screen(args, environment, redactor), redactor=redactor,
-                   approver=terminal_approver(redactor))
+                   approver=terminal_approver(redactor), confirm=terminal_confirm(redactor))
 
 
 def given_settings(args: argparse.Namespace) -> Dict[str, Any]:
@@ -377,6 +377,11 @@ def continue_hint(outcome: RunResult, agent: Optional[Agent], args: argparse.Nam
         command += f" -m {shlex.quote(settings.model)}"
     if settings and args.url and not url_wrong and "***" not in display_url(settings.url):
         command += f" --url {shlex.quote(settings.url)}"
+    for name in ("tools_files", "mcp_servers", "mcp_config", "check"):  # a trace names them, never decides them
+        values = getattr(settings, name) if settings else None
+        if values and settings.sources.get(name, "").startswith("-"):
+            command += "".join(f" {flag_name(name)} {shlex.quote(value)}"
+                               for value in (values if isinstance(values, list) else [values]))
     if args.yes:  # never assumed on resume: said again, in the open
         command += " --yes"
     if agent and outcome.status == "budget" and agent.token_limit:

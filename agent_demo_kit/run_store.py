@@ -259,6 +259,13 @@ class RunLog(RunEvents):
                 pass  # a full disk refuses the last flush too; the file is closed all the same
 
 
+# What a resume or a follow-up record may change for the resume after it: the run's limits (a follow-up
+# has its own), the request's form, the tools it narrowed to, the material it reads, the MCP servers it
+# saw (to say what changed). Never what starts a process, loads a file or chooses where requests go.
+LATER_RECORDS_KEEP = {"max_rounds", "max_tokens", "mode", "schema_variant", "reply_cap_field", "stream", "tools",
+                      "material", "material_shown", "mcp"}
+
+
 @dataclass
 class RecordedRun:
     """The last run in a trace file, as a resume takes it up."""
@@ -320,13 +327,12 @@ def load_trace(data: bytes, name: str, ended_too: bool = False) -> RecordedRun:
             if not isinstance(text, str) or not isinstance(after_round, int) or not 1 <= after_round <= len(rounds):
                 raise damaged("a follow-up this version cannot read")
             rounds[after_round - 1].add_follow_up(text)
-            start.update({key: value for key, value in record.items()
-                          if key not in ("event", "ts", "after_round", "text")})
+            start.update({key: value for key, value in record.items() if key in LATER_RECORDS_KEEP})
             status = None
         elif event == "end":
             status = record.get("status")
         elif event == "resume":  # what a later resume or a fallback set holds for the next resume too
-            start.update({key: value for key, value in record.items() if key not in ("event", "ts", "after_round")})
+            start.update({key: value for key, value in record.items() if key in LATER_RECORDS_KEEP})
         elif event == "setting" and record.get("name") in ("reply_cap_field", "stream"):
             start[record["name"]] = record.get("value")
         elif event == "fallback":

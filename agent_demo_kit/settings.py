@@ -177,6 +177,11 @@ class Settings:
         return flag_name(name) if source in ("default", "the resumed run") else source
 
 
+# What a trace never restores on its own, since it starts a process, loads a file or chooses where
+# requests (and the key) go: a resume takes them from its command line, or asks.
+OBEYED_ONLY_WHEN_GIVEN = ("url", "check", "tools_files", "mcp_servers", "mcp_config")
+
+
 def setting_fields() -> List[Any]:
     """The settings a caller may give, in order (not `sources`)."""
     return [item for item in fields(Settings) if item.name != "sources"]
@@ -260,14 +265,6 @@ def _owner(uid: int) -> str:
         return f"uid {uid}"
 
 
-def _me() -> str:
-    try:
-        import pwd
-        return pwd.getpwuid(os.getuid()).pw_name
-    except (ImportError, KeyError):
-        return str(os.getuid())
-
-
 def resolve(path: str, what: str) -> str:
     """The path with every symlink on the way followed, each one checked to be the user's or root's."""
     if not _CHECKED:
@@ -289,7 +286,7 @@ def resolve(path: str, what: str) -> str:
             continue
         if not _trusted(info.st_uid):
             raise ConfigError(f"{what} {path} is reached through {candidate}, a symlink owned by"
-                              f" {_owner(info.st_uid)}, not by you: chown -h {_me()} {candidate}, or remove it")
+                              f" {_owner(info.st_uid)}, not by you: use a path of your own")
         hops += 1
         if hops > _MAX_LINKS:
             raise ConfigError(f"{what} {path}: too many levels of symlinks")
@@ -306,8 +303,8 @@ def check(info: os.stat_result, path: str, what: str) -> None:
     if not _CHECKED or not (stat.S_ISDIR(info.st_mode) or stat.S_ISREG(info.st_mode)):
         return
     if not _trusted(info.st_uid):
-        raise ConfigError(f"{what} {path} belongs to {_owner(info.st_uid)}, not to you:"
-                          f" chown {_me()} {path}, or use another one")
+        raise ConfigError(f"{what} {path} belongs to {_owner(info.st_uid)}, not to you: use one of your own"
+                          " (taking it over would make someone else's file yours to obey)")
     if info.st_mode & 0o022:
         private = "700" if stat.S_ISDIR(info.st_mode) else "600"
         raise ConfigError(f"{what} {path} is writable by {'others' if info.st_mode & 0o002 else 'its group'}"
@@ -491,6 +488,29 @@ def _restorable(item: Any, value: Any) -> bool:
     if isinstance(default, bool):
         return False  # approve is or-ed in, never taken as it stands
     return isinstance(value, str) and value != "" and "***" not in value
+
+
+def recorded_differences(recorded: dict, settings: Settings) -> Dict[str, Any]:
+    """The settings in OBEYED_ONLY_WHEN_GIVEN that a trace recorded, where these settings give none of
+    their own (a flag or a variable given wins, and nothing is asked), as recorded: what a resume
+    would start, load or send the key to, if the user agreed."""
+    fields_by_name = {item.name: item for item in setting_fields()}
+    differ = {}
+    for name in OBEYED_ONLY_WHEN_GIVEN:
+        value, now = recorded.get(name), getattr(settings, name)
+        if value in (None, "", []) or not _restorable(fields_by_name[name], value) \
+                or settings.sources.get(name) != "default":
+            continue
+        if name == "url":
+            same = display_url(chat_completions_url(value)) == display_url(settings.endpoint)
+        elif name in ("tools_files", "mcp_config"):
+            same = (sorted(map(os.path.abspath, value)) == sorted(now) if name == "tools_files"
+                    else os.path.abspath(value) == now)
+        else:
+            same = value == now
+        if not same:
+            differ[name] = value
+    return differ
 
 
 def recorded_settings(settings: Settings) -> dict:

@@ -507,6 +507,12 @@ class Status(Working):
 CONTROLLING_TERMINAL = "/dev/tty"
 
 
+def terminal_confirm(redactor: Redactor) -> Optional[Callable[[str], bool]]:
+    """A y/N question asked on the controlling terminal (default no); None when the process has none."""
+    approver = terminal_approver(redactor)
+    return None if approver is None else lambda question: approver.ask(question) in ("y", "yes")
+
+
 def terminal_approver(redactor: Redactor) -> Optional["TerminalApprover"]:
     """The approval question, asked on the controlling terminal whatever stdin is (as sudo and git
     ask for a password); None when the process has no terminal."""

@@ -204,7 +204,8 @@ def signal_once(signum, when, within=20.0):
 QUESTION = b"? [y/N/a] "
 
 
-def answer_on_a_terminal(argv, env, cwd, answers=(b"y\n",), stdin=None, type_ahead=b"", trace_on_terminal=False):
+def answer_on_a_terminal(argv, env, cwd, answers=(b"y\n",), stdin=None, type_ahead=b"", trace_on_terminal=False,
+                         question=QUESTION):
     """Run the CLI with a pseudo terminal as its controlling terminal (and its stdin, unless `stdin`
     bytes are piped in; its stderr too if trace_on_terminal), type `type_ahead` at once, and give
     each approval question the next of `answers`; return (what the terminal showed, stdout, stderr,
@@ -232,7 +233,7 @@ def answer_on_a_terminal(argv, env, cwd, answers=(b"y\n",), stdin=None, type_ahe
                 break
             continue
         shown += os.read(controller, 65536)
-        if given < min(len(answers), shown.count(QUESTION)):
+        if given < min(len(answers), shown.count(question)):
             os.write(controller, answers[given])
             given += 1
     if process.poll() is None:  # still waiting after 30 s (on a question nobody answers): the test fails

@@ -404,11 +404,18 @@ def test_a_key_cut_short_by_a_message_limit_is_still_redacted(serve, tmp_path, c
     assert LONG_KEY[:20] not in out + err + trace.read_text() and "[redacted]" in err
 
 
-def test_a_run_started_with_url_resumes_against_it_with_nothing_in_the_environment(serve, monkeypatch, capsys):
+def test_a_run_started_with_url_says_so_and_resumes_against_it_once_it_is_given_again(serve, monkeypatch, capsys):
     server = serve([act("calculator", expression="1 + 1"), act("finish", result="2")], key=None)
     monkeypatch.delenv("LLM_API_URL")
     assert main(["--url", server.url, "--max-rounds", "1", "--quiet", "x"]) == 1
-    assert main(["--resume", "--max-rounds", "2", "--quiet"]) == 0
+    hint = capsys.readouterr().err.split("agent-demo: to continue: ", 1)[1].strip()
+    assert hint.endswith(f" --url {server.url}"), "the hint gives the URL again"
+    assert main(["--resume", "--max-rounds", "2", "--quiet"]) == 2, "the trace alone does not choose where the key goes"
+    assert said_lines(capsys.readouterr().err) == [
+        f"agent-demo: error: the run was recorded with --url {server.url}/chat/completions, which is not given now:"
+        " a trace decides"
+        " no such thing on its own; give them again to use them, or others"]
+    assert main(["--resume", "--url", server.url, "--max-rounds", "2", "--quiet"]) == 0
     assert capsys.readouterr().out == "2\n" and len(server.requests) == 2
 
 

@@ -324,7 +324,7 @@ def test_resume_reloads_the_same_tools_files(serve, tmp_path, capsys):
     trace = tmp_path / "t.jsonl"
     server = serve([act("shout", text="a"), act("shout", text="b"), FINISH])
     assert main(["--tools-file", path, "--trace", str(trace), "--max-rounds", "1", "--quiet", "x"]) == 1
-    assert main(["--resume", str(trace), "--max-rounds", "3", "--quiet"]) == 0
+    assert main(["--resume", str(trace), "--tools-file", path, "--max-rounds", "3", "--quiet"]) == 0
     assert '"data": "B"' in server.sent_messages(2)[-1]["content"]
 
 

@@ -394,7 +394,8 @@ def test_resume_starts_the_same_servers(serve, capsys, tmp_path):
     assert main(["--mcp", f"{sys.executable} {BARE}", "--yes", "--max-rounds", "1", "--trace", str(trace), "x"]) == 1
     assert json.loads(trace.read_text().splitlines()[0])["mcp"][0]["name"] == "bare"
     server = serve([act("echo", text="two"), act("finish", result="done")])
-    assert main(["--resume", str(trace), "--yes", "--max-rounds", "3", "--quiet"]) == 0
+    assert main(["--resume", str(trace), "--mcp", f"{sys.executable} {BARE}", "--yes", "--max-rounds", "3",
+                 "--quiet"]) == 0
     assert "two" in json.dumps(server.requests[1]["body"]["messages"][-1])
 
 

@@ -154,7 +154,7 @@ def test_resume_keeps_the_check_and_the_attempts_used(serve, tmp_path, capsys):
     assert main(["--check", "grep -q 1536", "--check-attempts", "3", "--max-rounds", "2", "--trace", str(trace),
                  "--quiet", "compute"]) == 1
     server = serve([act("finish", result="3")], key=None)
-    assert main(["--resume", str(trace), "--max-rounds", "5", "--json"]) == 1
+    assert main(["--resume", str(trace), "--check", "grep -q 1536", "--max-rounds", "5", "--json"]) == 1
     printed = json.loads(capsys.readouterr().out)
     assert (printed["status"], printed["rounds"]) == ("failed", 3), "the third rejection: 2 were used before"
     assert len(server.requests) == 1

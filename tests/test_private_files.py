@@ -58,7 +58,8 @@ def test_a_trace_file_of_another_user_is_refused(tmp_path, monkeypatch, capsys, 
             assert main(resume) == 2
             [line] = said_lines(capsys.readouterr().err)
             assert line.startswith(f"agent-demo: error: the trace file {planted} belongs to ")
-            assert line.endswith(f"(uid {NOBODY}), not to you: chown root {planted}, or use another one")
+            assert line.endswith(f"(uid {NOBODY}), not to you: use one of your own (taking it over would make"
+                                 " someone else's file yours to obey)")
         assert main(["--trace", str(planted), "--quiet", "hi"]) == 2, "appending to it is refused too"
     assert theirs.requests == [] and not (tmp_path / "imported").exists()
 
@@ -106,7 +107,7 @@ def test_a_run_log_folder_reached_through_another_users_symlink_is_refused(tmp_p
         assert server.requests == []
     assert said_lines(capsys.readouterr().err) == [
         f"agent-demo: error: the run log folder {folder} is reached through {link}, a symlink owned by"
-        f" nobody (uid {NOBODY}), not by you: chown -h root {link}, or remove it"]
+        f" nobody (uid {NOBODY}), not by you: use a path of your own"]
     assert list(target.iterdir()) == []
     os.lchown(link, 0, 0)  # the user's own symlink is followed
     with ScriptedServer([act("finish", result="ok")]) as server:
@@ -142,7 +143,7 @@ def test_resume_shows_where_requests_go_and_which_tools_files_it_imports(serve, 
     trace = tmp_path / "run.jsonl"
     server = serve([act("shout", text="a"), act("finish", result="A")])
     assert main(["--tools-file", str(tools_file), "--trace", str(trace), "--max-rounds", "1", "--quiet", "x"]) == 1
-    assert main(["--resume", str(trace), "--max-rounds", "2"]) == 0
+    assert main(["--resume", str(trace), "--tools-file", str(tools_file), "--max-rounds", "2"]) == 0
     err = capsys.readouterr().err
     assert f"resuming {trace}\n  requests go to {server.url}/chat/completions\n  tools files: {tools_file}\n" in err
 

@@ -341,7 +341,8 @@ def test_two_resumes_at_once_run_the_rounds_once(serve, tmp_path, capsys):
     serve([act("shout", text="a"), act("shout", text="b"), act("finish", result="B"), act("finish", result="B")],
           key=None)
     assert main(["--tools-file", str(tools_file), "--trace", str(trace), "--max-rounds", "1", "--quiet", "x"]) == 1
-    both = [start_cli("--resume", trace, "--max-rounds", "5", "--quiet") for _ in range(2)]  # at once
+    both = [start_cli("--resume", trace, "--tools-file", tools_file, "--max-rounds", "5", "--quiet")
+            for _ in range(2)]  # at once
     for process in both:
         process.communicate(timeout=60)
     assert sorted(process.returncode for process in both) == [0, 2]
@@ -398,7 +399,7 @@ def test_kill_9_right_after_a_side_effect_then_resume_never_repeats_it_unannounc
                        env=env)[0]
         runs = 1
         while code == -signal.SIGKILL and runs <= len(killed):
-            code, out, err = run_cli("--resume", trace, "--yes", "--quiet", env=env)
+            code, out, err = run_cli("--resume", trace, "--tools-file", tools_file, "--yes", "--quiet", env=env)
             runs += 1
     assert (code, runs) == (0, 1 + len(killed))
     assert (tmp_path / "effects.txt").read_text().split() == ["1", "2", "3"]
@@ -417,7 +418,8 @@ def test_under_approve_the_user_decides_whether_a_call_that_may_have_run_runs_ag
         env = {**child_environment(), "LLM_API_URL": server.url, "KILL_AFTER": "1"}
         code = run_cli("--tools-file", tools_file, "--trace", trace, "--yes", "--quiet", "go", env=env)[0]
         assert code == -signal.SIGKILL
-        shown, out, err, code = answer_on_a_terminal(["--resume", str(trace), "--approve", "--quiet"], env, tmp_path)
+        shown, out, err, code = answer_on_a_terminal(["--resume", str(trace), "--tools-file", str(tools_file),
+                                                      "--approve", "--quiet"], env, tmp_path)
     assert b'approve append_line {"n": 1} again (it may have run before the run was cut short)? [y/N/a]' in shown
     assert code == 0
     assert (tmp_path / "effects.txt").read_text().split() == ["1", "1"], "the user said yes"
