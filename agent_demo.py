@@ -268,13 +268,15 @@ class Agent:
         with self.trace.working(f"check running ({prompts.clip(settings.check, VALUE_SHOWN_CHARS)})"):
             check = run_check(self.check, settings.check, answer_text(answer), self.conversation.task,
                               settings.tool_timeout, settings.named("check"))
+        check = self.trace.redact_values(check)  # it may print the environment: the key goes no further
         call = Call(action.tool, action.args, success(answer), check=check)
         if check["exit_code"] == 0:
             raise Finished(result=answer).by(call)
         left = settings.check_attempts - len(self.rejected_answers()) - 1
         call.result = failure(prompts.render_check_rejection(check, left, settings.tool_timeout))
         if left <= 0:
-            raise CheckFailed(f"the check rejected {len(self.rejected_answers()) + 1} answers",
+            rejected = len(self.rejected_answers()) + 1
+            raise CheckFailed(f"the check rejected {rejected} answer{'s' if rejected > 1 else ''}",
                               result=check["output"]).by(call)
         return call
 
@@ -324,8 +326,9 @@ class Agent:
         """The outcome, recorded as the run's last event. It is data a caller keeps: no key in it
         (an endpoint's error may quote it, a model may repeat it)."""
         rounds, redact = self.conversation.rounds, self.trace.redact_values
-        last_words = "" if isinstance(ending, (Finished, GaveUp)) else next(
-            (said for said in (said_besides_actions(record.model_output) for record in reversed(rounds)) if said), "")
+        last_words = "" if isinstance(ending, (Finished, GaveUp)) else few_lines(next(
+            (said for said in (said_besides_actions(record.model_output) for record in reversed(rounds)) if said), ""),
+            LAST_WORDS_LINES, LAST_WORDS_CHARS)
         ending.args, ending.result = tuple(redact(list(ending.args))), redact(ending.result)
         outcome = RunResult(ending, rounds=len(rounds), usage=self.usage,
                             calls=redact([{"round": record.number, "tool": call.tool, "args": call.args,
@@ -364,15 +367,21 @@ class Agent:
                     "the check said:", *(indented(ending.result, CHECK_OUTPUT_LINES, CHECK_OUTPUT_SHOWN)
                                          or ["  (nothing)"])]
         if last_words:
-            return ["the model last said:", *indented(last_words, LAST_WORDS_LINES, LAST_WORDS_CHARS)]
+            return ["the model last said:", *(f"  {line}" for line in last_words.splitlines())]
         return []
 
 
 def indented(text: str, lines: int, chars: int) -> List[str]:
-    """text cut to at most `chars` characters and `lines` lines, each indented, for the lines after an outcome."""
-    kept = prompts.clip(text.strip(), chars).splitlines()
-    return [f"  {line}" for line in kept[:lines]] + ([f"  ... ({len(kept) - lines} more lines)"]
-                                                    if len(kept) > lines else [])
+    """text's first `lines` lines, `chars` characters in all, each indented, for the lines after an outcome."""
+    kept = few_lines(text, lines, chars).splitlines()
+    return [f"  {line}" for line in kept]
+
+
+def few_lines(text: str, lines: int, chars: int) -> str:
+    """text's first `lines` lines, cut to `chars` characters in all, and how many lines were left out."""
+    every = text.strip().splitlines()
+    kept = prompts.clip("\n".join(every[:lines]), chars)
+    return kept + (f"\n... ({len(every) - lines} more lines)" if len(every) > lines else "")
 
 
 # --- the watchdog -----------------------------------------------------------------------
@@ -549,7 +558,8 @@ def prepare(task: str = "", *, given: Dict[str, Any], environment: Dict[str, str
         if piped is not None:  # paged: the outcome says how much of it the model read
             agent.material = (piped, start_fields.get("material_shown", (start or {}).get("material_shown", 0)))
         if resume is not None and recorded.status == "max_rounds" and given.get("max_rounds") is None:
-            agent.round_limit = len(history) + settings.max_rounds  # a bare --resume: another --max-rounds
+            more = recorded.first_limit or settings.max_rounds  # the run's own --max-rounds, not the total so far
+            agent.round_limit = len(history) + more  # a bare --resume: another --max-rounds of rounds
         return Job(agent, task, history, unfinished, follow_up, closing)
     except BaseException:
         closing.close()

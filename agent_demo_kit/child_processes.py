@@ -112,7 +112,8 @@ class ToolWorker:
         with theirs:
             self.process = subprocess.Popen(
                 [sys.executable, "-c", _BOOT, _ROOT, str(theirs.fileno())], pass_fds=[theirs.fileno()],
-                start_new_session=True, stdin=subprocess.DEVNULL, stdout=2 if _is_open(2) else subprocess.DEVNULL)
+                start_new_session=True, stdin=subprocess.DEVNULL, stdout=2 if _is_open(2) else subprocess.DEVNULL,
+                env=without_secrets(os.environ, self.secrets))
         self.connection = Connection(ours.detach())
         self.connection.send((sys.path, self.secrets))
         paths, self.paths = self.paths, []
@@ -137,6 +138,15 @@ class ToolWorker:
         with contextlib.suppress(OSError):  # ...and whatever it started ends with its group
             os.killpg(process.pid, signal.SIGKILL)
         process.wait()
+
+
+def without_secrets(environment: Any, secrets: Iterable[str] = ()) -> Dict[str, str]:
+    """The environment a child process of the user's (the check, the tools worker) gets: without the
+    key, in whatever variable it stands (LLM_API_KEY, OPENAI_API_KEY, or one holding its value)."""
+    keys = [value for value in (environment.get("LLM_API_KEY"), environment.get("OPENAI_API_KEY"), *secrets)
+            if value and value.strip()]
+    return {name: value for name, value in environment.items() if name not in ("LLM_API_KEY", "OPENAI_API_KEY")
+            and not any(key.strip() in value for key in keys)}
 
 
 def _is_open(fd: int) -> bool:
@@ -289,7 +299,7 @@ def check_command(command: str, named: str = "--check") -> List[str]:
 def run_check(argv: List[str], command: str, answer: str, task: str, timeout: float, named: str = "--check") -> dict:
     """Run the check on one answer: {"command", "exit_code", "output", "ms"}; exit_code is None when it
     did not finish within `timeout` seconds (it is then stopped, with whatever it started)."""
-    environment = {**os.environ, "AGENT_ANSWER": _variable(answer), "AGENT_TASK": _variable(task)}
+    environment = {**without_secrets(os.environ), "AGENT_ANSWER": _variable(answer), "AGENT_TASK": _variable(task)}
     started = time.monotonic()
     try:  # its own process group, so a timeout or Ctrl-C stops what it started too
         process = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,

@@ -274,6 +274,7 @@ class RecordedRun:
     rounds: List[Round]  # its completed rounds
     unfinished: List[Call]  # side-effecting calls started after them: their outcome is unknown
     status: Optional[str]  # how it last ended (None: it was cut short before its end record)
+    first_limit: Optional[int] = None  # the --max-rounds it started with: what a bare --resume adds
 
 
 def load_trace(data: bytes, name: str, ended_too: bool = False) -> RecordedRun:
@@ -344,7 +345,8 @@ def load_trace(data: bytes, name: str, ended_too: bool = False) -> RecordedRun:
     if status is not None and status not in RESUMABLE and not ended_too:
         raise ValueError(f"{name} holds a run that already ended with status {status!r};"
                          " only an unfinished run can be resumed")
-    return RecordedRun(start, rounds, started, status)
+    first = run[0][1].get("max_rounds")
+    return RecordedRun(start, rounds, started, status, first if isinstance(first, int) and first > 0 else None)
 
 
 def read_run(log: RunLog, path: str, continuing: bool) -> RecordedRun:

@@ -181,6 +181,9 @@ def test_a_run_cut_short_says_how_to_continue_and_resume_alone_picks_it_up(serve
     assert main(["--resume", "--quiet"]) == 0
     assert capsys.readouterr().out == "done\n"
     assert server.sent_messages(2)[1]["content"] == "Task: hi" and len(server.requests) == 3
+    [trace] = (Path(os.environ["XDG_STATE_HOME"]) / "agent-demo" / "runs").glob("*.jsonl")
+    limits = [json.loads(line)["max_rounds"] for line in trace.read_text().splitlines() if '"event": "resume"' in line]
+    assert limits == [2, 3], "each bare --resume adds the run's own --max-rounds, not the total so far"
 
 
 def test_resume_alone_with_nothing_unfinished_is_a_usage_error(serve, capsys):

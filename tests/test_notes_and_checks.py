@@ -14,7 +14,7 @@ from agent_demo_kit.settings import Settings
 from agent_demo_kit.run_store import RunLog
 from agent_demo_kit.terminal import Screen
 from benchmark import prefix_figures
-from conftest import said_lines, start_cli
+from conftest import KEY, said_lines, start_cli
 from scripted_model import ScriptedModel, run
 from scripted_server import action as act
 
@@ -175,3 +175,13 @@ def test_the_status_line_shows_a_running_check():
     assert run("x", settings, ScriptedModel(act("finish", result="1")), log=log).status == "finished"
     assert "check running (sleep 0.3)" in screen.getvalue()
     assert "check: sleep 0.3 -> exit 0" in screen.getvalue()
+
+
+def test_a_check_runs_without_the_key_and_its_output_reaches_the_model_without_it(serve, monkeypatch):
+    monkeypatch.setenv("SOME_TOKEN", KEY)
+    server = serve([act("finish", result="1"), act("finish", result="2")])
+    check = 'echo "env: ${LLM_API_KEY:-none} ${OPENAI_API_KEY:-none} ${SOME_TOKEN:-none}"; cat leaked.txt; exit 1'
+    open("leaked.txt", "w").write(f"found {KEY}\n")
+    assert main(["--check", check, "--check-attempts", "2", "--quiet", "x"]) == 1
+    told = json.dumps(server.requests[1]["body"])
+    assert KEY not in told and "env: none none none" in told and "found [redacted]" in told

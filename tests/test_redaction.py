@@ -168,14 +168,21 @@ def test_a_short_placeholder_key_never_breaks_the_json_output_or_the_trace(serve
 
 # --- what goes to the endpoint ---------------------------------------------------------------
 
-def test_a_key_a_tool_returns_is_not_sent_to_the_endpoint(serve, tmp_path, capsys):
+def test_a_tools_file_cannot_read_the_key_and_one_it_returns_is_not_sent_to_the_endpoint(serve, tmp_path, capsys,
+                                                                                         monkeypatch):
     tools_file = tmp_path / "env.py"
     tools_file.write_text('import os\n\n\ndef read_env(name: str) -> str:\n    """A variable."""\n'
-                          '    return "value: " + os.environ[name]\n')
-    server = serve([act("read_env", name="LLM_API_KEY"), act("finish", result="done")])
+                          '    return "value: " + os.environ.get(name, "(not set)")\n\n\n'
+                          'def read_file(path: str) -> str:\n    """A file."""\n    return open(path).read()\n')
+    (tmp_path / "leaked.txt").write_text(f"key={KEY}")
+    monkeypatch.setenv("SOME_TOKEN", KEY)  # the key in a variable of another name
+    server = serve([act("read_env", name="LLM_API_KEY"), act("read_env", name="SOME_TOKEN"),
+                    act("read_file", path=str(tmp_path / "leaked.txt")), act("finish", result="done")])
     assert main(["--quiet", "--tools-file", str(tools_file), "hi"]) == 0
-    sent = json.dumps(server.requests[1]["body"])
-    assert KEY not in sent and "value: [redacted]" in sent
+    sent = [json.dumps(request["body"]) for request in server.requests]
+    assert KEY not in "".join(sent)
+    assert "value: (not set)" in sent[1] and "value: (not set)" in sent[2], "the worker never had the key"
+    assert "key=[redacted]" in sent[3], "a key it found elsewhere goes no further"
 
 
 def test_piped_material_with_the_key_is_not_sent_to_the_endpoint(serve, cli):
