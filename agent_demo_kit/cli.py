@@ -18,7 +18,7 @@ from agent_demo import Agent, Job, prepare
 from agent_demo_kit import __version__, run_store
 from agent_demo_kit.actions import parse_actions
 from agent_demo_kit.conversation import truncate_result
-from agent_demo_kit.records import (Compaction, ConfigError, EndpointError, Finished, GaveUp, Interrupted, OutputClosed,
+from agent_demo_kit.records import (RUN_STATUSES, Compaction, ConfigError, EndpointError, Finished, GaveUp, Interrupted, OutputClosed,
                                     Reply, Round, RunResult, SigTerm, Terminated, ending_of, total_usage)
 from agent_demo_kit.settings import (MODES, Environment, Settings, check_endpoint_settings, display_url, flag_name,
                                      load_settings, read_environment, secrets_of, setting_fields, shown_default,
@@ -144,9 +144,8 @@ def build_parser() -> Parser:
                              " tokens, the task and its answer or why it ended) and exit; with --json, as JSON")
     parser.add_argument("-n", dest="count", type=flag_type(whole_number(1)), metavar="N",
                         help="--runs: the N most recent (default 20)")
-    parser.add_argument("--status", metavar="STATUS",
-                        help="--runs: only the runs that ended with STATUS (finished, failed, max_rounds, budget,"
-                             " stuck, error, interrupted, unfinished)")
+    parser.add_argument("--status", choices=RUN_STATUSES, metavar="STATUS",
+                        help=f"--runs: only the runs that ended with STATUS ({', '.join(RUN_STATUSES)})")
     parser.add_argument("--show", metavar="RUN", nargs="?", const="",
                         help="print the run RUN (named as for --resume; without RUN the most recent) as its live"
                              " trace showed it, and its answer; with --json, its summary")
@@ -172,6 +171,8 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
         words, args.continue_run = args.continue_run.strip(), ""  # --continue "follow-up" alone
     if args.continue_run is not None and args.resume is not None:
         parser.error("--continue and --resume cannot go together: a follow-up starts from where the run stands")
+    if (args.count is not None or args.status is not None) and not args.runs:
+        parser.error("-n and --status go with --runs")
     if args.resume is None and not args.runs and args.show is None and not args.config:
         if words == "-":
             if is_terminal(sys.stdin):
@@ -227,10 +228,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         redactor.add(*secrets_of(environment, args.url))
         if unreadable or args.runs or args.show is not None or args.config:
             try:
+                if args.config:  # what is wrong with a settings file is one of the things it shows
+                    return show_config(args, environment, answer, unreadable)
                 if unreadable:
                     return report(RunResult(unreadable), args, answer)
-                if args.config:
-                    return show_config(args, environment, answer)
                 return list_runs(args, environment, answer) if args.runs else show_run(args, environment, answer,
                                                                                          redactor)
             except OutputClosed:  # agent-demo --runs | head -1
@@ -339,10 +340,7 @@ def report(outcome: RunResult, args: argparse.Namespace, answer: SafeStream, age
         print(outcome.result, file=answer)
     elif outcome.status == "finished":
         answer.write_json(outcome.result, indent=2)
-    if outcome.material:  # even under --quiet: an answer about part of the material should say so
-        read = outcome.material
-        print(f"agent-demo: {prompts.render_material_read(read['read_chars'], read['chars'], read['bytes'])}",
-              file=sys.stderr)
+    say_material(outcome)
     refused = sum(call["result"].get("error") == prompts.NO_TERMINAL for call in outcome.calls)
     if refused:  # even under --quiet: the run may have "finished" without doing what was asked
         print(f"agent-demo: {refused} tool call(s) refused: they need approval and there was no terminal"
@@ -355,6 +353,14 @@ def report(outcome: RunResult, args: argparse.Namespace, answer: SafeStream, age
     if outcome.trace and outcome.resumable:
         print(f"agent-demo: to continue: {continue_hint(outcome, agent, args)}", file=sys.stderr)
     return outcome.exit_code
+
+
+def say_material(outcome: RunResult) -> None:
+    """Even under --quiet: an answer about part of the material piped in says how much the model read."""
+    read = outcome.material
+    if read:
+        print(f"agent-demo: {prompts.render_material_read(read['read_chars'], read['chars'], read['bytes'])}",
+              file=sys.stderr)
 
 
 def json_object(outcome: RunResult) -> dict:
@@ -424,7 +430,8 @@ def list_runs(args: argparse.Namespace, environment: Dict[str, str], answer: Saf
         answer.write_json([run.to_json(ids[run.path]) for run in runs])
         return 0
     width = shutil.get_terminal_size().columns if is_terminal(sys.stdout) else 80
-    print(run_store.render_runs(runs, folder, ids, width))
+    print(run_store.render_runs(runs, folder, ids, width) if runs or not args.status
+          else f"no runs that ended {args.status} in {folder}")
     return 0
 
 
@@ -438,6 +445,7 @@ def show_run(args: argparse.Namespace, environment: Dict[str, str], answer: Safe
         raise ConfigError(f"--show: cannot read {path}: {error.strerror or error}") from None
     outcome = replay(records, run_store.RunLog(screen(args, environment, redactor)))
     outcome.trace = path
+    say_material(outcome)
     if args.json:
         answer.write_json({"task": records[0].get("task"), **json_object(outcome)})
     elif outcome.status == "finished" and isinstance(outcome.result, str):
@@ -510,6 +518,7 @@ def ended(end: Optional[dict], rounds: List[Round], log: Any) -> RunResult:
                         end.get("rounds") if isinstance(end.get("rounds"), int) else len(rounds),
                         end.get("usage") if isinstance(end.get("usage"), dict) else {}, calls,
                         last_words=str(end.get("last_words") or ""),
+                        material=end.get("material") if isinstance(end.get("material"), dict) else None,
                         checks=[{"round": record.number, **call.check} for record in rounds for call in record.calls
                                 if call.check])
     progress = end.get("progress") if isinstance(end.get("progress"), list) else outcome.progress
@@ -519,9 +528,12 @@ def ended(end: Optional[dict], rounds: List[Round], log: Any) -> RunResult:
     return outcome
 
 
-def show_config(args: argparse.Namespace, environment: Environment, answer: SafeStream) -> int:
+def show_config(args: argparse.Namespace, environment: Any, answer: SafeStream,
+                unreadable: Optional[ConfigError] = None) -> int:
     """--config: each setting's value and where it came from, the key redacted; then the files read,
-    and what is wrong with the endpoint's settings, if anything."""
+    and what is wrong with them or with the endpoint's settings, if anything."""
+    if not isinstance(environment, Environment):  # a settings file could not be read: the shell's alone
+        environment = Environment(environment, {})
     settings = load_settings(given_settings(args), environment, check_endpoint=False)
     shown = {}
     for item in setting_fields():
@@ -532,9 +544,9 @@ def show_config(args: argparse.Namespace, environment: Environment, answer: Safe
     files = {str(path): path.is_file() for path in (Path.cwd() / ".env", user_config_file(environment))}
     try:
         check_endpoint_settings(settings)
-        problem = None
+        problem = str(unreadable) if unreadable else None
     except ConfigError as error:
-        problem = str(error)
+        problem = str(unreadable or error)
     if args.json:
         answer.write_json({"settings": shown, "files": files, "problem": problem})
         return 0

@@ -274,15 +274,15 @@ class ModelClient:
         """The characters a request may take: --max-context when given, else what the model's window holds
         beside a reply of --max-reply-tokens (at most half the window); never more than the window holds
         beside the smallest reply."""
-        window, wanted, asked = self.window(), self.settings.max_reply_tokens, self.settings.max_context
-        if asked is None:
-            reserve = min(wanted, window // 2) if wanted else window // 4
-            return min(self.most_chars(), (window - reserve) * CHARS_A_TOKEN)
-        return min(asked, self.most_chars())
+        asked = self.settings.max_context
+        return self.most_chars() if asked is None else min(asked, self.most_chars())
 
     def most_chars(self) -> int:
-        """The most characters a request may take in the model's window, beside the smallest reply."""
-        return (self.window() - MIN_REPLY_TOKENS) * CHARS_A_TOKEN
+        """The most characters a request may take in the model's window beside a reply of
+        --max-reply-tokens (at most half the window; a quarter when there is no cap)."""
+        window, wanted = self.window(), self.settings.max_reply_tokens
+        reserve = min(wanted, window // 2) if wanted else window // 4
+        return (window - max(reserve, MIN_REPLY_TOKENS)) * CHARS_A_TOKEN
 
     def window_notes(self) -> List[str]:
         """What a run says once, before its first request, about the window: a --max-context it does not hold."""
@@ -520,16 +520,18 @@ def server_message(text: str) -> str:
         if error:
             text = error if isinstance(error, str) else to_json(error)
             return _one_line(without_internals(text))
-    if _HTML.match(text):  # a proxy's or a framework's error page: its title, else its words
-        title = _TITLE.search(text[:SERVER_TEXT_SCANNED])
-        text = title[1] if title else _TAG.sub(" ", text[:SERVER_TEXT_SCANNED])
-        return _one_line(html.unescape(text)) or "(an empty HTML page)"
+    if _HTML.match(text):  # a proxy's or a framework's error page: its title, else its first words
+        page = _CODE.sub(" ", text[:SERVER_TEXT_SCANNED])
+        title = _TITLE.search(page)
+        words = " ".join(html.unescape(_TAG.sub(" ", title[1] if title else page)).split())
+        return prompts.clip(words, SNIPPET_CHARS) or "(an empty HTML page)"
     return _one_line(without_internals(text)) or "(empty body)"
 
 
 _HTML = re.compile(r"\s*(<!doctype html|<html|<head|<body|<title|<h1)", re.I)
 _TITLE = re.compile(r"<title[^>]*>(.*?)</title>", re.I | re.S)
 _TAG = re.compile(r"<[^>]*>")
+_CODE = re.compile(r"<(script|style)\b.*?</\1\s*>", re.I | re.S)
 
 
 # pydantic's errors as Python reprs: {'type': ..., 'loc': ('body', 'response_format', 'type'), 'msg': "...", ...}
@@ -599,6 +601,8 @@ def reply_from_body(text: str) -> Reply:
     try:
         body = parse_body(text)
     except ValueError:
+        if _HTML.match(text):  # a proxy's login page, say
+            raise EndpointError(f"the endpoint's reply is an HTML page, not JSON: {server_message(text)}") from None
         snippet = prompts.clip(" ".join(text.split()), SNIPPET_CHARS)
         raise EndpointError(f"the endpoint's reply is not JSON: {snippet or '(empty body)'}") from None
     choices = body.get("choices") if isinstance(body, dict) else None

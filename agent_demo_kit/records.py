@@ -362,6 +362,8 @@ def ending_of(status: str, message: str = "", result: Any = None) -> RunEnded:
 
 # Not finished, not failed: a run that ended so can be taken further with --resume.
 RESUMABLE = {"max_rounds", "budget", "stuck", "error", "interrupted"}
+# How a recorded run stands: how it ended, or unfinished (cut short before its end record).
+RUN_STATUSES = ("finished", "failed", "max_rounds", "budget", "stuck", "error", "interrupted", "unfinished")
 
 
 @dataclass

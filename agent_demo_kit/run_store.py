@@ -26,11 +26,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, ContextManager, Dict, List, Optional
 
-from agent_demo_kit.records import (RESUMABLE, Call, Compaction, ConfigError, Reply, Round, RunEvents, RunResult,
+from agent_demo_kit.records import (RESUMABLE, is_count, Call, Compaction, ConfigError, Reply, Round, RunEvents, RunResult,
                                     Working, to_json)
 from agent_demo_kit.settings import TASK_SHOWN_CHARS, check, checked_folder, resolve
-from agent_demo_kit.terminal import Redactor, SafeStream, Screen
-from prompts import clip
+from agent_demo_kit.terminal import Redactor, SafeStream, Screen, columns, first_columns
+from prompts import MATERIAL_HEADER, clip
 
 try:
     import fcntl
@@ -487,10 +487,13 @@ def summarize(path: Path) -> Optional[RunSummary]:
     for record in after_start:
         if record.get("event") == "round" and isinstance(record.get("round"), int):
             rounds, status, goes_on, answer = record["round"], "unfinished", True, ""
+            usage = record.get("usage") if isinstance(record.get("usage"), dict) else {}
+            if is_count(usage.get("total_tokens")):
+                tokens = (tokens or 0) + usage["total_tokens"]
         elif record.get("event") in ("resume", "start", "follow_up"):
             status, goes_on, answer = "unfinished", True, ""
         elif record.get("event") == "end":
-            status, rounds = str(record.get("status")), record.get("rounds") or rounds
+            status, rounds, tokens = str(record.get("status")), record.get("rounds") or rounds, None
             goes_on = record.get("resumable") is not False
             usage = record.get("usage") if isinstance(record.get("usage"), dict) else {}
             tokens = usage.get("total_tokens") if isinstance(usage.get("total_tokens"), int) else None
@@ -500,8 +503,8 @@ def summarize(path: Path) -> Optional[RunSummary]:
     started = start.get("ts")
     if not (isinstance(started, (int, float)) and math.isfinite(started) and 0 <= started < 1e11):
         started = _mtime(path)
-    return RunSummary(path, started, status, rounds if isinstance(rounds, int) else 0, tokens,
-                      str(start.get("task") or ""), goes_on, answer)
+    task = str(start.get("task") or "").split(MATERIAL_HEADER)[0].rstrip()  # the words asked, not the material
+    return RunSummary(path, started, status, rounds if isinstance(rounds, int) else 0, tokens, task, goes_on, answer)
 
 
 def _long_start(head: bytes) -> Optional[dict]:
@@ -509,7 +512,10 @@ def _long_start(head: bytes) -> Optional[dict]:
     if not head.startswith(b'{"event": "start"'):
         return None
     match = re.search(rb'"task": "((?:[^"\\]|\\.){0,%d})' % TASK_SHOWN_CHARS, head)
-    task = match[1].decode("utf-8", errors="replace") if match else ""
+    try:
+        task = json.loads(b'"' + match[1] + b'"') if match else ""
+    except ValueError:
+        task = ""
     return {"event": "start", "task": task + "…"}
 
 
@@ -555,11 +561,11 @@ def one_line(task: str, answer: str, room: int) -> str:
     task, answer = " ".join(task.split()), " ".join(answer.split())
 
     def cut(text: str, size: int) -> str:
-        return text if len(text) <= size else text[:max(0, size - 1)] + "…"
+        return text if columns(text) <= size else first_columns(text, max(0, size - 1)) + "…"
     if not answer:
         return cut(task, room)
-    task = cut(task, max(room // 2, room - len(answer) - 3))
-    return f"{task} → {cut(answer, room - len(task) - 3)}"
+    task = cut(task, max(room // 2, room - columns(answer) - 3))
+    return f"{task} → {cut(answer, room - columns(task) - 3)}"
 
 
 def last_run_records(path: str) -> List[dict]:

@@ -456,7 +456,7 @@ def check_line(check: dict) -> str:
     seconds = f"{check['ms'] / 1000:.1f} s"
     ended = f"exit {check['exit_code']} after {seconds}" if check["exit_code"] is not None \
         else f"still running after {seconds}, stopped"
-    command = to_json(check["command"])[1:-1]  # on one line, escaped as JSON escapes it
+    command = check["command"].replace("\r", "\\r").replace("\n", "\\n")  # on one line
     output = " ".join(check["output"].split())
     return f"check: {command} -> {ended}" + (f": {to_json(clip(output, CHECK_LINE_CHARS))}" if output else "")
 
@@ -464,6 +464,20 @@ def check_line(check: dict) -> str:
 def _columns(character: str) -> int:
     """How many terminal columns a character takes: two for wide (CJK) ones."""
     return 2 if unicodedata.east_asian_width(character) in "WF" else 1
+
+
+def columns(text: str) -> int:
+    """How many terminal columns text takes."""
+    return sum(map(_columns, text))
+
+
+def first_columns(text: str, room: int) -> str:
+    """The beginning of text that fits in `room` terminal columns."""
+    used, end = 0, 0
+    while end < len(text) and used + _columns(text[end]) <= room:
+        used += _columns(text[end])
+        end += 1
+    return text[:end]
 
 
 def _last_columns(text: str, room: int) -> str:

@@ -139,10 +139,12 @@ def test_a_dead_endpoint_exits_3(monkeypatch, capsys):
 
 
 def test_a_garbage_body_exits_3(serve, capsys):
-    serve([{"body": "<html>oops</html>"}])
+    serve([{"body": "<html>oops</html>"}, {"body": "{broken"}])
     assert main(["hi"]) == 3
     assert said_lines(capsys.readouterr().err) == [
-        "agent-demo: error: the endpoint's reply is not JSON: <html>oops</html>"]
+        "agent-demo: error: the endpoint's reply is an HTML page, not JSON: oops"]
+    assert main(["hi"]) == 3
+    assert said_lines(capsys.readouterr().err) == ["agent-demo: error: the endpoint's reply is not JSON: {broken"]
 
 
 def test_json_reports_errors_as_one_object_too(serve, capsys):

@@ -90,7 +90,7 @@ def test_timeouts_become_an_endpoint_error_naming_the_timeout():
 
 
 @pytest.mark.parametrize("payload, problem", [
-    ("<html>502 Bad Gateway</html>", "reply is not JSON: <html>502 Bad Gateway</html>"),
+    ("<html>502 Bad Gateway</html>", "reply is an HTML page, not JSON: 502 Bad Gateway"),
     ("", "reply is not JSON: (empty body)"),
     (json.dumps({"object": "list"}), "reply has no choices"),
     (json.dumps({"error": {"message": "model overloaded"}}), "reply has no choices: model overloaded"),
@@ -311,6 +311,12 @@ def test_tool_call_arguments_sent_whole_as_an_object_are_kept():
 ])
 def test_an_html_error_page_is_said_by_its_title_or_its_words(page, said):
     assert server_message(page) == said
+
+
+def test_an_html_page_without_a_title_is_said_by_its_first_words_without_its_code():
+    said = server_message("<html><head><script>var x = 1;</script><style>p {}</style></head><body>"
+                          + "details " * 100 + "</body></html>")
+    assert said.startswith("details details") and "var x" not in said and "{}" not in said and len(said) < 260
 
 
 @pytest.mark.parametrize("url, hint", [

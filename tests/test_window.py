@@ -29,7 +29,7 @@ def test_material_larger_than_the_window_is_paged_and_the_answer_says_how_much_w
     printed = json.loads(out)
     assert (code, printed["status"]) == (0, "finished")
     assert printed["material"]["chars"] == len(material) and 0 < printed["material"]["read_chars"] < 10_000
-    assert err.splitlines()[-1] == "agent-demo: the model read 0% of the 5.0 MB piped in"
+    assert err.splitlines()[-1] == "agent-demo: the model read under 0.1% of the 5.0 MB piped in"
     assert all(len(json.dumps(request["body"])) <= 131_072 * 3 for request in server.requests)
 
 
@@ -44,17 +44,26 @@ def test_a_small_window_is_never_overrun_by_a_request_and_its_reply_cap(serve, c
     assert max(len(json.dumps(body)) for body in bodies) > 10_000, "it grew to its budget and was folded"
 
 
-def test_a_max_context_beyond_the_window_is_lowered_and_the_reply_cap_shrinks_to_fit(serve, cli):
+def test_a_max_context_beyond_the_window_is_lowered_to_what_it_holds_beside_the_reply(serve, cli):
     replies = [act("calculator", expression="1" * 2_000 + f" + {n}") for n in range(12)]
     server = serve(replies + [act("finish", result="done")], key=None, window=8_192)
     code, out, err = cli("--max-context", "50000", "--max-rounds", "13", "x")
     assert code == 0
     assert "note: --max-context 50,000 is more than the model's window of 8,192 tokens holds: requests are kept" \
-           " under 24,192 characters" in err
-    assert "note: the reply cap is" in err
+           " under 12,288 characters" in err
     bodies = [request["body"] for request in server.requests]
     assert all(len(json.dumps(body)) / 3 + body.get("max_tokens", 0) <= 8_192 for body in bodies)
-    assert min(body["max_tokens"] for body in bodies) < 4_096
+    assert {body["max_tokens"] for body in bodies} == {4_096}, "a whole reply still fits"
+
+
+def test_a_reply_cap_that_does_not_fit_beside_a_request_shrinks_and_says_so_once():
+    notes = []
+    client = ModelClient(Settings(url="http://127.0.0.1:9/v1", max_reply_tokens=4_096))
+    client.learned_window = 8_192
+    client.trace.note = notes.append
+    assert client.reply_cap(3_000) == 4_096
+    assert client.reply_cap(15_000) == 8_192 - (15_000 + 32) // 3 - 1 and client.reply_cap(16_000) < 2_900
+    assert notes == ["the reply cap is 3,181 tokens, not 4,096: the request takes about 5,000 of the model's 8,192"]
 
 
 @pytest.mark.parametrize("answer, window", [
