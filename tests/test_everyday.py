@@ -449,3 +449,6 @@ def test_a_settings_file_others_can_write_is_refused(cli, tmp_path):
     code, out, err = cli("hi")
     assert code == 2 and err == (f"agent-demo: error: the settings file {path} is writable by others (mode 666):"
                                  f" chmod 600 {path}\n")
+    code, out, err = cli("--config", "--json")
+    assert code == 0 and json.loads(out)["problem"] == (f"the settings file {path} is writable by others (mode 666):"
+                                                        f" chmod 600 {path}")
