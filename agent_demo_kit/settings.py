@@ -221,29 +221,48 @@ def chat_completions_url(url: str) -> str:
     return urlunsplit(parts._replace(path=path))
 
 
+# Query parameters that carry a credential by their name: ?api_key=, ?token=, ?sig=, ?X-Amz-Signature=
+_SECRET_PARAMETER = re.compile(r"key|token|secret|pass|pwd|sig|auth|credential", re.IGNORECASE)
+
+
+def _hidden_query(query: str) -> "tuple[str, List[str]]":
+    """The query with each secret parameter's value as ***, and those values as written."""
+    fields_shown, secrets = [], []
+    for field_text in query.split("&"):
+        name, equals, value = field_text.partition("=")
+        if equals and value and _SECRET_PARAMETER.search(unquote(name)):
+            secrets.append(value)
+            field_text = f"{name}=***"
+        fields_shown.append(field_text)
+    return "&".join(fields_shown), secrets
+
+
 def display_url(url: str) -> str:
-    """A URL as it may be shown and recorded: a password in it becomes ***."""
+    """A URL as it may be shown and recorded: its password and secret query values become ***."""
     try:
         parts = urlsplit(url)
         password = parts.password
-    except ValueError:  # not even a URL: hide whatever stands before an @
-        return re.sub(r"(://[^/@]*:)[^/@]*@", r"\1***@", url)
-    if password is None:
-        return url
-    host = parts.netloc.rpartition("@")[2]
-    return urlunsplit(parts._replace(netloc=f"{parts.username}:***@{host}"))
+    except ValueError:  # not even a URL: hide whatever stands before an @, and every query value
+        return re.sub(r"=[^&#]+", "=***", re.sub(r"(://[^/@]*:)[^/@]*@", r"\1***@", url))
+    if password is not None:
+        host = parts.netloc.rpartition("@")[2]
+        parts = parts._replace(netloc=f"{parts.username}:***@{host}")
+    return urlunsplit(parts._replace(query=_hidden_query(parts.query)[0]))
 
 
 def secrets_of(environment: Dict[str, str], *urls: Optional[str]) -> List[str]:
-    """What must never be shown: both keys, and each URL's password as written and as sent."""
+    """What must never be shown: both keys, and each URL's password and secret query values, as
+    written and as sent (a short query value such as ?auth=1 is hidden in the URL, not everywhere)."""
     found = [(environment.get(name) or "").strip() for name in ("LLM_API_KEY", "OPENAI_API_KEY")]
     for url in (*urls, environment.get("LLM_API_URL"), environment.get("OPENAI_BASE_URL")):
         try:
-            password = urlsplit((url or "").strip()).password
+            parts = urlsplit((url or "").strip())
+            password = parts.password
         except ValueError:
-            password = None
-        if password:
-            found += [password, unquote(password)]
+            continue
+        query_secrets = [value for value in _hidden_query(parts.query)[1] if len(unquote(value)) >= 8]
+        for secret in ([password] if password else []) + query_secrets:
+            found += [secret, unquote(secret)]
     return [secret for secret in found if secret]
 
 

@@ -228,3 +228,17 @@ def test_on_a_terminal_the_trace_s_check_is_asked_about_and_no_means_it_is_not_r
                                                      tmp_path, answers=[b"n\n"], question=b"? [y/N] ")
     assert code == 0 and out == b"done\n" and not (tmp_path / "pwned").exists()
     assert f"use --check 'touch {tmp_path}/pwned' as the trace names them? [y/N] ".encode() in shown
+
+
+# --- smaller holes -----------------------------------------------------------------------------
+
+def test_a_secret_in_the_url_s_query_is_sent_but_never_shown_or_recorded(serve, cli, tmp_path):
+    server = serve([act("calculator", expression="1 + 1"), act("finish", result="2")], key=None)
+    secret = "qs-secret-4f9a2b7c"
+    url = f"{server.url}?api-version=2024-06-01&api_key={secret}&sig=ab%2Fcd"
+    trace = tmp_path / "t.jsonl"
+    code, out, err = cli("--url", url, "--trace", trace, "x")
+    assert code == 0 and out.endswith("2\n")
+    assert server.requests[0]["path"].endswith(f"?api-version=2024-06-01&api_key={secret}&sig=ab%2Fcd")
+    assert "api-version=2024-06-01&api_key=***&sig=***" in err
+    assert secret not in err + out + trace.read_text() and "ab%2Fcd" not in err + trace.read_text()
