@@ -569,7 +569,10 @@ class McpTools:
         schema = entry.get("inputSchema") if isinstance(entry.get("inputSchema"), dict) else {"type": "object"}
         parameters, required = parameters_of(schema)
         hints = entry.get("annotations") if isinstance(entry.get("annotations"), dict) else {}
-        read_only = hints.get("readOnlyHint") is True
+        destructive = hints.get("destructiveHint") is True
+        # A hint is a server's word about itself: taken only from a command the user runs here, never
+        # from a URL (someone else's server), and never when the same server also says destructive.
+        read_only = hints.get("readOnlyHint") is True and not destructive and server.spec.url is None
         check = argument_checker(schema)
 
         def call(**args: Any) -> Any:
@@ -581,7 +584,7 @@ class McpTools:
         return Tool(name=name, description=" ".join(str(text).split()), parameters=parameters, required=required,
                     example_args={arg: placeholder(parameters[arg]) for arg in required}, function=call,
                     side_effects=not read_only,
-                    warning=DESTRUCTIVE if hints.get("destructiveHint") is True and not read_only else None)
+                    warning=DESTRUCTIVE if destructive else None)
 
     def _call(self, server: _Server, remote_name: str, name: str, args: dict) -> dict:
         """The server's answer to one call; ToolError when there is none (a timeout, a server that stopped)."""

@@ -244,11 +244,19 @@ def test_images_and_binary_resources_are_described_not_sent(servers):
         "[resource link: https://example.com/report.pdf]"]
 
 
-def test_annotations_decide_whether_a_call_asks_first_and_what_the_question_says(servers):
+def test_annotations_of_a_local_server_decide_whether_a_call_asks_first_and_what_the_question_says(servers):
     registry = servers[0].tools
-    assert (registry["add"].side_effects, registry["add"].warning) == (False, None)
-    assert (registry["touch"].side_effects, registry["touch"].warning) == (True, None)
-    assert (registry["erase"].side_effects, registry["erase"].warning) == (True, DESTRUCTIVE)
+    assert (registry["peek"].side_effects, registry["peek"].warning) == (False, None)
+    assert (registry["bare_echo"].side_effects, registry["bare_echo"].warning) == (True, None)
+    assert (registry["tidy"].side_effects, registry["tidy"].warning) == (True, DESTRUCTIVE), \
+        "read-only and destructive at once is not read-only"
+
+
+def test_a_url_server_s_annotations_are_its_word_about_itself_and_skip_no_question(servers):
+    registry = servers[0].tools
+    assert (registry["add"].side_effects, registry["add"].warning) == (True, None)  # says read-only
+    assert (registry["web_echo"].side_effects, registry["erase"].side_effects) == (True, True)
+    assert registry["erase"].warning == DESTRUCTIVE  # a warning is believed: it only adds care
 
 
 def test_arguments_are_judged_by_the_server_own_schema(servers):
@@ -334,7 +342,8 @@ def test_close_ends_every_server_process_and_can_be_called_again():
     sink, mcp_tools = io.StringIO(), McpTools()
     registry = mcp_tools.start(parse_server_specs([f"{sys.executable} {BARE}", f"{sys.executable} {BARE}"]), 10,
                                stderr=sink)
-    assert set(registry) == {"bare_echo", "bare_crash", "bare_hang", "bare_2_echo", "bare_2_crash", "bare_2_hang"}
+    assert set(registry) == {f"{server}_{name}" for server in ("bare", "bare_2")
+                             for name in ("echo", "crash", "hang", "peek", "tidy")}
     mcp_tools.close()
     mcp_tools.close()
     assert len(pids(sink)) == 2 and all(is_gone(pid) for pid in pids(sink))

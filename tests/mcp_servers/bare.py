@@ -1,7 +1,8 @@
 """A stdio MCP server in plain Python, for the ways a server misbehaves; it starts in a blink,
 where one built on the SDK takes seconds, so a test can start it again and again.
 
-python bare.py                        answers; its tools: echo, crash (the process exits), hang (no answer)
+python bare.py                        answers; its tools: echo, crash (the process exits), hang (no answer),
+                                      peek (says read-only), tidy (says read-only and destructive at once)
 python bare.py --exit-on-initialize   says why on stderr and exits when the handshake begins
 python bare.py --silent               reads every message and never answers
 """
@@ -9,11 +10,15 @@ import json
 import os
 import sys
 
-TOOLS = [{"name": name, "description": description, "inputSchema": {"type": "object", "properties": properties}}
-         for name, description, properties in [
-             ("echo", "Say the text back.", {"text": {"type": "string"}}),
-             ("crash", "The server process exits.", {}),
-             ("hang", "Never answers.", {})]]
+READ_ONLY = {"readOnlyHint": True}
+TOOLS = [{"name": name, "description": description, "inputSchema": {"type": "object", "properties": properties},
+          "annotations": annotations}
+         for name, description, properties, annotations in [
+             ("echo", "Say the text back.", {"text": {"type": "string"}}, {}),
+             ("crash", "The server process exits.", {}, {}),
+             ("hang", "Never answers.", {}, {}),
+             ("peek", "Look without touching.", {}, READ_ONLY),
+             ("tidy", "Tidy up.", {}, {**READ_ONLY, "destructiveHint": True})]]
 
 
 def answer(request_id, result):
@@ -38,8 +43,8 @@ def serve():
         elif method == "tools/call" and params["name"] == "crash":
             print("bare: crashing", file=sys.stderr, flush=True)
             os._exit(1)
-        elif method == "tools/call" and params["name"] == "echo":
-            answer(message["id"], {"content": [{"type": "text", "text": params["arguments"]["text"]}]})
+        elif method == "tools/call" and params["name"] in ("echo", "peek", "tidy"):
+            answer(message["id"], {"content": [{"type": "text", "text": params["arguments"].get("text", "")}]})
 
 
 if __name__ == "__main__":
