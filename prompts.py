@@ -35,7 +35,12 @@ def clip(text: str, limit: int) -> str:
     if len(text) <= limit:
         return text
     head, tail = limit * 2 // 3, limit // 3
-    return f"{text[:head]} ...{TRUNCATED.format(count=len(text) - head - tail)}... {text[len(text) - tail:]}"
+    return clipped(text[:head], text[len(text) - tail:], len(text) - head - tail)
+
+
+def clipped(head: str, tail: str, left_out: int) -> str:
+    """What clip gives, from a text's two ends and how many characters lay between them."""
+    return f"{head} ...{TRUNCATED.format(count=left_out)}... {tail}"
 
 
 ENDINGS = ("finish", "fail")  # the two actions that end a run: schema mode lets them come only alone

@@ -16,6 +16,7 @@ them and run directly; one that uses the shell's own syntax (a pipe, a redirecti
 wildcard, `&&`) runs under /bin/sh -c, the rule make uses for its recipes. The answer never
 becomes part of the command line.
 """
+import codecs
 import contextlib
 import dataclasses
 import importlib.util
@@ -23,6 +24,8 @@ import inspect
 import json
 import os
 import re
+import select
+import selectors
 import shlex
 import shutil
 import signal
@@ -34,7 +37,7 @@ from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 from agent_demo_kit.records import ConfigError
 from agent_demo_kit.settings import CHECK_OUTPUT_CHARS, CHECK_VARIABLE_CHARS, SNIPPET_CHARS
-from prompts import clip
+from prompts import clip, clipped
 from tools import Converted, Tool, ToolDefinitionError, ToolError, as_json, clash_message, registry_of
 
 _DESCRIBED = [field.name for field in dataclasses.fields(Tool) if field.name != "function"]
@@ -296,9 +299,14 @@ def check_command(command: str, named: str = "--check") -> List[str]:
     return words
 
 
+CHECK_DRAIN_SECONDS = 0.2  # after the check exits: for what it wrote last, not for what it left running
+EXIT_POLL_SECONDS = 0.05
+
+
 def run_check(argv: List[str], command: str, answer: str, task: str, timeout: float, named: str = "--check") -> dict:
     """Run the check on one answer: {"command", "exit_code", "output", "ms"}; exit_code is None when it
-    did not finish within `timeout` seconds (it is then stopped, with whatever it started)."""
+    did not finish within `timeout` seconds. The check is over when its own process exits, whoever
+    still holds its output pipe; then it is stopped, with whatever it started."""
     environment = {**without_secrets(os.environ), "AGENT_ANSWER": _variable(answer), "AGENT_TASK": _variable(task)}
     started = time.monotonic()
     try:  # its own process group, so a timeout or Ctrl-C stops what it started too
@@ -306,20 +314,83 @@ def run_check(argv: List[str], command: str, answer: str, task: str, timeout: fl
                                    env=environment, start_new_session=True)
     except OSError as error:
         raise ConfigError(f"{named} cannot start: {error.strerror or error}") from None
-    code: Optional[int]
+    output = _KeptEnds(CHECK_OUTPUT_CHARS)
     try:
-        output, _ = process.communicate(answer.encode("utf-8", "replace"), timeout=timeout)
-        code = process.returncode
-    except subprocess.TimeoutExpired:
-        _stop(process)
-        output, _ = process.communicate()
-        code = None
-    except BaseException:  # Ctrl-C, SIGTERM: leave nothing running
+        code = _talk(process, answer.encode("utf-8", "replace"), output, started + timeout)
+    finally:  # done, out of time, or Ctrl-C: leave nothing running
         _stop(process)
         process.wait()
-        raise
-    text = clip(output.decode("utf-8", "replace"), CHECK_OUTPUT_CHARS)
-    return {"command": command, "exit_code": code, "output": text, "ms": round((time.monotonic() - started) * 1000)}
+        for pipe in (process.stdin, process.stdout):
+            with contextlib.suppress(OSError):
+                pipe.close()
+    return {"command": command, "exit_code": code, "output": output.text(),
+            "ms": round((time.monotonic() - started) * 1000)}
+
+
+def _talk(process: subprocess.Popen, answer: bytes, output: "_KeptEnds", deadline: float) -> Optional[int]:
+    """Give the check its stdin and keep the ends of its output until it exits (its exit code) or the
+    deadline passes (None). Like Popen.communicate, but ended by the process, not by the pipe's end."""
+    with selectors.DefaultSelector() as selector:
+        selector.register(process.stdout, selectors.EVENT_READ)
+        if answer:
+            selector.register(process.stdin, selectors.EVENT_WRITE)
+        else:
+            process.stdin.close()
+        written, drain_until = 0, None
+        while True:
+            now = time.monotonic()
+            if drain_until is None and process.poll() is not None:
+                drain_until = now + CHECK_DRAIN_SECONDS
+            if drain_until is not None and (now >= drain_until or not selector.get_map()):
+                return process.returncode
+            if now >= deadline:
+                return None
+            if not selector.get_map():
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    process.wait(min(deadline - now, 0.5))
+                continue
+            # a pipe says nothing of the process's exit: look again every EXIT_POLL_SECONDS
+            for key, _ in selector.select(min(deadline, drain_until or now + EXIT_POLL_SECONDS) - now):
+                if key.fileobj is process.stdout:
+                    chunk = os.read(key.fd, 1 << 16)
+                    if chunk:
+                        output.add(chunk)
+                        continue
+                else:
+                    try:
+                        written += os.write(key.fd, answer[written:written + select.PIPE_BUF])
+                        if written < len(answer):
+                            continue
+                    except BrokenPipeError:  # the check does not read its stdin: that is its right
+                        pass
+                selector.unregister(key.fileobj)
+                key.fileobj.close()
+
+
+class _KeptEnds:
+    """Text read in chunks, kept as clip would keep it, in memory bounded by `limit` whatever comes."""
+
+    def __init__(self, limit: int):
+        self.limit, self.head, self.tail, self.length = limit, "", "", 0
+        self.decoder = codecs.getincrementaldecoder("utf-8")("replace")
+
+    def add(self, chunk: bytes) -> None:
+        self._keep(self.decoder.decode(chunk))
+
+    def _keep(self, text: str) -> None:
+        self.length += len(text)
+        room = self.limit - len(self.head)
+        self.head, rest = self.head + text[:room], text[room:]
+        if rest:
+            self.tail = (self.tail + rest)[-self.limit:]
+
+    def text(self) -> str:
+        self._keep(self.decoder.decode(b"", final=True))  # a last character cut off: a replacement character
+        self.decoder.reset()
+        if self.length == len(self.head) + len(self.tail):
+            return clip(self.head + self.tail, self.limit)
+        head, tail = self.limit * 2 // 3, self.limit // 3
+        return clipped(self.head[:head], self.tail[len(self.tail) - tail:], self.length - head - tail)
 
 
 def _variable(text: str) -> str:

@@ -1,15 +1,18 @@
 """Working notes that survive every fold, and --check: a command that must accept the answer."""
+import contextlib
 import io
 import json
 import os
 import signal
 import subprocess
+import sys
 import time
 
 import pytest
 
 import prompts
 from agent_demo_kit.cli import main
+from agent_demo_kit.child_processes import run_check
 from agent_demo_kit.settings import Settings
 from agent_demo_kit.run_store import RunLog
 from agent_demo_kit.terminal import Screen
@@ -185,3 +188,36 @@ def test_a_check_runs_without_the_key_and_its_output_reaches_the_model_without_i
     assert main(["--check", check, "--check-attempts", "2", "--quiet", "x"]) == 1
     told = json.dumps(server.requests[1]["body"])
     assert KEY not in told and "env: none none none" in told and "found [redacted]" in told
+
+
+def test_a_check_is_over_when_its_own_process_exits_whatever_it_left_holding_the_output(tmp_path):
+    pid_file = tmp_path / "pid"
+    command = f"echo before; setsid sleep 30 & echo $! > {pid_file}; exit 1"
+    try:  # before: the pipe's end was awaited, 30 s, past the timeout: "did not finish"
+        said = run_check(["/bin/sh", "-c", command], command, "answer", "task", timeout=8)
+    finally:
+        with contextlib.suppress(OSError, ValueError):
+            os.kill(int(pid_file.read_text()), signal.SIGKILL)
+    assert (said["exit_code"], said["output"]) == (1, "before\n")
+
+
+FLOOD = r"""
+import json, resource, sys
+sys.path[0] = sys.argv[1]
+from agent_demo_kit.child_processes import run_check
+command = "yes 123456789 | head -c 400000000; echo; echo the end"
+output = run_check(["/bin/sh", "-c", command], command, "", "", timeout=60)["output"]
+peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024  # Linux counts it in KB
+print(json.dumps([output[:20], output[66_660:66_720], output[-9:], peak_mb]))
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="ru_maxrss is counted in KB on Linux")
+def test_a_check_that_floods_its_output_is_read_in_bounded_memory():
+    project = os.path.dirname(os.path.abspath(prompts.__file__))
+    said = subprocess.run([sys.executable, "-c", FLOOD, project], capture_output=True, text=True, timeout=120)
+    head, middle, end, peak_mb = json.loads(said.stdout or "null") or [said.stderr] * 4
+    assert (head, end) == ("123456789\n123456789\n", "\nthe end\n")
+    # 400,000,009 characters, of which 66,666 of the head and 33,333 of the tail are kept
+    assert " ...[truncated 399900010 chars]... " in middle
+    assert int(peak_mb) < 200, f"{peak_mb} MB for 400 MB of output, of which 100,000 characters are kept"
