@@ -167,23 +167,34 @@ class Redactor:
 # --- the inert writer ------------------------------------------------------------------
 
 # What a terminal would act on rather than show: C0 controls but newline and tab, a carriage return
-# that does not end a line (text after it would overwrite the line), DEL and C1 controls, and the
-# invisible and bidirectional format characters that hide or reorder text (not the joiners
-# U+200C and U+200D, which Persian text and emoji need).
-_ACTIVE = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\u061c\u200b\u200e\u200f\u2028-\u202e\u2060-\u2069"
-                     r"\ufeff]|\r(?!\n)")
+# that does not end a line (text after it would overwrite the line), DEL and C1 controls, and every
+# format character (Unicode's Cf: bidi controls that reorder text, invisible ones that hide it, the
+# tag block), line and paragraph separators and lone surrogates; not the joiners U+200C and U+200D,
+# which Persian text and emoji need. (Cf as of Unicode 15.1; a test holds it to the running Python's.)
+_ACTIVE = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\xad\u0600-\u0605\u061c\u06dd\u070f\u0890\u0891\u08e2"
+                     "\u180e\u200b\u200e\u200f\u2028-\u202e\u2060-\u206f\ufeff\ufff9-\ufffb\U000110bd\U000110cd"
+                     "\U00013430-\U0001343f\U0001bca0-\U0001bca3\U0001d173-\U0001d17a\U000e0000-\U000e007f"
+                     "\ud800-\udfff]|\r(?!\n)")
 
 
 def inert(text: str) -> str:
     """text a terminal shows and never acts on: each such character as a visible escape (\\x1b,
     \\u202e, \\r); newlines and tabs stay. JSON text stays JSON that means the same, since JSON
-    escapes the C0 controls itself and \\uXXXX is its own escape."""
+    escapes the C0 controls itself and \\uXXXX (a surrogate pair beyond U+FFFF) is its own escape."""
     return _ACTIVE.sub(_escape, text)
 
 
 def _escape(match: "re.Match") -> str:
-    code = ord(match.group())
-    return "\\r" if code == 0x0D else f"\\x{code:02x}" if code < 0x20 else f"\\u{code:04x}"
+    return _escaped(match.group())
+
+
+def _escaped(character: str) -> str:
+    code = ord(character)
+    if code > 0xFFFF:  # as JSON writes it: a surrogate pair
+        code -= 0x10000
+        return f"\\u{0xD800 + (code >> 10):04x}\\u{0xDC00 + (code & 0x3FF):04x}"
+    return {0x09: "\\t", 0x0A: "\\n", 0x0D: "\\r"}.get(code) or (
+        f"\\x{code:02x}" if code < 0x20 else f"\\u{code:04x}")
 
 
 class SafeStream:
@@ -519,6 +530,49 @@ class Status(Working):
 # --- the approval question ------------------------------------------------------------
 
 CONTROLLING_TERMINAL = "/dev/tty"
+QUESTION_LINES = 6  # the most one line of a question takes of the terminal: it stays whole on 80x24
+_WHITESPACE_RUN = re.compile(r"\s{5,}")
+# Characters that show nothing, or change the one before, and could make a question read other
+# than it runs: Hangul fillers, the combining grapheme joiner, Mongolian selectors, Khmer's
+# invisible vowels, variation selectors.
+_INVISIBLE = {0x115F, 0x1160, 0x3164, 0xFFA0, 0x034F, 0x17B4, 0x17B5, *range(0x180B, 0x1810),
+              *range(0xFE00, 0xFE10), *range(0xE0100, 0xE01F0)}
+
+
+def _hidden(character: str) -> bool:
+    """Whether a question shows character as an escape: all but plain letters, marks, digits,
+    punctuation, symbols and the plain space (Unicode's C* and Z* categories, and the invisibles)."""
+    return (unicodedata.category(character)[0] == "C" or unicodedata.category(character) in ("Zl", "Zp")
+            or ord(character) in _INVISIBLE)
+
+
+def visible(text: str) -> str:
+    """text with every character a question must not show raw as its escape (see _hidden)."""
+    return "".join(_escaped(character) if _hidden(character) else character for character in text)
+
+
+def _whitespace_shown(match: "re.Match") -> str:
+    run = match.group()
+    kind = {" ": "spaces", "\t": "tabs"}.get(run[0], "whitespace characters") if len(set(run)) == 1 \
+        else "whitespace characters"
+    return f"[{len(run):,} {kind}]"
+
+
+def question_line(line: str, room: int) -> str:
+    """One line of a question in at most `room` columns, whatever it holds: runs of whitespace said
+    as such ([4,000 spaces]), what is invisible escaped, and when still too long its head and its
+    end with the length of the whole between them, so the tool's name and the end of a command show."""
+    whole = len(line)
+    line = _WHITESPACE_RUN.sub(_whitespace_shown, line)
+    if len(line) <= room:
+        shown = visible(line)
+        if columns(shown) <= room:
+            return shown
+    cut = f" [... cut here: {whole:,} characters in all ...] "
+    head_room = (room - len(cut)) * 2 // 3
+    tail_room = room - len(cut) - head_room
+    return (first_columns(visible(line[:head_room]), head_room) + cut
+            + _last_columns(visible(line[len(line) - tail_room:]), tail_room))
 
 
 def terminal_confirm(redactor: Redactor) -> Optional[Callable[[str], bool]]:
@@ -565,7 +619,13 @@ class TerminalApprover:
             termios.tcflush(descriptor, termios.TCIFLUSH)
             terminal = SafeStream(open(descriptor, "w", encoding="utf-8", closefd=False), self.redactor, "drop",
                                   inert=True)
-            terminal.write(question)
+            try:
+                width = os.get_terminal_size(descriptor).columns or 80
+            except OSError:
+                width = 80
+            # Whole on the screen, whatever the call holds: each line cut to a few of the terminal's lines.
+            room = max(width, 40) * QUESTION_LINES - 1
+            terminal.write("\n".join(question_line(line, room) for line in self.redactor(question).split("\n")))
             terminal.finish()
             answer = os.read(descriptor, 1024)  # one line: the terminal hands it over on Enter
             if not answer:  # Ctrl-D: end the line the question left open
