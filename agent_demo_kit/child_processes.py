@@ -56,6 +56,7 @@ class ToolWorker:
         self.paths: List[str] = []  # the files loaded, loaded again by a new worker
         self.process: Any = None
         self.connection: Any = None
+        self.copier: Optional[threading.Thread] = None
 
     def load(self, path: str) -> Dict[str, Tool]:
         """The tools of one more file, described by the worker (importing a file runs its code);
@@ -112,11 +113,17 @@ class ToolWorker:
         import socket  # imported only when a tools file is used
         from multiprocessing.connection import Connection
         ours, theirs = socket.socketpair()
+        read_end, write_end = os.pipe()  # what it and its children print: shown by us, inert
         with theirs:
-            self.process = subprocess.Popen(
-                [sys.executable, "-c", _BOOT, _ROOT, str(theirs.fileno())], pass_fds=[theirs.fileno()],
-                start_new_session=True, stdin=subprocess.DEVNULL, stdout=2 if _is_open(2) else subprocess.DEVNULL,
-                env=without_secrets(os.environ, self.secrets))
+            try:
+                self.process = subprocess.Popen(
+                    [sys.executable, "-c", _BOOT, _ROOT, str(theirs.fileno())], pass_fds=[theirs.fileno()],
+                    start_new_session=True, stdin=subprocess.DEVNULL, stdout=write_end, stderr=write_end,
+                    env=without_secrets(os.environ, self.secrets))
+            finally:
+                os.close(write_end)
+        self.copier = threading.Thread(target=_show_prints, args=(read_end, sys.stderr, self.secrets), daemon=True)
+        self.copier.start()
         self.connection = Connection(ours.detach())
         self.connection.send((sys.path, self.secrets))
         paths, self.paths = self.paths, []
@@ -141,6 +148,24 @@ class ToolWorker:
         with contextlib.suppress(OSError):  # ...and whatever it started ends with its group
             os.killpg(process.pid, signal.SIGKILL)
         process.wait()
+        if self.copier:
+            self.copier.join(0.5)  # its last prints are on their way
+
+
+def _show_prints(read_end: int, shown_on: Any, secrets: List[str]) -> None:
+    """Copy what the worker, its tools and their children print to `shown_on` (stderr) as it comes,
+    through the writer model text goes through: redacted and inert, whatever bytes they wrote."""
+    from agent_demo_kit.terminal import Redactor, SafeStream
+    decoder = codecs.getincrementaldecoder("utf-8")("replace")
+    stream = SafeStream(shown_on or open(os.devnull, "w"), Redactor(*secrets), if_broken="drop", inert=True)
+    with open(read_end, "rb", buffering=0) as prints:
+        while True:
+            chunk = prints.read(1 << 16)
+            stream.write(decoder.decode(chunk or b"", final=not chunk))
+            stream.flush()
+            if not chunk:
+                break
+    stream.finish()
 
 
 def without_secrets(environment: Any, secrets: Iterable[str] = ()) -> Dict[str, str]:
@@ -150,14 +175,6 @@ def without_secrets(environment: Any, secrets: Iterable[str] = ()) -> Dict[str, 
             if value and value.strip()]
     return {name: value for name, value in environment.items() if name not in ("LLM_API_KEY", "OPENAI_API_KEY")
             and not any(key.strip() in value for key in keys)}
-
-
-def _is_open(fd: int) -> bool:
-    try:
-        os.fstat(fd)
-        return True
-    except OSError:
-        return False
 
 
 def load_tools_files(paths: List[str], timeout: float, secrets: List[str], taken: Iterable[str],
@@ -209,7 +226,7 @@ def serve(fd: int) -> None:
 
 
 def prints_to_stderr(secrets: List[str]) -> Any:
-    """A tool's prints go to stderr (stdout is stderr already, for a child process's too), without the key."""
+    """A tool's prints go to stderr, without the key: stdout and stderr are both the pipe agent-demo shows them from."""
     from agent_demo_kit.terminal import Redactor, SafeStream  # the worker needs them only here
     stream = sys.__stderr__ or open(os.devnull, "w")  # None when stderr is closed (2>&-)
     sys.stdout = sys.stderr = SafeStream(stream, Redactor(*secrets), if_broken="drop")

@@ -214,33 +214,39 @@ class SafeStream:
         self.stream, self.redactor, self.if_broken, self.inert = stream, redactor, if_broken, inert
         self._pending = ""
         self.broken = False
+        self._lock = threading.RLock()  # a tool worker's or a server's prints arrive from their own threads
 
     def write(self, text: str) -> int:
-        self._pending += text
-        self._emit(hold=self.redactor.unsafe_tail(self._pending))
+        with self._lock:
+            self._pending += text
+            self._emit(hold=self.redactor.unsafe_tail(self._pending))
         return len(text)
 
     def flush(self) -> None:
-        self._emit(hold=self.redactor.unsafe_tail(self._pending))
-        self._guarded(self.stream.flush)
+        with self._lock:
+            self._emit(hold=self.redactor.unsafe_tail(self._pending))
+            self._guarded(self.stream.flush)
 
     def finish(self) -> None:
         """Write out everything held back: nothing more is coming, so it cannot be a key's start."""
-        self._emit(hold=0)
-        self._guarded(self.stream.flush)
+        with self._lock:
+            self._emit(hold=0)
+            self._guarded(self.stream.flush)
 
     def write_code(self, code: str) -> None:
         """One of our own terminal codes (a colour, the carriage return that redraws the status
         line), written as it is after everything before it."""
-        self._emit(hold=0)
-        self._guarded(lambda: self.stream.write(code))
+        with self._lock:
+            self._emit(hold=0)
+            self._guarded(lambda: self.stream.write(code))
 
     def write_json(self, value: Any, indent: Optional[int] = None) -> None:
         """value as JSON and a newline. Its strings are redacted, not its text, so no key, however
         short, changes its structure or its data (a placeholder key 5 and the number 5)."""
-        self._emit(hold=0)
         text = json.dumps(self.redactor.values(value), ensure_ascii=False, indent=indent) + "\n"
-        self._guarded(lambda: self.stream.write(self._shown(text)))
+        with self._lock:
+            self._emit(hold=0)
+            self._guarded(lambda: self.stream.write(self._shown(text)))
 
     def close(self) -> None:
         try:
