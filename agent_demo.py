@@ -51,7 +51,8 @@ class Agent:
         self.watchdog = Watchdog()
         self.check: Optional[List[str]] = None  # how --check is started, once it is known to start
         self.usage: dict = {}
-        self.unfinished: Dict[str, int] = {}  # calls with side effects started before a crash -> their round
+        self.task = ""  # as the user gave it (the conversation's may say more)
+        self.uncertain: Dict[str, int] = {}  # tools with a call started before a crash -> the round redone
         self.round_limit, self.token_limit = settings.max_rounds, settings.max_tokens  # a follow-up's are its own
         self.material: Optional[Tuple[str, int]] = None  # material read a page at a time, and how much was shown
         self.conversation = Conversation("", settings, registry, client, self.trace.compaction)
@@ -108,8 +109,11 @@ class Agent:
               follow_up: Optional[str]) -> None:
         """Record the start (the resume, the follow-up) with the run's own settings, and say which calls
         may have happened before a crash."""
-        task = self.trace.redact(task)  # what was piped in may hold a key
+        self.task = task = self.trace.redact(task)  # what was piped in may hold a key
         self.conversation.task = task
+        if unfinished:  # the model never saw their results: it is told they may have happened
+            self.conversation.task += prompts.render_may_have_happened(
+                [(call.tool, to_json(shorten_args(call.args))) for call in unfinished])
         self.conversation.rounds.extend(history)
         self.watchdog.replay(history)
         self.usage = total_usage(list(history))
@@ -130,9 +134,10 @@ class Agent:
         else:
             self.trace.start(task, model, url, kept)
         for call in unfinished:
-            self.unfinished[Watchdog.key(call)] = len(history) + 1
+            self.uncertain[call.tool] = len(history) + 1
             self.trace.note(f"{call.tool} {to_json(call.args)} started in round {len(history) + 1} before the"
-                            " run was cut short and may have happened: it is not run again unless you approve it")
+                            f" run was cut short and may have happened: in round {len(history) + 1}, no call of"
+                            f" {call.tool} runs unless you approve it")
         side_effects = [name for name, tool in self.registry.items() if tool.side_effects]
         settings = self.settings
         if self.approver is None and not settings.yes and (settings.approve or side_effects):
@@ -266,7 +271,7 @@ class Agent:
         check's output and goes on, until the run has had its --check-attempts."""
         settings = self.settings
         with self.trace.working(f"check running ({prompts.clip(settings.check, VALUE_SHOWN_CHARS)})"):
-            check = run_check(self.check, settings.check, answer_text(answer), self.conversation.task,
+            check = run_check(self.check, settings.check, answer_text(answer), self.task,
                               settings.tool_timeout, settings.named("check"))
         check = self.trace.redact_values(check)  # it may print the environment: the key goes no further
         call = Call(action.tool, action.args, success(answer), check=check)
@@ -288,11 +293,15 @@ class Agent:
     def run_tool(self, call: Call, number: int) -> dict:
         """Call the tool, first asking the user when --approve or the tool's side effects say so (not
         about a call whose arguments would be refused anyway). A call with side effects is recorded
-        before it runs; one that may have run before a crash runs again only if the user says so."""
+        before it runs. In the round redone after a crash, a call of a tool whose call may have happened
+        runs only if the user says so, whatever its arguments: --yes does not say so."""
         tool, settings = self.registry[call.tool], self.settings
         asks = (settings.approve or tool.side_effects) and not settings.yes and not check_args(tool, call.args)
-        may_have_run = self.unfinished.pop(Watchdog.key(call), None) is not None
+        may_have_run = self.uncertain.get(call.tool) == number
         if may_have_run and not (asks and self.approver):
+            self.trace.note(f"{call.tool} {to_json(call.args)} was not run: a call of {call.tool} may have happened"
+                            " before the run was cut short" + (" (--yes does not approve that)" if settings.yes else
+                                                               "; there is no terminal to ask"))
             return failure(prompts.OUTCOME_UNKNOWN)
         if asks:
             if self.approver is None:

@@ -182,8 +182,17 @@ NO_TERMINAL = "cancelled: this call needs the user's approval and there is no te
 OVER_CAP = "not run: at most {cap} calls per reply; send the rest in the next reply"
 NOT_LAST = "not accepted: {tool} may only come last in a reply; send it alone or after the other calls"
 SAME_REPLY = "the same call came earlier in this reply; this is its result"
-OUTCOME_UNKNOWN = ("outcome unknown: this call was started before the run was cut short and may already have"
-                   " happened; it was not run again. Check its effect before you rely on it")
+OUTCOME_UNKNOWN = ("outcome unknown: a call of this tool was started before the run was cut short and may already"
+                   " have happened (see the task); this call was not run. Check the effect before you rely on it")
+
+
+def render_may_have_happened(calls: List[Tuple[str, str]]) -> str:
+    """Said with the task of a run resumed after a crash: the calls (tool, arguments as JSON) that were
+    started and may have happened, whose results the model never saw."""
+    listed = "; ".join(f"{tool} {args}" for tool, args in calls)
+    return (f"\n\nThis run was cut short and resumed. These calls were started before that and may already have"
+            f" happened; their results are unknown: {listed}. In the next round no call of these tools runs"
+            " without the user's approval: check their effect before you do them again or rely on them.")
 
 
 def render_after_failure(failed: List[tuple]) -> str:

@@ -407,19 +407,44 @@ def test_kill_9_right_after_a_side_effect_then_resume_never_repeats_it_unannounc
             if call["result"].get("error", "").startswith("outcome unknown")]
     assert told == killed, "the model was told the outcome is unknown, each time"
     notes = [r["text"] for r in records(trace) if r["event"] == "note"]
-    assert len(notes) == len(killed) and all("may have happened" in note for note in notes), "and the user too"
+    assert [note for note in notes if "may have happened: in round" in note] == [
+        f'append_line {{"n": {n}}} started in round {round_} before the run was cut short and may have happened:'
+        f" in round {round_}, no call of append_line runs unless you approve it" for n, round_ in ((1, 1), (3, 3))]
+    assert [note for note in notes if "was not run" in note] == [
+        f'append_line {{"n": {n}}} was not run: a call of append_line may have happened before the run was cut short'
+        " (--yes does not approve that)" for n in killed], "and the user too"
 
 
-def test_under_approve_the_user_decides_whether_a_call_that_may_have_run_runs_again(tmp_path):
+def test_a_reworded_call_after_kill_9_is_not_run_and_the_model_is_told_what_may_have_happened(tmp_path):
     tools_file = tmp_path / "effects.py"
     tools_file.write_text(SIDE_EFFECTS)
     trace = tmp_path / "run.jsonl"
-    with ScriptedServer([act("append_line", n=1), act("append_line", n=1), act("finish", result="done")]) as server:
+    replies = [act("append_line", n=1), act("append_line", n=11), act("append_line", n=2), act("finish", result="done")]
+    with ScriptedServer(replies) as server:
+        env = {"LLM_API_URL": server.url, "KILL_AFTER": "1"}
+        assert run_cli("--tools-file", tools_file, "--trace", trace, "--yes", "--quiet", "go", env=env)[0] \
+            == -signal.SIGKILL
+        code, out, err = run_cli("--resume", trace, "--tools-file", tools_file, "--yes", env=env)
+        redone = server.sent_messages(1)
+    assert (code, out.splitlines()[-1]) == (0, "done")
+    assert (tmp_path / "effects.txt").read_text().split() == ["1", "2"], "11, the same call reworded, did not run"
+    assert 'These calls were started before that and may already have happened; their results are unknown:' \
+           ' append_line {"n": 1}.' in redone[1]["content"], "the model is told before it redoes the round"
+    assert 'append_line {"n": 11} was not run: a call of append_line may have happened' in err
+
+
+@pytest.mark.parametrize("again", [1, 11], ids=["the same call", "a reworded call"])
+def test_under_approve_the_user_decides_whether_a_call_that_may_have_run_runs_again(tmp_path, again):
+    tools_file = tmp_path / "effects.py"
+    tools_file.write_text(SIDE_EFFECTS)
+    trace = tmp_path / "run.jsonl"
+    with ScriptedServer([act("append_line", n=1), act("append_line", n=again), act("finish", result="done")]) as server:
         env = {**child_environment(), "LLM_API_URL": server.url, "KILL_AFTER": "1"}
         code = run_cli("--tools-file", tools_file, "--trace", trace, "--yes", "--quiet", "go", env=env)[0]
         assert code == -signal.SIGKILL
         shown, out, err, code = answer_on_a_terminal(["--resume", str(trace), "--tools-file", str(tools_file),
                                                       "--approve", "--quiet"], env, tmp_path)
-    assert b'approve append_line {"n": 1} again (it may have run before the run was cut short)? [y/N/a]' in shown
+    assert f'approve append_line {{"n": {again}}} again (it may have run before the run was cut short)? [y/N/a]' \
+        .encode() in shown
     assert code == 0
-    assert (tmp_path / "effects.txt").read_text().split() == ["1", "1"], "the user said yes"
+    assert (tmp_path / "effects.txt").read_text().split() == ["1", str(again)], "the user said yes"
