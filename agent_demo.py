@@ -88,6 +88,9 @@ class Agent:
         if self.token_limit is not None and self.usage.get("total_tokens", 0) >= self.token_limit:
             raise BudgetSpent()
         reply, messages = self.ask()
+        if reply.unread:
+            self.trace.note(f"the reply was not read to its end: {reply.unread} were left unread (a limit on every"
+                            " reply)")
         usage, estimated = self.count(reply, messages)
         mode = self.conversation.mode
         parsed = self.read(reply)
@@ -186,13 +189,13 @@ class Agent:
         ending: Optional[RunEnded] = None
         keys = [Watchdog.key(action) if isinstance(action.args, dict) else str(index)
                 for index, action in enumerate(parsed.actions)]
-        distinct = list(dict.fromkeys(keys))  # the actions, each once, in order
+        position = {key: n for n, key in enumerate(dict.fromkeys(keys))}  # among the actions, each once
         for index, (action, key) in enumerate(zip(parsed.actions, keys), 1):
             self.trace.action(index, len(keys), action.tool, action.args, parsed.answered_in_words)
             if key in first_of:
                 call = Call(action.tool, action.args, first_of[key].result, watchdog="cached", note=prompts.SAME_REPLY)
             else:
-                refusal = self.refusal(action.tool, distinct.index(key), len(distinct), calls)
+                refusal = self.refusal(action.tool, position[key], len(position), calls)
                 try:
                     call = Call(action.tool, action.args, failure(refusal)) if refusal \
                         else self.execute_call(action, number)
@@ -212,9 +215,9 @@ class Agent:
 
     def refusal(self, tool: str, position: int, count: int, before: List[Call]) -> Optional[str]:
         """Why the action at this position among the reply's distinct actions is not run, or None."""
-        failed = [(n, done.tool) for n, done in enumerate(before, 1) if not done.result.get("ok")]
         if position >= self.settings.max_calls:
             return prompts.OVER_CAP.format(cap=self.settings.max_calls)
+        failed = [(n, done.tool) for n, done in enumerate(before, 1) if not done.result.get("ok")]
         if tool in ENDINGS and position < count - 1:
             return prompts.NOT_LAST.format(tool=tool)
         if tool in ENDINGS and failed:

@@ -28,8 +28,9 @@ from urllib3.util.retry import Retry
 
 import prompts
 from agent_demo_kit.records import MOST_TOKENS_A_ROUND, EndpointError, Reply, RunEvents, json_size, to_json
-from agent_demo_kit.settings import (CHARS_A_TOKEN, DEFAULT_WINDOW_TOKENS, MESSAGE_CHARS, SERVER_TEXT_SCANNED,
-                                     SNIPPET_CHARS, Settings, display_url)
+from agent_demo_kit.settings import (CHARS_A_TOKEN, DEFAULT_WINDOW_TOKENS, MESSAGE_CHARS, MIN_LIMIT_TOKENS,
+                                     REPLY_BYTES_A_CHAR, REPLY_CHARS_A_TOKEN, SERVER_TEXT_SCANNED, SNIPPET_CHARS,
+                                     Settings, display_url)
 
 TextListener = Callable[[str], None]  # gets each piece of a streamed reply as it arrives
 
@@ -44,15 +45,26 @@ def parse_body(text: str) -> Any:
                           parse_float=lambda number: float(number) if math.isfinite(float(number)) else None)
     except RecursionError:
         raise ValueError("nested too deeply") from None
+    if not _SURROGATE_ESCAPE.search(text):  # the usual case, each piece of a stream: nothing to mend
+        return body
     return json.loads(json.dumps(body, ensure_ascii=False).encode("utf-8", "replace").decode("utf-8"))
 
 
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+
+
 def events(chunks: Iterator[bytes]) -> Iterator[str]:
-    """The data of each server-sent event, in order (comments and other fields skipped)."""
-    buffer, data = b"", []
+    """The data of each server-sent event, in order (comments and other fields skipped). A line that
+    comes in many pieces is joined once, when it ends: the work stays linear in its length."""
+    started: List[bytes] = []  # the pieces of a line not ended yet
+    data: List[str] = []
     for chunk in chunks:
-        buffer += chunk
-        *lines, buffer = buffer.split(b"\n")
+        if b"\n" not in chunk:
+            started.append(chunk)
+            continue
+        *lines, rest = chunk.split(b"\n")
+        lines[0] = b"".join([*started, lines[0]])
+        started = [rest]
         for raw in lines:
             line = raw.rstrip(b"\r").decode("utf-8", errors="replace")
             if not line:  # a blank line ends an event
@@ -61,21 +73,33 @@ def events(chunks: Iterator[bytes]) -> Iterator[str]:
                 data = []
             elif line.startswith("data:"):
                 data.append(line[5:][1:] if line[5:6] == " " else line[5:])
-    tail = buffer.rstrip(b"\r").decode("utf-8", errors="replace")
+    tail = b"".join(started).rstrip(b"\r").decode("utf-8", errors="replace")
     if tail.startswith("data:"):
         data.append(tail[5:].lstrip(" "))
     if data:  # a stream that ended without its last blank line
         yield "\n".join(data)
 
 
-class StreamedReply:
-    """The pieces of a streamed reply, put back together."""
+class _Enough(Exception):
+    """A streamed reply has reached a limit: the rest is not read."""
 
-    def __init__(self, on_text: Optional[TextListener] = None):
-        self.on_text = on_text
+
+class StreamedReply:
+    """The pieces of a streamed reply, put back together, within limits: at most `max_chars` of
+    text (the content, the reasoning and the calls together; past them it is cut, as at the length
+    limit) and `max_calls` calls (the ones after are not read)."""
+
+    def __init__(self, on_text: Optional[TextListener] = None, max_chars: Optional[int] = None,
+                 max_calls: Optional[int] = None):
+        self.on_text, self.max_chars, self.max_calls = on_text, max_chars, max_calls
+        self.size = 0
+        self.progressed_at = time.monotonic()  # when the last piece that was more than a keep-alive came
+        self.unread: Optional[str] = None
         self.content: List[str] = []
         self.reasoning: List[str] = []
         self.tool_calls: Dict[int, dict] = {}
+        self.arguments: Dict[int, List[str]] = {}  # each call's pieces, joined once at the end
+        self.last_index: Optional[int] = None
         self.finish_reason: Optional[str] = None
         self.usage: Optional[dict] = None
         self.model: Any = None
@@ -85,24 +109,27 @@ class StreamedReply:
         if not isinstance(chunk, dict):
             return
         if chunk.get("error"):
+            self.progressed_at = time.monotonic()
             error = chunk["error"]
             message = error.get("message") if isinstance(error, dict) else error
             raise EndpointError(f"the endpoint reported an error mid-reply: {_one_line(str(message))}")
         if isinstance(chunk.get("usage"), dict):
             self.usage = chunk["usage"]
+            self.progressed_at = time.monotonic()
         choices = chunk.get("choices")
         if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
             return
         choice = choices[0]
         if isinstance(choice.get("finish_reason"), str):
             self.finish_reason = choice["finish_reason"]
+            self.progressed_at = time.monotonic()
         delta = choice.get("delta") if isinstance(choice.get("delta"), dict) else choice.get("message")
         if not isinstance(delta, dict):
             return
         for name, pieces in (("reasoning_content", self.reasoning), ("content", self.content)):
             piece = delta.get(name)
             if isinstance(piece, str) and piece:
-                pieces.append(piece)
+                pieces.append(self._counted(piece))
                 if self.on_text:
                     self.on_text(piece)
         for position, call in enumerate(delta.get("tool_calls") or []):
@@ -111,43 +138,74 @@ class StreamedReply:
 
     def _add_call(self, call: dict, position: int) -> None:
         index = call.get("index")
+        last = self.last_index
         if not isinstance(index, int):  # some servers send no index: a new id starts a new call
-            last = max(self.tool_calls, default=None)
             fresh = last is None or call.get("id") and call.get("id") != self.tool_calls[last]["id"]
             index = (position if last is None else last + 1) if fresh else last
+        if self.max_calls is not None and index not in self.tool_calls and len(self.tool_calls) > self.max_calls:
+            self.unread = f"its calls after the first {len(self.tool_calls):,}"  # one more than run, to say so
+            self.finish_reason = self.finish_reason or "tool_calls"
+            raise _Enough
+        self.last_index = index if last is None else max(last, index)
         known = self.tool_calls.setdefault(index, {"id": None, "type": "function",
                                                     "function": {"name": "", "arguments": ""}})
         if call.get("id"):
             known["id"] = call["id"]
         function = call.get("function") if isinstance(call.get("function"), dict) else {}
         if isinstance(function.get("name"), str):
-            known["function"]["name"] += function["name"]
+            known["function"]["name"] += self._counted(function["name"])
         arguments = function.get("arguments")
         if isinstance(arguments, str):
-            known["function"]["arguments"] += arguments
+            self.arguments.setdefault(index, []).append(self._counted(arguments))
         elif arguments is not None:  # a server that sends the arguments whole, as an object
             known["function"]["arguments"] = arguments
+            self.arguments.pop(index, None)
+
+    def _counted(self, piece: str) -> str:
+        """A piece of text that came: progress, and within max_chars, else the reply is cut here."""
+        if piece:
+            self.progressed_at = time.monotonic()
+        self.size += len(piece)
+        if self.max_chars is not None and self.size > self.max_chars:
+            self.unread = f"all after its first {self.max_chars:,} characters"
+            self.finish_reason = "length"
+            raise _Enough
+        return piece
 
     def reply(self) -> Reply:
         """The same Reply a plain request would have given."""
+        for index, pieces in self.arguments.items():
+            self.tool_calls[index]["function"]["arguments"] = "".join(pieces)
         calls = [self.tool_calls[index] for index in sorted(self.tool_calls)]
         return Reply(content="".join(self.content), usage=self.usage, finish_reason=self.finish_reason,
                      tool_calls=[{**call, "id": call["id"] or f"call_{n}"} for n, call in enumerate(calls, 1)],
-                     reasoning="".join(self.reasoning))
+                     reasoning="".join(self.reasoning), unread=self.unread)
 
 
-def read_stream(chunks: Iterator[bytes], on_text: Optional[TextListener] = None) -> Reply:
-    """Read a whole event stream into a Reply; EndpointError if it ends before the reply is complete."""
-    reply, done = StreamedReply(on_text), False
-    for data in events(chunks):
-        if data.strip() == "[DONE]":
-            done = True
-            break
-        try:
-            chunk = parse_body(data)
-        except ValueError:
-            continue  # a line of some other dialect: the next events still count
-        reply.add(chunk)
+def read_stream(chunks: Iterator[bytes], on_text: Optional[TextListener] = None, silence: Optional[float] = None,
+                max_chars: Optional[int] = None, max_calls: Optional[int] = None) -> Reply:
+    """Read an event stream into a Reply, up to its end or a limit (see StreamedReply); EndpointError
+    if it ends before the reply is complete, or if for `silence` seconds nothing but keep-alives came
+    (comments, empty pieces): a server that only says it is there is no reply arriving."""
+    reply, done = StreamedReply(on_text, max_chars, max_calls), False
+
+    def watched() -> Iterator[bytes]:
+        for chunk in chunks:
+            if silence is not None and time.monotonic() - reply.progressed_at > silence:
+                raise EndpointError(f"the reply stopped arriving: nothing but keep-alives came within {silence:g} s")
+            yield chunk
+    try:
+        for data in events(watched()):
+            if data.strip() == "[DONE]":
+                done = True
+                break
+            try:
+                chunk = parse_body(data)
+            except ValueError:
+                continue  # a line of some other dialect: the next events still count
+            reply.add(chunk)
+    except _Enough:
+        done = True
     if not done and reply.finish_reason is None:  # neither [DONE] nor a finish_reason: it was cut off
         raise EndpointError("the reply stopped arriving: the stream ended before the reply was complete")
     return reply.reply()
@@ -318,6 +376,10 @@ class ModelClient:
                 continue
             self.form.mode_worked = True
             reply.latency_ms = int((time.monotonic() - started) * 1000)
+            kept = self.settings.max_calls + 1  # one past the cap, so the model is told of the cap
+            if len(reply.tool_calls) > kept:  # before anything works through the calls one by one
+                reply.tool_calls = reply.tool_calls[:kept]
+                reply.unread = reply.unread or f"its calls after the first {kept:,}"
             return reply, messages
 
     def wait_to_retry(self, retry: Retry, failure: AttemptFailed) -> Retry:
@@ -392,13 +454,18 @@ class ModelClient:
         streamed = body.get("stream") and response.ok and "text/event-stream" in response.headers.get(
             "Content-Type", "")
         pieces = _pieces(response)
+        most_chars = max(body.get(self.form.reply_cap_field) or self.window(), MIN_LIMIT_TOKENS) * REPLY_CHARS_A_TOKEN
         try:
             if streamed:
-                reply = read_stream(pieces, self.on_text)
-                for _ in pieces:  # what follows [DONE], so the connection goes back to the pool
-                    pass
+                reply = read_stream(pieces, self.on_text, timeout, most_chars, self.settings.max_calls)
+                if reply.unread:  # a limit was reached: the rest may never end
+                    response.close()
+                else:
+                    for _ in pieces:  # what follows [DONE], so the connection goes back to the pool
+                        pass
             else:
-                text = b"".join(pieces).decode(response.encoding or "utf-8", "replace")
+                text = _bounded(pieces, most_chars * REPLY_BYTES_A_CHAR).decode(response.encoding or "utf-8",
+                                                                                  "replace")
         except (requests.RequestException, urllib3.exceptions.HTTPError, OSError) as error:
             response.close()
             if "timed out" in str(error).lower():
@@ -462,6 +529,19 @@ def refuses_options(status: Optional[int], said: str, mode_worked: bool) -> bool
     if status in (400, 422):  # a first request refused, or one that says why
         return names_them or not mode_worked
     return bool(status and status >= 500 and names_them)
+
+
+def _bounded(pieces: Iterator[bytes], most_bytes: int) -> bytes:
+    """A whole body, or AttemptFailed once it passes most_bytes: no reply is that long."""
+    kept: List[bytes] = []
+    size = 0
+    for piece in pieces:
+        size += len(piece)
+        if size > most_bytes:
+            raise AttemptFailed(f"the reply was longer than {most_bytes:,} bytes, more than any reply within the cap;"
+                                " it was not read")
+        kept.append(piece)
+    return b"".join(kept)
 
 
 def _pieces(response: requests.Response) -> Iterator[bytes]:

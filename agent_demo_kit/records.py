@@ -59,6 +59,7 @@ class Reply:
     latency_ms: int = 0
     finish_reason: Optional[str] = None  # "length" when the reply was cut off
     reasoning: str = ""  # reasoning_content, which some servers send beside the content
+    unread: Optional[str] = None  # what of a streamed reply was left unread, past a limit (then said once)
 
 
 @dataclass

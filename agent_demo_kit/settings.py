@@ -47,6 +47,12 @@ RECALL_NOTE_CHARS = 150  # what recall's note about rounds that did not fit take
 EXPRESSION_CHARS = 200  # the calculator's expression at most
 FUNCTION_NAME_CHARS = 64  # a tool's name, as endpoints take a function name
 MAX_PARSED_CHARS = 100_000  # a longer reply is read at its beginning and at its end
+# A streamed reply is cut past this many characters for each token of its cap (--max-reply-tokens,
+# or the model's window when there is none), counted as a cap of at least MIN_LIMIT_TOKENS (a
+# reasoning model's thinking may not count against the cap): a token is 3-4 characters, rarely 16.
+REPLY_CHARS_A_TOKEN = 16
+MIN_LIMIT_TOKENS = 65_536
+REPLY_BYTES_A_CHAR = 8  # a plain (not streamed) body of more bytes than this a character is not read
 SERVER_TEXT_SCANNED = 20_000  # of an error body, what is searched for the server's words
 CHECK_OUTPUT_CHARS = 100_000  # of the check's output, kept in the trace
 CHECK_OUTPUT_SHOWN = 4_000  # of the check's last output, shown when it ended the run
@@ -155,7 +161,7 @@ class Settings:
     yes: bool = setting(False, "run every call without asking, even tools marked as having side effects",
                         "--yes", resume=False, shown="off")
     timeout: float = setting(30.0, "the longest silence from the endpoint: no first byte, or no next piece of a"
-                             " reply", "--timeout", ("AGENT_TIMEOUT",), seconds, metavar="SECONDS")
+                             " reply (keep-alives and empty pieces are silence)", "--timeout", ("AGENT_TIMEOUT",), seconds, metavar="SECONDS")
     retries: int = setting(3, "retries on 429, 5xx, dropped connections and timeouts", "--retries",
                            ("AGENT_RETRIES",), whole_number(0), metavar="N")
     max_retry_wait: float = setting(30.0, "the longest wait before a retry, in seconds",

@@ -6,8 +6,9 @@ For each run length it prints what a prompt cache could reuse (the common prefix
 of consecutive requests' messages over their size), how many requests kept less
 than half of the previous one, the largest request against --max-context, and
 the harness time per round next to a bare `requests.Session` loop that posts
-the same request bodies, in the same process, to the same server. Then the
-start-up time of --help next to a bare interpreter. Compare figures as ratios
+the same request bodies, in the same process, to the same server. Then what a
+hostile endpoint costs (100,000 calls in one reply, a 32 MB event line, endless
+keep-alives), and the start-up time of --help next to a bare interpreter. Compare figures as ratios
 within one run: the machines are shared and noisy.
 """
 import argparse
@@ -120,6 +121,41 @@ def measure(rounds: int, think: int, max_context: int) -> dict:
             **prefix_figures(bodies)}
 
 
+def hostile_run(reply: dict, *flags: str) -> tuple:
+    """One reply from a hostile endpoint, then finish, through the real CLI in this process:
+    (Stopwatch, its --json outcome)."""
+    with ScriptedServer([reply, action("finish", result="done")]) as server:
+        os.environ["LLM_API_URL"] = server.url
+        stdout = io.StringIO()
+        with Stopwatch() as watch, contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(io.StringIO()):
+            cli_main(["--quiet", "--json", "--max-rounds", "2", "--retries", "0", *flags, "hostile"])
+    return watch, json.loads(stdout.getvalue())
+
+
+def hostile_figures() -> None:
+    """What a hostile endpoint costs: many calls in one reply, one huge event line, endless keep-alives."""
+    from agent_demo_kit.client import read_stream
+    calls = [{"id": f"c{n}", "type": "function", "function": {"name": "calculator",
+                                                             "arguments": json.dumps({"expression": f"{n} + 1"})}}
+             for n in range(100_000)]
+    print("hostile replies:")
+    for how, reply in (("streamed", {"content": "", "tool_calls": calls}),
+                       ("one plain body", {"content": "", "tool_calls": calls, "no_stream": True})):
+        # With no reply cap, so that the 10 MB plain body is read whole, not refused as too long.
+        watch, outcome = hostile_run(reply, "--mode", "tools", "--max-reply-tokens", "0")
+        print(f"  100,000 calls, {how:<14}  {watch.wall:.2f} s ({watch.cpu:.2f} s CPU, the server's included),"
+              f" status {outcome['status']}")
+    line = b'data: {"choices": [{"delta": {"content": "' + b"x" * (32 << 20) + b'"}, "finish_reason": "stop"}]}\n\n'
+    chunks = [line[start:start + 65536] for start in range(0, len(line), 65536)]
+    with Stopwatch() as reading:
+        read_stream(iter(chunks))
+    with Stopwatch() as parsing:
+        json.loads(line[len(b"data: "):])
+    print(f"  one 32 MB event line        {reading.cpu:.2f} s CPU ({reading.cpu / parsing.cpu:.1f}x json.loads of it)")
+    watch, outcome = hostile_run({"content": "Thinking", "keep_alive": 0.5}, "--timeout", "2")
+    print(f"  keep-alives every 0.5 s     ended after {watch.wall:.1f} s with --timeout 2, status {outcome['status']}")
+
+
 def median_seconds(command: list, times: int = 7) -> float:
     samples = []
     for _ in range(times):
@@ -153,6 +189,7 @@ def main() -> None:
         print(f"    the same, wall clock      {run['harness_wall']:.2f} ms ({run['harness_wall'] / run['bare_wall']:.2f}x"
               f" {run['bare_wall']:.2f} ms)")
         print(f"  TCP connections per run     {run['connections']}")
+    hostile_figures()
     # Start-up: the three commands take turns, so the machine's other jobs weigh on each alike.
     commands = {"version": [*CLI, "--version"], "help": [*CLI, "--help"], "pass": [sys.executable, "-c", "pass"],
                 "imports": [sys.executable, "-c", "import requests, dotenv"]}

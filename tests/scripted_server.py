@@ -8,7 +8,10 @@ A canned reply is either a string (the assistant's content) or a dict:
    "trickle": seconds between the pieces of a body sent in 8 pieces,
    "gzip": true to compress the body, "short": true to promise more body than is sent,
    "refuse_stream": true to answer a streaming request with a 400, "no_stream": true to answer it
-   with a plain JSON body, "piece_delay": seconds between the events of a streamed reply}
+   with a plain JSON body, "piece_delay": seconds between the events of a streamed reply,
+   "keep_alive": seconds between the comments (and empty pieces) a streamed reply sends forever
+   after its content, "endless": true to stream its content again and again, never ending; for
+   ENDLESS_SECONDS, so that a reader that does not stop fails its test instead of hanging it}
 A request with "stream": true gets its reply as server-sent events, a few characters an event
 (but "short", "gzip" and "trickle" are about a plain body: those replies come as one, as from a
 server that ignores "stream").
@@ -38,6 +41,9 @@ LLAMA_CPP_PYTHON_REFUSAL = {"status": 500, "body": {"error": {
                " \"'text' or 'json_object'\"}}\n\n  File \"/opt/venv/lib/python3.11/site-packages/llama_cpp/server/"
                "app.py\", line 376, in create_chat_completion\n    POST /v1/chat/completions",
     "type": "internal_server_error", "param": None, "code": None}}}
+
+
+ENDLESS_SECONDS = 20.0
 
 
 def like_llama_cpp_python(body: Any) -> Optional[Canned]:
@@ -204,8 +210,19 @@ class ScriptedServer:
         handler.wfile.write(b"5\r\n: hi\n\r\n")  # a comment line, which readers skip
         content = spec.get("content") or ""
         size = 7 if len(content) < 500 else 250  # a few characters an event; long replies in bigger pieces
-        for start in range(0, len(content), size):
-            send(chunk({"content": content[start:start + size]}))
+        until = time.monotonic() + ENDLESS_SECONDS
+        try:
+            while True:  # once, unless endless (then until the reader hangs up)
+                for start in range(0, len(content), size):
+                    send(chunk({"content": content[start:start + size]}))
+                while spec.get("keep_alive") and time.monotonic() < until:
+                    handler.wfile.write(b"d\r\n: keep-alive\n\r\n")
+                    send(chunk({"content": ""}))
+                    time.sleep(spec["keep_alive"])
+                if not spec.get("endless") or time.monotonic() > until:
+                    break
+        except OSError:  # the reader stopped reading: as it should
+            return
         for index, call in enumerate(spec.get("tool_calls") or []):
             arguments = call["function"].get("arguments", "")
             send(chunk({"tool_calls": [{"index": index, "id": call.get("id"), "type": "function",

@@ -5,9 +5,11 @@ import pytest
 import requests
 import responses
 
+from agent_demo_kit.cli import main
 from agent_demo_kit.client import ModelClient, read_stream, server_message
 from agent_demo_kit.records import EndpointError
-from agent_demo_kit.settings import Settings
+from agent_demo_kit.settings import MIN_LIMIT_TOKENS, REPLY_CHARS_A_TOKEN, Settings
+from scripted_server import action as act
 
 URL = "https://llm.example.test/v1/chat/completions"
 MESSAGES = [{"role": "user", "content": "hi"}]
@@ -329,3 +331,64 @@ def test_a_404_from_a_url_without_v1_says_to_try_it(url, hint):
     responses.post(url.rstrip("/") + "/chat/completions", status=404, body="404 page not found")
     said = endpoint_error(url=url)
     assert said == ("not found (HTTP 404): 404 page not found - check LLM_MODEL (m1) and LLM_API_URL" + hint)
+
+
+# --- bounded by the reply, not only by silence ----------------------------------------------------
+
+def test_a_stream_of_keep_alives_and_empty_pieces_ends_within_about_the_timeout(serve, capsys):
+    serve([{"content": "Thinking", "keep_alive": 0.2}], key=None)
+    started = time.monotonic()
+    assert main(["--timeout", "1", "--retries", "0", "x"]) == 3
+    assert time.monotonic() - started < 10, "not held for ever"
+    assert "the reply stopped arriving: nothing but keep-alives came within 1 s" in capsys.readouterr().err
+
+
+def test_an_endless_reply_is_cut_past_its_cap_and_read_as_cut_off(serve, capsys):
+    server = serve([{"content": "I will never stop. " * 30, "endless": True}, act("finish", result="done")], key=None)
+    assert main(["--max-reply-tokens", "100", "x"]) == 0
+    err = capsys.readouterr().err
+    most = MIN_LIMIT_TOKENS * REPLY_CHARS_A_TOKEN
+    assert f"the reply was not read to its end: all after its first {most:,} characters were left unread" in err
+    assert len(server.requests) == 2 and "cut off" in server.sent_messages(1)[-1]["content"]
+
+
+def events_of(calls: int, indexed: bool = False) -> list:
+    """A streamed reply of this many tool calls, each in two pieces, in 64 KB chunks."""
+    def chunk(delta):
+        return "data: " + json.dumps({"choices": [{"index": 0, "delta": delta}]}) + "\n\n"
+    text = "".join(chunk({"tool_calls": [{**({"index": n} if indexed else {}), "id": f"c{n}", "function": {
+        "name": "calculator", "arguments": '{"expression": '}}]}) + chunk({"tool_calls": [{**({"index": n} if indexed else {}),
+                                                                       "function": {"arguments": f'"{n} + 1"}}'}}]})
+        for n in range(calls)) + 'data: {"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]}\n\n'
+    data = text.encode()
+    return [data[start:start + 65536] for start in range(0, len(data), 65536)]
+
+
+def cpu_seconds(work) -> float:
+    """The least CPU time of three tries: the machines are shared, and CPU time counts only ours."""
+    times = []
+    for _ in range(3):
+        started = time.process_time()
+        work()
+        times.append(time.process_time() - started)
+    return min(times)
+
+
+def test_reading_a_reply_s_calls_is_linear_in_their_number_and_stops_past_the_cap():
+    small, large = events_of(1_500), events_of(15_000)
+    assert len(read_stream(iter(large)).tool_calls) == 15_000
+    ratio = cpu_seconds(lambda: read_stream(iter(large))) / cpu_seconds(lambda: read_stream(iter(small)))
+    assert ratio < 25, f"ten times the calls took {ratio:.0f} times as long"  # quadratic: about 100
+    capped = read_stream(iter(events_of(20_000, indexed=True)), max_calls=8)
+    assert (len(capped.tool_calls), capped.unread) == (9, "its calls after the first 9")
+    assert capped.tool_calls[-1]["function"]["arguments"] == '{"expression": "8 + 1"}'
+
+
+def test_one_long_event_line_costs_about_what_parsing_it_costs():
+    data = (b'data: {"choices": [{"index": 0, "delta": {"content": "' + b"x" * (32 << 20)
+            + b'"}, "finish_reason": "stop"}]}\n\n')
+    chunks = [data[start:start + 65536] for start in range(0, len(data), 65536)]
+    assert len(read_stream(iter(chunks)).content) == 32 << 20
+    text = data[len(b"data: "):].decode()
+    ratio = cpu_seconds(lambda: read_stream(iter(chunks))) / cpu_seconds(lambda: json.loads(text))
+    assert ratio < 10, f"reading a 32 MB line took {ratio:.0f} times what parsing it takes"  # joined anew each piece: 50+
