@@ -28,7 +28,7 @@ from typing import IO, Any, ContextManager, Dict, List, Optional
 
 from agent_demo_kit.records import (RESUMABLE, is_count, Call, Compaction, ConfigError, Reply, Round, RunEvents, RunResult,
                                     Working, to_json)
-from agent_demo_kit.settings import TASK_SHOWN_CHARS, check, checked_folder, resolve
+from agent_demo_kit.settings import TASK_SHOWN_CHARS, check, check_parents, checked_folder, resolve
 from agent_demo_kit.terminal import Redactor, SafeStream, Screen, columns, first_columns
 from prompts import MATERIAL_HEADER, clip
 
@@ -44,8 +44,10 @@ _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 
 
 def private_folder(folder: Path, what: str = "the run log folder") -> Path:
-    """The folder, made 0700 with every missing parent (whatever the umask) and checked."""
+    """The folder, made 0700 with every missing parent (whatever the umask) and checked, with its
+    parents. A mode is set on the folder opened, never by its name, which could be swapped meanwhile."""
     real = Path(resolve(str(folder), what))
+    check_parents(str(real), str(folder), what)
     missing = []
     while not os.path.lexists(real) and real != real.parent:
         missing.append(real)
@@ -55,13 +57,29 @@ def private_folder(folder: Path, what: str = "the run log folder") -> Path:
             os.mkdir(part, 0o700)
         except FileExistsError:  # another run made it meanwhile: checked below like any other
             continue
-        os.chmod(part, 0o700)  # a umask of 0o277 or so would leave it unusable
+        _make_private(part, folder, what)  # a umask of 0o277 or so would leave it unusable
     target = real if not missing else missing[0]
     info = os.stat(target)
     if not stat.S_ISDIR(info.st_mode):
         raise ConfigError(f"{what} {folder} is not a folder")
     check(info, str(folder), what)
     return target
+
+
+def _make_private(made: Path, folder: Path, what: str) -> None:
+    """Mode 0700 on the folder just made, through a descriptor of it: whatever is at that name by
+    now (a symlink to a file of yours, swapped in) is not what gets the mode."""
+    try:
+        fd = os.open(made, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | _NOFOLLOW)
+    except OSError as error:
+        raise ConfigError(f"{what} {folder}: {made} changed while it was being made ({error.strerror})") from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
+            raise ConfigError(f"{what} {folder}: {made} changed while it was being made")
+        os.fchmod(fd, 0o700)
+    finally:
+        os.close(fd)
 
 
 def open_private(path: str, what: str = "the trace file") -> int:

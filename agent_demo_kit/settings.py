@@ -336,9 +336,37 @@ def check(info: os.stat_result, path: str, what: str) -> None:
                           f" (mode {stat.S_IMODE(info.st_mode):o}): chmod {private} {path}")
 
 
+def check_parents(real: str, shown: str, what: str) -> None:
+    """The folders above `real` (a path with its symlinks resolved) as ssh's StrictModes checks a home
+    folder's: each one yours or root's, and writable by nobody else unless sticky (as /tmp is), so
+    that nobody else can swap what is inside for their own."""
+    if not _CHECKED:
+        return
+    parent = os.path.dirname(real)
+    while True:
+        try:
+            info = os.stat(parent)
+        except OSError:  # not made yet: made by us, privately
+            info = None
+        if info is not None and not stat.S_ISDIR(info.st_mode):  # a file: nothing can be made in it
+            info = None
+        if info is not None and not _trusted(info.st_uid):
+            raise ConfigError(f"{what} {shown} is inside {parent}, which belongs to {_owner(info.st_uid)}: whoever"
+                              " owns it can put a folder of theirs in its place; use a folder of your own")
+        if info is not None and info.st_mode & 0o022 and not info.st_mode & stat.S_ISVTX:
+            writers = "others" if info.st_mode & 0o002 else "its group"
+            raise ConfigError(f"{what} {shown} is inside {parent}, which is writable by {writers} (mode"
+                              f" {stat.S_IMODE(info.st_mode):o}): they can put a folder of theirs in its place;"
+                              " use a folder whose parents only you can change")
+        if parent == os.path.dirname(parent):
+            return
+        parent = os.path.dirname(parent)
+
+
 def checked_folder(folder: Path, what: str = "the run log folder") -> Optional[Path]:
-    """The folder, checked, if it exists; None if it does not."""
+    """The folder, checked with its parents, if it exists; None if it does not."""
     real = resolve(str(folder), what)
+    check_parents(real, str(folder), what)
     try:
         info = os.stat(real)
     except FileNotFoundError:

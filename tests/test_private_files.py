@@ -174,3 +174,45 @@ def test_a_folder_of_a_user_without_a_name_is_refused_naming_the_uid(tmp_path, m
     assert main(["--runs"]) == 2
     [said] = said_lines(capsys.readouterr().err)
     assert "uid 54321" in said
+
+
+@pytest.mark.parametrize("mode, refused", [(0o777, "others"), (0o775, "its group"), (0o1777, None)],
+                         ids=["writable by others", "by its group", "sticky, as /tmp"])
+def test_a_run_log_folder_s_parents_are_checked_as_ssh_checks_a_home(serve, cli, tmp_path, monkeypatch, mode, refused):
+    server = serve([act("finish", result="ok")])
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, mode)
+    folder = shared / "mine" / "runs"
+    folder.mkdir(parents=True, mode=0o700)
+    os.chmod(shared / "mine", 0o700)
+    monkeypatch.setenv("AGENT_DEMO_LOG_DIR", str(folder))
+    code, out, err = cli("--quiet", "hi")
+    if refused is None:
+        assert (code, out) == (0, "ok\n") and len(list(folder.glob("*.jsonl"))) == 1
+        return
+    assert code == 2 and server.requests == [] and list(folder.iterdir()) == []
+    assert said_lines(err) == [
+        f"agent-demo: error: the run log folder {folder} is inside {shared}, which is writable by {refused} (mode"
+        f" {mode:o}): they can put a folder of theirs in its place; use a folder whose parents only you can change"]
+    assert cli("--runs")[0] == 2, "nor is it read"
+
+
+@root_only
+def test_a_run_log_folder_inside_another_user_s_folder_is_refused(serve, cli, tmp_path, monkeypatch):
+    serve([act("finish", result="ok")])
+    theirs = tmp_path / "theirs"
+    (theirs / "runs").mkdir(parents=True, mode=0o700)
+    os.chown(theirs, NOBODY, NOBODY)
+    monkeypatch.setenv("AGENT_DEMO_LOG_DIR", str(theirs / "runs"))
+    code, out, err = cli("--quiet", "hi")
+    assert code == 2 and f"is inside {theirs}, which belongs to nobody (uid {NOBODY})" in err
+
+
+def test_the_folders_it_makes_get_their_mode_through_a_descriptor_never_by_name(serve, cli, tmp_path, monkeypatch):
+    serve([act("finish", result="ok")])
+    by_name = []
+    monkeypatch.setattr(os, "chmod", lambda path, *args, **kwargs: by_name.append(path))  # a name may be swapped
+    code, out, err = cli("--quiet", "hi")
+    assert (code, by_name) == (0, [])
+    assert stat.S_IMODE((tmp_path / "state" / "agent-demo" / "runs").stat().st_mode) == 0o700
