@@ -58,12 +58,12 @@ class Agent:
         self.conversation = Conversation("", settings, registry, client, self.trace.compaction)
 
     def run(self, task: str, history: Sequence[Round] = (), unfinished: Sequence[Call] = (),
-            follow_up: Optional[str] = None) -> RunResult:
-        """Ask, parse, execute, feed back, until an ending. history (the rounds done) resumes a run;
-        unfinished are the calls with side effects it started in the round after them; follow_up is
-        the user's next turn after its last round."""
+            follow_up: Optional[str] = None, resumed: bool = False) -> RunResult:
+        """Ask, parse, execute, feed back, until an ending. history (the rounds done) resumes a run
+        (resumed: one cut short even before its first round ended); unfinished are the calls with side
+        effects it started in the round after them; follow_up is the user's next turn after its last round."""
         try:
-            self.begin(task, history, unfinished, follow_up)
+            self.begin(task, history, unfinished, follow_up, resumed or bool(history))
             while True:
                 self.step()
         except RunEnded as ended:
@@ -109,7 +109,7 @@ class Agent:
     # --- the phases of a round ---------------------------------------------------------------
 
     def begin(self, task: str, history: Sequence[Round], unfinished: Sequence[Call],
-              follow_up: Optional[str]) -> None:
+              follow_up: Optional[str], resumed: bool) -> None:
         """Record the start (the resume, the follow-up) with the run's own settings, and say which calls
         may have happened before a crash."""
         self.task = task = self.trace.redact(task)  # what was piped in may hold a key
@@ -132,7 +132,7 @@ class Agent:
         model, url = self.settings.model, display_url(self.settings.endpoint)
         if follow_up is not None:
             self.trace.follow_up(follow_up, model, url, len(history), kept)
-        elif history:
+        elif resumed:  # a resume record, even after no round: the calls recorded before it still count
             self.trace.resume(task, model, url, len(history), kept)
         else:
             self.trace.start(task, model, url, kept)
@@ -491,9 +491,10 @@ class Job:
     unfinished: List[Call] = field(default_factory=list)  # side-effecting calls started before a crash
     follow_up: Optional[str] = None  # the user's next turn after the run's last round (--continue)
     closing: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
+    resumed: bool = False  # a run taken up from its trace
 
     def run(self) -> RunResult:
-        return self.agent.run(self.task, self.history, self.unfinished, self.follow_up)
+        return self.agent.run(self.task, self.history, self.unfinished, self.follow_up, self.resumed)
 
     def __enter__(self) -> "Job":
         return self
@@ -541,6 +542,8 @@ def prepare(task: str = "", *, given: Dict[str, Any], environment: Dict[str, str
         else:
             settings = load_settings(given, environment, named=named)
         redactor.add(*secrets_of({"LLM_API_KEY": settings.api_key or ""}, settings.url))  # a key= given too
+        # Whole, before it is shown a page at a time: a page's edge must not split a key into parts too short to catch.
+        material = redactor(material, placeholders=False) if material else material
         registry, start_fields, notes = tool_registry(settings, functions, redactor.secrets, closing, start)
         form = RequestForm.resumed(settings, start, any(record.mode == settings.mode for record in history)) \
             if start is not None else RequestForm.asked_for(settings)
@@ -572,7 +575,7 @@ def prepare(task: str = "", *, given: Dict[str, Any], environment: Dict[str, str
         if resume is not None and recorded.status == "max_rounds" and given.get("max_rounds") is None:
             more = recorded.first_limit or settings.max_rounds  # the run's own --max-rounds, not the total so far
             agent.round_limit = len(history) + more  # a bare --resume: another --max-rounds of rounds
-        return Job(agent, task, history, unfinished, follow_up, closing)
+        return Job(agent, task, history, unfinished, follow_up, closing, resumed=resume is not None)
     except BaseException:
         closing.close()
         raise

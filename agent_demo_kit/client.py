@@ -53,18 +53,29 @@ def parse_body(text: str) -> Any:
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 
 
-def events(chunks: Iterator[bytes]) -> Iterator[str]:
+class _LineTooLong(Exception):
+    """An event's line is longer than any reply within the cap could make it."""
+
+
+def events(chunks: Iterator[bytes], max_line: Optional[int] = None) -> Iterator[str]:
     """The data of each server-sent event, in order (comments and other fields skipped). A line that
-    comes in many pieces is joined once, when it ends: the work stays linear in its length."""
+    comes in many pieces is joined once, when it ends: the work stays linear in its length, and the
+    memory too, since a line longer than max_line bytes is not kept (_LineTooLong)."""
     started: List[bytes] = []  # the pieces of a line not ended yet
+    started_size = 0
     data: List[str] = []
     for chunk in chunks:
         if b"\n" not in chunk:
             started.append(chunk)
+            started_size += len(chunk)
+            if max_line is not None and started_size > max_line:
+                raise _LineTooLong
             continue
         *lines, rest = chunk.split(b"\n")
         lines[0] = b"".join([*started, lines[0]])
-        started = [rest]
+        started, started_size = [rest], len(rest)
+        if max_line is not None and max(started_size, len(lines[0])) > max_line:
+            raise _LineTooLong
         for raw in lines:
             line = raw.rstrip(b"\r").decode("utf-8", errors="replace")
             if not line:  # a blank line ends an event
@@ -82,6 +93,11 @@ def events(chunks: Iterator[bytes]) -> Iterator[str]:
 
 class _Enough(Exception):
     """A streamed reply has reached a limit: the rest is not read."""
+
+
+class Stalled(EndpointError):
+    """A stream that sent nothing but keep-alives for --timeout: not tried again, since it would only
+    hold the run as long again."""
 
 
 class StreamedReply:
@@ -192,10 +208,11 @@ def read_stream(chunks: Iterator[bytes], on_text: Optional[TextListener] = None,
     def watched() -> Iterator[bytes]:
         for chunk in chunks:
             if silence is not None and time.monotonic() - reply.progressed_at > silence:
-                raise EndpointError(f"the reply stopped arriving: nothing but keep-alives came within {silence:g} s")
+                raise Stalled(f"the reply stopped arriving: nothing but keep-alives came within {silence:g} s")
             yield chunk
+    max_line = None if max_chars is None else max_chars * REPLY_BYTES_A_CHAR
     try:
-        for data in events(watched()):
+        for data in events(watched(), max_line):
             if data.strip() == "[DONE]":
                 done = True
                 break
@@ -206,6 +223,9 @@ def read_stream(chunks: Iterator[bytes], on_text: Optional[TextListener] = None,
             reply.add(chunk)
     except _Enough:
         done = True
+    except _LineTooLong:
+        reply.unread, reply.finish_reason, done = f"an event of more than {max_line:,} bytes and all after it", \
+            "length", True
     if not done and reply.finish_reason is None:  # neither [DONE] nor a finish_reason: it was cut off
         raise EndpointError("the reply stopped arriving: the stream ended before the reply was complete")
     return reply.reply()
@@ -472,6 +492,9 @@ class ModelClient:
                 raise AttemptFailed(f"the reply stopped arriving: nothing more came within {timeout:g} s") from None
             raise AttemptFailed(f"the reply stopped arriving: the connection broke mid-reply"
                                 f" ({type(error).__name__})") from None
+        except Stalled:
+            response.close()
+            raise
         except (AttemptFailed, EndpointError) as error:
             response.close()
             raise AttemptFailed(str(error)) from None

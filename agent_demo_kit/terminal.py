@@ -62,9 +62,12 @@ def _forms(secret: str) -> List[str]:
     return sorted(forms, key=len, reverse=True)
 
 
-def _pattern(form: str) -> str:
-    """A form as a regular expression in which a percent escape matches in either case (%2b, %2B)."""
-    return re.sub(r"%[0-9A-F]{2}", lambda escape: f"(?i:{escape.group()})", re.escape(form))
+def _pattern(form: str, wrapped: bool = False) -> str:
+    """A form as a regular expression in which a percent escape matches in either case (%2b, %2B);
+    wrapped: and a line may break anywhere in it (base64 -w 12, fold -w 8)."""
+    pieces = [f"(?i:{piece})" if len(piece) == 3 else re.escape(piece)
+              for piece in re.findall(r"%[0-9A-F]{2}|.", form, re.DOTALL)]
+    return (r"(?:\r?\n)?" if wrapped else "").join(pieces)
 
 
 class Redactor:
@@ -87,9 +90,10 @@ class Redactor:
         self.forms, self.long_forms = [], []
         for secret in self.secrets:
             forms = _forms(secret)
-            either = "|".join(map(_pattern, forms))
+            long = len(secret) >= MIN_SECRET_CHARS
+            either = "|".join(_pattern(form, wrapped=long) for form in forms)
             self.forms += forms
-            if len(secret) >= MIN_SECRET_CHARS:
+            if long:
                 self.long_forms += forms
                 real.append(either)
             else:

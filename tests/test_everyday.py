@@ -70,6 +70,18 @@ def test_piped_material_of_any_size_is_read_a_page_at_a_time_within_the_budget(s
     assert last_page["next_offset"] is None and last_page["text"].endswith(f"number {lines}\n")
 
 
+def test_a_short_key_in_paged_material_is_redacted_whole_whatever_the_pages(serve, monkeypatch, tmp_path, capsys):
+    key = "loc4l-k3y-2024-xyzw"  # short enough that a page's edge could split it into parts too short to catch
+    monkeypatch.setenv("LLM_API_KEY", key)
+    material = "a" * 30_000 + key + "b" * 30_000
+    piped(monkeypatch, tmp_path, material)
+    at = material.index(key)
+    server = serve([act("read_material", offset=at + 11), act("finish", result="done")], key=None)
+    assert main(["--quiet", "--max-context", "24000", "read it"]) == 0
+    sent = json.dumps([request["body"] for request in server.requests])
+    assert key[:8] not in sent and key[-8:] not in sent
+
+
 def test_a_resumed_run_reads_its_material_as_before(serve, monkeypatch, tmp_path, capsys):
     material = "x" * 50_000
     piped(monkeypatch, tmp_path, material)

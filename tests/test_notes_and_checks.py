@@ -183,11 +183,14 @@ def test_the_status_line_shows_a_running_check():
 def test_a_check_runs_without_the_key_and_its_output_reaches_the_model_without_it(serve, monkeypatch):
     monkeypatch.setenv("SOME_TOKEN", KEY)
     server = serve([act("finish", result="1"), act("finish", result="2")])
-    check = 'echo "env: ${LLM_API_KEY:-none} ${OPENAI_API_KEY:-none} ${SOME_TOKEN:-none}"; cat leaked.txt; exit 1'
+    check = ('echo "env: ${LLM_API_KEY:-none} ${OPENAI_API_KEY:-none} ${SOME_TOKEN:-none}"; cat leaked.txt;'
+             " (printf x; cat leaked.txt) | base64 | tr -d '\\n' | fold -w 12; echo; fold -w 8 leaked.txt; exit 1")
     open("leaked.txt", "w").write(f"found {KEY}\n")
     assert main(["--check", check, "--check-attempts", "2", "--quiet", "x"]) == 1
-    told = json.dumps(server.requests[1]["body"])
-    assert KEY not in told and "env: none none none" in told and "found [redacted]" in told
+    told = server.requests[1]["body"]["messages"][-1]["content"]
+    assert KEY not in json.dumps(told) and "env: none none none" in told and "found [redacted]" in told
+    wrapped = told[told.index("found [redacted]") + len("found [redacted]"):]
+    assert wrapped.count("[redacted]") == 2, "a key in lines of 12 (base64 of it) or 8 characters is still the key"
 
 
 def test_a_check_is_over_when_its_own_process_exits_whatever_it_left_holding_the_output(tmp_path):

@@ -448,3 +448,20 @@ def test_under_approve_the_user_decides_whether_a_call_that_may_have_run_runs_ag
         .encode() in shown
     assert code == 0
     assert (tmp_path / "effects.txt").read_text().split() == ["1", str(again)], "the user said yes"
+
+
+def test_a_resume_that_ends_before_a_round_keeps_what_may_have_happened_for_the_next(tmp_path):
+    tools_file = tmp_path / "effects.py"
+    tools_file.write_text(SIDE_EFFECTS)
+    trace = tmp_path / "run.jsonl"
+    refused = {"status": 401, "body": {"error": {"message": "invalid key"}}}
+    replies = [act("append_line", n=1), refused, act("append_line", n=11), act("finish", result="done")]
+    with ScriptedServer(replies) as server:
+        env = {"LLM_API_URL": server.url, "KILL_AFTER": "1"}
+        assert run_cli("--tools-file", tools_file, "--trace", trace, "--yes", "go", env=env)[0] == -signal.SIGKILL
+        assert run_cli("--resume", trace, "--tools-file", tools_file, "--yes", env=env)[0] == 3  # in round 1 still
+        code, out, err = run_cli("--resume", trace, "--tools-file", tools_file, "--yes", env=env)
+        told = server.sent_messages(2)[1]["content"]
+    assert (code, out.splitlines()[-1]) == (0, "done")
+    assert (tmp_path / "effects.txt").read_text().split() == ["1"], "11, after two resumes, did not run"
+    assert 'may already have happened; their results are unknown: append_line {"n": 1}' in told
