@@ -48,6 +48,7 @@ def private_folder(folder: Path, what: str = "the run log folder") -> Path:
     parents. A mode is set on the folder opened, never by its name, which could be swapped meanwhile."""
     real = Path(resolve(str(folder), what))
     check_parents(str(real), str(folder), what)
+    check_parents(os.path.abspath(folder), str(folder), what)  # and where a symlink on the way stands
     missing = []
     while not os.path.lexists(real) and real != real.parent:
         missing.append(real)

@@ -227,24 +227,26 @@ def chat_completions_url(url: str) -> str:
     return urlunsplit(parts._replace(path=path))
 
 
-# Query parameters that carry a credential by their name: ?api_key=, ?token=, ?sig=, ?X-Amz-Signature=
-_SECRET_PARAMETER = re.compile(r"key|token|secret|pass|pwd|sig|auth|credential", re.IGNORECASE)
+# Query parameters known to carry nothing secret, shown as they are; every other value in a URL's
+# query is shown and recorded as ***, since a credential may go by any name (?code=, ?sig=, ?jwt=).
+_PLAIN_PARAMETERS = {"api-version", "api_version", "version", "v", "model", "deployment", "deployment-id",
+                     "format", "stream", "timeout", "region", "location", "lang", "locale", "beta"}
 
 
 def _hidden_query(query: str) -> "tuple[str, List[str]]":
-    """The query with each secret parameter's value as ***, and those values as written."""
+    """The query with each value but the plain ones as ***, and those values as written."""
     fields_shown, secrets = [], []
-    for field_text in query.split("&"):
+    for field_text in re.split(r"([&;])", query):
         name, equals, value = field_text.partition("=")
-        if equals and value and _SECRET_PARAMETER.search(unquote(name)):
+        if equals and value and unquote(name).strip().lower() not in _PLAIN_PARAMETERS:
             secrets.append(value)
             field_text = f"{name}=***"
         fields_shown.append(field_text)
-    return "&".join(fields_shown), secrets
+    return "".join(fields_shown), secrets
 
 
 def display_url(url: str) -> str:
-    """A URL as it may be shown and recorded: its password and secret query values become ***."""
+    """A URL as it may be shown and recorded: its password and query values (but plain ones) become ***."""
     try:
         parts = urlsplit(url)
         password = parts.password
@@ -257,8 +259,8 @@ def display_url(url: str) -> str:
 
 
 def secrets_of(environment: Dict[str, str], *urls: Optional[str]) -> List[str]:
-    """What must never be shown: both keys, and each URL's password and secret query values, as
-    written and as sent (a short query value such as ?auth=1 is hidden in the URL, not everywhere)."""
+    """What must never be shown: both keys, and each URL's password and query values (but plain ones),
+    as written and as sent (a short query value such as ?page=1 is hidden in the URL, not everywhere)."""
     found = [(environment.get(name) or "").strip() for name in ("LLM_API_KEY", "OPENAI_API_KEY")]
     for url in (*urls, environment.get("LLM_API_URL"), environment.get("OPENAI_BASE_URL")):
         try:
@@ -339,7 +341,8 @@ def check(info: os.stat_result, path: str, what: str) -> None:
 def check_parents(real: str, shown: str, what: str) -> None:
     """The folders above `real` (a path with its symlinks resolved) as ssh's StrictModes checks a home
     folder's: each one yours or root's, and writable by nobody else unless sticky (as /tmp is), so
-    that nobody else can swap what is inside for their own."""
+    that nobody else can swap what is inside for their own. Given the path as written too, it checks
+    the folders the symlinks on the way stand in: one of yours in a shared folder can be swapped."""
     if not _CHECKED:
         return
     parent = os.path.dirname(real)
@@ -367,6 +370,7 @@ def checked_folder(folder: Path, what: str = "the run log folder") -> Optional[P
     """The folder, checked with its parents, if it exists; None if it does not."""
     real = resolve(str(folder), what)
     check_parents(real, str(folder), what)
+    check_parents(os.path.abspath(folder), str(folder), what)  # and where a symlink on the way stands
     try:
         info = os.stat(real)
     except FileNotFoundError:

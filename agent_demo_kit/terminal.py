@@ -545,20 +545,27 @@ _WHITESPACE_RUN = re.compile(r"\s{5,}")
 # Characters that show nothing, or change the one before, and could make a question read other
 # than it runs: Hangul fillers, the combining grapheme joiner, Mongolian selectors, Khmer's
 # invisible vowels, variation selectors.
-_INVISIBLE = {0x115F, 0x1160, 0x3164, 0xFFA0, 0x034F, 0x17B4, 0x17B5, *range(0x180B, 0x1810),
+_INVISIBLE = {0x115F, 0x1160, 0x3164, 0xFFA0, 0x034F, 0x17B4, 0x17B5, 0x2800, *range(0x180B, 0x1810),
               *range(0xFE00, 0xFE10), *range(0xE0100, 0xE01F0)}
+MARKS_ON_ONE = 2  # combining marks shown on one character; more (stacked over the lines around) are escaped
 
 
 def _hidden(character: str) -> bool:
     """Whether a question shows character as an escape: all but plain letters, marks, digits,
-    punctuation, symbols and the plain space (Unicode's C* and Z* categories, and the invisibles)."""
-    return (unicodedata.category(character)[0] == "C" or unicodedata.category(character) in ("Zl", "Zp")
-            or ord(character) in _INVISIBLE)
+    punctuation, symbols and the plain space (Unicode's C* and Z* categories, the invisibles; a
+    no-break space would make "rm\u00a0-rf" read as "rm -rf")."""
+    category = unicodedata.category(character)
+    return category[0] == "C" or category[0] == "Z" and character != " " or ord(character) in _INVISIBLE
 
 
 def visible(text: str) -> str:
-    """text with every character a question must not show raw as its escape (see _hidden)."""
-    return "".join(_escaped(character) if _hidden(character) else character for character in text)
+    """text with every character a question must not show raw as its escape (see _hidden), and the
+    combining marks past MARKS_ON_ONE on one character too."""
+    shown, marks = [], 0
+    for character in text:
+        marks = marks + 1 if unicodedata.combining(character) else 0
+        shown.append(_escaped(character) if marks > MARKS_ON_ONE or _hidden(character) else character)
+    return "".join(shown)
 
 
 def _whitespace_shown(match: "re.Match") -> str:

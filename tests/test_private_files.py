@@ -216,3 +216,16 @@ def test_the_folders_it_makes_get_their_mode_through_a_descriptor_never_by_name(
     code, out, err = cli("--quiet", "hi")
     assert (code, by_name) == (0, [])
     assert stat.S_IMODE((tmp_path / "state" / "agent-demo" / "runs").stat().st_mode) == 0o700
+
+
+def test_a_symlink_of_yours_in_a_shared_folder_is_no_way_to_the_run_log_folder(serve, cli, tmp_path, monkeypatch):
+    serve([act("finish", result="ok")])
+    shared, mine = tmp_path / "shared", tmp_path / "mine"
+    shared.mkdir()
+    os.chmod(shared, 0o777)  # not sticky: anyone may put their own folder in place of the link
+    mine.mkdir(mode=0o700)
+    (shared / "link").symlink_to(mine)
+    monkeypatch.setenv("AGENT_DEMO_LOG_DIR", str(shared / "link" / "runs"))
+    code, out, err = cli("--quiet", "hi")
+    assert code == 2 and f"is inside {shared}, which is writable by others (mode 777)" in err
+    assert list(mine.iterdir()) == []

@@ -104,8 +104,11 @@ def test_a_question_escapes_every_invisible_character_even_those_text_keeps():
     invisible = [*code_points_in("Cc", "Cf", "Cs", "Zl", "Zp"), *many[::1000], many[-1]]
     shown = question_line("".join(map(chr, invisible)), 10 ** 8)
     assert all(" " <= character <= "~" for character in shown), "each one as an escape in plain ASCII"
-    for code in (0x200D, 0x200C, 0xFE0F, 0xE0100, 0x3164, 0x115F, 0x1160, 0xFFA0, 0x034F, 0x180E, 0xE000):
+    for code in (0x200D, 0x200C, 0xFE0F, 0xE0100, 0x3164, 0x115F, 0x1160, 0xFFA0, 0x034F, 0x180E, 0xE000,
+                 0x00A0, 0x3000, 0x2800):
         assert question_line(f"a{chr(code)}b", 80) != f"a{chr(code)}b", hex(code)
+    assert question_line("rm\u00a0-rf /tmp/x", 80) == "rm\\u00a0-rf /tmp/x", "not to be read as rm -rf"
+    assert question_line("e" + "\u0301" * 3000, 10 ** 6).count("\\u0301") == 2998, "marks stacked past two are escaped"
     assert question_line("approve x 订单 é ok", 80) == "approve x 订单 é ok"
 
 
@@ -272,14 +275,15 @@ def test_on_a_terminal_the_trace_s_check_is_asked_about_and_no_means_it_is_not_r
 
 def test_a_secret_in_the_url_s_query_is_sent_but_never_shown_or_recorded(serve, cli, tmp_path):
     server = serve([act("calculator", expression="1 + 1"), act("finish", result="2")], key=None)
-    secret = "qs-secret-4f9a2b7c"
-    url = f"{server.url}?api-version=2024-06-01&api_key={secret}&sig=ab%2Fcd"
+    secret, function_key = "qs-secret-4f9a2b7c", "XYZqsecret987654321"  # ?code= is how Azure Functions take a key
+    query = f"?api-version=2024-06-01&api_key={secret}&sig=ab%2Fcd;code={function_key}"
     trace = tmp_path / "t.jsonl"
-    code, out, err = cli("--url", url, "--trace", trace, "x")
+    code, out, err = cli("--url", server.url + query, "--trace", trace, "x")
     assert code == 0 and out.endswith("2\n")
-    assert server.requests[0]["path"].endswith(f"?api-version=2024-06-01&api_key={secret}&sig=ab%2Fcd")
-    assert "api-version=2024-06-01&api_key=***&sig=***" in err
-    assert secret not in err + out + trace.read_text() and "ab%2Fcd" not in err + trace.read_text()
+    assert server.requests[0]["path"].endswith(query)
+    assert "?api-version=2024-06-01&api_key=***&sig=***;code=***" in err
+    shown = err + out + trace.read_text()
+    assert secret not in shown and "ab%2Fcd" not in shown and function_key not in shown
 
 
 RUN_SHELL = '''from tools import tool
