@@ -209,7 +209,7 @@ class ScriptedServer:
                                "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
         handler.wfile.write(b"5\r\n: hi\n\r\n")  # a comment line, which readers skip
         content = spec.get("content") or ""
-        size = 7 if len(content) < 500 else 250  # a few characters an event; long replies in bigger pieces
+        size = 7 if len(content) < 500 else 250 if len(content) < 5000 else 4000  # long replies in bigger pieces
         until = time.monotonic() + ENDLESS_SECONDS
         try:
             while True:  # once, unless endless (then until the reader hangs up)

@@ -22,7 +22,6 @@ if importlib.util.find_spec("mcp") is None:
 
 import jsonschema  # noqa: E402  (the mcp SDK depends on it)
 
-pytestmark = pytest.mark.xdist_group("mcp")  # one worker imports the SDK and starts the shared servers
 
 import prompts  # noqa: E402
 import tools  # noqa: E402
@@ -176,7 +175,7 @@ def test_the_simplified_schema_takes_what_the_original_takes(schema, value):
 
 # --- servers that work: the toolbox over HTTP, bare and the time server over stdio -----------------
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # once per worker, even when other modules' tests come between
 def servers(tmp_path_factory):
     """One run's servers, started together: the toolbox over HTTP ("web") and bare over stdio; yields
     (McpTools, the sink their stderr went to). (The reference time server is run through the command

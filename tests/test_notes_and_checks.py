@@ -208,7 +208,7 @@ FLOOD = r"""
 import json, re, sys
 sys.path[0] = sys.argv[1]
 from agent_demo_kit.child_processes import run_check
-command = "yes 123456789 | head -c 400000000; echo; echo the end"
+command = "yes 123456789 | head -c 200000000; echo; echo the end"
 output = run_check(["/bin/sh", "-c", command], command, "", "", timeout=60)["output"]
 # This process's own peak (ru_maxrss would count the parent's, from before the fork and exec)
 with open("/proc/self/status") as status:
@@ -223,6 +223,6 @@ def test_a_check_that_floods_its_output_is_read_in_bounded_memory():
     said = subprocess.run([sys.executable, "-c", FLOOD, project], capture_output=True, text=True, timeout=120)
     head, middle, end, peak_mb = json.loads(said.stdout or "null") or [said.stderr] * 4
     assert (head, end) == ("123456789\n123456789\n", "\nthe end\n")
-    # 400,000,009 characters, of which 66,666 of the head and 33,333 of the tail are kept
-    assert " ...[truncated 399900010 chars]... " in middle
-    assert peak_mb < 200, f"{peak_mb} MB for 400 MB of output, of which 100,000 characters are kept"
+    # 200,000,009 characters, of which 66,666 of the head and 33,333 of the tail are kept
+    assert " ...[truncated 199900010 chars]... " in middle
+    assert peak_mb < 100, f"{peak_mb} MB for 200 MB of output, of which 100,000 characters are kept"
