@@ -55,6 +55,8 @@ class Agent:
         self.uncertain: Dict[str, int] = {}  # tools with a call started before a crash -> the round redone
         self.round_limit, self.token_limit = settings.max_rounds, settings.max_tokens  # a follow-up's are its own
         self.material: Optional[Tuple[str, int]] = None  # material read a page at a time, and how much was shown
+        self.expected: Optional[str] = None  # what the task's answer should be, for --check (AGENT_EXPECTED)
+        self.stop: Optional[Any] = None  # a threading.Event: once set, the run ends as interrupted before its next round
         self.conversation = Conversation("", settings, registry, client, self.trace.compaction)
 
     def run(self, task: str, history: Sequence[Round] = (), unfinished: Sequence[Call] = (),
@@ -83,6 +85,8 @@ class Agent:
     def step(self) -> None:
         """One round: ask, run what the reply asks for, feed the results back; raise the ending it reaches."""
         number = len(self.conversation.rounds) + 1
+        if self.stop is not None and self.stop.is_set():  # a batch was told to stop: resumable, as after Ctrl-C
+            raise Interrupted()
         if number > self.round_limit:
             raise RoundLimit()
         if self.token_limit is not None and self.usage.get("total_tokens", 0) >= self.token_limit:
@@ -97,7 +101,8 @@ class Agent:
         self.trace.reply(number, self.round_limit, reply, parsed.prose, usage, estimated)
         calls, ending = self.execute(parsed, number)
         record = Round(number, reply.content, calls, self.feed_back(parsed, calls), mode, reply.latency_ms,
-                       usage, estimated, problem=parsed.problem, tool_calls=native_calls(parsed, mode))
+                       usage, estimated, problem=parsed.problem, tool_calls=native_calls(parsed, mode),
+                       request_chars=self.conversation.size)
         self.conversation.rounds.append(record)
         add_usage(self.usage, record)
         self.trace.round(record)
@@ -275,7 +280,7 @@ class Agent:
         settings = self.settings
         with self.trace.working(f"check running ({prompts.clip(settings.check, VALUE_SHOWN_CHARS)})"):
             check = run_check(self.check, settings.check, answer_text(answer), self.task,
-                              settings.tool_timeout, settings.named("check"))
+                              settings.tool_timeout, settings.named("check"), expected=self.expected)
         check = self.trace.redact_values(check)  # it may print the environment: the key goes no further
         call = Call(action.tool, action.args, success(answer), check=check)
         if check["exit_code"] == 0:

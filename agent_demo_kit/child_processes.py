@@ -11,7 +11,7 @@ process group is killed, and the next call starts a new worker. Nothing it start
 agent-demo, even one killed with kill -9.
 
 --check must accept the answer before a finish is accepted. The answer goes to its stdin and to
-AGENT_ANSWER, the task to AGENT_TASK. A plain command is split into words as a shell would split
+AGENT_ANSWER, the task to AGENT_TASK (and a batch task's "expected" to AGENT_EXPECTED). A plain command is split into words as a shell would split
 them and run directly; one that uses the shell's own syntax (a pipe, a redirection, a $VARIABLE, a
 wildcard, `&&`) runs under /bin/sh -c, the rule make uses for its recipes. The answer never
 becomes part of the command line.
@@ -320,11 +320,14 @@ CHECK_DRAIN_SECONDS = 0.2  # after the check exits: for what it wrote last, not 
 EXIT_POLL_SECONDS = 0.05
 
 
-def run_check(argv: List[str], command: str, answer: str, task: str, timeout: float, named: str = "--check") -> dict:
+def run_check(argv: List[str], command: str, answer: str, task: str, timeout: float, named: str = "--check",
+              expected: Optional[str] = None) -> dict:
     """Run the check on one answer: {"command", "exit_code", "output", "ms"}; exit_code is None when it
     did not finish within `timeout` seconds. The check is over when its own process exits, whoever
     still holds its output pipe; then it is stopped, with whatever it started."""
     environment = {**without_secrets(os.environ), "AGENT_ANSWER": _variable(answer), "AGENT_TASK": _variable(task)}
+    if expected is not None:  # a batch task's "expected"
+        environment["AGENT_EXPECTED"] = _variable(expected)
     started = time.monotonic()
     try:  # its own process group, so a timeout or Ctrl-C stops what it started too
         process = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,

@@ -10,11 +10,13 @@ The client owns what it negotiated with the endpoint (`RequestForm`): the mode t
 works, schema mode's response_format variant, the reply cap's field name, streaming.
 It builds every request body from it, and the trace records each change, so a resume starts there.
 """
+import contextlib
 import html
 import ipaddress
 import json
 import math
 import re
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
@@ -28,6 +30,7 @@ from urllib3.util.retry import Retry
 
 import prompts
 from agent_demo_kit.records import MOST_TOKENS_A_ROUND, EndpointError, Reply, RunEvents, json_size, to_json
+from agent_demo_kit.request_gate import MOST_ABSORBED, RequestGate
 from agent_demo_kit.settings import (CHARS_A_TOKEN, DEFAULT_WINDOW_TOKENS, MESSAGE_CHARS, MIN_LIMIT_TOKENS,
                                      REPLY_BYTES_A_CHAR, REPLY_CHARS_A_TOKEN, SERVER_TEXT_SCANNED, SNIPPET_CHARS,
                                      Settings, display_url)
@@ -323,6 +326,7 @@ class ModelClient:
         self.learned_window: Optional[int] = None  # the model's window in tokens, once asked
         self.window_said = False  # the server said it (else it is DEFAULT_WINDOW_TOKENS)
         self.cap_shrunk = False  # the reply cap was shrunk to fit, and the trace said so
+        self.gate: Optional[RequestGate] = None  # the limit on requests in flight a batch's tasks share
 
     def body(self, messages: List[dict], tools: Dict[str, Any]) -> dict:
         """The request body, exactly as sent, in the current form, offering `tools` (every tool in use):
@@ -374,7 +378,7 @@ class ModelClient:
         """The model's context window in tokens: what its server says (llama.cpp's /props, vLLM's
         /v1/models, Ollama's /api/show; asked once, local servers only), else DEFAULT_WINDOW_TOKENS."""
         if self.learned_window is None:
-            self.learned_window = (ask_window(self.session, self.settings) if is_local(self.url) else None) \
+            self.learned_window = (known_window(self.session, self.settings) if is_local(self.url) else None) \
                 or DEFAULT_WINDOW_TOKENS
             self.window_said = self.learned_window != DEFAULT_WINDOW_TOKENS
         return self.learned_window
@@ -385,15 +389,20 @@ class ModelClient:
         this one, and raise EndpointError when neither helps. Returns the reply and the messages sent."""
         retry = Retry(total=self.settings.retries, backoff_factor=self.settings.backoff_factor,
                       status_forcelist=RETRY_STATUSES, allowed_methods=None)
-        started = time.monotonic()
+        started, absorbed = time.monotonic(), 0
         while True:
             messages = request()
             try:
-                reply = self.attempt(self.body(messages, tools))
+                with self.gate.slot() if self.gate else contextlib.nullcontext((0, 1)) as sent:
+                    reply = self.attempt(self.body(messages, tools))
             except AttemptFailed as failure:
-                if not (failure.status and self.change_form(failure)):
+                if self.waits_its_turn(failure, sent, absorbed):
+                    absorbed += 1
+                elif not (failure.status and self.change_form(failure)):
                     retry = self.wait_to_retry(retry, failure)
                 continue
+            if self.gate:
+                self.gate.answered_one()
             self.form.mode_worked = True
             reply.latency_ms = int((time.monotonic() - started) * 1000)
             kept = self.settings.max_calls + 1  # one past the cap, so the model is told of the cap
@@ -428,8 +437,30 @@ class ModelClient:
         wait = min(self.settings.max_retry_wait, retry.get_backoff_time() if wait is None else wait)
         cause = f"HTTP {failure.status}" if failure.status else re.split(r": | \(| from http", str(failure))[0]
         self.trace.retry(cause, retries - retry.total, retries, wait)
-        time.sleep(wait)
+        self.gate.sleep(wait) if self.gate else time.sleep(wait)
         return retry
+
+    def waits_its_turn(self, failure: AttemptFailed, sent: Tuple[int, int], absorbed: int) -> bool:
+        """A 429 under a batch's shared limit, for a request sent while more than one was allowed: the
+        limit shrinks, and the request waits (Retry-After, else a short backoff) and goes again without
+        spending a --retries. False for anything else, and past MOST_ABSORBED such 429s."""
+        if self.gate is None or failure.status != 429 or absorbed >= MOST_ABSORBED:
+            return False
+        header = getattr(failure.response, "headers", {}).get("Retry-After")
+        try:
+            retry_after = Retry().parse_retry_after(header) if header else None
+        except InvalidHeader:
+            retry_after = None
+        if retry_after is not None:
+            retry_after = min(retry_after, self.settings.max_retry_wait)
+        if not self.gate.too_many(sent, retry_after):
+            return False
+        wait = min(self.settings.max_retry_wait, self.settings.backoff_factor * 2 ** min(absorbed, 6) / 4) \
+            if retry_after is None else retry_after
+        self.trace.retry(f"HTTP 429 with {sent[1]} requests allowed in flight (now {self.gate.limit})", 0,
+                         self.settings.retries, wait)
+        self.gate.sleep(wait)
+        return True
 
     def change_form(self, failure: AttemptFailed) -> bool:
         """After a refusal of the request's form, the next form to try; False if the refusal is not about it."""
@@ -506,6 +537,19 @@ class ModelClient:
 
     def close(self) -> None:
         self.session.close()
+
+
+_windows: Dict[Tuple[str, str], Optional[int]] = {}  # (URL, model) -> what its server said, asked once a process
+_windows_asked = threading.Lock()
+
+
+def known_window(session: requests.Session, settings: Settings) -> Optional[int]:
+    """ask_window's answer, asked once in a process for each URL and model: a batch's tasks share it."""
+    key = (settings.endpoint, settings.model)
+    with _windows_asked:
+        if key not in _windows:
+            _windows[key] = ask_window(session, settings)
+        return _windows[key]
 
 
 def ask_window(session: requests.Session, settings: Settings) -> Optional[int]:

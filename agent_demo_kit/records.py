@@ -133,6 +133,7 @@ class Round:
     tool_calls: Optional[List[dict]] = None  # a tools-mode reply's calls, re-sent as written
     compaction: Optional[Compaction] = None  # made after this round, before the next request
     follow_up: Optional[str] = None  # the user's next turn after this round (--continue), recorded on its own
+    request_chars: int = 0  # the request's size as measured against --max-context
 
     @property
     def result(self) -> dict:
@@ -160,6 +161,8 @@ class Round:
             line["tool_calls"] = self.tool_calls
         if self.problem is not None:
             line["problem"] = self.problem
+        if self.request_chars:
+            line["request_chars"] = self.request_chars
         return line
 
     @classmethod
@@ -183,7 +186,8 @@ class Round:
                    feedback=list(line["feedback"]), mode=line.get("mode") or "json",
                    latency_ms=line.get("latency_ms") or 0, usage=usage if isinstance(usage, dict) else {},
                    usage_estimated=bool(line.get("usage_estimated")), problem=problem,
-                   tool_calls=line.get("tool_calls"))
+                   tool_calls=line.get("tool_calls"),
+                   request_chars=line["request_chars"] if is_count(line.get("request_chars")) else 0)
 
 
 # --- token counts ---------------------------------------------------------------------------------

@@ -213,7 +213,10 @@ class RunLog(RunEvents):
 
     def retry(self, cause: str, attempt: int, retries: int, wait: float) -> None:
         """One attempt failed and the next is coming: why, which retry, and after how long."""
-        self.say(f"note: {cause}, retry {attempt}/{retries} in {wait:.3g} s", "note")
+        if attempt:
+            self.say(f"note: {cause}, retry {attempt}/{retries} in {wait:.3g} s", "note")
+        else:  # a batch's shared limit took the blame: no retry spent
+            self.say(f"note: {cause}; sent again in {wait:.3g} s", "note")
         self.record("retry", cause=cause, attempt=attempt, retries=retries, wait=wait, ts=time.time())
 
     def note(self, text: str) -> None:
@@ -251,14 +254,14 @@ class RunLog(RunEvents):
         """Append the round to the trace file (its calls were shown as they ran)."""
         if self.screen and not record.calls:
             self.screen.say(f"result: {to_json(record.result)}", "error")
-        self.record("round", **record.to_line())
+        self.record("round", **record.to_line(), ts=time.time())
 
     def end(self, outcome: RunResult) -> None:
         self.ended(outcome.status, outcome.summary(), outcome.progress)
         said = {"summary": outcome.summary(), **({"progress": outcome.progress} if outcome.progress else {})}
         try:
             self.record("end", **{k: v for k, v in outcome.to_json().items() if k not in ("calls", "checks")},
-                        resumable=outcome.resumable, **said)
+                        resumable=outcome.resumable, **said, ts=time.time())
         except TraceWriteError as error:  # the outcome stands; only its record is missing
             print(f"agent-demo: warning: {error}", file=self.screen.stream if self.screen else sys.stderr)
 

@@ -19,9 +19,11 @@ THINK = "<think>First I add 2 and 2.\n" + "Then I check it carefully. " * 60 + "
 
 
 def rounds_of(trace):
-    """The round records of a trace, without what differs from run to run."""
+    """The round records of a trace, without what differs from run to run (the request's size: a streamed
+    one asks for the stream)."""
     records = [json.loads(line) for line in Path(trace).read_text().splitlines()]
-    return [{k: v for k, v in r.items() if k not in ("latency_ms", "ts")} for r in records if r["event"] == "round"]
+    return [{k: v for k, v in r.items() if k not in ("latency_ms", "ts", "request_chars")} for r in records
+            if r["event"] == "round"]
 
 
 # --- server-sent events ------------------------------------------------------------------------

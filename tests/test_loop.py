@@ -133,7 +133,8 @@ def test_the_trace_file_has_start_rounds_and_end(tmp_path):
     assert first["model_output"].startswith("<think>{}</think>")
     assert first["action"] == {"tool": "calculator", "args": {"expression": "2 * 3"}}
     assert first["result"] == {"ok": True, "data": 6}
-    assert {"latency_ms", "usage"} <= set(first)
+    assert {"latency_ms", "usage", "ts", "request_chars"} <= set(first)
+    assert isinstance(end.pop("ts"), float)
     assert end == {"event": "end", "status": "finished", "result": "6", "rounds": 2, "usage": {"total_tokens": 20},
                    "resumable": False, "summary": "finished after 2 round(s), 20 tokens"}
 
