@@ -20,9 +20,9 @@ from agent_demo_kit.actions import parse_actions
 from agent_demo_kit.conversation import truncate_result
 from agent_demo_kit.records import (RUN_STATUSES, Compaction, ConfigError, EndpointError, Finished, GaveUp, Interrupted, OutputClosed,
                                     Reply, Round, RunResult, SigTerm, Terminated, ending_of, total_usage)
-from agent_demo_kit.settings import (MODES, Environment, Settings, check_endpoint_settings, display_url, flag_name,
+from agent_demo_kit.settings import (DEFAULT_RETRY_ERRORS, HOSTED_PARALLEL, MODES, Environment, Settings, check_endpoint_settings, display_url, flag_name,
                                      load_settings, read_environment, secrets_of, setting_fields, shown_default,
-                                     user_config_file, whole_number)
+                                     pass_rate, shard_of_n, user_config_file, whole_number)
 from agent_demo_kit.terminal import (Redactor, SafeStream, Screen, is_terminal, protected, stray_prints_to_stderr,
                                      terminal_approver, terminal_confirm)
 from tools import REGISTRY
@@ -149,6 +149,31 @@ def build_parser() -> Parser:
     parser.add_argument("--show", metavar="RUN", nargs="?", const="",
                         help="print the run RUN (named as for --resume; without RUN the most recent) as its live"
                              " trace showed it, and its answer; with --json, its summary")
+    batch = parser.add_argument_group("many tasks (docs/batch.md)")
+    batch.add_argument("--batch", metavar="FILE",
+                       help='run each task of FILE (JSON Lines: {"id", "task", "check", "expected"}, or a line of'
+                            " plain text; - reads stdin) and write a trace per task, results.jsonl and"
+                            " summary.json to --out; the same command again goes on where it stopped")
+    batch.add_argument("--out", metavar="DIR", help="--batch: the output folder (default: FILE-results beside FILE)")
+    batch.add_argument("--parallel", type=flag_type(whole_number(1)), metavar="N",
+                       help=f"--batch: tasks at once, under one limit on requests in flight that a 429 lowers"
+                            f" (default {HOSTED_PARALLEL}; 1 against a local server, which answers one request"
+                            f" at a time)")
+    batch.add_argument("--retry-errors", type=flag_type(whole_number(0)), metavar="N",
+                       help=f"--batch: run a task that ended in an endpoint error again, from its trace, up to"
+                            f" N times across reruns (default {DEFAULT_RETRY_ERRORS})")
+    batch.add_argument("--rerun-failed", action="store_true",
+                       help="--batch: start again every task that ended without finishing (failed, stuck, round"
+                            " limit, budget); finished ones are kept")
+    batch.add_argument("--shard", type=flag_type(shard_of_n), metavar="I/N",
+                       help="--batch: run only the I-th (from 0) of N interleaved slices of FILE, into its own"
+                            " results-IofN.jsonl (a Slurm array, a Kubernetes Indexed Job)")
+    batch.add_argument("--pass-rate", type=flag_type(pass_rate), metavar="SHARE",
+                       help="--batch: exit 0 when at least this share of the tasks finished (0.9 or 90%%;"
+                            " default: all of them)")
+    batch.add_argument("--summary", metavar="DIR", nargs="*",
+                       help="print the figures of the batch results in each DIR (shards merged), or without"
+                            " DIR of the runs in the run log folder, and exit; with --json, as JSON")
     parser.add_argument("--config", action="store_true",
                         help="show each setting's value and where it came from (a flag, the shell, ./.env, your"
                              " settings file, the default), the key redacted, and exit; with --json, as JSON")
@@ -173,6 +198,25 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
         parser.error("--continue and --resume cannot go together: a follow-up starts from where the run stands")
     if (args.count is not None or args.status is not None) and not args.runs:
         parser.error("-n and --status go with --runs")
+    batch_only = [flag for flag, value in (("--out", args.out), ("--parallel", args.parallel),
+                                           ("--retry-errors", args.retry_errors), ("--rerun-failed", args.rerun_failed),
+                                           ("--shard", args.shard), ("--pass-rate", args.pass_rate)) if value]
+    if batch_only and args.batch is None:
+        parser.error(f"{', '.join(batch_only)} go{'es' if len(batch_only) == 1 else ''} with --batch")
+    if args.batch is not None:
+        clash = [flag for flag, value in (("a task", words), ("--resume", args.resume is not None),
+                                          ("--continue", args.continue_run is not None), ("--runs", args.runs),
+                                          ("--show", args.show is not None), ("--trace", args.trace),
+                                          ("--no-log", args.no_log), ("--approve", args.approve),
+                                          ("--summary", args.summary is not None)) if value]
+        if clash:
+            parser.error(f"--batch runs the tasks of its file, each with a trace in --out; {clash[0]} does not go"
+                         f" with it" + (" (nobody is there to ask)" if clash[0] == "--approve" else ""))
+        args.task = ""
+        return args
+    if args.summary is not None:
+        args.task = ""
+        return args
     if args.resume is None and not args.runs and args.show is None and not args.config:
         if words == "-":
             if is_terminal(sys.stdin):
@@ -226,12 +270,17 @@ def main(argv: Optional[List[str]] = None) -> int:
         except OutputClosed:  # --help or --version into a reader that went away (| head): it took what it wanted
             return 0
         redactor.add(*secrets_of(environment, args.url))
-        if unreadable or args.runs or args.show is not None or args.config:
+        if unreadable or args.runs or args.show is not None or args.config or args.summary is not None \
+                or args.batch is not None:
             try:
                 if args.config:  # what is wrong with a settings file is one of the things it shows
                     return show_config(args, environment, answer, unreadable)
                 if unreadable:
                     return report(RunResult(unreadable), args, answer)
+                if args.summary is not None:
+                    return show_summary(args, environment, answer)
+                if args.batch is not None:
+                    return run_batch(args, environment, answer)
                 return list_runs(args, environment, answer) if args.runs else show_run(args, environment, answer,
                                                                                          redactor)
             except OutputClosed:  # agent-demo --runs | head -1
@@ -432,6 +481,47 @@ def list_runs(args: argparse.Namespace, environment: Dict[str, str], answer: Saf
     width = shutil.get_terminal_size().columns if is_terminal(sys.stdout) else 80
     print(run_store.render_runs(runs, folder, ids, width) if runs or not args.status
           else f"no runs that ended {args.status} in {folder}")
+    return 0
+
+
+def run_batch(args: argparse.Namespace, environment: Dict[str, str], answer: SafeStream) -> int:
+    """--batch FILE: every task of the file (or of its --shard), into --out; the summary with --json."""
+    from agent_demo_kit.batch import Batch, default_out, read_tasks
+    if args.batch == "-":
+        text = read_stdin()
+    else:
+        try:
+            text = Path(args.batch).read_text(encoding="utf-8", errors="replace")
+        except OSError as error:
+            raise ConfigError(f"--batch: cannot read {args.batch}: {error.strerror or error}") from None
+    tasks = read_tasks(text, "stdin" if args.batch == "-" else args.batch)
+    if not tasks:
+        raise ConfigError(f"--batch: {args.batch} holds no task")
+    batch = Batch(tasks, Path(args.out or default_out(args.batch)), given_settings(args), environment,
+                  parallel=args.parallel,
+                  retry_errors=DEFAULT_RETRY_ERRORS if args.retry_errors is None else args.retry_errors,
+                  rerun_failed=args.rerun_failed, part=args.shard, quiet=args.quiet, named=flag_name)
+    with ending_on_sigterm():
+        code, summary = batch.run(args.pass_rate)
+    if args.json:
+        answer.write_json(summary)
+    return code
+
+
+def show_summary(args: argparse.Namespace, environment: Dict[str, str], answer: SafeStream) -> int:
+    """--summary [DIR...]: the figures of batch result folders (shards merged), or of the run log folder."""
+    from agent_demo_kit.batch import summarize_folders, summarize_run_log
+    from agent_demo_kit.metrics import render
+    if args.summary:
+        summary = summarize_folders(args.summary)
+    else:
+        folder = run_store.log_dir(environment)
+        run_store.checked_folder(folder)
+        summary = summarize_run_log(folder, run_store.run_files(folder))
+    if args.json:
+        answer.write_json(summary)
+    else:
+        print("\n".join(render(summary)), file=answer)
     return 0
 
 

@@ -11,7 +11,7 @@ import stat
 import sys
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 from urllib.parse import unquote, urlsplit, urlunsplit
 
 from agent_demo_kit.records import ConfigError
@@ -21,6 +21,8 @@ MODES = ("json", "schema", "tools")
 HOSTS_NEEDING_A_KEY = {"api.openai.com", "api.deepseek.com", "dashscope.aliyuncs.com",
                        "dashscope-intl.aliyuncs.com"}
 MAX_TIMEOUT = 86_400.0  # a day; beyond that a socket cannot take it
+HOSTED_PARALLEL = 4  # a batch's tasks at once against a hosted endpoint, unless --parallel says otherwise
+DEFAULT_RETRY_ERRORS = 1  # a batch task that ended in an endpoint error is run again once (from its trace)
 
 
 # --- sizes: every limit on the length of a text, in one place -----------------------------------
@@ -91,6 +93,26 @@ def whole_number(least: int) -> Callable[[str], int]:
         return value
     parse.__name__ = f"whole number of at least {least}"  # what argparse names in its error
     return parse
+
+
+def shard_of_n(text: str) -> Tuple[int, int]:
+    """--shard I/N: the I-th (from 0) of N slices; ValueError otherwise."""
+    match = re.fullmatch(r"\s*(\d+)\s*/\s*(\d+)\s*", text)
+    if not match or not 0 <= int(match[1]) < int(match[2]):
+        raise ValueError(f"must be I/N with 0 <= I < N (a Slurm array index or a Kubernetes completion index"
+                         f" from 0), got {text!r}")
+    return int(match[1]), int(match[2])
+
+
+def pass_rate(text: str) -> float:
+    """--pass-rate: a share of tasks from 0 to 1 (or a percentage such as 90%)."""
+    try:
+        value = float(text[:-1]) / 100 if text.endswith("%") else float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 <= value <= 1:
+        raise ValueError(f"must be a share from 0 to 1 (or a percentage, 90%), got {text!r}")
+    return value
 
 
 def mode_name(text: str) -> str:

@@ -20,6 +20,8 @@ When the script runs out, the last reply is repeated (a model that never finishe
 canned reply, without using up the script: a server that refuses some request options, say.
 `like_llama_cpp_python` is one. `window` (tests only): the context window GET /props announces, as
 llama.cpp's server does; without it, /props and every path but chat completions are 404.
+`most_in_flight` (tests only): a request that arrives while that many are being answered gets a
+429, as a rate-limited endpoint answers; `peak_in_flight` is the most it answered at once.
 
 Run it by hand: python tests/scripted_server.py replies.json [port]
 """
@@ -87,13 +89,15 @@ class ScriptedServer:
     """Serves canned replies in order; `requests` holds what each request carried."""
 
     def __init__(self, replies: List[Canned], port: int = 0,
-                 screen: Optional[Callable[[Any], Optional[Canned]]] = None, window: Optional[int] = None):
+                 screen: Optional[Callable[[Any], Optional[Canned]]] = None, window: Optional[int] = None,
+                 most_in_flight: Optional[int] = None):
         self.replies = list(replies)
         self.screen = screen
         self.window = window  # the context window GET /props announces, as llama.cpp's server does
         self.played = 0  # scripted replies used up
         self.requests: List[dict] = []
         self.connections = 0
+        self.most_in_flight, self.in_flight, self.peak_in_flight, self.too_many = most_in_flight, 0, 0, 0
         self._lock = threading.Lock()
         server = self
 
@@ -123,6 +127,24 @@ class ScriptedServer:
                 if not self.path.split("?")[0].endswith("/chat/completions"):  # /api/show, say: not this server
                     server._send(self, 404, {"error": {"message": "not found"}})
                     return
+                with server._lock:
+                    if server.most_in_flight is not None and server.in_flight >= server.most_in_flight:
+                        server.too_many += 1
+                        refused = True
+                    else:
+                        server.in_flight += 1
+                        server.peak_in_flight = max(server.peak_in_flight, server.in_flight)
+                        refused = False
+                if refused:
+                    server._send(self, 429, {"error": {"message": "too many requests in flight"}})
+                    return
+                try:
+                    self.answer(raw)
+                finally:
+                    with server._lock:
+                        server.in_flight -= 1
+
+            def answer(self, raw):
                 with server._lock:
                     try:
                         body = json.loads(raw)

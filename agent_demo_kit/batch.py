@@ -1,0 +1,482 @@
+"""Many tasks: --batch runs a JSON Lines file of tasks through the same agent as one task, N at a
+time in one process under one shared, adaptive limit on requests in flight, into an output folder
+that a rerun of the same command picks up where it stopped; --summary adds up result folders
+(shards merged) or the run log folder.
+
+The output folder holds a trace per task (traces/ID.jsonl) and results.jsonl, a line a task as it
+ends (its figures, read back from its trace: agent_demo_kit/metrics.py), rewritten at the end with
+one line a task; and summary.json. A shard (--shard I/N) writes results-IofN.jsonl and
+summary-IofN.json, so shards may share a folder. Whether a task is done is read from its trace, so
+nothing that a rerun needs lives only in this process: after kill -9, a task with rounds recorded
+is resumed from them, and one that ended is not run again.
+"""
+import collections
+import hashlib
+import json
+import os
+import re
+import shutil
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Deque, Dict, Iterator, List, Optional, Tuple
+
+from agent_demo import prepare
+from agent_demo_kit import metrics
+from agent_demo_kit.records import ConfigError, EndpointError, Interrupted, RunResult, SigTerm, Terminated
+from agent_demo_kit.request_gate import RequestGate
+from agent_demo_kit.run_store import lock, open_private
+from agent_demo_kit.settings import HOSTED_PARALLEL, DEFAULT_RETRY_ERRORS, keyword_name, load_settings
+from agent_demo_kit.terminal import is_terminal
+
+TASK_KEYS = ("id", "task", "check", "expected")
+LIVE_EVERY = 0.5  # seconds between redraws of the live line
+
+
+@dataclass(frozen=True)
+class BatchTask:
+    """One line of the task file."""
+
+    line: int
+    id: str
+    task: str
+    check: Optional[str] = None
+    expected: Optional[str] = None
+    file: str = ""  # its trace's name in traces/, made from the id
+
+
+def read_tasks(text: str, source: str) -> List[BatchTask]:
+    """The tasks of a JSON Lines text: a JSON object a line ({"id", "task", "check", "expected"}; only
+    task is needed), or a line of plain text that is a task; blank lines are passed by. The id is the
+    line number when none is given. ConfigError naming the line for anything else, and for an id used twice."""
+    tasks: List[BatchTask] = []
+    seen: Dict[str, int] = {}
+    files: Dict[str, str] = {}
+    for number, raw in enumerate(text.splitlines(), 1):
+        line = raw.strip()
+        if not line:
+            continue
+        if line.startswith("{"):
+            try:
+                item = json.loads(line)
+            except ValueError as error:
+                raise ConfigError(f"{source} line {number}: not a JSON object ({error})") from None
+            task = item.get("task")
+            if not isinstance(task, str) or not task.strip():
+                raise ConfigError(f'{source} line {number}: "task" must be a text that is not empty')
+            if item.get("check") is not None and not isinstance(item["check"], str):
+                raise ConfigError(f'{source} line {number}: "check" must be a command line (a text)')
+            ident = item.get("id", number)
+            if not isinstance(ident, (str, int)) or isinstance(ident, bool) or str(ident).strip() == "":
+                raise ConfigError(f'{source} line {number}: "id" must be a text or a whole number')
+            expected = item.get("expected")
+            if expected is not None and not isinstance(expected, str):
+                expected = json.dumps(expected, ensure_ascii=False)
+            tasks.append(BatchTask(number, str(ident), task.strip(), item.get("check"), expected))
+        else:
+            tasks.append(BatchTask(number, str(number), line))
+        ident = tasks[-1].id
+        if ident in seen:
+            raise ConfigError(f"{source} line {number}: the id {ident!r} is also line {seen[ident]}'s; each task"
+                              " needs its own")
+        seen[ident] = number
+        name = file_name(ident)
+        if name.lower() in files:  # two ids that differ only where a file name cannot
+            name = f"{name}-{hashlib.sha256(ident.encode()).hexdigest()[:8]}"
+        files[name.lower()] = ident
+        tasks[-1] = BatchTask(tasks[-1].line, ident, tasks[-1].task, tasks[-1].check, tasks[-1].expected, name)
+    return tasks
+
+
+def file_name(ident: str) -> str:
+    """A file name for a task's id: its letters, digits, '.', '_' and '-' (others become '_'); an id
+    that had others gets a hash of itself too, so two ids never share a name."""
+    safe = re.sub(r"[^A-Za-z0-9._-]+", "_", ident).strip("._")[:64] or "task"
+    return safe if safe == ident else f"{safe}-{hashlib.sha256(ident.encode()).hexdigest()[:8]}"
+
+
+# --- the output folder -------------------------------------------------------------------------
+
+def default_out(source: str) -> str:
+    """The folder a task file's results go to when --out is not given: beside it, named after it."""
+    if source == "-":
+        return "batch-results"
+    path = Path(source)
+    return str(path.with_name(f"{path.stem}-results"))
+
+
+def results_name(part: Optional[Tuple[int, int]], kind: str) -> str:
+    """results.jsonl / summary.json, or a shard's own (results-0of4.jsonl)."""
+    tail = f"-{part[0]}of{part[1]}" if part else ""
+    return f"{kind}{tail}.{'jsonl' if kind == 'results' else 'json'}"
+
+
+def read_results(folder: Path) -> Dict[str, dict]:
+    """The last line for each id in every results*.jsonl of a folder (shards included): the latest
+    of them by when it ended. Lines that cannot be read are passed by."""
+    latest: Dict[str, dict] = {}
+    for path in sorted(folder.glob("results*.jsonl")):
+        for line in read_lines(path):
+            known = latest.get(line["id"])
+            if known is None or metrics.number(line.get("ended_at")) >= metrics.number(known.get("ended_at")):
+                latest[line["id"]] = line
+    return latest
+
+
+def read_lines(path: Path) -> Iterator[dict]:
+    """The result lines of one results file (JSON objects with an id and a status)."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as results:
+            for text in results:
+                try:
+                    line = json.loads(text)
+                except ValueError:
+                    continue
+                if isinstance(line, dict) and isinstance(line.get("id"), str) and isinstance(line.get("status"), str):
+                    yield line
+    except OSError as error:
+        raise ConfigError(f"cannot read {path}: {error.strerror or error}") from None
+
+
+def summarize_folders(folders: List[str]) -> dict:
+    """--summary DIR...: the table of every task in these result folders, shards merged (each id once)."""
+    tally = metrics.Tally()
+    for name in folders:
+        folder = Path(name)
+        if not folder.is_dir():
+            raise ConfigError(f"--summary: {name} is not a folder of batch results")
+        found = read_results(folder)
+        if not found:
+            raise ConfigError(f"--summary: {name} holds no results*.jsonl with results in it")
+        for line in found.values():
+            tally.add(line)
+    return tally.summary()
+
+
+def summarize_run_log(folder: Path, traces: List[Path]) -> dict:
+    """--summary without a folder: the table of the runs in the run log folder."""
+    tally = metrics.Tally()
+    for path in traces:
+        figures = metrics.run_figures(metrics.trace_records(str(path)))
+        if figures:
+            tally.add(figures)
+    return tally.summary()
+
+
+# --- running ---------------------------------------------------------------------------------------
+
+@dataclass
+class Planned:
+    """A task to run now: from its trace (resume) or from the start (fresh)."""
+
+    task: BatchTask
+    fresh: bool
+
+
+class Batch:
+    """The tasks of one shard (or all of them), run into one output folder."""
+
+    def __init__(self, tasks: List[BatchTask], out: Path, given: Dict[str, Any], environment: Dict[str, str],
+                 parallel: Optional[int] = None, retry_errors: int = DEFAULT_RETRY_ERRORS, rerun_failed: bool = False,
+                 part: Optional[Tuple[int, int]] = None, quiet: bool = False, named: Callable[[str], str] = keyword_name):
+        self.tasks = tasks if part is None else tasks[part[0]::part[1]]
+        self.out, self.traces = out, out / "traces"
+        self.given, self.environment, self.named = given, environment, named
+        from agent_demo_kit.client import is_local  # not before a batch runs: --version starts without requests
+        self.settings = load_settings(given, environment, named=named)  # what is wrong is said before any task runs
+        self.parallel = parallel or (1 if is_local(self.settings.endpoint) else HOSTED_PARALLEL)
+        self.parallel_given = parallel is not None
+        self.retry_errors, self.rerun_failed, self.part, self.quiet = retry_errors, rerun_failed, part, quiet
+        self.stop = threading.Event()
+        self.all_done = threading.Event()  # set when the last worker has ended
+        self.working = 0  # workers still going
+        self.gate = RequestGate(self.parallel, self.stop)
+        self.tally = metrics.Tally()
+        self.queue: Deque[Planned] = collections.deque()
+        self.lock = threading.Lock()
+        self.done = self.ran = self.skipped = 0
+        self.started = time.monotonic()
+        self.results: Any = None
+        self.live = is_terminal(sys.stderr) and not quiet and environment.get("TERM") != "dumb"
+        self.shown_live = False
+        self.screen = threading.RLock()  # one writer of stderr at a time: a task's line, the live line
+        self.key_refused = False
+
+    # --- the plan: what is done, what goes on, what starts ---
+
+    def plan(self) -> None:
+        """Decide each task from what the folder holds: one that ended is counted and not run again
+        (--rerun-failed: one that did not finish starts again); one that ended in an error goes on
+        while it has errors left (--retry-errors); any other goes on from its trace, or starts."""
+        known = {ident: line for ident, line in read_results(self.out).items()} if self.out.is_dir() else {}
+        for task in self.tasks:
+            line = known.pop(task.id, None)
+            trace = self.traces / f"{task.file}.jsonl"
+            if (line is None or line.get("status") not in metrics.ENDED) and trace.exists():
+                line = self.line(task, metrics.run_figures(metrics.trace_records(str(trace)))) or line
+            status = line.get("status") if line else None
+            if status in metrics.ENDED and not (self.rerun_failed and status != "finished") \
+                    or status == "error" and metrics.number(line.get("errors")) > self.retry_errors:
+                self.tally.add(line)
+                self.skipped += 1
+            else:
+                self.queue.append(Planned(task, fresh=status in metrics.ENDED))
+        known.clear()
+
+    def line(self, task: BatchTask, figures: Optional[dict]) -> Optional[dict]:
+        """A task's results line: its id, its figures, its trace (relative to the folder), when it ended."""
+        if figures is None:
+            return None
+        return {"id": task.id, **figures, "trace": f"traces/{task.file}.jsonl", "ended_at": round(time.time(), 3)}
+
+    # --- the run ---
+
+    def run(self, needed: Optional[float] = None) -> Tuple[int, dict]:
+        """Run what the plan leaves, `parallel` at a time: the exit code of the whole (0 when every task
+        finished, or the `needed` share of them; 1 otherwise; 130 or 143 when stopped) and the summary."""
+        self.out.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self.traces.mkdir(exist_ok=True, mode=0o700)
+        path = self.out / results_name(self.part, "results")
+        self.results = open(open_private(str(path), "the results file"), "a", encoding="utf-8")
+        if not lock(self.results):
+            self.results.close()
+            raise ConfigError(f"{path} is being written by another agent-demo --batch that is still going")
+        try:
+            self.plan()
+            self.say_start()
+            stopped = self.work_through()
+            summary = self.say_end()
+            self.compact(path)  # while the lock is held
+        finally:
+            self.results.close()
+        return stopped or exit_code(summary, needed), summary
+
+    def work_through(self) -> int:
+        """Start the workers and wait; Ctrl-C (or SIGTERM) stops starting tasks and ends the running
+        ones as resumable; a second Ctrl-C stops at once. 0, 130 or 143 (the outcome decides 0 or 1)."""
+        self.working = min(self.parallel, len(self.queue))
+        if not self.working:
+            self.all_done.set()
+        for n in range(self.working):
+            threading.Thread(target=self.work, daemon=True, name=f"task-{n}").start()
+        stopped = 0
+        try:
+            self.wait_for_workers()
+        except (KeyboardInterrupt, SigTerm) as signal:
+            stopped = Terminated.exit_code if isinstance(signal, SigTerm) else Interrupted.exit_code
+            self.stop.set()
+            self.say("stopping: no new task starts; the running ones end as resumable (Ctrl-C again: at once)")
+            try:
+                self.wait_for_workers()
+            except (KeyboardInterrupt, SigTerm):
+                self.say("stopped at once: the tasks that were running have no end record; the same command"
+                         " goes on with them")
+                sys.stderr.flush()
+                os._exit(stopped)
+        return stopped
+
+    def wait_for_workers(self) -> None:
+        """Until every worker has ended, redrawing the live line. (Not Thread.join: a Ctrl-C inside it can
+        leave a thread that still runs looking ended.)"""
+        while not self.all_done.wait(LIVE_EVERY):
+            self.show_live()
+
+    def work(self) -> None:
+        """A worker: take the next task, run it, record it, until none is left or the batch stops."""
+        try:
+            self.work_on()
+        finally:
+            with self.lock:
+                self.working -= 1
+                if not self.working:
+                    self.all_done.set()
+
+    def work_on(self) -> None:
+        while not self.stop.is_set():
+            with self.lock:
+                if not self.queue:
+                    return
+                planned = self.queue.popleft()
+            line, may_pass = self.run_one(planned)
+            with self.lock:
+                self.results.write(json.dumps(line, ensure_ascii=False) + "\n")
+                self.results.flush()
+                if may_pass and metrics.number(line.get("errors")) <= self.retry_errors and not self.stop.is_set():
+                    self.queue.append(Planned(planned.task, fresh=False))
+                    continue
+                self.tally.add(line)
+                self.done += 1
+                self.ran += 1
+                self.say_task(line)
+
+    def run_one(self, planned: Planned) -> Tuple[dict, bool]:
+        """Run one task, or take it up from its trace: its results line, read back from the trace, and
+        whether an error it ended in may pass next time (the endpoint's may; a setting's will not)."""
+        task = planned.task
+        trace = self.traces / f"{task.file}.jsonl"
+        resume = not planned.fresh and has_start(trace)
+        given = {**self.given, **({"check": task.check} if task.check is not None else {})}
+        try:
+            with prepare(task.task, given=given, environment=self.environment, named=self.named,
+                         trace=None if resume else str(trace), resume=str(trace) if resume else None) as job:
+                job.agent.stop, job.agent.expected, job.agent.client.gate = self.stop, task.expected, self.gate
+                outcome = job.run()
+        except ConfigError as error:  # this task's own check cannot start, its trace cannot be taken up, ...
+            outcome = RunResult(error)
+        except Exception as error:  # a bug of ours: this task ends in an error, the others go on
+            outcome = RunResult(EndpointError(f"internal error: {type(error).__name__}: {error}"))
+        if outcome.key_refused:
+            self.key_refused = True
+            self.stop.set()
+            self.say(f"the endpoint refused the key ({outcome.error}): no more tasks start; the same command"
+                     " goes on once the key is right")
+        figures = metrics.run_figures(metrics.trace_records(str(trace)))
+        if figures is None or figures["status"] != outcome.status:  # ended before its trace could say so
+            figures = {**(figures or metrics.run_figures([{"event": "start"}])), "status": outcome.status,
+                       "error": outcome.error, "errors": (figures or {}).get("errors", 0) + (outcome.status == "error")}
+        may_pass = outcome.status == "error" and not isinstance(outcome.ending, ConfigError) and not self.key_refused
+        return self.line(task, figures), may_pass
+
+    # --- what is said ---
+
+    def say(self, text: str) -> None:
+        with self.screen:
+            self.clear_live()
+            print(f"agent-demo: {text}", file=sys.stderr, flush=True)
+
+    def say_start(self) -> None:
+        if self.quiet:
+            return
+        total = len(self.tasks)
+        where = f" (shard {self.part[0]} of {self.part[1]} slices)" if self.part else ""
+        why = "--parallel" if self.parallel_given else (
+            "a local server answers one request at a time; --parallel N to change" if self.parallel == 1
+            else "the default for a hosted endpoint; --parallel N to change")
+        left = len(self.queue)
+        goes_on = sum(not planned.fresh and (self.traces / f"{planned.task.file}.jsonl").exists()
+                      for planned in self.queue)
+        print(f"agent-demo: batch of {total} task(s){where} into {self.out}/, {self.parallel} at a time ({why})",
+              file=sys.stderr)
+        if self.skipped or goes_on:
+            print(f"agent-demo: {self.skipped} already ended, {goes_on} go on from their traces,"
+                  f" {left - goes_on} start", file=sys.stderr, flush=True)
+
+    def say_task(self, line: dict) -> None:
+        """One line a task as it ends (not under --quiet), above the live line."""
+        if self.quiet:
+            return
+        said = line.get("answer") if line["status"] == "finished" else line.get("error") or line.get("summary") or ""
+        said = said if isinstance(said, str) else json.dumps(said, ensure_ascii=False)
+        said = " ".join(said.split())
+        text = (f"[{self.done + self.skipped}/{len(self.tasks)}] {line['id']}: {line['status']}, {line['rounds']}"
+                f" round(s), {line['seconds']:.1f} s" + (f": {said[:120]}" if said else ""))
+        with self.screen:
+            self.clear_live()
+            print(text, file=sys.stderr, flush=True)
+            self.show_live()
+
+    def show_live(self) -> None:
+        """On a terminal: done/total, counts per status, tokens, elapsed and ETA, on one redrawn line."""
+        if not self.live:
+            return
+        summary = self.tally.summary()
+        elapsed = time.monotonic() - self.started
+        left = len(self.tasks) - self.done - self.skipped
+        eta = f", ETA {clock(elapsed / self.ran * left)}" if self.ran and left else ""
+        counts = ", ".join(f"{status} {count}" for status, count in summary["status_counts"].items())
+        text = (f"{self.done + self.skipped}/{len(self.tasks)} done ({counts or 'none yet'}),"
+                f" {summary['tokens']['total']:,} tokens, {clock(elapsed)} elapsed{eta}")
+        with self.screen:
+            self.clear_live()
+            sys.stderr.write(text[:shutil.get_terminal_size().columns - 1])
+            sys.stderr.flush()
+            self.shown_live = True
+
+    def clear_live(self) -> None:
+        """Take the live line away (our own code, so that what comes next starts on a clean line)."""
+        if self.shown_live:
+            write_code = getattr(sys.stderr, "write_code", sys.stderr.write)
+            write_code("\r\033[K")
+            self.shown_live = False
+
+    def summary(self) -> dict:
+        """The table of this run's tasks (those that did not run, as "pending"), as summary.json holds it."""
+        summary = self.tally.summary()
+        pending = len(self.tasks) - summary["tasks"]
+        if pending:
+            summary["status_counts"] = dict(sorted({**summary["status_counts"], "pending": pending}.items()))
+            summary["tasks"] = len(self.tasks)
+        return summary
+
+    def say_end(self) -> dict:
+        """The table on stderr and in summary.json."""
+        summary = self.summary()
+        write_private(self.out / results_name(self.part, "summary"), json.dumps(summary, indent=2) + "\n")
+        self.clear_live()
+        if not self.quiet:
+            print("\n".join(metrics.render(summary)), file=sys.stderr)
+            print(f"agent-demo: results in {self.out / results_name(self.part, 'results')}", file=sys.stderr,
+                  flush=True)
+        return summary
+
+    def compact(self, path: Path) -> None:
+        """results.jsonl with one line a task, in the task file's order (the last line of each), written
+        whole before it replaces the old one, so a crash leaves one or the other. Left as it is when
+        it has no task twice."""
+        latest: Dict[str, int] = {}  # id -> where its last line starts
+        count = 0
+        with open(path, "rb") as results:
+            for offset, raw in iter_lines(results):
+                try:
+                    ident = json.loads(raw).get("id")
+                except (ValueError, AttributeError):
+                    continue
+                latest[str(ident)], count = offset, count + 1
+            if len(latest) == count:
+                return
+            order = {task.id: n for n, task in enumerate(self.tasks)}
+            kept = []
+            for ident, offset in sorted(latest.items(), key=lambda item: order.get(item[0], len(order))):
+                results.seek(offset)
+                kept.append(results.readline().rstrip(b"\n") + b"\n")
+        write_private(path, b"".join(kept).decode("utf-8", "replace"))
+
+
+def iter_lines(file: Any) -> Iterator[Tuple[int, bytes]]:
+    """Each line of a binary file with the offset it starts at."""
+    offset = 0
+    for raw in file:
+        yield offset, raw
+        offset += len(raw)
+
+
+def has_start(trace: Path) -> bool:
+    """Does a trace file hold a run's start (so that the run can be taken up)?"""
+    try:
+        with open(trace, "rb") as file:
+            return any(line.startswith(b'{"event": "start"') for line in file)
+    except OSError:
+        return False
+
+
+def write_private(path: Path, text: str) -> None:
+    """A file readable only by the user, written whole under another name and then renamed over `path`."""
+    temporary = path.with_name(f".{path.name}.{os.getpid()}")
+    with open(open_private(str(temporary), str(path.name)), "w", encoding="utf-8") as file:
+        file.write(text)
+    os.replace(temporary, path)
+
+
+def clock(seconds: float) -> str:
+    """Seconds as h:mm:ss or m:ss."""
+    whole = int(seconds)
+    hours, rest = divmod(whole, 3600)
+    return f"{hours}:{rest // 60:02d}:{rest % 60:02d}" if hours else f"{rest // 60}:{rest % 60:02d}"
+
+
+def exit_code(summary: dict, needed: Optional[float]) -> int:
+    """0 when every task finished (or at least the --pass-rate share did), else 1."""
+    rate = summary["status_counts"].get("finished", 0) / summary["tasks"] if summary["tasks"] else 1.0
+    return 0 if rate >= (1.0 if needed is None else needed) else 1

@@ -1,0 +1,219 @@
+"""Figures about runs: one run's, read from its trace records (the batch's results.jsonl lines are
+these), and a table across many runs (a batch, shards merged, or the run log folder), kept as
+numbers only so that it stays small however many runs it counts.
+
+It imports only records.
+"""
+import json
+import math
+from array import array
+from typing import Any, Dict, List, Optional
+
+from agent_demo_kit.records import is_count
+
+CONTROL_TOOLS = ("finish", "fail", "recall", "note")  # answered by the loop: not tool calls
+ENDED = ("finished", "failed", "max_rounds", "budget", "stuck")  # the work's own outcomes: a batch does not redo them
+
+
+def run_figures(records: List[dict]) -> Optional[dict]:
+    """The figures of the last run among a trace's records (resumes included), or None if there is
+    no start record: status ("unfinished" when cut short), answer, rounds, tokens, tool calls and
+    errors, retries, format errors, checks, seconds, the largest request, attempts and errors
+    (how often it was started or resumed, and ended in an error), and rounds and tokens per model."""
+    starts = [index for index, record in enumerate(records) if record.get("event") == "start"]
+    if not starts:
+        return None
+    run = records[starts[-1]:]
+    figures: Dict[str, Any] = {
+        "status": "unfinished", "answer": None, "error": None, "summary": "", "rounds": 0,
+        "tokens": {"total": 0, "prompt": 0, "completion": 0, "cached": 0}, "tool_calls": 0, "tool_errors": 0,
+        "retries": 0, "format_errors": 0, "checks": {"runs": 0, "passed": 0}, "seconds": 0.0,
+        "largest_request_chars": 0, "attempts": 0, "errors": 0, "models": {},
+        "max_context": run[0].get("max_context") if is_count(run[0].get("max_context")) else None}
+    model = str(run[0].get("model"))
+    began = last = None
+    for record in run:
+        event, at = record.get("event"), record.get("ts")
+        if isinstance(at, (int, float)) and math.isfinite(at):
+            if event in ("start", "resume", "follow_up"):
+                figures["seconds"] += segment(began, last)
+                began = at
+            last = at
+        if event in ("start", "resume", "follow_up"):
+            figures["attempts"] += 1
+            figures["status"] = "unfinished"
+            model = str(record.get("model", model))
+        elif event == "round" and isinstance(record.get("round"), int):
+            count_round(figures, record, str(record.get("model") or model))
+            figures["status"] = "unfinished"
+        elif event == "retry":
+            figures["retries"] += 1
+        elif event == "escalation" and record.get("to_model"):
+            model = str(record["to_model"])
+        elif event == "end":
+            status = str(record.get("status"))
+            figures["status"] = status
+            figures["errors"] += status == "error"
+            figures["answer"] = record.get("result") if status in ("finished", "failed") else None
+            figures["error"] = str(record.get("error")) if status == "error" and record.get("error") else None
+            figures["summary"] = str(record.get("summary") or "")
+    figures["seconds"] = round(figures["seconds"] + segment(began, last), 3)
+    return figures
+
+
+def segment(began: Optional[float], last: Optional[float]) -> float:
+    """The seconds from a start or resume record to the last record after it."""
+    return max(0.0, last - began) if began is not None and last is not None else 0.0
+
+
+def count_round(figures: dict, record: dict, model: str) -> None:
+    """Add one round record's figures."""
+    figures["rounds"] += 1
+    usage = record.get("usage") if isinstance(record.get("usage"), dict) else {}
+    tokens = figures["tokens"]
+    for name, key in (("total", "total_tokens"), ("prompt", "prompt_tokens"), ("completion", "completion_tokens"),
+                      ("cached", "cached_tokens")):
+        if is_count(usage.get(key)):
+            tokens[name] += usage[key]
+    per_model = figures["models"].setdefault(model, {"rounds": 0, "tokens": 0})
+    per_model["rounds"] += 1
+    per_model["tokens"] += usage.get("total_tokens") if is_count(usage.get("total_tokens")) else 0
+    if is_count(record.get("request_chars")):
+        figures["largest_request_chars"] = max(figures["largest_request_chars"], record["request_chars"])
+    calls = [call for call in record.get("calls") or [] if isinstance(call, dict)]
+    figures["format_errors"] += (not calls and record.get("problem") is not None) \
+        + sum(bool(call.get("format_error")) for call in calls)
+    for call in calls:
+        result = call.get("result") if isinstance(call.get("result"), dict) else {}
+        if isinstance(call.get("check"), dict):
+            figures["checks"]["runs"] += 1
+            figures["checks"]["passed"] += call["check"].get("exit_code") == 0
+        if call.get("tool") not in CONTROL_TOOLS and not call.get("format_error"):
+            figures["tool_calls"] += 1
+            figures["tool_errors"] += result.get("ok") is not True
+
+
+def trace_records(path: str) -> List[dict]:
+    """The records of a trace file (lines that are not JSON objects left out); [] if it cannot be read."""
+    try:
+        with open(path, "rb") as trace:
+            lines = trace.read().split(b"\n")
+    except OSError:
+        return []
+    records = []
+    for line in lines:
+        try:
+            record = json.loads(line.decode("utf-8", "replace")) if line.strip() else None
+        except (ValueError, RecursionError):
+            continue
+        if isinstance(record, dict):
+            records.append(record)
+    return records
+
+
+# --- across runs -------------------------------------------------------------------------------
+
+def percentile(values: "array", share: float) -> float:
+    """The nearest-rank percentile of values (0 when there are none)."""
+    if not values:
+        return 0
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(share * len(ordered)) - 1)]
+
+
+class Tally:
+    """The figures of many runs added up, one run at a time, keeping numbers only."""
+
+    def __init__(self) -> None:
+        self.tasks = 0
+        self.status_counts: Dict[str, int] = {}
+        self.rounds, self.seconds = array("d"), array("d")
+        self.tokens = {"total": 0, "prompt": 0, "completion": 0, "cached": 0}
+        self.sums = dict.fromkeys(("tool_calls", "tool_errors", "retries", "format_errors", "attempts"), 0)
+        self.checked = self.passed = 0  # runs whose answer a check judged, and whose last judged answer passed
+        self.largest_request, self.max_context = 0, None
+        self.models: Dict[str, Dict[str, int]] = {}
+
+    def add(self, figures: dict) -> None:
+        """One run's figures (a results.jsonl line, or run_figures of a trace)."""
+        self.tasks += 1
+        status = str(figures.get("status"))
+        self.status_counts[status] = self.status_counts.get(status, 0) + 1
+        self.rounds.append(number(figures.get("rounds")))
+        self.seconds.append(number(figures.get("seconds")))
+        tokens = figures.get("tokens") if isinstance(figures.get("tokens"), dict) else {}
+        for name in self.tokens:
+            self.tokens[name] += int(number(tokens.get(name)))
+        for name in self.sums:
+            self.sums[name] += int(number(figures.get(name)))
+        checks = figures.get("checks") if isinstance(figures.get("checks"), dict) else {}
+        if number(checks.get("runs")):
+            self.checked += 1
+            self.passed += status == "finished" and number(checks.get("passed")) > 0
+        self.largest_request = max(self.largest_request, int(number(figures.get("largest_request_chars"))))
+        if is_count(figures.get("max_context")):
+            self.max_context = figures["max_context"]
+        models = figures.get("models") if isinstance(figures.get("models"), dict) else {}
+        for name, used in models.items():
+            if isinstance(used, dict):
+                total = self.models.setdefault(str(name), {"rounds": 0, "tokens": 0})
+                total["rounds"] += int(number(used.get("rounds")))
+                total["tokens"] += int(number(used.get("tokens")))
+
+    def summary(self) -> dict:
+        """The table as data: what summary.json and --summary --json hold."""
+        tasks, finished = self.tasks, self.status_counts.get("finished", 0)
+        calls = self.sums["tool_calls"]
+        return {
+            "tasks": tasks, "status_counts": dict(sorted(self.status_counts.items())),
+            "completion_rate": rate(finished, tasks),
+            "check_pass_rate": rate(self.passed, self.checked), "checked": self.checked,
+            "rounds": {"total": int(sum(self.rounds)), "mean": round(sum(self.rounds) / tasks, 2) if tasks else 0,
+                       "p50": percentile(self.rounds, 0.5), "p95": percentile(self.rounds, 0.95)},
+            "tokens": {**self.tokens, "cached_share": rate(self.tokens["cached"], self.tokens["prompt"])},
+            "tool_calls": calls, "tool_errors": self.sums["tool_errors"],
+            "tool_error_rate": rate(self.sums["tool_errors"], calls),
+            "retries": self.sums["retries"], "format_errors": self.sums["format_errors"],
+            "attempts": self.sums["attempts"],
+            "seconds": {"total": round(sum(self.seconds), 3), "p50": round(percentile(self.seconds, 0.5), 3),
+                        "p95": round(percentile(self.seconds, 0.95), 3)},
+            "largest_request_chars": self.largest_request, "max_context": self.max_context,
+            "models": self.models,
+        }
+
+
+def number(value: Any) -> float:
+    """A figure as a number: 0 for anything that is not one."""
+    return value if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) else 0
+
+
+def rate(part: float, whole: float) -> Optional[float]:
+    """part / whole, rounded; None when there is no whole."""
+    return round(part / whole, 4) if whole else None
+
+
+def render(summary: dict) -> List[str]:
+    """The table for people, a line a figure."""
+    def share(value: Optional[float]) -> str:
+        return "n/a" if value is None else f"{value:.1%}"
+    counts = ", ".join(f"{status} {count}" for status, count in summary["status_counts"].items()) or "none"
+    rounds, tokens, seconds = summary["rounds"], summary["tokens"], summary["seconds"]
+    lines = [
+        f"tasks            {summary['tasks']}: {counts}",
+        f"completion rate  {share(summary['completion_rate'])}",
+        f"check pass rate  {share(summary['check_pass_rate'])}"
+        + (f" (of {summary['checked']} checked)" if summary["checked"] else ""),
+        f"rounds           mean {rounds['mean']:g}, p50 {rounds['p50']:g}, p95 {rounds['p95']:g}",
+        f"tokens           {tokens['total']:,} ({share(tokens['cached_share'])} of prompt tokens cached)",
+        f"tool calls       {summary['tool_calls']:,}, {summary['tool_errors']:,} errors"
+        f" ({share(summary['tool_error_rate'])})",
+        f"retries          {summary['retries']:,}; format errors {summary['format_errors']:,}",
+        f"time per task    p50 {seconds['p50']:.3g} s, p95 {seconds['p95']:.3g} s",
+        f"largest request  {summary['largest_request_chars']:,} chars"
+        + (f" of --max-context {summary['max_context']:,}" if summary["max_context"] else ""),
+    ]
+    if len(summary["models"]) > 1:
+        lines += [f"model {name:<10} {used['rounds']:,} rounds, {used['tokens']:,} tokens"
+                  for name, used in summary["models"].items()]
+    return lines
+
