@@ -512,12 +512,14 @@ def prepare(task: str = "", *, given: Dict[str, Any], environment: Dict[str, str
             named: Callable[[str], str] = keyword_name, functions: Sequence[Callable] = (), material: str = "",
             trace: Union[str, "os.PathLike[str]", bool, None] = None, resume: Optional[str] = None,
             follow_up: Optional[str] = None, screen: Any = None, redactor: Any = None,
-            approver: Optional[Approver] = None, confirm: Optional[Callable[[str], bool]] = None) -> Job:
+            approver: Optional[Approver] = None, confirm: Optional[Callable[[str], bool]] = None,
+            session: Any = None) -> Job:
     """A run made ready from what a caller gave: settings by name (`given`, named for messages by
     `named`), tool functions, the task and its material, where to record it (a path, True for the
     run log folder, None), or the trace of a run to take up again (`resume`, with the user's
     `follow_up` for --continue); the screen that shows it, the redactor every output goes through,
-    and who confirms using what only the trace names (`confirm`, a y/N question; None: nobody can).
+    and who confirms using what only the trace names (`confirm`, a y/N question; None: nobody can);
+    the requests.Session to send on (a batch worker reuses its own; None: one of the run's own).
     ConfigError if it cannot start; what it opened is closed then."""
     from agent_demo_kit import run_store
     from agent_demo_kit.client import ModelClient, RequestForm
@@ -552,7 +554,7 @@ def prepare(task: str = "", *, given: Dict[str, Any], environment: Dict[str, str
         registry, start_fields, notes = tool_registry(settings, functions, redactor.secrets, closing, start)
         form = RequestForm.resumed(settings, start, any(record.mode == settings.mode for record in history)) \
             if start is not None else RequestForm.asked_for(settings)
-        client = closing.enter_context(contextlib.closing(ModelClient(settings, form=form)))
+        client = closing.enter_context(contextlib.closing(ModelClient(settings, form=form, session=session)))
         piped = start.get("material") if start is not None and isinstance(start.get("material"), str) else None
         if piped is not None:  # read a page at a time, as before
             registry["read_material"] = material_reader(piped, settings.max_result_chars - PAGE_MARGIN_CHARS)

@@ -6,6 +6,8 @@ Three ways to ask for actions (`mode`): "json" (JSON in the reply text),
 the attributes of tools.Tool; `tools` is always every tool in use, by name
 (tools.in_use), finish and fail among them.
 """
+import threading
+from collections import OrderedDict
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 from agent_demo_kit.records import to_json, wire_size
@@ -58,8 +60,29 @@ def _name(tool: Any) -> str:
     return f"- {tool.name}({', '.join(tool.parameters)}): {tool.description} e.g. {to_json(tool.example())}"
 
 
+_RENDERED: "OrderedDict[tuple, Tuple[list, str]]" = OrderedDict()  # the last system prompts, by their tools
+_RENDERED_KEPT = 32
+_RENDERED_LOCK = threading.Lock()
+
+
 def render_system_prompt(tools: Dict[str, Any], mode: str, max_calls: int) -> str:
-    """The system prompt: how to reply in this mode, and the tools (short in tools mode)."""
+    """The system prompt: how to reply in this mode, and the tools (short in tools mode). It is made
+    several times a run, and for each task of a batch from the same tools: the last few are kept,
+    by the identity of their tools (which the entry holds, so no other tool can take an identity)."""
+    key = (mode, max_calls, tuple(id(tool) for tool in tools.values()))
+    with _RENDERED_LOCK:
+        if key in _RENDERED:
+            _RENDERED.move_to_end(key)
+            return _RENDERED[key][1]
+    text = _system_prompt(tools, mode, max_calls)
+    with _RENDERED_LOCK:
+        _RENDERED[key] = (list(tools.values()), text)
+        if len(_RENDERED) > _RENDERED_KEPT:
+            _RENDERED.popitem(last=False)
+    return text
+
+
+def _system_prompt(tools: Dict[str, Any], mode: str, max_calls: int) -> str:
     describe = _name if mode == "tools" else (lambda tool: _describe(tool, mode))
     tool_list = "\n\nTools:\n" + "\n".join(describe(tool) for tool in tools.values())
     return f"""You are an agent that completes the user's task by calling tools.

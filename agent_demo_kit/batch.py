@@ -169,10 +169,11 @@ def summarize_run_log(folder: Path, traces: List[Path]) -> dict:
 
 @dataclass
 class Planned:
-    """A task to run now: from its trace (resume) or from the start (fresh)."""
+    """A task to run now: from the start (fresh) or from its trace (when it holds a start)."""
 
     task: BatchTask
     fresh: bool
+    traced: bool = False  # its trace holds a run's start
 
 
 class Batch:
@@ -210,20 +211,32 @@ class Batch:
         """Decide each task from what the folder holds: one that ended is counted and not run again
         (--rerun-failed: one that did not finish starts again); one that ended in an error goes on
         while it has errors left (--retry-errors); any other goes on from its trace, or starts."""
-        known = {ident: line for ident, line in read_results(self.out).items()} if self.out.is_dir() else {}
+        known = read_results(self.out)
+        traced = set(os.listdir(self.traces))
         for task in self.tasks:
             line = known.pop(task.id, None)
-            trace = self.traces / f"{task.file}.jsonl"
-            if (line is None or line.get("status") not in metrics.ENDED) and trace.exists():
-                line = self.line(task, metrics.run_figures(metrics.trace_records(str(trace)))) or line
+            has_trace = f"{task.file}.jsonl" in traced
+            if has_trace and (line is None or line.get("status") not in metrics.ENDED):
+                # The trace knows better: the task went on after its line, or ended just before a kill -9.
+                from_trace = self.line(task, metrics.run_figures(metrics.trace_records(str(self.trace(task)))))
+                if from_trace and from_trace["status"] in metrics.ENDED:
+                    self.write(from_trace)
+                line = from_trace or line
             status = line.get("status") if line else None
             if status in metrics.ENDED and not (self.rerun_failed and status != "finished") \
                     or status == "error" and metrics.number(line.get("errors")) > self.retry_errors:
                 self.tally.add(line)
                 self.skipped += 1
             else:
-                self.queue.append(Planned(task, fresh=status in metrics.ENDED))
-        known.clear()
+                self.queue.append(Planned(task, fresh=status in metrics.ENDED, traced=has_trace))
+
+    def trace(self, task: BatchTask) -> Path:
+        return self.traces / f"{task.file}.jsonl"
+
+    def write(self, line: dict) -> None:
+        """Add a line to the results file, at once (a kill -9 loses nothing written)."""
+        self.results.write(json.dumps(line, ensure_ascii=False) + "\n")
+        self.results.flush()
 
     def line(self, task: BatchTask, figures: Optional[dict]) -> Optional[dict]:
         """A task's results line: its id, its figures, its trace (relative to the folder), when it ended."""
@@ -284,44 +297,49 @@ class Batch:
             self.show_live()
 
     def work(self) -> None:
-        """A worker: take the next task, run it, record it, until none is left or the batch stops."""
+        """A worker: take the next task, run it, record it, until none is left or the batch stops. Its
+        tasks' requests go out on one session of its own (its connection kept open between them)."""
+        import requests
         try:
-            self.work_on()
+            with requests.Session() as session:
+                self.work_on(session)
         finally:
             with self.lock:
                 self.working -= 1
                 if not self.working:
                     self.all_done.set()
 
-    def work_on(self) -> None:
+    def work_on(self, session: Any) -> None:
         while not self.stop.is_set():
             with self.lock:
                 if not self.queue:
                     return
                 planned = self.queue.popleft()
-            line, may_pass = self.run_one(planned)
+            line, may_pass = self.run_one(planned, session)
             with self.lock:
-                self.results.write(json.dumps(line, ensure_ascii=False) + "\n")
-                self.results.flush()
+                self.write(line)
                 if may_pass and metrics.number(line.get("errors")) <= self.retry_errors and not self.stop.is_set():
-                    self.queue.append(Planned(planned.task, fresh=False))
+                    self.queue.append(Planned(planned.task, fresh=False, traced=True))
                     continue
                 self.tally.add(line)
                 self.done += 1
                 self.ran += 1
                 self.say_task(line)
 
-    def run_one(self, planned: Planned) -> Tuple[dict, bool]:
+    def run_one(self, planned: Planned, session: Any = None) -> Tuple[dict, bool]:
         """Run one task, or take it up from its trace: its results line, read back from the trace, and
         whether an error it ended in may pass next time (the endpoint's may; a setting's will not)."""
         task = planned.task
-        trace = self.traces / f"{task.file}.jsonl"
-        resume = not planned.fresh and has_start(trace)
+        trace = self.trace(task)
+        resume = not planned.fresh and planned.traced and has_start(trace)
         given = {**self.given, **({"check": task.check} if task.check is not None else {})}
+        written: Optional[List[dict]] = None if resume else []  # a new run's records: all its figures need
         try:
             with prepare(task.task, given=given, environment=self.environment, named=self.named,
-                         trace=None if resume else str(trace), resume=str(trace) if resume else None) as job:
+                         trace=None if resume else str(trace), resume=str(trace) if resume else None,
+                         session=session) as job:
                 job.agent.stop, job.agent.expected, job.agent.client.gate = self.stop, task.expected, self.gate
+                job.agent.trace.written = written
                 outcome = job.run()
         except ConfigError as error:  # this task's own check cannot start, its trace cannot be taken up, ...
             outcome = RunResult(error)
@@ -332,7 +350,7 @@ class Batch:
             self.stop.set()
             self.say(f"the endpoint refused the key ({outcome.error}): no more tasks start; the same command"
                      " goes on once the key is right")
-        figures = metrics.run_figures(metrics.trace_records(str(trace)))
+        figures = metrics.run_figures(written if written else metrics.trace_records(str(trace)))
         if figures is None or figures["status"] != outcome.status:  # ended before its trace could say so
             figures = {**(figures or metrics.run_figures([{"event": "start"}])), "status": outcome.status,
                        "error": outcome.error, "errors": (figures or {}).get("errors", 0) + (outcome.status == "error")}
@@ -355,8 +373,7 @@ class Batch:
             "a local server answers one request at a time; --parallel N to change" if self.parallel == 1
             else "the default for a hosted endpoint; --parallel N to change")
         left = len(self.queue)
-        goes_on = sum(not planned.fresh and (self.traces / f"{planned.task.file}.jsonl").exists()
-                      for planned in self.queue)
+        goes_on = sum(not planned.fresh and planned.traced for planned in self.queue)
         print(f"agent-demo: batch of {total} task(s){where} into {self.out}/, {self.parallel} at a time ({why})",
               file=sys.stderr)
         if self.skipped or goes_on:

@@ -44,8 +44,7 @@ def parse_body(text: str) -> Any:
     """A body's JSON, made safe to print and to send back: NaN and Infinity become null, and
     lone surrogates (from \\ud800-style escapes) become "?". ValueError if it is not JSON."""
     try:
-        body = json.loads(text, parse_constant=lambda name: None,
-                          parse_float=lambda number: float(number) if math.isfinite(float(number)) else None)
+        body = _DECODER.decode(text)
     except RecursionError:
         raise ValueError("nested too deeply") from None
     if not _SURROGATE_ESCAPE.search(text):  # the usual case, each piece of a stream: nothing to mend
@@ -54,6 +53,8 @@ def parse_body(text: str) -> Any:
 
 
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+_DECODER = json.JSONDecoder(parse_constant=lambda name: None,
+                            parse_float=lambda number: float(number) if math.isfinite(float(number)) else None)
 
 
 class _LineTooLong(Exception):
@@ -315,14 +316,24 @@ Request = Callable[[], List[dict]]  # builds the messages for the current form
 class ModelClient:
     """Sends the conversation to the endpoint over one session."""
 
-    def __init__(self, settings: Settings, trace: Optional[RunEvents] = None, form: Optional[RequestForm] = None):
+    def __init__(self, settings: Settings, trace: Optional[RunEvents] = None, form: Optional[RequestForm] = None,
+                 session: Optional[requests.Session] = None):
         self.settings, self.trace = settings, trace or RunEvents()
         self.form = form or RequestForm.asked_for(settings)
         self.url = settings.endpoint
         self.on_text: Optional[TextListener] = None  # shown each piece of a streamed reply
-        self.session = requests.Session()
-        if settings.api_key:  # as auth, not a header: a user:password in the URL must not replace it
-            self.session.auth = BearerAuth(settings.api_key)
+        self.session, self.own_session = session or requests.Session(), session is None  # a batch worker's is reused
+        if getattr(self.session, "environment_of", None) != self.url:
+            # What the environment says about this one URL (proxies, NO_PROXY, a CA bundle, ~/.netrc), read
+            # once, not on every request: requests would read the whole environment twice a request.
+            found = self.session.merge_environment_settings(self.url, {}, None, None, None)
+            self.session.trust_env = False
+            self.session.proxies, self.session.verify, self.session.cert = found["proxies"], found["verify"], \
+                found["cert"]
+            self.session.netrc_auth = requests.utils.get_netrc_auth(self.url)
+            self.session.environment_of = self.url
+        # As auth, not a header: a user:password in the URL must not replace it.
+        self.session.auth = BearerAuth(settings.api_key) if settings.api_key else self.session.netrc_auth
         self.learned_window: Optional[int] = None  # the model's window in tokens, once asked
         self.window_said = False  # the server said it (else it is DEFAULT_WINDOW_TOKENS)
         self.cap_shrunk = False  # the reply cap was shrunk to fit, and the trace said so
@@ -536,7 +547,8 @@ class ModelClient:
         return reply_from_body(text)
 
     def close(self) -> None:
-        self.session.close()
+        if self.own_session:
+            self.session.close()
 
 
 _windows: Dict[Tuple[str, str], Optional[int]] = {}  # (URL, model) -> what its server said, asked once a process

@@ -120,6 +120,7 @@ class RunLog(RunEvents):
         self.start_notes: List[str] = []  # said right after it
         self.trace_file: Optional[SafeStream] = None
         self.path = trace_path
+        self.written: Optional[List[dict]] = None  # when a list, each record written is added to it, as written
         if trace_path:  # a new file is readable only by the user: it holds the task and every result
             try:
                 raw = open(open_private(trace_path), "a", encoding="utf-8")
@@ -164,9 +165,12 @@ class RunLog(RunEvents):
 
     def record(self, event: str, **fields: Any) -> None:
         if self.trace_file:
+            record = {"event": event, **fields}
             try:  # its strings redacted, not its text: every line parses, whatever the key
-                self.trace_file.write_json({"event": event, **fields})
+                self.trace_file.write_json(record)
                 self.trace_file.flush()  # a crash loses at most the round in flight
+                if self.written is not None:
+                    self.written.append(self.redactor.values(record))
             except OSError as error:
                 self.close()  # nothing more can be recorded; the end is still shown
                 raise TraceWriteError(f"cannot write the trace file: {error.strerror or error}") from None

@@ -20,6 +20,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -156,6 +157,97 @@ def hostile_figures() -> None:
     print(f"  keep-alives every 0.5 s     ended after {watch.wall:.1f} s with --timeout 2, status {outcome['status']}")
 
 
+def two_rounds(body: dict) -> str:
+    """A batch task's two rounds: the calculator, then the answer."""
+    done = sum(message["role"] == "assistant" for message in body["messages"])
+    return action("calculator", expression="2 + 3") if done == 0 else action("finish", result="5")
+
+
+PEAK_MEMORY = """import atexit, os, runpy, sys
+def peak():
+    with open("/proc/self/status") as status, open(os.environ["PEAK_FILE"], "w") as out:
+        out.write(next(line for line in status if line.startswith("VmHWM")).split()[1])
+atexit.register(peak)
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def task_file(folder: str, tasks: int) -> str:
+    """A task file of `tasks` lines of plain text."""
+    path = os.path.join(folder, f"tasks-{tasks}.jsonl")
+    with open(path, "w") as file:
+        file.writelines(f"add 2 and 3, number {n}\n" for n in range(tasks))
+    return path
+
+
+def batch_run(server: ScriptedServer, tasks: int, parallel: int, *flags: str) -> tuple:
+    """agent-demo --batch of `tasks` two-round tasks, in this process: (Stopwatch, its summary, the
+    request bodies of each task)."""
+    server.restart()
+    folder = tempfile.mkdtemp()
+    os.environ["LLM_API_URL"] = server.url
+    stdout = io.StringIO()
+    with Stopwatch() as watch, contextlib.redirect_stdout(stdout):
+        cli_main(["--batch", task_file(folder, tasks), "--parallel", str(parallel), "--out",
+                  os.path.join(folder, "out"), "--json", "-q", *flags])
+    by_task: dict = {}
+    for request in server.requests:
+        by_task.setdefault(request["body"]["messages"][1]["content"], []).append(request["body"])
+    return watch, json.loads(stdout.getvalue()), list(by_task.values())
+
+
+def bare_threads(server: ScriptedServer, bodies: list, parallel: int) -> Stopwatch:
+    """The same requests from a bare loop in this process: `parallel` threads, a session each, each
+    task's requests in turn."""
+    url = server.url + "/chat/completions"
+
+    def work(mine: list) -> None:
+        with requests.Session() as session:
+            for task in mine:
+                for body in task:
+                    session.post(url, json=body, timeout=30).content
+    threads = [threading.Thread(target=work, args=(bodies[n::parallel],)) for n in range(parallel)]
+    with Stopwatch() as watch:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    return watch
+
+
+def peak_memory(server: ScriptedServer, tasks: int, parallel: int) -> int:
+    """The peak memory (kB) of agent-demo --batch of `tasks` two-round tasks in a process of its own."""
+    server.restart()
+    folder = tempfile.mkdtemp()
+    peak_file = os.path.join(folder, "peak")
+    command = [sys.executable, "-c", PEAK_MEMORY, *CLI[1:], "--batch", task_file(folder, tasks), "--parallel",
+               str(parallel), "--out", os.path.join(folder, "out"), "-q"]
+    subprocess.run(command, check=False, env={**os.environ, "LLM_API_URL": server.url, "PEAK_FILE": peak_file})
+    return int(Path(peak_file).read_text())
+
+
+def batch_figures(tasks: int, parallel: int, large: int) -> None:
+    """--batch against the bare threaded loop making the same requests (both in this process, beside
+    the server's threads, taking turns), and the peak memory of a batch process at tasks and at large."""
+    with ScriptedServer([], screen=two_rounds) as server:
+        watch, summary, bodies = batch_run(server, tasks, parallel)
+        batch, bare = [watch], [bare_threads(server, bodies, parallel)]
+        for trial in range(1, 3):  # the two take turns going first
+            if trial % 2:
+                bare.append(bare_threads(server, bodies, parallel))
+            batch.append(batch_run(server, tasks, parallel)[0])
+            if not trial % 2:
+                bare.append(bare_threads(server, bodies, parallel))
+        small_peak, large_peak = peak_memory(server, tasks, parallel), peak_memory(server, large, parallel)
+    batch_s, bare_s = (statistics.median(watch.wall for watch in watches) for watches in (batch, bare))
+    print(f"batch: {tasks:,} two-round tasks, --parallel {parallel}, status counts {summary['status_counts']}")
+    print(f"  time per task               {batch_s / tasks * 1000:.2f} ms ({batch_s / bare_s:.2f}x a bare threaded"
+          f" requests loop making the same {sum(map(len, bodies)):,} requests: {bare_s / tasks * 1000:.2f} ms)")
+    print(f"  peak memory                 {small_peak / 1024:.1f} MB at {tasks:,} tasks, {large_peak / 1024:.1f} MB"
+          f" at {large:,} ({large_peak / small_peak:.2f}x)")
+
+
 def median_seconds(command: list, times: int = 7) -> float:
     samples = []
     for _ in range(times):
@@ -170,12 +262,19 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, nargs="+", default=[200, 1000])
     parser.add_argument("--think", type=int, default=2000, help="characters of think block per reply")
     parser.add_argument("--max-context", type=int, default=24000)
+    parser.add_argument("--batch", type=int, nargs=2, default=[1000, 10000], metavar=("TASKS", "LARGE"),
+                        help="batch figures: time per task at TASKS tasks, memory at TASKS and at LARGE")
+    parser.add_argument("--only-batch", action="store_true", help="only the batch figures")
     args = parser.parse_args()
     for name in [name for name in os.environ if name.startswith(("LLM_", "AGENT_"))]:
         del os.environ[name]
     os.chdir(tempfile.mkdtemp())  # no .env of the developer's
     os.environ["AGENT_DEMO_LOG_DIR"] = os.path.join(os.getcwd(), "runs")  # logged as by default, not in your home
 
+    os.environ["LLM_API_KEY"] = "sk-benchmark"
+    batch_figures(args.batch[0], 8, args.batch[1])
+    if args.only_batch:
+        return
     for rounds in args.rounds:
         run = measure(rounds, args.think, args.max_context)
         print(f"long run: {run['rounds']} rounds, status {run['status']}, {args.think}-char think block per reply,"
