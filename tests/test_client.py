@@ -9,7 +9,7 @@ from agent_demo_kit.cli import main
 from agent_demo_kit.client import ModelClient, read_stream, server_message
 from agent_demo_kit.records import EndpointError
 from agent_demo_kit.settings import MIN_LIMIT_TOKENS, REPLY_CHARS_A_TOKEN, Settings
-from scripted_server import action as act
+from scripted_server import ScriptedServer, action as act
 
 URL = "https://llm.example.test/v1/chat/completions"
 MESSAGES = [{"role": "user", "content": "hi"}]
@@ -403,3 +403,16 @@ def test_an_event_line_longer_than_any_reply_is_not_kept_and_the_reply_is_read_a
     reply = read_stream(long_line(), max_chars=100_000)
     assert (reply.finish_reason, reply.content) == ("length", "")
     assert reply.unread == "an event of more than 800,000 bytes and all after it"
+
+
+def test_the_environment_proxy_and_no_proxy_are_obeyed(cli, monkeypatch):
+    """Read once a run (not on every request), the proxy settings still decide where requests go."""
+    finish = act("finish", result="done")
+    with ScriptedServer([finish]) as endpoint, ScriptedServer([finish]) as proxy:
+        monkeypatch.setenv("LLM_API_URL", endpoint.url)
+        monkeypatch.setenv("HTTP_PROXY", proxy.url.rsplit("/", 1)[0])
+        assert cli("--no-log", "say done")[0] == 0
+        assert proxy.requests[0]["path"] == endpoint.url + "/chat/completions" and not endpoint.requests
+        monkeypatch.setenv("NO_PROXY", "127.0.0.1")
+        assert cli("--no-log", "say done")[0] == 0
+        assert len(endpoint.requests) == 1 and len(proxy.requests) == 1
