@@ -47,6 +47,14 @@ _CUT = re.compile(re.escape(f" ...{TRUNCATED}... ").replace(re.escape("{count}")
 _URL_SAFE = str.maketrans("+/", "-_")
 
 
+def _json_text(value: Any, indent: Optional[int] = None) -> Optional[str]:
+    """value as JSON text, anything else in it as its str() (as values() takes it); None if it cannot be."""
+    try:
+        return json.dumps(value, ensure_ascii=False, indent=indent, default=str)
+    except (TypeError, ValueError, RecursionError):
+        return None
+
+
 def _forms(secret: str) -> List[str]:
     """The ways a secret is written: as is, JSON- and URL-escaped, and, when it is long enough to be
     a real one, in base64 (standard and URL-safe, alone or inside Basic auth's "user:key")."""
@@ -99,6 +107,8 @@ class Redactor:
             else:
                 placeholders.append(rf"(?<![A-Za-z0-9])(?:{either})(?![A-Za-z0-9])")
         self.secret_pattern = re.compile("|".join(f"(?:{p})" for p in real)) if real else None
+        # Each form is written in JSON as it is: a form in any string of a value is in its JSON text too.
+        self.json_plain = all(json.dumps(form, ensure_ascii=False)[1:-1] == form for form in self.forms)
         every = real + placeholders
         self.pattern = re.compile("|".join(f"(?:{p})" for p in every)) if every else None
         self.longest = max(map(len, self.forms), default=0)
@@ -113,14 +123,33 @@ class Redactor:
     def values(self, value: Any) -> Any:
         """value (what JSON holds, data) with each of its strings redacted, never its numbers or its
         structure. A placeholder key stays: in data the key 5 cannot be told from the number 5, even
-        inside a string (a result fed back as JSON text), and it is no secret."""
+        inside a string (a result fed back as JSON text), and it is no secret. A value whose JSON
+        text holds nothing to redact is given back as it is (not a copy)."""
+        return value if self.nothing_in(value) else self._values(value)
+
+    def dumps(self, value: Any, indent: Optional[int] = None) -> str:
+        """value's JSON text (non-ASCII kept) with its strings redacted."""
+        text = _json_text(value, indent) if self.json_plain else None
+        if text is not None and self(text, placeholders=False) == text:
+            return text
+        return json.dumps(self._values(value), ensure_ascii=False, indent=indent)
+
+    def nothing_in(self, value: Any) -> bool:
+        """Is there surely nothing to redact in this value? Its JSON text is searched once, which is
+        enough when every form of the secrets is written in JSON as it is."""
+        if isinstance(value, str) or value is None or isinstance(value, (bool, int, float)) or not self.json_plain:
+            return False
+        text = _json_text(value)
+        return text is not None and self(text, placeholders=False) == text
+
+    def _values(self, value: Any) -> Any:
         if isinstance(value, str):
             return self(value, placeholders=False)
         if isinstance(value, dict):
-            return {self(key, placeholders=False) if isinstance(key, str) else key: self.values(item)
+            return {self(key, placeholders=False) if isinstance(key, str) else key: self._values(item)
                     for key, item in value.items()}
         if isinstance(value, (list, tuple)):
-            return [self.values(item) for item in value]
+            return [self._values(item) for item in value]
         if value is None or isinstance(value, (bool, int, float)):
             return value
         return self(str(value), placeholders=False)  # what json.dumps(default=str) would write
@@ -247,7 +276,7 @@ class SafeStream:
     def write_json(self, value: Any, indent: Optional[int] = None) -> None:
         """value as JSON and a newline. Its strings are redacted, not its text, so no key, however
         short, changes its structure or its data (a placeholder key 5 and the number 5)."""
-        text = json.dumps(self.redactor.values(value), ensure_ascii=False, indent=indent) + "\n"
+        text = self.redactor.dumps(value, indent) + "\n"
         with self._lock:
             self._emit(hold=0)
             self._guarded(lambda: self.stream.write(self._shown(text)))
