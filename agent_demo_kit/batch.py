@@ -19,9 +19,8 @@ import shutil
 import sys
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Deque, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Deque, Dict, Iterable, Iterator, List, NamedTuple, Optional, Tuple
 
 from agent_demo import prepare
 from agent_demo_kit import metrics
@@ -35,9 +34,8 @@ TASK_KEYS = ("id", "task", "check", "expected")
 LIVE_EVERY = 0.5  # seconds between redraws of the live line
 
 
-@dataclass(frozen=True)
-class BatchTask:
-    """One line of the task file."""
+class BatchTask(NamedTuple):
+    """One line of the task file (a tuple: ten thousand of them stay small)."""
 
     line: int
     id: str
@@ -167,8 +165,7 @@ def summarize_run_log(folder: Path, traces: List[Path]) -> dict:
 
 # --- running ---------------------------------------------------------------------------------------
 
-@dataclass
-class Planned:
+class Planned(NamedTuple):
     """A task to run now: from the start (fresh) or from its trace (when it holds a start)."""
 
     task: BatchTask
@@ -430,7 +427,7 @@ class Batch:
     def say_end(self) -> dict:
         """The table on stderr and in summary.json."""
         summary = self.summary()
-        write_private(self.out / results_name(self.part, "summary"), json.dumps(summary, indent=2) + "\n")
+        write_private(self.out / results_name(self.part, "summary"), [json.dumps(summary, indent=2).encode() + b"\n"])
         self.clear_live()
         if not self.quiet:
             print("\n".join(metrics.render(summary)), file=sys.stderr)
@@ -441,24 +438,28 @@ class Batch:
     def compact(self, path: Path) -> None:
         """results.jsonl with one line a task, in the task file's order (the last line of each), written
         whole before it replaces the old one, so a crash leaves one or the other. Left as it is when
-        it has no task twice."""
+        it is so already."""
         latest: Dict[str, int] = {}  # id -> where its last line starts
-        count = 0
+        order = {task.id: n for n, task in enumerate(self.tasks)}
+        count, last, in_order = 0, -1, True
         with open(path, "rb") as results:
             for offset, raw in iter_lines(results):
                 try:
-                    ident = json.loads(raw).get("id")
+                    ident = str(json.loads(raw).get("id"))
                 except (ValueError, AttributeError):
                     continue
-                latest[str(ident)], count = offset, count + 1
-            if len(latest) == count:
+                latest[ident], count = offset, count + 1
+                in_order, last = in_order and order.get(ident, len(order)) > last, order.get(ident, len(order))
+            if len(latest) == count and in_order:
                 return
-            order = {task.id: n for n, task in enumerate(self.tasks)}
-            kept = []
-            for ident, offset in sorted(latest.items(), key=lambda item: order.get(item[0], len(order))):
-                results.seek(offset)
-                kept.append(results.readline().rstrip(b"\n") + b"\n")
-        write_private(path, b"".join(kept).decode("utf-8", "replace"))
+            offsets = [offset for _, offset in sorted(latest.items(), key=lambda item: order.get(item[0], len(order)))]
+            latest.clear()
+
+            def lines() -> Iterator[bytes]:  # one at a time: the file is never held whole
+                for offset in offsets:
+                    results.seek(offset)
+                    yield results.readline().rstrip(b"\n") + b"\n"
+            write_private(path, lines())
 
 
 def iter_lines(file: Any) -> Iterator[Tuple[int, bytes]]:
@@ -467,6 +468,21 @@ def iter_lines(file: Any) -> Iterator[Tuple[int, bytes]]:
     for raw in file:
         yield offset, raw
         offset += len(raw)
+
+
+def run_batch(tasks: Any, out: Any, *, parallel: Optional[int] = None, retry_errors: int = DEFAULT_RETRY_ERRORS,
+              rerun_failed: bool = False, shard: Optional[Tuple[int, int]] = None, **settings: Any) -> dict:
+    """--batch from Python: run `tasks` (task texts, or dicts with "task" and optionally "id", "check",
+    "expected"; ids are their positions from 1 when not given) into the folder `out`, as the command
+    line does (the same folder again goes on where it stopped), quietly; the summary. settings: the
+    command line's settings by their long names, as for agent_demo.run. ConfigError as agent_demo.run
+    raises it."""
+    from agent_demo_kit.settings import read_environment
+    text = "".join(json.dumps(item if isinstance(item, dict) else {"task": item}, ensure_ascii=False) + "\n"
+                   for item in tasks)
+    batch = Batch(read_tasks(text, "tasks"), Path(out), settings, read_environment(), parallel=parallel,
+                  retry_errors=retry_errors, rerun_failed=rerun_failed, part=shard, quiet=True)
+    return batch.run()[1]
 
 
 def has_start(trace: Path) -> bool:
@@ -478,11 +494,13 @@ def has_start(trace: Path) -> bool:
         return False
 
 
-def write_private(path: Path, text: str) -> None:
-    """A file readable only by the user, written whole under another name and then renamed over `path`."""
+def write_private(path: Path, pieces: Iterable[bytes]) -> None:
+    """A file readable only by the user, written whole under another name, piece by piece, and then
+    renamed over `path`."""
     temporary = path.with_name(f".{path.name}.{os.getpid()}")
-    with open(open_private(str(temporary), str(path.name)), "w", encoding="utf-8") as file:
-        file.write(text)
+    with open(open_private(str(temporary), str(path.name)), "wb") as file:
+        file.truncate()
+        file.writelines(pieces)
     os.replace(temporary, path)
 
 

@@ -157,10 +157,11 @@ def hostile_figures() -> None:
     print(f"  keep-alives every 0.5 s     ended after {watch.wall:.1f} s with --timeout 2, status {outcome['status']}")
 
 
-def two_rounds(body: dict) -> str:
-    """A batch task's two rounds: the calculator, then the answer."""
+def two_rounds(body: dict, latency: float = 0.0) -> dict:
+    """A batch task's two rounds, each reply after `latency` seconds: the calculator, then the answer."""
     done = sum(message["role"] == "assistant" for message in body["messages"])
-    return action("calculator", expression="2 + 3") if done == 0 else action("finish", result="5")
+    content = action("calculator", expression="2 + 3") if done == 0 else action("finish", result="5")
+    return {"content": content, "delay": latency}
 
 
 PEAK_MEMORY = """import atexit, os, runpy, sys
@@ -227,23 +228,34 @@ def peak_memory(server: ScriptedServer, tasks: int, parallel: int) -> int:
     return int(Path(peak_file).read_text())
 
 
-def batch_figures(tasks: int, parallel: int, large: int) -> None:
-    """--batch against the bare threaded loop making the same requests (both in this process, beside
-    the server's threads, taking turns), and the peak memory of a batch process at tasks and at large."""
-    with ScriptedServer([], screen=two_rounds) as server:
+def batch_against_bare(tasks: int, parallel: int, latency: float) -> tuple:
+    """Seconds per task of --batch and of the bare threaded loop making the same requests (both in
+    this process, beside the server's threads, taking turns; the median of three), the batch's
+    summary and how many requests each made."""
+    with ScriptedServer([], screen=lambda body: two_rounds(body, latency)) as server:
         watch, summary, bodies = batch_run(server, tasks, parallel)
         batch, bare = [watch], [bare_threads(server, bodies, parallel)]
-        for trial in range(1, 3):  # the two take turns going first
+        for trial in range(1, 3):
             if trial % 2:
                 bare.append(bare_threads(server, bodies, parallel))
             batch.append(batch_run(server, tasks, parallel)[0])
             if not trial % 2:
                 bare.append(bare_threads(server, bodies, parallel))
+    batch_s, bare_s = (statistics.median(watch.wall for watch in watches) / tasks for watches in (batch, bare))
+    return batch_s, bare_s, summary, sum(map(len, bodies))
+
+
+def batch_figures(tasks: int, parallel: int, large: int) -> None:
+    """--batch against the bare threaded loop, at no latency and at 20 ms a reply, and the peak
+    memory of a batch process at tasks and at large."""
+    print(f"batch: {tasks:,} two-round tasks, --parallel {parallel}")
+    for latency in (0.0, 0.02):
+        batch_s, bare_s, summary, requests_made = batch_against_bare(tasks, parallel, latency)
+        print(f"  time per task, {latency * 1000:2.0f} ms a reply {batch_s * 1000:6.2f} ms ({batch_s / bare_s:.2f}x a bare"
+              f" threaded requests loop making the same {requests_made:,} requests: {bare_s * 1000:.2f} ms),"
+              f" {summary['status_counts']}")
+    with ScriptedServer([], screen=two_rounds) as server:
         small_peak, large_peak = peak_memory(server, tasks, parallel), peak_memory(server, large, parallel)
-    batch_s, bare_s = (statistics.median(watch.wall for watch in watches) for watches in (batch, bare))
-    print(f"batch: {tasks:,} two-round tasks, --parallel {parallel}, status counts {summary['status_counts']}")
-    print(f"  time per task               {batch_s / tasks * 1000:.2f} ms ({batch_s / bare_s:.2f}x a bare threaded"
-          f" requests loop making the same {sum(map(len, bodies)):,} requests: {bare_s / tasks * 1000:.2f} ms)")
     print(f"  peak memory                 {small_peak / 1024:.1f} MB at {tasks:,} tasks, {large_peak / 1024:.1f} MB"
           f" at {large:,} ({large_peak / small_peak:.2f}x)")
 

@@ -309,3 +309,16 @@ def test_pass_rate_sets_the_share_that_counts_as_a_pass(tmp_path, cli, serve):
     assert cli("--batch", tasks, "--pass-rate", "75%", "-q")[0] == 0
     assert cli("--batch", tasks, "--pass-rate", "0.8", "-q")[0] == 1
     assert cli("--batch", tasks, "-q")[0] == 1
+
+
+def test_a_batch_from_python_gives_its_summary_and_goes_on_where_it_stopped(tmp_path, serve):
+    from agent_demo_kit.batch import run_batch
+    server = serve([], screen=ByTask())
+    tasks = ["[finish] one", {"id": "two", "task": "[fail] two"}, {"task": "[wrong] three", "expected": "5"}]
+    check = f'test -z "$AGENT_EXPECTED" || {CHECK}'
+    summary = run_batch(tasks, tmp_path / "out", parallel=2, check=check, check_attempts=1)
+    assert summary["status_counts"] == {"failed": 2, "finished": 1} and summary["tasks"] == 3
+    assert [line["id"] for line in results(tmp_path / "out")] == ["1", "two", "3"]
+    sent = len(server.requests)
+    assert run_batch(tasks, tmp_path / "out", check=check)["status_counts"] == summary["status_counts"]
+    assert len(server.requests) == sent
