@@ -26,12 +26,13 @@ from agent_demo import prepare
 from agent_demo_kit import metrics
 from agent_demo_kit.records import ConfigError, EndpointError, Interrupted, RunResult, SigTerm, Terminated
 from agent_demo_kit.request_gate import RequestGate
-from agent_demo_kit.run_store import lock, open_private
+from agent_demo_kit.run_store import in_use, lock, open_private
 from agent_demo_kit.settings import HOSTED_PARALLEL, DEFAULT_RETRY_ERRORS, keyword_name, load_settings
 from agent_demo_kit.terminal import is_terminal
 
 TASK_KEYS = ("id", "task", "check", "expected")
 LIVE_EVERY = 0.5  # seconds between redraws of the live line
+FREED_WITHIN = 5.0  # seconds a task's trace may stay locked after its last run ended, before it is taken up
 
 
 class BatchTask(NamedTuple):
@@ -329,6 +330,8 @@ class Batch:
         task = planned.task
         trace = self.trace(task)
         resume = not planned.fresh and planned.traced and has_start(trace)
+        if resume:  # a check or a worker another task started may hold a copy of it a moment after its run
+            free_within(trace, FREED_WITHIN)
         given = {**self.given, **({"check": task.check} if task.check is not None else {})}
         written: Optional[List[dict]] = None if resume else []  # a new run's records: all its figures need
         try:
@@ -483,6 +486,14 @@ def run_batch(tasks: Any, out: Any, *, parallel: Optional[int] = None, retry_err
     batch = Batch(read_tasks(text, "tasks"), Path(out), settings, read_environment(), parallel=parallel,
                   retry_errors=retry_errors, rerun_failed=rerun_failed, part=shard, quiet=True)
     return batch.run()[1]
+
+
+def free_within(trace: Path, seconds: float) -> None:
+    """Wait (at most `seconds`) until no process holds the trace's lock: a child that another thread
+    forks holds a copy of every open file until it starts its own program."""
+    deadline = time.monotonic() + seconds
+    while in_use(trace) and time.monotonic() < deadline:
+        time.sleep(0.02)
 
 
 def has_start(trace: Path) -> bool:
