@@ -20,10 +20,11 @@ import prompts
 from agent_demo_kit.actions import Action, Parsed, native_calls, parse_reply, said_besides_actions
 from agent_demo_kit.child_processes import check_command, run_check
 from agent_demo_kit.conversation import Conversation, recall_rounds, shorten_args, truncate_result
-from agent_demo_kit.records import (BudgetSpent, Call, CallerError, CheckFailed, ConfigError, Finished, GaveUp, InternalError,
-                                    Interrupted, Reply, RoundLimit, Round, RunEnded, RunEvents, RunResult, SigTerm,
-                                    Stuck, Terminated, add_usage, answer_text, count_usage, failure, impossible_counts,
-                                    json_size, success, to_json, total_usage)
+from agent_demo_kit.escalation import Escalation
+from agent_demo_kit.records import (BudgetSpent, Call, CallerError, CheckFailed, ConfigError, EndpointError, Finished,
+                                    GaveUp, InternalError, Interrupted, Reply, RoundLimit, Round, RunEnded, RunEvents,
+                                    RunResult, SigTerm, Stuck, Terminated, add_usage, answer_text, count_usage,
+                                    failure, impossible_counts, json_size, success, to_json, total_usage)
 from agent_demo_kit.settings import (OBEYED_ONLY_WHEN_GIVEN, CHECK_OUTPUT_LINES, CHECK_OUTPUT_SHOWN, LAST_WORDS_CHARS, LAST_WORDS_LINES,
                                      MATERIAL_SHOWN_CHARS, PAGE_MARGIN_CHARS, VALUE_SHOWN_CHARS,
                                      Settings, display_url, keyword_name, load_settings, read_environment,
@@ -57,6 +58,8 @@ class Agent:
         self.material: Optional[Tuple[str, int]] = None  # material read a page at a time, and how much was shown
         self.expected: Optional[str] = None  # what the task's answer should be, for --check (AGENT_EXPECTED)
         self.stop: Optional[Any] = None  # a threading.Event: once set, the run ends as interrupted before its next round
+        self.escalation: Optional[Escalation] = None  # --escalate: the two models, and which is in charge
+        self.task_notices: List[str] = []  # what another model that took over before the first round was told
         self.conversation = Conversation("", settings, registry, client, self.trace.compaction)
 
     def run(self, task: str, history: Sequence[Round] = (), unfinished: Sequence[Call] = (),
@@ -91,7 +94,14 @@ class Agent:
             raise RoundLimit()
         if self.token_limit is not None and self.usage.get("total_tokens", 0) >= self.token_limit:
             raise BudgetSpent()
-        reply, messages = self.ask()
+        try:
+            reply, messages = self.ask()
+        except EndpointError as error:  # the first model's endpoint failed: the stronger one may get past it
+            takeover = self.escalation and self.escalation.on_endpoint_error(error)
+            if not takeover:
+                raise
+            self.hand_over(takeover)
+            return
         if reply.unread:
             self.trace.note(f"the reply was not read to its end: {reply.unread} were left unread (a limit on every"
                             " reply)")
@@ -102,14 +112,37 @@ class Agent:
         calls, ending = self.execute(parsed, number)
         record = Round(number, reply.content, calls, self.feed_back(parsed, calls), mode, reply.latency_ms,
                        usage, estimated, problem=parsed.problem, tool_calls=native_calls(parsed, mode),
-                       request_chars=self.conversation.size)
+                       request_chars=self.conversation.size,
+                       model=self.client.settings.model if self.escalation else None)
         self.conversation.rounds.append(record)
         add_usage(self.usage, record)
         self.trace.round(record)
         if self.on_round:
             self.on_round(record)
+        takeover = self.escalation and self.escalation.after_round(record, reply.finish_reason, ending)
+        if takeover:
+            if isinstance(ending, Stuck):  # the stronger model goes on instead
+                ending = None
+            self.hand_over(takeover)
         if ending:
             raise ending
+
+    def hand_over(self, takeover: Any) -> None:
+        """The other model takes the run over: the same conversation, built again for it, with the notice
+        that says why after the last round (or with the task, before the first), and a record of it."""
+        escalation, rounds = self.escalation, self.conversation.rounds
+        before = self.client.settings.model
+        notice = escalation.switch(takeover, rounds)
+        self.client = escalation.client
+        self.conversation.hand_to(self.client)
+        self.watchdog.format_errors_in_a_row = 0  # the model that takes over gets its own tries
+        if rounds:
+            rounds[-1].notice = notice if rounds[-1].notice is None else f"{rounds[-1].notice}\n\n{notice}"
+        else:
+            self.task_notices.append(notice)
+            self.conversation.task += f"\n\n{notice}"
+        self.trace.escalation(len(rounds), before, self.client.settings.model, takeover.trigger, takeover.reason,
+                              notice)
 
     # --- the phases of a round ---------------------------------------------------------------
 
@@ -122,6 +155,8 @@ class Agent:
         if unfinished:  # the model never saw their results: it is told they may have happened
             self.conversation.task += prompts.render_may_have_happened(
                 [(call.tool, to_json(shorten_args(call.args))) for call in unfinished])
+        for notice in self.task_notices:  # another model took over before the first round
+            self.conversation.task += f"\n\n{notice}"
         self.conversation.rounds.extend(history)
         self.watchdog.replay(history)
         self.usage = total_usage(list(history))
@@ -353,9 +388,22 @@ class Agent:
                             progress=redact(self.progress(ending, last_words)), last_words=redact(last_words),
                             checks=redact([{"round": record.number, **call.check} for record in rounds
                                            for call in record.calls if call.check]),
-                            trace=getattr(self.trace, "path", None), material=self.material_read())
+                            trace=getattr(self.trace, "path", None), material=self.material_read(),
+                            models=self.models_used())
         self.trace.end(outcome)
         return outcome
+
+    def models_used(self) -> Optional[Dict[str, dict]]:
+        """With --escalate: each model's rounds and tokens (a round of a model that does not say is the first's)."""
+        if self.escalation is None:
+            return None
+        used: Dict[str, dict] = {}
+        for record in self.conversation.rounds:
+            model = used.setdefault(record.model or self.escalation.model("first"), {"rounds": 0, "tokens": 0})
+            model["rounds"] += 1
+            model["tokens"] += record.usage.get("total_tokens", 0) if isinstance(record.usage.get("total_tokens"),
+                                                                                int) else 0
+        return used
 
     def material_read(self) -> Optional[dict]:
         """How much of the material piped in (read a page at a time) the model saw: the part shown with
@@ -555,6 +603,15 @@ def prepare(task: str = "", *, given: Dict[str, Any], environment: Dict[str, str
         form = RequestForm.resumed(settings, start, any(record.mode == settings.mode for record in history)) \
             if start is not None else RequestForm.asked_for(settings)
         client = closing.enter_context(contextlib.closing(ModelClient(settings, form=form, session=session)))
+        escalation = None
+        if settings.escalate:  # the stronger model: its own endpoint and key, or the first model's
+            stronger = settings.stronger()
+            check_endpoint_settings(stronger, key_named="LLM_ESCALATE_KEY")
+            redactor.add(*secrets_of({"LLM_ESCALATE_KEY": stronger.api_key or ""}, stronger.url))
+            second = closing.enter_context(contextlib.closing(ModelClient(stronger)))
+            escalation = Escalation(settings, client, second)
+            if recorded is not None:
+                escalation.restore(recorded.escalations, history)
         piped = start.get("material") if start is not None and isinstance(start.get("material"), str) else None
         if piped is not None:  # read a page at a time, as before
             registry["read_material"] = material_reader(piped, settings.max_result_chars - PAGE_MARGIN_CHARS)
@@ -574,9 +631,14 @@ def prepare(task: str = "", *, given: Dict[str, Any], environment: Dict[str, str
             if trace is True:
                 run_store.prune(Path(path).parent)
         log.start_fields, log.start_notes = start_fields, notes
-        client.trace = log
         agent = Agent(settings, client, registry, log, approver)
         agent.check = check
+        for each in escalation.clients.values() if escalation else [client]:
+            each.trace = log
+        if escalation:
+            agent.escalation, agent.client = escalation, escalation.client
+            agent.conversation.hand_to(agent.client)
+            agent.task_notices = list(recorded.task_notices) if recorded is not None else []
         if piped is not None:  # paged: the outcome says how much of it the model read
             agent.material = (piped, start_fields.get("material_shown", (start or {}).get("material_shown", 0)))
         if resume is not None and recorded.status == "max_rounds" and given.get("max_rounds") is None:

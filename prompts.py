@@ -274,6 +274,21 @@ def render_check_rejection(check: dict, attempts_left: int, timeout: float) -> s
     return f"not accepted: the answer check {how}; {then}. It said:\n{check['output'].strip() or '(nothing)'}"
 
 
+def render_takeover(model: str, before: str, why: str, detail: str, tried: List[str]) -> str:
+    """Said to a stronger model that takes a run over (the receipt): who had it, why it was handed
+    over, what was said last, and what was tried; the rounds above are the same run."""
+    done = "; ".join(tried) if tried else "no tool call yet"
+    return (f"Note from agent-demo: you ({model}) take over this task from {before}, which ran into trouble:"
+            f" {why}.{f' {detail}' if detail else ''} Tried so far: {done}. The rounds above are this run's;"
+            " go on from where it stands (do not repeat what failed), and end with finish or fail.")
+
+
+def render_handback(model: str, before: str, rounds: int) -> str:
+    """Said to the first model when it takes the run back after the stronger one's good rounds."""
+    return (f"Note from agent-demo: {before} handled the last {rounds} rounds; you ({model}) go on from where the"
+            " run stands, and end with finish or fail.")
+
+
 def render_cached_note(first_round: int) -> str:
     """Said when a repeated call is answered from its earlier result."""
     return (f"you already made this exact call in round {first_round}; this is its earlier result, "

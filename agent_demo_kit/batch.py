@@ -338,7 +338,9 @@ class Batch:
             with prepare(task.task, given=given, environment=self.environment, named=self.named,
                          trace=None if resume else str(trace), resume=str(trace) if resume else None,
                          session=session) as job:
-                job.agent.stop, job.agent.expected, job.agent.client.gate = self.stop, task.expected, self.gate
+                job.agent.stop, job.agent.expected = self.stop, task.expected
+                for client in job.agent.escalation.clients.values() if job.agent.escalation else [job.agent.client]:
+                    client.gate = self.gate  # one limit on requests in flight (a stronger model's too)
                 job.agent.trace.written = written
                 outcome = job.run()
         except ConfigError as error:  # this task's own check cannot start, its trace cannot be taken up, ...

@@ -575,6 +575,9 @@ def replay(records: List[dict], log: Any) -> RunResult:
                              record.get("from_variant"), record.get("to_variant"))
             elif event == "compaction":
                 log.compaction(Compaction.from_line(record))
+            elif event == "escalation":
+                log.escalation(record["after_round"], str(record.get("from_model")), str(record.get("to_model")),
+                               str(record.get("trigger")), str(record.get("reason")), str(record.get("notice")))
             elif event == "end":
                 end = record
         except (KeyError, TypeError, ValueError):  # a record this version cannot show: left out
@@ -609,6 +612,7 @@ def ended(end: Optional[dict], rounds: List[Round], log: Any) -> RunResult:
                         end.get("usage") if isinstance(end.get("usage"), dict) else {}, calls,
                         last_words=str(end.get("last_words") or ""),
                         material=end.get("material") if isinstance(end.get("material"), dict) else None,
+                        models=end.get("models") if isinstance(end.get("models"), dict) else None,
                         checks=[{"round": record.number, **call.check} for record in rounds for call in record.calls
                                 if call.check])
     progress = end.get("progress") if isinstance(end.get("progress"), list) else outcome.progress
@@ -652,9 +656,9 @@ def show_config(args: argparse.Namespace, environment: Any, answer: SafeStream,
 
 def config_value(item: Any, value: Any) -> str:
     """A setting's value as --config shows it: the key never, a URL without its password."""
-    if item.name == "api_key":
+    if item.name in ("api_key", "escalate_key"):
         return "[redacted]" if value else "not set"
-    if item.name == "url":
+    if item.name in ("url", "escalate_url") and value:
         return display_url(value)
     if value is None or value == [] or isinstance(value, bool):
         return {True: "on", False: "off"}.get(value, shown_default(item)) if isinstance(value, bool) \

@@ -62,13 +62,15 @@ def round_messages(record: Round, native_tools: bool = False) -> List[dict]:
         # A tools-mode round re-sent without function calling (after a fallback or a resume).
         feedback = [{"role": "user", "content": prompts.render_results([m["content"] for m in feedback])}]
     messages = [assistant_message(record, native_tools), *feedback]
-    return messages if record.follow_up is None else with_follow_up(messages, record.follow_up)
+    if record.notice is not None:  # another model took over after this round, and is told why
+        messages = with_said(messages, record.notice)
+    return messages if record.follow_up is None else with_said(messages, prompts.render_follow_up(record.follow_up))
 
 
-def with_follow_up(messages: List[dict], text: str) -> List[dict]:
-    """A round's messages with the user's follow-up after them, in the last user message when there is
-    one, so user and assistant turns still alternate."""
-    said, last = prompts.render_follow_up(text), messages[-1]
+def with_said(messages: List[dict], said: str) -> List[dict]:
+    """A round's messages with what the user (or the loop) says after them, in the last user message
+    when there is one, so user and assistant turns still alternate."""
+    last = messages[-1]
     if last["role"] == "user":
         return [*messages[:-1], {**last, "content": f"{last['content']}\n\n{said}"}]
     return [*messages, {"role": "user", "content": said}]
@@ -272,6 +274,11 @@ class Conversation:
         return [{"role": "system", "content": prompts.render_system_prompt(
                     self.tools, self.mode, self.settings.max_calls)},
                 {"role": "user", "content": prompts.render_task(self.task)}]
+
+    def hand_to(self, client: Any) -> None:
+        """Another model (its client) answers from now on: the messages are built again for it from the
+        rounds, with what it is told after the last one."""
+        self.client, self._built_for = client, None
 
     def messages(self) -> List[dict]:
         """The next request's messages: the last request's and the rounds since, compacted if over --max-context."""

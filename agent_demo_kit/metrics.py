@@ -28,7 +28,7 @@ def run_figures(records: List[dict]) -> Optional[dict]:
         "status": "unfinished", "answer": None, "error": None, "summary": "", "rounds": 0,
         "tokens": {"total": 0, "prompt": 0, "completion": 0, "cached": 0}, "tool_calls": 0, "tool_errors": 0,
         "retries": 0, "format_errors": 0, "checks": {"runs": 0, "passed": 0}, "seconds": 0.0,
-        "largest_request_chars": 0, "attempts": 0, "errors": 0, "models": {},
+        "largest_request_chars": 0, "attempts": 0, "errors": 0, "escalations": 0, "models": {},
         "max_context": run[0].get("max_context") if is_count(run[0].get("max_context")) else None}
     model = str(run[0].get("model"))
     began = last = None
@@ -50,6 +50,7 @@ def run_figures(records: List[dict]) -> Optional[dict]:
             figures["retries"] += 1
         elif event == "escalation" and record.get("to_model"):
             model = str(record["to_model"])
+            figures["escalations"] += record.get("trigger") != "calm"
         elif event == "end":
             status = str(record.get("status"))
             figures["status"] = status
@@ -131,6 +132,7 @@ class Tally:
         self.tokens = {"total": 0, "prompt": 0, "completion": 0, "cached": 0}
         self.sums = dict.fromkeys(("tool_calls", "tool_errors", "retries", "format_errors", "attempts"), 0)
         self.checked = self.passed = 0  # runs whose answer a check judged, and whose last judged answer passed
+        self.escalated = self.rescued = 0  # runs a stronger model took over, and those of them that finished
         self.largest_request, self.max_context = 0, None
         self.models: Dict[str, Dict[str, int]] = {}
 
@@ -151,6 +153,9 @@ class Tally:
             self.checked += 1
             self.passed += status == "finished" and number(checks.get("passed")) > 0
         self.largest_request = max(self.largest_request, int(number(figures.get("largest_request_chars"))))
+        if number(figures.get("escalations")):
+            self.escalated += 1
+            self.rescued += status == "finished"
         if is_count(figures.get("max_context")):
             self.max_context = figures["max_context"]
         models = figures.get("models") if isinstance(figures.get("models"), dict) else {}
@@ -178,7 +183,7 @@ class Tally:
             "seconds": {"total": round(sum(self.seconds), 3), "p50": round(percentile(self.seconds, 0.5), 3),
                         "p95": round(percentile(self.seconds, 0.95), 3)},
             "largest_request_chars": self.largest_request, "max_context": self.max_context,
-            "models": self.models,
+            "models": self.models, "escalated": self.escalated, "finished_after_escalating": self.rescued,
         }
 
 
@@ -212,8 +217,11 @@ def render(summary: dict) -> List[str]:
         f"largest request  {summary['largest_request_chars']:,} chars"
         + (f" of --max-context {summary['max_context']:,}" if summary["max_context"] else ""),
     ]
+    if summary.get("escalated"):
+        lines.append(f"escalated        {summary['escalated']} task(s), {summary['finished_after_escalating']} of them"
+                     " finished")
     if len(summary["models"]) > 1:
-        lines += [f"model {name:<10} {used['rounds']:,} rounds, {used['tokens']:,} tokens"
+        lines += [f"  {name:<14} {used['rounds']:,} rounds, {used['tokens']:,} tokens"
                   for name, used in summary["models"].items()]
     return lines
 

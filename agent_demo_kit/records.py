@@ -134,6 +134,8 @@ class Round:
     compaction: Optional[Compaction] = None  # made after this round, before the next request
     follow_up: Optional[str] = None  # the user's next turn after this round (--continue), recorded on its own
     request_chars: int = 0  # the request's size as measured against --max-context
+    model: Optional[str] = None  # the model that answered, recorded when a run may change models (--escalate)
+    notice: Optional[str] = None  # what the loop told the model after this round (who took over, and why)
 
     @property
     def result(self) -> dict:
@@ -163,6 +165,8 @@ class Round:
             line["problem"] = self.problem
         if self.request_chars:
             line["request_chars"] = self.request_chars
+        if self.model is not None:
+            line["model"] = self.model
         return line
 
     @classmethod
@@ -187,7 +191,8 @@ class Round:
                    latency_ms=line.get("latency_ms") or 0, usage=usage if isinstance(usage, dict) else {},
                    usage_estimated=bool(line.get("usage_estimated")), problem=problem,
                    tool_calls=line.get("tool_calls"),
-                   request_chars=line["request_chars"] if is_count(line.get("request_chars")) else 0)
+                   request_chars=line["request_chars"] if is_count(line.get("request_chars")) else 0,
+                   model=line["model"] if isinstance(line.get("model"), str) else None)
 
 
 # --- token counts ---------------------------------------------------------------------------------
@@ -384,6 +389,7 @@ class RunResult:
     trace: Optional[str] = None  # the trace file the run was recorded in, if any
     last_words: str = ""  # what the model last said besides actions, when the run ended without an answer
     material: Optional[dict] = None  # material read a page at a time: its chars, bytes and read_chars
+    models: Optional[Dict[str, dict]] = None  # with --escalate: each model's rounds and tokens
 
     @property
     def status(self) -> str:
@@ -438,8 +444,9 @@ class RunResult:
         checks = {"checks": self.checks} if self.checks else {}
         said = {"last_words": self.last_words} if self.last_words else {}
         read = {"material": self.material} if self.material else {}
+        models = {"models": self.models} if self.models else {}
         return {"status": self.status, "result": self.result, "rounds": self.rounds,
-                "usage": self.usage, **extra, **said, **read, "calls": self.calls, **checks}
+                "usage": self.usage, **models, **extra, **said, **read, "calls": self.calls, **checks}
 
 
 def answer_text(value: Any) -> str:
@@ -496,6 +503,11 @@ class RunEvents:
 
     def compaction(self, compaction: Compaction) -> None:
         """Older rounds were folded, before the first request that carries the new digest."""
+
+    def escalation(self, after_round: int, from_model: str, to_model: str, trigger: str, reason: str,
+                   notice: str) -> None:
+        """Another model takes the run over after round `after_round` (trigger "calm": the first model again),
+        and is told so (notice)."""
 
     def reply(self, number: int, limit: int, reply: Reply, prose: str, usage: dict, estimated: bool) -> None:
         """Round `number` of at most `limit`: the model's reply arrived (prose: what it said besides its

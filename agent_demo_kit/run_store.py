@@ -22,7 +22,7 @@ import secrets
 import stat
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, ContextManager, Dict, List, Optional
 
@@ -227,6 +227,15 @@ class RunLog(RunEvents):
         self.say(f"note: {text}", "note")
         self.record("note", text=text, ts=time.time())
 
+    def escalation(self, after_round: int, from_model: str, to_model: str, trigger: str, reason: str,
+                   notice: str) -> None:
+        """Another model takes the run over: said on the trace (escalated to MODEL: why) and recorded with
+        the notice it is given, which --resume puts back after its round."""
+        said = f"back to {to_model}: {reason}" if trigger == "calm" else f"escalated to {to_model}: {reason}"
+        self.say(f"{said} (after round {after_round})", "note")
+        self.record("escalation", after_round=after_round, from_model=from_model, to_model=to_model, trigger=trigger,
+                    reason=reason, notice=notice, ts=time.time())
+
     def compaction(self, compaction: Compaction) -> None:
         """Record the digest the requests carry from now on, before the first of them is sent (--resume needs it)."""
         self.say(f"context: rounds 1-{compaction.folded} folded into the digest"
@@ -301,6 +310,8 @@ class RecordedRun:
     unfinished: List[Call]  # side-effecting calls started after them: their outcome is unknown
     status: Optional[str]  # how it last ended (None: it was cut short before its end record)
     first_limit: Optional[int] = None  # the --max-rounds it started with: what a bare --resume adds
+    escalations: List[dict] = field(default_factory=list)  # its escalation records: who took over, after which round
+    task_notices: List[str] = field(default_factory=list)  # what a model that took over before round 1 was told
 
 
 def load_trace(data: bytes, name: str, ended_too: bool = False) -> RecordedRun:
@@ -315,6 +326,8 @@ def load_trace(data: bytes, name: str, ended_too: bool = False) -> RecordedRun:
         raise ValueError(f"{name} is not an agent-demo trace (it holds no start record)")
     run = lines[starts[-1]:]  # a trace file appended to by several runs: the last one
     start, rounds, started = dict(run[0][1]), [], []
+    escalations: List[dict] = []
+    task_notices: List[str] = []
     status = None  # how the run last stood: an end record, or a round in which the model finished
     for index, (number, record) in enumerate(run):
         def damaged(why: str) -> ValueError:
@@ -340,6 +353,17 @@ def load_trace(data: bytes, name: str, ended_too: bool = False) -> RecordedRun:
             if record.get("round") != len(rounds) + 1 or not isinstance(record.get("tool"), str):
                 raise damaged(f"a call of round {record.get('round')!r} where round {len(rounds) + 1} was going")
             started.append(Call(record["tool"], record.get("args"), {}))
+        elif event == "escalation":
+            after, notice = record.get("after_round"), record.get("notice")
+            if not isinstance(after, int) or isinstance(after, bool) or not 0 <= after <= len(rounds) \
+                    or not isinstance(notice, str):
+                raise damaged("an escalation this version cannot read")
+            escalations.append(record)
+            if after:
+                said = rounds[after - 1].notice
+                rounds[after - 1].notice = notice if said is None else f"{said}\n\n{notice}"
+            else:
+                task_notices.append(notice)
         elif event == "compaction":
             try:
                 compaction = Compaction.from_line(record)
@@ -372,7 +396,8 @@ def load_trace(data: bytes, name: str, ended_too: bool = False) -> RecordedRun:
         raise ValueError(f"{name} holds a run that already ended with status {status!r};"
                          " only an unfinished run can be resumed")
     first = run[0][1].get("max_rounds")
-    return RecordedRun(start, rounds, started, status, first if isinstance(first, int) and first > 0 else None)
+    return RecordedRun(start, rounds, started, status, first if isinstance(first, int) and first > 0 else None,
+                       escalations, task_notices)
 
 
 def read_run(log: RunLog, path: str, continuing: bool) -> RecordedRun:

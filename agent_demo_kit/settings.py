@@ -9,7 +9,7 @@ import os
 import re
 import stat
 import sys
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple
 from urllib.parse import unquote, urlsplit, urlunsplit
@@ -115,6 +115,20 @@ def pass_rate(text: str) -> float:
     return value
 
 
+ESCALATION_TRIGGERS = ("format", "stuck", "check", "length", "endpoint")
+
+
+def trigger_names(text: str) -> List[str]:
+    """--escalate-on: a comma-separated list of triggers, or none; ValueError for an unknown one."""
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    if names == ["none"]:
+        return []
+    unknown = [name for name in names if name not in ESCALATION_TRIGGERS]
+    if unknown:
+        raise ValueError(f"must name triggers among {','.join(ESCALATION_TRIGGERS)} (or none), got {unknown[0]!r}")
+    return list(dict.fromkeys(names))
+
+
 def mode_name(text: str) -> str:
     if text not in MODES:
         raise ValueError(f"must be one of {', '.join(MODES)}, got {text!r}")
@@ -190,6 +204,24 @@ class Settings:
                                     variables=("AGENT_MAX_RETRY_WAIT",), parse=seconds)
     stream: bool = setting(True, "ask for the reply as server-sent events (an endpoint that refuses it is asked"
                            " without it)", "--stream", resume=False, shown="on")
+    escalate: Optional[str] = setting(None, "a stronger model that takes over when the first is in trouble, on the"
+                                      " same endpoint unless --escalate-url", "--escalate", ("LLM_ESCALATE_MODEL",),
+                                      metavar="MODEL", shown="none")
+    escalate_url: Optional[str] = setting(None, "the stronger model's endpoint (its key: LLM_ESCALATE_KEY)",
+                                          "--escalate-url", ("LLM_ESCALATE_URL",), metavar="URL",
+                                          shown="the first model's")
+    escalate_key: Optional[str] = setting(None, "the stronger model's bearer key when --escalate-url is another"
+                                          " endpoint (on the same one, the first model's key)",
+                                          variables=("LLM_ESCALATE_KEY",), resume=False, repr=False, shown="none")
+    escalate_on: List[str] = setting(list(ESCALATION_TRIGGERS), "what hands the run to the stronger model: format"
+                                     " (no usable action 3 times in a row), stuck (a call repeated), check (--check"
+                                     " rejected an answer), length (2 replies in a row cut at the cap), endpoint"
+                                     " (the first model's endpoint failed); or none", "--escalate-on",
+                                     ("AGENT_ESCALATE_ON",), trigger_names, metavar="LIST", shown="all")
+    escalate_back: int = setting(3, "good rounds in a row after which the first model takes over again; 0: never",
+                                 "--escalate-back", ("AGENT_ESCALATE_BACK",), whole_number(0), metavar="N")
+    escalate_max: int = setting(2, "escalations in a run at most; after the last, the stronger model keeps the run",
+                                "--escalate-max", ("AGENT_ESCALATE_MAX",), whole_number(1), metavar="N")
     backoff_factor: float = setting(0.5, "waits 0, 1, 2, 4 ... seconds between retries", resume=False)
     sources: Dict[str, str] = setting({}, "where each setting came from, for messages", resume=False)
 
@@ -197,6 +229,18 @@ class Settings:
     def endpoint(self) -> str:
         """The chat-completions URL requests are sent to."""
         return chat_completions_url(self.url)
+
+    def stronger(self) -> "Settings":
+        """The settings the --escalate model is asked with: its model and endpoint, and the key for that
+        endpoint: LLM_ESCALATE_KEY, else the first model's key when it is the first model's endpoint
+        (never sent to another one)."""
+        url = self.escalate_url or self.url
+        same = chat_completions_url(url) == self.endpoint
+        key = self.escalate_key or (self.api_key if same else None)
+        sources = {**self.sources, "url": self.sources.get("escalate_url", "default") if self.escalate_url else
+                   self.sources.get("url", "default"), "api_key": "LLM_ESCALATE_KEY" if self.escalate_key else
+                   self.sources.get("api_key", "default")}
+        return replace(self, model=self.escalate, url=url, api_key=key, escalate=None, sources=sources)
 
     def named(self, name: str) -> str:
         """How the user gave a setting, for a message about it: its flag, its keyword or its variable (its
@@ -207,7 +251,7 @@ class Settings:
 
 # What a trace never restores on its own, since it starts a process, loads a file or chooses where
 # requests (and the key) go: a resume takes them from its command line, or asks.
-OBEYED_ONLY_WHEN_GIVEN = ("url", "check", "tools_files", "mcp_servers", "mcp_config")
+OBEYED_ONLY_WHEN_GIVEN = ("url", "check", "tools_files", "mcp_servers", "mcp_config", "escalate_url")
 
 
 def setting_fields() -> List[Any]:
@@ -281,10 +325,10 @@ def display_url(url: str) -> str:
 
 
 def secrets_of(environment: Dict[str, str], *urls: Optional[str]) -> List[str]:
-    """What must never be shown: both keys, and each URL's password and query values (but plain ones),
+    """What must never be shown: the keys, and each URL's password and query values (but plain ones),
     as written and as sent (a short query value such as ?page=1 is hidden in the URL, not everywhere)."""
-    found = [(environment.get(name) or "").strip() for name in ("LLM_API_KEY", "OPENAI_API_KEY")]
-    for url in (*urls, environment.get("LLM_API_URL"), environment.get("OPENAI_BASE_URL")):
+    found = [(environment.get(name) or "").strip() for name in ("LLM_API_KEY", "OPENAI_API_KEY", "LLM_ESCALATE_KEY")]
+    for url in (*urls, *(environment.get(name) for name in ("LLM_API_URL", "OPENAI_BASE_URL", "LLM_ESCALATE_URL"))):
         try:
             parts = urlsplit((url or "").strip())
             password = parts.password
@@ -501,7 +545,7 @@ def load_settings(given: Dict[str, Any], environment: Dict[str, str], recorded: 
 def _parsed(item: Any, text: str, source: str) -> Any:
     """A variable's text through the setting's check; ConfigError naming the variable."""
     parse = item.metadata["parse"]
-    if item.name == "api_key":
+    if item.name in ("api_key", "escalate_key"):
         return text or None  # the \r of a CRLF .env is no key
     try:
         return parse(text) if parse else text
@@ -512,6 +556,10 @@ def _parsed(item: Any, text: str, source: str) -> Any:
 def _checked(item: Any, value: Any, source: str) -> Any:
     """A value given as a flag or a keyword, through the same check as its variable."""
     default, parse = item.default_factory(), item.metadata["parse"]
+    if isinstance(default, list) and parse is not None and isinstance(value, (list, tuple)):
+        if not all(isinstance(entry, str) for entry in value):
+            raise ConfigError(f"{source} must be a list of strings, got {value!r}")
+        value = ",".join(value) or "none"  # a list, checked as its flag would be
     if parse is not None:
         if isinstance(value, bool) or not isinstance(value, (int, float, str)):
             raise ConfigError(f"{source} must be a number, got {value!r}")
@@ -534,9 +582,9 @@ def _checked(item: Any, value: Any, source: str) -> Any:
     return value
 
 
-def check_endpoint_settings(settings: Settings) -> None:
+def check_endpoint_settings(settings: Settings, key_named: str = "LLM_API_KEY (or OPENAI_API_KEY)") -> None:
     """ConfigError for a URL that is not http(s), a key that cannot go in a header, or a hosted endpoint
-    without a key."""
+    without a key (the variable to set: key_named)."""
     try:
         host = urlsplit(settings.endpoint).hostname
     except ValueError:  # a port that is not a number, a bracket left open
@@ -549,12 +597,17 @@ def check_endpoint_settings(settings: Settings) -> None:
         raise ConfigError(f"{settings.sources['api_key']} holds spaces or characters that cannot go in an HTTP"
                           " header; check for a stray quote, zero-width space or non-ASCII character")
     if not key and host in HOSTS_NEEDING_A_KEY:
-        raise ConfigError(f"LLM_API_KEY (or OPENAI_API_KEY) is not set, and {host} needs one (see .env.example)")
+        raise ConfigError(f"{key_named} is not set, and {host} needs one (see .env.example)")
 
 
 def _restorable(item: Any, value: Any) -> bool:
     """Is a recorded value one this setting's check would take (an old or damaged record may hold anything)?"""
     default, parse = item.default_factory(), item.metadata["parse"]
+    if isinstance(default, list) and parse is not None:
+        try:
+            return isinstance(value, list) and parse(",".join(value) or "none") == value
+        except (TypeError, ValueError):
+            return False
     if parse is not None:
         if isinstance(value, bool) or not isinstance(value, (int, float, str)):
             return False
@@ -594,4 +647,7 @@ def recorded_differences(recorded: dict, settings: Settings) -> Dict[str, Any]:
 
 def recorded_settings(settings: Settings) -> dict:
     """What the start record keeps of the settings, for --resume."""
-    return {item.name: getattr(settings, item.name) for item in setting_fields() if item.metadata["resume"]}
+    kept = {item.name: getattr(settings, item.name) for item in setting_fields() if item.metadata["resume"]}
+    if kept.get("escalate_url"):  # recorded as shown: without a password
+        kept["escalate_url"] = display_url(kept["escalate_url"])
+    return kept

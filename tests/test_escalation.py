@@ -1,0 +1,202 @@
+"""--escalate: a cheap model first, a stronger one when the first is in trouble, against a scripted
+endpoint that answers each model from its own script."""
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import KEY, run_cli, start_cli
+from scripted_server import ScriptedServer, action
+
+FINISH = action("finish", result="1536")
+BROKEN = '{"tool": "calculator", "args": {"expression": '  # no usable action: cut off mid-JSON
+CHECK = 'test "$AGENT_ANSWER" = 1536'
+
+
+class ByModel:
+    """Plays each model's own list of replies (the last one repeats); keeps each request by model."""
+
+    def __init__(self, **scripts):
+        self.scripts = scripts
+        self.requests = {name: [] for name in scripts}
+
+    def __call__(self, body):
+        model = body["model"]
+        self.requests[model].append(body)
+        script = self.scripts[model]
+        return script[min(len(self.requests[model]), len(script)) - 1]
+
+
+def records(path):
+    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+
+
+def escalations(path):
+    return [record for record in records(path) if record["event"] == "escalation"]
+
+
+def test_three_replies_without_an_action_hand_the_run_to_the_stronger_model(cli, serve, tmp_path):
+    script = ByModel(small=[BROKEN + '"1', BROKEN + '"2', BROKEN + '"3'], big=[FINISH])
+    serve([], screen=script)
+    code, out, err = cli("-m", "small", "--escalate", "big", "--trace", tmp_path / "run.jsonl", "compute 512 * 3")
+    assert (code, out) == (0, "1536\n"), err
+    assert "escalated to big: its replies held no usable action, again and again (after round 3)" in err
+    [switch] = escalations(tmp_path / "run.jsonl")
+    assert (switch["trigger"], switch["from_model"], switch["to_model"], switch["after_round"]) == \
+        ("format", "small", "big", 3)
+    first_request = script.requests["big"][0]["messages"]
+    assistant = [m["content"] for m in first_request if m["role"] == "assistant"]
+    assert assistant == [BROKEN + '"1', BROKEN + '"2', BROKEN + '"3'], "the whole conversation"
+    assert first_request[-1]["role"] == "user" and first_request[-1]["content"].endswith(switch["notice"])
+    assert "you (big) take over this task from small" in switch["notice"]
+    assert "no usable action" in switch["notice"]
+    rounds = [record for record in records(tmp_path / "run.jsonl") if record["event"] == "round"]
+    assert [record["model"] for record in rounds] == ["small", "small", "small", "big"]
+
+
+def test_the_stronger_models_request_is_the_first_models_with_the_receipt_appended(cli, serve, tmp_path):
+    script = ByModel(small=[action("calculator", expression="512 * 3"), action("finish", result="512")],
+                     big=[FINISH])
+    serve([], screen=script)
+    code, out, err = cli("-m", "small", "--escalate", "big", "--check", CHECK, "--json", "compute 512 * 3")
+    result = json.loads(out)
+    assert (code, result["status"], result["result"]) == (0, "finished", "1536"), err
+    assert set(result["models"]) == {"small", "big"}
+    assert result["models"]["small"]["rounds"] == 2 and result["models"]["big"]["rounds"] == 1
+    assert result["models"]["small"]["tokens"] == 30 and result["models"]["big"]["tokens"] == 15
+    before, after = script.requests["small"][-1]["messages"], script.requests["big"][0]["messages"]
+    assert after[:len(before)] == before, "append-only: every message the first model saw, unchanged"
+    said = after[len(before):]
+    assert [m["role"] for m in said] == ["assistant", "user"]
+    assert "the check rejected its answer" in said[1]["content"] and '"512"' in said[1]["content"]
+    assert "calculator" in said[1]["content"], "what was tried"
+    assert "escalated to big: the check rejected its answer" in err
+
+
+def test_a_model_the_endpoint_does_not_have_hands_the_run_over_instead_of_exit_3(cli, serve):
+    missing = {"status": 404, "body": {"error": {"message": "model 'small' not found"}}}
+    script = ByModel(small=[missing], big=[FINISH])
+    serve([], screen=script)
+    code, out, err = cli("-m", "small", "--escalate", "big", "compute 512 * 3")
+    assert (code, out) == (0, "1536\n"), err
+    assert "escalated to big: its endpoint failed: " in err and "not found" in err
+    assert len(script.requests["small"]) == 1, "a 404 is not retried"
+    assert "you (big) take over this task from small" in script.requests["big"][0]["messages"][1]["content"]
+
+
+def test_a_first_endpoint_that_is_down_hands_the_run_to_the_stronger_models_own(cli, monkeypatch, tmp_path):
+    script = ByModel(big=[FINISH])
+    with ScriptedServer([], screen=script) as strong:
+        monkeypatch.setenv("LLM_API_URL", "http://127.0.0.1:9/v1")  # nothing listens there
+        monkeypatch.setenv("LLM_ESCALATE_KEY", "sk-escalate-SECRET-0123456789")
+        monkeypatch.setenv("AGENT_RETRIES", "0")
+        code, out, err = cli("-m", "small", "--escalate", "big", "--escalate-url", strong.url, "--json",
+                             "compute 512 * 3")
+        assert strong.requests[0]["headers"]["Authorization"] == "Bearer sk-escalate-SECRET-0123456789"
+    assert (code, json.loads(out)["status"]) == (0, "finished"), err
+    assert "escalated to big: its endpoint failed: cannot reach" in err
+    assert "sk-escalate-SECRET" not in out + err
+
+
+def test_the_first_models_key_never_goes_to_another_endpoint(cli, monkeypatch):
+    with ScriptedServer([{"status": 500, "body": "down"}]) as first, ScriptedServer([FINISH]) as strong:
+        monkeypatch.setenv("LLM_API_URL", first.url)
+        monkeypatch.setenv("LLM_API_KEY", KEY)
+        monkeypatch.setenv("AGENT_RETRIES", "0")
+        code, _, err = cli("-m", "small", "--escalate", "big", "--escalate-url", strong.url, "compute 512 * 3")
+        assert first.requests[0]["headers"]["Authorization"] == f"Bearer {KEY}"
+        assert "Authorization" not in strong.requests[0]["headers"]
+    assert code == 0, err
+
+
+def test_a_call_repeated_until_stuck_and_replies_cut_at_the_cap_hand_the_run_over(cli, serve, tmp_path):
+    again = action("calculator", expression="2 + 2")
+    script = ByModel(small=[again], big=[FINISH])
+    serve([], screen=script)
+    code, _, err = cli("-m", "small", "--escalate", "big", "--trace", tmp_path / "stuck.jsonl", "add up")
+    assert code == 0 and [s["trigger"] for s in escalations(tmp_path / "stuck.jsonl")] == ["stuck"], err
+    cut = {"content": "Let me think about this very carefully, step by", "finish_reason": "length"}
+    script = ByModel(small=[cut], big=[FINISH])
+    serve([], screen=script)
+    code, _, err = cli("-m", "small", "--escalate", "big", "--trace", tmp_path / "cut.jsonl", "add up")
+    assert code == 0 and [s["trigger"] for s in escalations(tmp_path / "cut.jsonl")] == ["length"], err
+    assert escalations(tmp_path / "cut.jsonl")[0]["after_round"] == 2
+
+
+def test_a_trigger_turned_off_leaves_the_ending_as_it_was(cli, serve):
+    script = ByModel(small=[BROKEN], big=[FINISH])
+    serve([], screen=script)
+    code, _, err = cli("-m", "small", "--escalate", "big", "--escalate-on", "check,endpoint", "--mode", "json",
+                       "--max-rounds", 6, "add up")
+    assert code == 1 and not script.requests["big"], err
+
+
+def test_good_rounds_hand_the_run_back_and_escalations_stop_at_the_most(cli, serve, tmp_path):
+    work = [action("calculator", expression=f"{n} + 1") for n in range(40)]
+    script = ByModel(small=[BROKEN + f'"{n}' for n in range(100)], big=work)
+    serve([], screen=script)
+    code, _, err = cli("-m", "small", "--escalate", "big", "--escalate-back", 2, "--escalate-max", 2,
+                       "--max-rounds", 16, "--trace", tmp_path / "run.jsonl", "add up")
+    switches = [(s["trigger"], s["to_model"]) for s in escalations(tmp_path / "run.jsonl")]
+    assert switches == [("format", "big"), ("calm", "small"), ("format", "big")], err
+    rounds = [r["model"] for r in records(tmp_path / "run.jsonl") if r["event"] == "round"]
+    assert rounds[:8] == ["small"] * 3 + ["big"] * 2 + ["small"] * 3
+    assert set(rounds[8:]) == {"big"} and len(rounds) == 16, "after the last escalation the stronger model keeps it"
+    assert code == 1 and "round limit" in err
+
+
+def test_a_resume_after_kill_9_during_an_escalated_round_goes_on_with_the_stronger_model(tmp_path):
+    slow_finish = {"content": FINISH, "delay": 30}
+    script = ByModel(small=[BROKEN + '"1', BROKEN + '"2', BROKEN + '"3'], big=[slow_finish])
+    trace = tmp_path / "run.jsonl"
+    with ScriptedServer([], screen=script) as server:
+        env = {"LLM_API_URL": server.url, "LLM_API_KEY": KEY}
+        process = start_cli("-m", "small", "--escalate", "big", "--trace", trace, "add up", env=env)
+        deadline = time.monotonic() + 20
+        while not script.requests["big"] and time.monotonic() < deadline:
+            time.sleep(0.02)
+        os.kill(process.pid, signal.SIGKILL)
+        process.communicate()
+        assert script.requests["big"], "the stronger model's request was in flight"
+        script.scripts["big"] = [FINISH]
+        sent_small = len(script.requests["small"])
+        code, out, err = run_cli("--resume", trace, "-m", "small", "--escalate", "big", env=env)
+        assert (code, out) == (0, "1536\n"), err
+        assert len(script.requests["small"]) == sent_small, "not a request to the first model"
+        resumed = script.requests["big"][-1]["messages"]
+    assert resumed == script.requests["big"][0]["messages"], "the same request, the receipt included"
+    assert [r["model"] for r in records(trace) if r["event"] == "round"][-1] == "big"
+
+
+def test_without_escalate_rounds_carry_no_model_and_json_no_models(cli, serve, tmp_path):
+    serve([FINISH])
+    code, out, _ = cli("--json", "--trace", tmp_path / "run.jsonl", "compute")
+    assert code == 0 and "models" not in json.loads(out)
+    assert all("model" not in r for r in records(tmp_path / "run.jsonl") if r["event"] == "round")
+
+
+@pytest.mark.parametrize("args, said", [
+    (("--escalate-on", "format,typo"), "must name triggers among format,stuck,check,length,endpoint"),
+    (("--escalate-back", "-1"), "must be at least 0"),
+    (("--escalate-max", "0"), "must be at least 1"),
+])
+def test_escalation_flags_are_checked(cli, args, said):
+    code, _, err = cli("--escalate", "big", *args, "task")
+    assert code == 2 and said in err
+
+
+def test_show_and_the_batch_summary_count_rounds_and_tokens_per_model(cli, serve, tmp_path):
+    script = ByModel(small=[BROKEN], big=[FINISH])
+    serve([], screen=script)
+    assert cli("-m", "small", "--escalate", "big", "--trace", tmp_path / "run.jsonl", "add")[0] == 0
+    code, out, err = cli("--show", tmp_path / "run.jsonl", "--json")
+    assert json.loads(out)["models"] == {"small": {"rounds": 3, "tokens": 45}, "big": {"rounds": 1, "tokens": 15}}
+    assert "escalated to big" in err
+    (tmp_path / "tasks.txt").write_text("add one\nadd two\n")
+    code, out, _ = cli("--batch", tmp_path / "tasks.txt", "-m", "small", "--escalate", "big", "--json")
+    summary = json.loads(out)
+    assert summary["models"] == {"small": {"rounds": 6, "tokens": 90}, "big": {"rounds": 2, "tokens": 30}}
+    assert summary["escalated"] == 2 and summary["finished_after_escalating"] == 2
