@@ -132,7 +132,7 @@ class Agent:
         that says why after the last round (or with the task, before the first), and a record of it."""
         escalation, rounds = self.escalation, self.conversation.rounds
         before = self.client.settings.model
-        notice = escalation.switch(takeover, rounds)
+        notice = self.trace.redact(escalation.switch(takeover, rounds))  # it quotes the model and the check
         self.client = escalation.client
         self.conversation.hand_to(self.client)
         self.watchdog.format_errors_in_a_row = 0  # the model that takes over gets its own tries
@@ -176,6 +176,9 @@ class Agent:
             self.trace.resume(task, model, url, len(history), kept)
         else:
             self.trace.start(task, model, url, kept)
+        if self.escalation and self.escalation.in_charge == "second":
+            self.trace.note(f"{self.client.settings.model} goes on with the run: it had taken it over before it"
+                            " was cut short")
         for call in unfinished:
             self.uncertain[call.tool] = len(history) + 1
             self.trace.note(f"{call.tool} {to_json(call.args)} started in round {len(history) + 1} before the"
@@ -606,6 +609,9 @@ def prepare(task: str = "", *, given: Dict[str, Any], environment: Dict[str, str
         escalation = None
         if settings.escalate:  # the stronger model: its own endpoint and key, or the first model's
             stronger = settings.stronger()
+            if stronger.model == settings.model and stronger.endpoint == settings.endpoint:
+                raise ConfigError(f"{settings.named('escalate')} names the model the run starts with; name a stronger"
+                                  " one, or another endpoint with --escalate-url")
             check_endpoint_settings(stronger, key_named="LLM_ESCALATE_KEY")
             redactor.add(*secrets_of({"LLM_ESCALATE_KEY": stronger.api_key or ""}, stronger.url))
             second = closing.enter_context(contextlib.closing(ModelClient(stronger)))

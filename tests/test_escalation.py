@@ -200,3 +200,9 @@ def test_show_and_the_batch_summary_count_rounds_and_tokens_per_model(cli, serve
     summary = json.loads(out)
     assert summary["models"] == {"small": {"rounds": 6, "tokens": 90}, "big": {"rounds": 2, "tokens": 30}}
     assert summary["escalated"] == 2 and summary["finished_after_escalating"] == 2
+
+
+def test_escalating_to_the_same_model_is_refused_before_anything_is_sent(cli, serve):
+    server = serve([FINISH])
+    code, _, err = cli("-m", "small", "--escalate", "small", "task")
+    assert code == 2 and "--escalate names the model the run starts with" in err and not server.requests
