@@ -119,7 +119,8 @@ class Agent:
         self.trace.round(record)
         if self.on_round:
             self.on_round(record)
-        takeover = self.escalation and self.escalation.after_round(record, reply.finish_reason, ending)
+        goes_on = ending is None or isinstance(ending, Stuck)  # a run that ends here hands nothing over
+        takeover = self.escalation and goes_on and self.escalation.after_round(record, reply.finish_reason, ending)
         if takeover:
             if isinstance(ending, Stuck):  # the stronger model goes on instead
                 ending = None

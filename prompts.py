@@ -278,8 +278,9 @@ def render_takeover(model: str, before: str, why: str, detail: str, tried: List[
     """Said to a stronger model that takes a run over (the receipt): who had it, why it was handed
     over, what was said last, and what was tried; the rounds above are the same run."""
     done = "; ".join(tried) if tried else "no tool call yet"
+    detail = f" {detail.strip()}" + ("" if detail.strip().endswith((".", "!", "?")) else ".") if detail.strip() else ""
     return (f"Note from agent-demo: you ({model}) take over this task from {before}, which ran into trouble:"
-            f" {why}.{f' {detail}' if detail else ''} Tried so far: {done}. The rounds above are this run's;"
+            f" {why}.{detail} Tried so far: {done}. The rounds above are this run's;"
             " go on from where it stands (do not repeat what failed), and end with finish or fail.")
 
 

@@ -137,5 +137,6 @@ def tried(rounds: List[Round]) -> List[str]:
             label = f"{call.tool} {prompts.clip(to_json(call.args), 80)}"
             result = call.result
             seen.pop(label, None)
-            seen[label] = "ok" if result.get("ok") else f"failed ({prompts.clip(str(result.get('error')), 80)})"
+            error = " ".join(str(result.get("error")).split())  # one line
+            seen[label] = "ok" if result.get("ok") else f"failed ({prompts.clip(error, 80)})"
     return [f"{label}: {outcome}" for label, outcome in list(seen.items())[-TRIED_SHOWN:]]

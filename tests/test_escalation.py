@@ -206,3 +206,13 @@ def test_escalating_to_the_same_model_is_refused_before_anything_is_sent(cli, se
     server = serve([FINISH])
     code, _, err = cli("-m", "small", "--escalate", "small", "task")
     assert code == 2 and "--escalate names the model the run starts with" in err and not server.requests
+
+
+def test_the_round_that_ends_the_run_hands_nothing_back(cli, serve, tmp_path):
+    script = ByModel(small=[action("finish", result="512")],
+                     big=[action("calculator", expression="12 + 500"), action("calculator", expression="512 * 3"),
+                          FINISH])
+    serve([], screen=script)
+    code, _, err = cli("-m", "small", "--escalate", "big", "--check", CHECK, "--trace", tmp_path / "run.jsonl",
+                       "compute (12 + 500) * 3")
+    assert code == 0 and [s["trigger"] for s in escalations(tmp_path / "run.jsonl")] == ["check"], err
