@@ -216,3 +216,14 @@ def test_the_round_that_ends_the_run_hands_nothing_back(cli, serve, tmp_path):
     code, _, err = cli("-m", "small", "--escalate", "big", "--check", CHECK, "--trace", tmp_path / "run.jsonl",
                        "compute (12 + 500) * 3")
     assert code == 0 and [s["trigger"] for s in escalations(tmp_path / "run.jsonl")] == ["check"], err
+
+
+def test_from_python_escalation_takes_its_settings_by_keyword(serve):
+    import agent_demo
+    script = ByModel(small=[action("finish", result="512")], big=[FINISH])
+    serve([], screen=script)
+    result = agent_demo.run("compute 512 * 3", model="small", escalate="big", escalate_on=["check"], check=CHECK)
+    assert (result.status, result.result) == ("finished", "1536")
+    assert result.models == {"small": {"rounds": 1, "tokens": 15}, "big": {"rounds": 1, "tokens": 15}}
+    with pytest.raises(agent_demo.ConfigError, match="escalate_on must name triggers"):
+        agent_demo.run("task", escalate="big", escalate_on=["sometimes"])
