@@ -190,6 +190,7 @@ class Batch:
         self.retry_errors, self.rerun_failed, self.part, self.quiet = retry_errors, rerun_failed, part, quiet
         self.stop = threading.Event()
         self.all_done = threading.Event()  # set when the last worker has ended
+        self.windows: Dict[Any, Optional[int]] = {}  # (URL, model) -> the window its server said, for every task
         self.working = 0  # workers still going
         self.gate = RequestGate(self.parallel, self.stop)
         self.tally = metrics.Tally()
@@ -300,6 +301,7 @@ class Batch:
         import requests
         try:
             with requests.Session() as session:
+                session.known_windows = self.windows  # a local server's window is asked once a batch
                 self.work_on(session)
         finally:
             with self.lock:

@@ -16,7 +16,6 @@ import ipaddress
 import json
 import math
 import re
-import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
@@ -389,8 +388,11 @@ class ModelClient:
         """The model's context window in tokens: what its server says (llama.cpp's /props, vLLM's
         /v1/models, Ollama's /api/show; asked once, local servers only), else DEFAULT_WINDOW_TOKENS."""
         if self.learned_window is None:
-            self.learned_window = (known_window(self.session, self.settings) if is_local(self.url) else None) \
-                or DEFAULT_WINDOW_TOKENS
+            known = getattr(self.session, "known_windows", {})  # a batch's workers share what they learned
+            key = (self.url, self.settings.model)
+            if key not in known:
+                known[key] = ask_window(self.session, self.settings) if is_local(self.url) else None
+            self.learned_window = known[key] or DEFAULT_WINDOW_TOKENS
             self.window_said = self.learned_window != DEFAULT_WINDOW_TOKENS
         return self.learned_window
 
@@ -549,19 +551,6 @@ class ModelClient:
     def close(self) -> None:
         if self.own_session:
             self.session.close()
-
-
-_windows: Dict[Tuple[str, str], Optional[int]] = {}  # (URL, model) -> what its server said, asked once a process
-_windows_asked = threading.Lock()
-
-
-def known_window(session: requests.Session, settings: Settings) -> Optional[int]:
-    """ask_window's answer, asked once in a process for each URL and model: a batch's tasks share it."""
-    key = (settings.endpoint, settings.model)
-    with _windows_asked:
-        if key not in _windows:
-            _windows[key] = ask_window(session, settings)
-        return _windows[key]
 
 
 def ask_window(session: requests.Session, settings: Settings) -> Optional[int]:

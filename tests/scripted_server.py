@@ -97,6 +97,7 @@ class ScriptedServer:
         self.played = 0  # scripted replies used up
         self.requests: List[dict] = []
         self.connections = 0
+        self.gets = 0  # GET requests (the window asked for)
         self.most_in_flight, self.in_flight, self.peak_in_flight, self.too_many = most_in_flight, 0, 0, 0
         self._lock = threading.Lock()
         server = self
@@ -116,6 +117,8 @@ class ScriptedServer:
                 pass
 
             def do_GET(self):  # /props, as llama.cpp's server says its window; anything else is not here
+                with server._lock:
+                    server.gets += 1
                 if self.path == "/props" and server.window:
                     server._send(self, 200, {"default_generation_settings": {"n_ctx": server.window}})
                 else:

@@ -322,3 +322,41 @@ def test_a_batch_from_python_gives_its_summary_and_goes_on_where_it_stopped(tmp_
     sent = len(server.requests)
     assert run_batch(tasks, tmp_path / "out", check=check)["status_counts"] == summary["status_counts"]
     assert len(server.requests) == sent
+
+
+def test_a_second_ctrl_c_stops_at_once_and_sigterm_ends_like_the_first(tmp_path):
+    tasks = write_tasks(tmp_path / "tasks.jsonl", ["long"] * 4)
+    out = tmp_path / "out"
+    with ScriptedServer([], screen=ByTask(delay=1.0)) as server:
+        env = {"LLM_API_URL": server.url, "LLM_API_KEY": KEY}
+        args = ("--batch", tasks, "--out", out, "--parallel", 2, "--max-rounds", 10)
+        process = start_cli(*args, env=env)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and len(server.requests) < 2:
+            time.sleep(0.02)
+        process.send_signal(signal.SIGINT)
+        time.sleep(0.2)
+        stopped_at = time.monotonic()
+        process.send_signal(signal.SIGINT)
+        _, err = process.communicate(timeout=30)
+        assert process.returncode == 130 and time.monotonic() - stopped_at < 0.9, err
+        assert "stopped at once" in err
+        assert all('"event": "end"' not in trace.read_text() for trace in (out / "traces").iterdir()), \
+            "cut short: no end record"
+        process = start_cli(*args, env=env)
+        while time.monotonic() < deadline + 30 and len(server.requests) < 6:
+            time.sleep(0.02)
+        process.send_signal(signal.SIGTERM)
+        _, err = process.communicate(timeout=30)
+        assert process.returncode == 143, err
+        code, _, err = run_cli(*args, env=env, timeout=90)
+    assert code == 0, err
+    assert [line["status"] for line in results(out)] == ["finished"] * 4
+
+
+def test_a_local_servers_window_is_asked_once_a_batch(tmp_path, cli, monkeypatch):
+    tasks = write_tasks(tmp_path / "tasks.jsonl", ["finish"] * 6)
+    with ScriptedServer([], screen=ByTask(), window=32_000) as server:
+        monkeypatch.setenv("LLM_API_URL", server.url)
+        code, _, err = cli("--batch", tasks, "--parallel", 1, "-q")
+        assert (code, server.gets) == (0, 1), err
