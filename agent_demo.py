@@ -178,8 +178,8 @@ class Agent:
         else:
             self.trace.start(task, model, url, kept)
         if self.escalation and self.escalation.in_charge == "second":
-            self.trace.note(f"{self.client.settings.model} goes on with the run: it had taken it over before it"
-                            " was cut short")
+            goes_to = "the follow-up goes to" if follow_up is not None else "the run goes on with"
+            self.trace.note(f"{goes_to} {self.client.settings.model} (--escalate), which had taken the run over")
         for call in unfinished:
             self.uncertain[call.tool] = len(history) + 1
             self.trace.note(f"{call.tool} {to_json(call.args)} started in round {len(history) + 1} before the"
@@ -609,11 +609,7 @@ def prepare(task: str = "", *, given: Dict[str, Any], environment: Dict[str, str
         client = closing.enter_context(contextlib.closing(ModelClient(settings, form=form, session=session)))
         escalation = None
         if settings.escalate:  # the stronger model: its own endpoint and key, or the first model's
-            stronger = settings.stronger()
-            if stronger.model == settings.model and stronger.endpoint == settings.endpoint:
-                raise ConfigError(f"{settings.named('escalate')} names the model the run starts with; name a stronger"
-                                  " one, or another endpoint with --escalate-url")
-            check_endpoint_settings(stronger, key_named="LLM_ESCALATE_KEY")
+            stronger = settings.stronger()  # checked with the first model's endpoint settings
             redactor.add(*secrets_of({"LLM_ESCALATE_KEY": stronger.api_key or ""}, stronger.url))
             second = closing.enter_context(contextlib.closing(ModelClient(stronger)))
             escalation = Escalation(settings, client, second)

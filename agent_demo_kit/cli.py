@@ -426,13 +426,19 @@ def continue_hint(outcome: RunResult, agent: Optional[Agent], args: argparse.Nam
     a bare --resume gives another --max-rounds of rounds; after the token budget, the budget doubles."""
     command = f"agent-demo --resume {run_name(outcome.trace, args)}"
     ending, settings = outcome.ending, agent and agent.settings
+    stronger = bool(agent and agent.escalation and agent.escalation.in_charge == "second")  # its endpoint failed
+    failing = agent.client.settings if agent else None
     http_status = getattr(ending, "http_status", None)
     model_wrong, url_wrong = http_status == 404, http_status == 404 or getattr(ending, "unreachable", False)
-    if settings and args.model and not model_wrong:
+    if settings and args.model and not (model_wrong and not stronger):
         command += f" -m {shlex.quote(settings.model)}"
-    if settings and args.url and not url_wrong and "***" not in display_url(settings.url):
+    if settings and args.escalate and not (model_wrong and stronger):
+        command += f" --escalate {shlex.quote(settings.escalate)}"
+    if settings and args.url and not (url_wrong and not stronger) and "***" not in display_url(settings.url):
         command += f" --url {shlex.quote(settings.url)}"
-    for name in ("tools_files", "mcp_servers", "mcp_config", "check"):  # a trace names them, never decides them
+    for name in ("tools_files", "mcp_servers", "mcp_config", "check", "escalate_url"):  # named, never decided
+        if name == "escalate_url" and (url_wrong and stronger or "***" in display_url(settings.escalate_url or "")):
+            continue  # what to fix first, or a password that was not recorded
         values = getattr(settings, name) if settings else None
         if values and settings.sources.get(name, "").startswith("-"):
             command += "".join(f" {flag_name(name)} {shlex.quote(value)}"
@@ -442,12 +448,13 @@ def continue_hint(outcome: RunResult, agent: Optional[Agent], args: argparse.Nam
     if agent and outcome.status == "budget" and agent.token_limit:
         command += f" --max-tokens {agent.token_limit * 2}"
     if http_status in (401, 403):
-        return f"check {key_source(settings)}, then: {command}"
+        return f"check {key_source(failing)}, then: {command}"
+    model_flag, url_flag = ("--escalate", "--escalate-url") if stronger else ("-m", "--url")
     if model_wrong:
-        return f"give a model the endpoint has (-m NAME) or its right URL (--url), then: {command}"
+        return f"give a model the endpoint has ({model_flag} NAME) or its right URL ({url_flag}), then: {command}"
     if url_wrong:
-        return f"once {display_url(settings.endpoint) if settings else 'the endpoint'} answers (or with the right --url):" \
-               f" {command}"
+        return f"once {display_url(failing.endpoint) if failing else 'the endpoint'} answers (or with the right" \
+               f" {url_flag}): {command}"
     return command
 
 
@@ -660,6 +667,8 @@ def config_value(item: Any, value: Any) -> str:
         return "[redacted]" if value else "not set"
     if item.name in ("url", "escalate_url") and value:
         return display_url(value)
+    if item.name == "escalate_on" and value == []:
+        return "none"
     if value is None or value == [] or isinstance(value, bool):
         return {True: "on", False: "off"}.get(value, shown_default(item)) if isinstance(value, bool) \
             else shown_default(item)

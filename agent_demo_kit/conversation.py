@@ -339,10 +339,16 @@ class Conversation:
         self.size = self._bare + wire_size(added) + sum(size for _, _, size in self._turns)
 
     def _pinned_follow_ups(self, folded: int) -> str:
-        """The user's follow-ups (--continue) after rounds 1..folded: once their rounds are folded they
-        stay beside the task, like it, never folded or left out."""
-        return prompts.render_pinned_follow_ups([(record.number, record.follow_up) for record in self.rounds[:folded]
-                                                 if record.follow_up is not None])
+        """The user's follow-ups (--continue) and the notes of who took the run over (--escalate) after
+        rounds 1..folded: once their rounds are folded they stay beside the task, like it, never folded
+        or left out."""
+        said = []
+        for record in self.rounds[:folded]:
+            if record.notice is not None:
+                said.append(record.notice)
+            if record.follow_up is not None:
+                said.append(prompts.render_pinned_follow_ups([(record.number, record.follow_up)]))
+        return "\n".join(said)
 
     def _compact(self) -> None:
         """Fold the oldest verbatim rounds into the digest, enough that the request falls to about half the budget;

@@ -28,8 +28,9 @@ class Takeover:
     model that takes over is told."""
 
     trigger: str  # format, stuck, check, length, endpoint; "calm": back to the first model
-    reason: str
+    reason: str  # for people: the trace's line
     detail: str = ""
+    told: str = ""  # the reason as the model is told it, when not the same (no URLs, no advice for people)
 
 
 class Escalation:
@@ -63,7 +64,8 @@ class Escalation:
             self.good = 0 if trouble or not good_round(record) or self.cut else self.good + 1
             back = self.settings.escalate_back
             if back and self.good >= back and self.escalations < self.settings.escalate_max:
-                return Takeover("calm", f"{self.good} good rounds in a row by {self.model('second')}")
+                return Takeover("calm", f"{self.good} good round{'s' if self.good > 1 else ''} in a row by"
+                                        f" {self.model('second')}")
             return None
         return trouble if trouble and self.may_escalate(trouble.trigger) else None
 
@@ -72,7 +74,7 @@ class Escalation:
         if isinstance(ending, Stuck) and ending.call is not None:
             call = ending.call
             return Takeover("stuck", "it repeated the same call until the watchdog stopped it",
-                            f"It made the call {call.tool} {prompts.clip(to_json(call.args), 200)} again and again.")
+                            f"It made the call {call.tool} {shortened(to_json(call.args), 200)} again and again.")
         if isinstance(ending, Stuck):
             return Takeover("format", "its replies held no usable action, again and again",
                             f"What was wrong with its last reply: {record.problem or 'no usable action'}.")
@@ -80,9 +82,10 @@ class Escalation:
         if rejected and not isinstance(ending, CheckFailed):
             check = rejected[-1].check
             answer = rejected[-1].args.get("result") if isinstance(rejected[-1].args, dict) else None
+            said = " ".join(str(check.get("output") or "").split()) or "(nothing)"
             return Takeover("check", "the check rejected its answer",
-                            f"Its answer was {prompts.clip(to_json(answer), 300)}; the check said:"
-                            f" {prompts.clip(str(check.get('output') or '').strip() or '(nothing)', LAST_WORDS_CHARS)}")
+                            f"Its answer was {shortened(to_json(answer), 300)}; the check said:"
+                            f" {shortened(said, LAST_WORDS_CHARS)}")
         if self.cut >= CUTS_IN_A_ROW:
             cap = self.clients["first"].settings.max_reply_tokens
             return Takeover("length", f"its last {self.cut} replies were cut at the reply cap",
@@ -95,7 +98,11 @@ class Escalation:
         status = getattr(error, "http_status", None)
         if not self.may_escalate("endpoint") or status is not None and status not in PASSING_STATUSES:
             return None
-        return Takeover("endpoint", f"its endpoint failed: {prompts.clip(str(error), 200)}")
+        first, second = (self.clients[which].settings.endpoint for which in ("first", "second"))
+        if status is None and first == second:  # no answer at all: the same server would give none either
+            return None
+        return Takeover("endpoint", f"its endpoint failed: {' '.join(str(error).split())}",
+                        told=f"its endpoint failed{f' (HTTP {status})' if status else ' (no usable answer)'}")
 
     def switch(self, takeover: Takeover, rounds: List[Round]) -> str:
         """Hand the run over as takeover says; the notice the model that takes over is given."""
@@ -105,8 +112,8 @@ class Escalation:
         if takeover.trigger == "calm":
             return prompts.render_handback(self.model("first"), self.model("second"), self.settings.escalate_back)
         self.escalations += 1
-        return prompts.render_takeover(self.model("second"), self.model(before), takeover.reason, takeover.detail,
-                                       tried(rounds))
+        return prompts.render_takeover(self.model("second"), self.model(before), takeover.told or takeover.reason,
+                                       takeover.detail, tried(rounds))
 
     def restore(self, switches: List[dict], rounds: List[Round]) -> None:
         """Who is in charge of a resumed run, and how often it escalated, from its escalation records;
@@ -122,6 +129,11 @@ class Escalation:
                 self.good = self.good + 1 if good_round(record) else 0
 
 
+def shortened(text: str, most: int) -> str:
+    """text cut to `most` characters with an ellipsis: the note is read by a model, not parsed."""
+    return text if len(text) <= most else text[:most - 1] + "…"
+
+
 def good_round(record: Round) -> bool:
     """A round without trouble: a usable action, none malformed, repeated or rejected by the check."""
     return not record.problem and bool(record.calls) and not any(
@@ -134,9 +146,9 @@ def tried(rounds: List[Round]) -> List[str]:
     seen: Dict[str, str] = {}
     for record in rounds:
         for call in record.calls:
-            label = f"{call.tool} {prompts.clip(to_json(call.args), 80)}"
+            label = f"{call.tool} {shortened(to_json(call.args), 80)}"
             result = call.result
             seen.pop(label, None)
             error = " ".join(str(result.get("error")).split())  # one line
-            seen[label] = "ok" if result.get("ok") else f"failed ({prompts.clip(error, 80)})"
+            seen[label] = "ok" if result.get("ok") else f"failed ({shortened(error, 80)})"
     return [f"{label}: {outcome}" for label, outcome in list(seen.items())[-TRIED_SHOWN:]]

@@ -444,7 +444,7 @@ class RunResult:
         checks = {"checks": self.checks} if self.checks else {}
         said = {"last_words": self.last_words} if self.last_words else {}
         read = {"material": self.material} if self.material else {}
-        models = {"models": self.models} if self.models else {}
+        models = {"models": self.models} if self.models is not None else {}
         return {"status": self.status, "result": self.result, "rounds": self.rounds,
                 "usage": self.usage, **models, **extra, **said, **read, "calls": self.calls, **checks}
 

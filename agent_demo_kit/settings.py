@@ -121,6 +121,8 @@ ESCALATION_TRIGGERS = ("format", "stuck", "check", "length", "endpoint")
 def trigger_names(text: str) -> List[str]:
     """--escalate-on: a comma-separated list of triggers, or none; ValueError for an unknown one."""
     names = [name.strip() for name in text.split(",") if name.strip()]
+    if not names:
+        raise ValueError(f"must name triggers among {','.join(ESCALATION_TRIGGERS)} (or none), got {text!r}")
     if names == ["none"]:
         return []
     unknown = [name for name in names if name not in ESCALATION_TRIGGERS]
@@ -237,9 +239,14 @@ class Settings:
         url = self.escalate_url or self.url
         same = chat_completions_url(url) == self.endpoint
         key = self.escalate_key or (self.api_key if same else None)
-        sources = {**self.sources, "url": self.sources.get("escalate_url", "default") if self.escalate_url else
-                   self.sources.get("url", "default"), "api_key": "LLM_ESCALATE_KEY" if self.escalate_key else
-                   self.sources.get("api_key", "default")}
+
+        def given(name: str) -> str:  # how the user gave it, for what an error tells them to check
+            source = self.sources.get(name, "default")
+            return flag_name(name) if source in ("default", "the resumed run") else source
+        sources = {**self.sources, "model": given("escalate"),
+                   "url": given("escalate_url") if self.escalate_url else self.sources.get("url", "default"),
+                   "api_key": "LLM_ESCALATE_KEY" if self.escalate_key or not same else self.sources.get("api_key",
+                                                                                                          "default")}
         return replace(self, model=self.escalate, url=url, api_key=key, escalate=None, sources=sources)
 
     def named(self, name: str) -> str:
@@ -559,7 +566,7 @@ def _checked(item: Any, value: Any, source: str) -> Any:
     if isinstance(default, list) and parse is not None and isinstance(value, (list, tuple)):
         if not all(isinstance(entry, str) for entry in value):
             raise ConfigError(f"{source} must be a list of strings, got {value!r}")
-        value = ",".join(value) or "none"  # a list, checked as its flag would be
+        value = ",".join(value) if value else "none"  # a list, checked as its flag would be ([]: none)
     if parse is not None:
         if isinstance(value, bool) or not isinstance(value, (int, float, str)):
             raise ConfigError(f"{source} must be a number, got {value!r}")
@@ -582,9 +589,10 @@ def _checked(item: Any, value: Any, source: str) -> Any:
     return value
 
 
-def check_endpoint_settings(settings: Settings, key_named: str = "LLM_API_KEY (or OPENAI_API_KEY)") -> None:
+def check_endpoint_settings(settings: Settings, key_named: str = "LLM_API_KEY (or OPENAI_API_KEY)",
+                            escalation: bool = True) -> None:
     """ConfigError for a URL that is not http(s), a key that cannot go in a header, or a hosted endpoint
-    without a key (the variable to set: key_named)."""
+    without a key (the variable to set: key_named); and for --escalate settings that cannot work."""
     try:
         host = urlsplit(settings.endpoint).hostname
     except ValueError:  # a port that is not a number, a bracket left open
@@ -598,6 +606,28 @@ def check_endpoint_settings(settings: Settings, key_named: str = "LLM_API_KEY (o
                           " header; check for a stray quote, zero-width space or non-ASCII character")
     if not key and host in HOSTS_NEEDING_A_KEY:
         raise ConfigError(f"{key_named} is not set, and {host} needs one (see .env.example)")
+    if escalation:
+        check_escalation(settings)
+
+
+def check_escalation(settings: Settings) -> None:
+    """ConfigError for --escalate settings that cannot work: an empty model name, the model the run
+    starts with, a stronger model's endpoint that fails the first's checks, or --escalate-url and the
+    like given without --escalate (they would do nothing)."""
+    if settings.escalate is None:
+        given = [settings.named(name) for name in ("escalate_url", "escalate_on", "escalate_back", "escalate_max")
+                 if settings.sources.get(name, "default") not in ("default", "the resumed run",
+                                                                  *_field(name).metadata["variables"])]
+        if given:
+            raise ConfigError(f"{given[0]} goes with {settings.named('escalate')}, which names no model")
+        return
+    if not settings.escalate.strip():
+        raise ConfigError(f"{settings.named('escalate')} must name a model")
+    stronger = settings.stronger()
+    if stronger.model == settings.model and stronger.endpoint == settings.endpoint:
+        raise ConfigError(f"{settings.named('escalate')} names the model the run starts with; name a stronger one,"
+                          " or another endpoint with --escalate-url")
+    check_endpoint_settings(stronger, key_named="LLM_ESCALATE_KEY", escalation=False)
 
 
 def _restorable(item: Any, value: Any) -> bool:
@@ -647,7 +677,8 @@ def recorded_differences(recorded: dict, settings: Settings) -> Dict[str, Any]:
 
 def recorded_settings(settings: Settings) -> dict:
     """What the start record keeps of the settings, for --resume."""
-    kept = {item.name: getattr(settings, item.name) for item in setting_fields() if item.metadata["resume"]}
+    kept = {item.name: getattr(settings, item.name) for item in setting_fields() if item.metadata["resume"]
+            and not (item.name.startswith("escalate") and settings.escalate is None)}  # as before, without it
     if kept.get("escalate_url"):  # recorded as shown: without a password
         kept["escalate_url"] = display_url(kept["escalate_url"])
     return kept

@@ -341,8 +341,8 @@ def test_a_second_ctrl_c_stops_at_once_and_sigterm_ends_like_the_first(tmp_path)
         _, err = process.communicate(timeout=30)
         assert process.returncode == 130 and time.monotonic() - stopped_at < 0.9, err
         assert "stopped at once" in err
-        assert all('"event": "end"' not in trace.read_text() for trace in (out / "traces").iterdir()), \
-            "cut short: no end record"
+        assert any('"event": "end"' not in trace.read_text() for trace in (out / "traces").iterdir()), \
+            "a task whose request was in flight is cut short: no end record"
         process = start_cli(*args, env=env)
         while time.monotonic() < deadline + 30 and len(server.requests) < 6:
             time.sleep(0.02)

@@ -227,3 +227,55 @@ def test_from_python_escalation_takes_its_settings_by_keyword(serve):
     assert result.models == {"small": {"rounds": 1, "tokens": 15}, "big": {"rounds": 1, "tokens": 15}}
     with pytest.raises(agent_demo.ConfigError, match="escalate_on must name triggers"):
         agent_demo.run("task", escalate="big", escalate_on=["sometimes"])
+
+
+def test_the_note_stays_with_the_task_once_its_round_is_folded(cli, serve, tmp_path):
+    work = [action("calculator", expression=f"{n} + 1") for n in range(8)]
+    script = ByModel(small=[*work, action("finish", result="512")], big=[FINISH])
+    serve([], screen=script)
+    code, _, err = cli("-m", "small", "--escalate", "big", "--check", CHECK, "--max-rounds", 12,
+                       "--max-context", 3500, "compute")
+    assert code == 0 and "folded into the digest" in err, err
+    first = script.requests["big"][0]["messages"]
+    assert any("you (big) take over this task from small" in m["content"] for m in first), "the receipt survives"
+
+
+def test_the_hint_after_the_stronger_models_endpoint_failed_names_its_flags(cli, serve):
+    script = ByModel(small=[action("finish", result="512")])
+    serve([], screen=script)
+    code, _, err = cli("-m", "small", "--escalate", "big", "--escalate-url", "http://127.0.0.1:9/v1", "--check", CHECK,
+                       "--retries", 0, "compute")
+    hint = next(line for line in err.splitlines() if "to continue" in line)
+    assert code == 3 and "once http://127.0.0.1:9/v1/chat/completions answers (or with the right --escalate-url)" in hint
+    assert "-m small" in hint and "--escalate big" in hint and "--check" in hint
+
+
+@pytest.mark.parametrize("args, said", [
+    (("--escalate", " "), "--escalate must name a model"),
+    (("--escalate", "big", "--escalate-on", ""), "must name triggers"),
+    (("--escalate-url", "http://127.0.0.1:9/v1"), "--escalate-url goes with --escalate, which names no model"),
+    (("--escalate-max", "3"), "--escalate-max goes with --escalate"),
+])
+def test_escalation_settings_that_would_do_nothing_are_refused(cli, serve, args, said):
+    server = serve([FINISH])
+    code, _, err = cli(*args, "task")
+    assert code == 2 and said in err and not server.requests
+
+
+def test_config_shows_an_escalation_that_cannot_work(cli, serve):
+    serve([FINISH])
+    code, out, _ = cli("-m", "big", "--escalate", "big", "--config", "--json")
+    assert code == 0 and "names the model the run starts with" in json.loads(out)["problem"]
+
+
+def test_without_escalate_the_start_record_is_as_before(cli, serve, tmp_path):
+    serve([FINISH])
+    cli("--trace", tmp_path / "run.jsonl", "compute")
+    assert not [key for key in records(tmp_path / "run.jsonl")[0] if key.startswith("escalate")]
+
+
+def test_models_are_counted_even_when_no_round_completed(cli, monkeypatch):
+    with ScriptedServer([{"status": 401, "body": {"error": {"message": "bad key"}}}]) as server:
+        monkeypatch.setenv("LLM_API_URL", server.url)
+        code, out, _ = cli("-m", "small", "--escalate", "big", "--json", "task")
+    assert code == 3 and json.loads(out)["models"] == {}
