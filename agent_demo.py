@@ -319,7 +319,7 @@ class Agent:
         settings = self.settings
         with self.trace.working(f"check running ({prompts.clip(settings.check, VALUE_SHOWN_CHARS)})"):
             check = run_check(self.check, settings.check, answer_text(answer), self.task,
-                              settings.tool_timeout, settings.named("check"), expected=self.expected)
+                              settings.tool_timeout, settings.named("check"), expected=self.expected, stop=self.stop)
         check = self.trace.redact_values(check)  # it may print the environment: the key goes no further
         call = Call(action.tool, action.args, success(answer), check=check)
         if check["exit_code"] == 0:

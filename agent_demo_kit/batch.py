@@ -46,11 +46,14 @@ class BatchTask(NamedTuple):
     file: str = ""  # its trace's name in traces/, made from the id
 
 
-def read_tasks(text: str, source: str) -> List[BatchTask]:
+def read_tasks(text: str, source: str, notes: Optional[List[str]] = None) -> List[BatchTask]:
     """The tasks of a JSON Lines text: a JSON object a line ({"id", "task", "check", "expected"}; only
     task is needed), or a line of plain text that is a task; blank lines are passed by. The id is the
-    line number when none is given. ConfigError naming the line for anything else, and for an id used twice."""
+    line number when none is given. ConfigError naming the line for anything else, and for an id used twice.
+    notes, when given, gets a line about keys no task line knows (a typo such as "chek" is no check)."""
     tasks: List[BatchTask] = []
+    unknown: Dict[str, int] = {}
+    text = text[1:] if text.startswith("\ufeff") else text  # the byte order mark an editor may put first
     seen: Dict[str, int] = {}
     files: Dict[str, str] = {}
     for number, raw in enumerate(text.splitlines(), 1):
@@ -65,11 +68,14 @@ def read_tasks(text: str, source: str) -> List[BatchTask]:
             task = item.get("task")
             if not isinstance(task, str) or not task.strip():
                 raise ConfigError(f'{source} line {number}: "task" must be a text that is not empty')
-            if item.get("check") is not None and not isinstance(item["check"], str):
-                raise ConfigError(f'{source} line {number}: "check" must be a command line (a text)')
+            if item.get("check") is not None and (not isinstance(item["check"], str) or not item["check"].strip()):
+                raise ConfigError(f'{source} line {number}: "check" must be a command line (a text that is not empty)')
             ident = item.get("id", number)
-            if not isinstance(ident, (str, int)) or isinstance(ident, bool) or str(ident).strip() == "":
-                raise ConfigError(f'{source} line {number}: "id" must be a text or a whole number')
+            if not isinstance(ident, (str, int)) or isinstance(ident, bool) or str(ident).strip() == "" \
+                    or re.search(r"[\x00-\x1f\x7f]", str(ident)):
+                raise ConfigError(f'{source} line {number}: "id" must be a whole number or a text of one line')
+            for key in item.keys() - set(TASK_KEYS):
+                unknown.setdefault(key, number)
             expected = item.get("expected")
             if expected is not None and not isinstance(expected, str):
                 expected = json.dumps(expected, ensure_ascii=False)
@@ -86,6 +92,10 @@ def read_tasks(text: str, source: str) -> List[BatchTask]:
             name = f"{name}-{hashlib.sha256(ident.encode()).hexdigest()[:8]}"
         files[name.lower()] = ident
         tasks[-1] = BatchTask(tasks[-1].line, ident, tasks[-1].task, tasks[-1].check, tasks[-1].expected, name)
+    if unknown and notes is not None:
+        listed = ", ".join(f"{key!r} (line {line})" for key, line in list(unknown.items())[:5])
+        notes.append(f"{source}: keys a task line does not know are passed by: {listed}; a task line knows"
+                     f" {', '.join(TASK_KEYS)}")
     return tasks
 
 
@@ -141,16 +151,21 @@ def read_lines(path: Path) -> Iterator[dict]:
 
 def summarize_folders(folders: List[str]) -> dict:
     """--summary DIR...: the table of every task in these result folders, shards merged (each id once)."""
-    tally = metrics.Tally()
-    for name in folders:
+    latest: Dict[str, dict] = {}  # a task is known by its id: in several folders, its latest line counts
+    for name in dict.fromkeys(os.path.realpath(name) for name in folders):  # a folder named twice is read once
         folder = Path(name)
         if not folder.is_dir():
             raise ConfigError(f"--summary: {name} is not a folder of batch results")
         found = read_results(folder)
         if not found:
             raise ConfigError(f"--summary: {name} holds no results*.jsonl with results in it")
-        for line in found.values():
-            tally.add(line)
+        for ident, line in found.items():
+            known = latest.get(ident)
+            if known is None or metrics.number(line.get("ended_at")) >= metrics.number(known.get("ended_at")):
+                latest[ident] = line
+    tally = metrics.Tally()
+    for line in latest.values():
+        tally.add(line)
     return tally.summary()
 
 
@@ -179,7 +194,8 @@ class Batch:
 
     def __init__(self, tasks: List[BatchTask], out: Path, given: Dict[str, Any], environment: Dict[str, str],
                  parallel: Optional[int] = None, retry_errors: int = DEFAULT_RETRY_ERRORS, rerun_failed: bool = False,
-                 part: Optional[Tuple[int, int]] = None, quiet: bool = False, named: Callable[[str], str] = keyword_name):
+                 part: Optional[Tuple[int, int]] = None, quiet: bool = False, named: Callable[[str], str] = keyword_name,
+                 notes: Iterable[str] = ()):
         self.tasks = tasks if part is None else tasks[part[0]::part[1]]
         self.out, self.traces = out, out / "traces"
         self.given, self.environment, self.named = given, environment, named
@@ -188,6 +204,7 @@ class Batch:
         self.parallel = parallel or (1 if is_local(self.settings.endpoint) else HOSTED_PARALLEL)
         self.parallel_given = parallel is not None
         self.retry_errors, self.rerun_failed, self.part, self.quiet = retry_errors, rerun_failed, part, quiet
+        self.notes = list(notes)  # said at the start (keys of the task file passed by)
         self.stop = threading.Event()
         self.all_done = threading.Event()  # set when the last worker has ended
         self.windows: Dict[Any, Optional[int]] = {}  # (URL, model) -> the window its server said, for every task
@@ -202,6 +219,9 @@ class Batch:
         self.live = is_terminal(sys.stderr) and not quiet and environment.get("TERM") != "dumb"
         self.shown_live = False
         self.screen = threading.RLock()  # one writer of stderr at a time: a task's line, the live line
+        self.changed: List[str] = []  # ids whose text changed since their last run: they start again
+        self.stopped_because: Optional[str] = None  # said once: why no more tasks start
+        self.elsewhere = 0  # tasks another agent-demo process was running when their turn came
         self.key_refused = False
 
     # --- the plan: what is done, what goes on, what starts ---
@@ -215,12 +235,21 @@ class Batch:
         for task in self.tasks:
             line = known.pop(task.id, None)
             has_trace = f"{task.file}.jsonl" in traced
-            if has_trace and (line is None or line.get("status") not in metrics.ENDED):
+            if not has_trace:  # its record is gone (or never was): it runs, from the start
+                line = None
+            elif line is None or line.get("status") not in metrics.ENDED:
                 # The trace knows better: the task went on after its line, or ended just before a kill -9.
-                from_trace = self.line(task, metrics.run_figures(metrics.trace_records(str(self.trace(task)))))
-                if from_trace and from_trace["status"] in metrics.ENDED:
+                records = metrics.trace_records(str(self.trace(task)))
+                from_trace = self.line(task, metrics.run_figures(records))
+                if from_trace and not started_as(records, task.task):
+                    from_trace["task_hash"] = "changed"
+                elif from_trace and from_trace["status"] in metrics.ENDED:
                     self.write(from_trace)
                 line = from_trace or line
+            if line is not None and line.get("task_hash") not in (None, task_hash(task.task)):
+                self.changed.append(task.id)  # the file now says something else under this id
+                self.queue.append(Planned(task, fresh=True, traced=has_trace))
+                continue
             status = line.get("status") if line else None
             if status in metrics.ENDED and not (self.rerun_failed and status != "finished") \
                     or status == "error" and metrics.number(line.get("errors")) > self.retry_errors:
@@ -241,15 +270,20 @@ class Batch:
         """A task's results line: its id, its figures, its trace (relative to the folder), when it ended."""
         if figures is None:
             return None
-        return {"id": task.id, **figures, "trace": f"traces/{task.file}.jsonl", "ended_at": round(time.time(), 3)}
+        return {"id": task.id, **figures, "trace": f"traces/{task.file}.jsonl", "task_hash": task_hash(task.task),
+                "ended_at": round(time.time(), 3)}
 
     # --- the run ---
 
     def run(self, needed: Optional[float] = None) -> Tuple[int, dict]:
         """Run what the plan leaves, `parallel` at a time: the exit code of the whole (0 when every task
         finished, or the `needed` share of them; 1 otherwise; 130 or 143 when stopped) and the summary."""
-        self.out.mkdir(parents=True, exist_ok=True, mode=0o700)
-        self.traces.mkdir(exist_ok=True, mode=0o700)
+        try:
+            self.out.mkdir(parents=True, exist_ok=True, mode=0o700)
+            self.traces.mkdir(exist_ok=True, mode=0o700)
+        except OSError as error:
+            raise ConfigError(f"--out {self.out}: cannot make the output folder there: {error.strerror or error}") \
+                from None
         path = self.out / results_name(self.part, "results")
         self.results = open(open_private(str(path), "the results file"), "a", encoding="utf-8")
         if not lock(self.results):
@@ -279,10 +313,13 @@ class Batch:
         except (KeyboardInterrupt, SigTerm) as signal:
             stopped = Terminated.exit_code if isinstance(signal, SigTerm) else Interrupted.exit_code
             self.stop.set()
-            self.say("stopping: no new task starts; the running ones end as resumable (Ctrl-C again: at once)")
+            again = "again" if isinstance(signal, SigTerm) else "Ctrl-C again"
+            self.say(f"stopping: no new task starts; the running ones end as resumable ({again}: at once)")
             try:
                 self.wait_for_workers()
             except (KeyboardInterrupt, SigTerm):
+                from agent_demo_kit.child_processes import stop_checks
+                stop_checks()  # a check in its own session would outlive the process
                 self.say("stopped at once: the tasks that were running have no end record; the same command"
                          " goes on with them")
                 sys.stderr.flush()
@@ -317,6 +354,9 @@ class Batch:
                 planned = self.queue.popleft()
             line, may_pass = self.run_one(planned, session)
             with self.lock:
+                if line is None:  # another agent-demo process is running it: its line is that one's to write
+                    self.elsewhere += 1
+                    continue
                 self.write(line)
                 if may_pass and metrics.number(line.get("errors")) <= self.retry_errors and not self.stop.is_set():
                     self.queue.append(Planned(planned.task, fresh=False, traced=True))
@@ -326,14 +366,21 @@ class Batch:
                 self.ran += 1
                 self.say_task(line)
 
-    def run_one(self, planned: Planned, session: Any = None) -> Tuple[dict, bool]:
+    def run_one(self, planned: Planned, session: Any = None) -> Tuple[Optional[dict], bool]:
         """Run one task, or take it up from its trace: its results line, read back from the trace, and
-        whether an error it ended in may pass next time (the endpoint's may; a setting's will not)."""
+        whether an error it ended in may pass next time (the endpoint's may; a setting's will not). No
+        line when another agent-demo process is running the task; the line of its trace when that
+        process ended it meanwhile."""
         task = planned.task
         trace = self.trace(task)
-        resume = not planned.fresh and planned.traced and has_start(trace)
-        if resume:  # a check or a worker another task started may hold a copy of it a moment after its run
+        if trace.exists():  # a check or a worker another task started may hold a copy a moment after its run
             free_within(trace, FREED_WITHIN)
+            if in_use(trace):
+                return None, False
+            figures = metrics.run_figures(metrics.trace_records(str(trace))) if not planned.fresh else None
+            if figures and figures["status"] in metrics.ENDED:  # ended by another process since the plan
+                return self.line(task, figures), False
+        resume = not planned.fresh and planned.traced and has_start(trace)
         given = {**self.given, **({"check": task.check} if task.check is not None else {})}
         written: Optional[List[dict]] = None if resume else []  # a new run's records: all its figures need
         try:
@@ -349,17 +396,27 @@ class Batch:
             outcome = RunResult(error)
         except Exception as error:  # a bug of ours: this task ends in an error, the others go on
             outcome = RunResult(EndpointError(f"internal error: {type(error).__name__}: {error}"))
-        if outcome.key_refused:
-            self.key_refused = True
-            self.stop.set()
-            self.say(f"the endpoint refused the key ({outcome.error}): no more tasks start; the same command"
-                     " goes on once the key is right")
+        unreachable = getattr(outcome.ending, "unreachable", False)
+        if outcome.key_refused or unreachable:  # every task would fail alike: stop here, once
+            self.key_refused = self.key_refused or outcome.key_refused
+            self.stop_starting(f"the endpoint refused the key ({outcome.error}): no more tasks start; the same"
+                               " command goes on once the key is right" if outcome.key_refused else
+                               f"{outcome.error}: no more tasks start; the same command goes on once the endpoint"
+                               " answers")
         figures = metrics.run_figures(written if written else metrics.trace_records(str(trace)))
         if figures is None or figures["status"] != outcome.status:  # ended before its trace could say so
             figures = {**(figures or metrics.run_figures([{"event": "start"}])), "status": outcome.status,
                        "error": outcome.error, "errors": (figures or {}).get("errors", 0) + (outcome.status == "error")}
-        may_pass = outcome.status == "error" and not isinstance(outcome.ending, ConfigError) and not self.key_refused
+        may_pass = outcome.status == "error" and not isinstance(outcome.ending, ConfigError) and not self.stop.is_set()
         return self.line(task, figures), may_pass
+
+    def stop_starting(self, why: str) -> None:
+        """No more tasks start (the running ones end as resumable), and why is said once."""
+        with self.lock:
+            first, self.stopped_because = self.stopped_because is None, self.stopped_because or why
+        self.stop.set()
+        if first:
+            self.say(why)
 
     # --- what is said ---
 
@@ -383,6 +440,12 @@ class Batch:
         if self.skipped or goes_on:
             print(f"agent-demo: {self.skipped} already ended, {goes_on} go on from their traces,"
                   f" {left - goes_on} start", file=sys.stderr, flush=True)
+        if self.changed:
+            shown = ", ".join(self.changed[:5]) + (f" and {len(self.changed) - 5} more" if len(self.changed) > 5 else "")
+            print(f"agent-demo: {len(self.changed)} task(s) say something else than when they last ran ({shown}):"
+                  " they start again", file=sys.stderr, flush=True)
+        for said in self.notes:
+            print(f"agent-demo: {said}", file=sys.stderr, flush=True)
 
     def say_task(self, line: dict) -> None:
         """One line a task as it ends (not under --quiet), above the live line."""
@@ -426,9 +489,10 @@ class Batch:
         """The table of this run's tasks (those that did not run, as "pending"), as summary.json holds it."""
         summary = self.tally.summary()
         pending = len(self.tasks) - summary["tasks"]
-        if pending:
+        if pending:  # the rate is of every task of the file (or shard), those not run yet among them
             summary["status_counts"] = dict(sorted({**summary["status_counts"], "pending": pending}.items()))
             summary["tasks"] = len(self.tasks)
+            summary["completion_rate"] = metrics.rate(summary["status_counts"].get("finished", 0), len(self.tasks))
         return summary
 
     def say_end(self) -> dict:
@@ -438,14 +502,21 @@ class Batch:
         self.clear_live()
         if not self.quiet:
             print("\n".join(metrics.render(summary)), file=sys.stderr)
+            errors = summary["status_counts"].get("error", 0)
+            if errors and not self.stop.is_set():
+                print(f"agent-demo: {errors} task(s) ended in an error with no retries left; --retry-errors"
+                      f" {self.retry_errors + 1} runs them once more", file=sys.stderr)
+            if self.elsewhere:
+                print(f"agent-demo: {self.elsewhere} task(s) were being run by another agent-demo process and"
+                      " are left to it", file=sys.stderr)
             print(f"agent-demo: results in {self.out / results_name(self.part, 'results')}", file=sys.stderr,
                   flush=True)
         return summary
 
     def compact(self, path: Path) -> None:
-        """results.jsonl with one line a task, in the task file's order (the last line of each), written
-        whole before it replaces the old one, so a crash leaves one or the other. Left as it is when
-        it is so already."""
+        """results.jsonl with one line a task, in the task file's order (the last line of each; none of a
+        task the file no longer has: its trace stays), written whole before it replaces the old one, so a
+        crash leaves one or the other. Left as it is when it is so already."""
         latest: Dict[str, int] = {}  # id -> where its last line starts
         order = {task.id: n for n, task in enumerate(self.tasks)}
         count, last, in_order = 0, -1, True
@@ -457,6 +528,9 @@ class Batch:
                     continue
                 latest[ident], count = offset, count + 1
                 in_order, last = in_order and order.get(ident, len(order)) > last, order.get(ident, len(order))
+            gone = [ident for ident in latest if ident not in order]  # tasks the file no longer has
+            for ident in gone:
+                del latest[ident]
             if len(latest) == count and in_order:
                 return
             offsets = [offset for _, offset in sorted(latest.items(), key=lambda item: order.get(item[0], len(order)))]
@@ -498,6 +572,17 @@ def free_within(trace: Path, seconds: float) -> None:
     deadline = time.monotonic() + seconds
     while in_use(trace) and time.monotonic() < deadline:
         time.sleep(0.02)
+
+
+def task_hash(text: str) -> str:
+    """A short fingerprint of a task's text: a rerun knows a task whose text changed under the same id."""
+    return hashlib.sha256(text.encode("utf-8", "replace")).hexdigest()[:16]
+
+
+def started_as(records: List[dict], text: str) -> bool:
+    """Did the last run in these trace records start with this task (or with it, the key taken out)?"""
+    start = next((record for record in reversed(records) if record.get("event") == "start"), None)
+    return start is None or start.get("task") == text or "[redacted]" in str(start.get("task"))
 
 
 def has_start(trace: Path) -> bool:

@@ -33,9 +33,9 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Any, Dict, Iterable, List, Optional, Tuple
+from typing import Any, Dict, Iterable, List, Optional, Set, Tuple
 
-from agent_demo_kit.records import ConfigError
+from agent_demo_kit.records import ConfigError, Interrupted
 from agent_demo_kit.settings import CHECK_OUTPUT_CHARS, CHECK_VARIABLE_CHARS, SNIPPET_CHARS
 from prompts import clip, clipped
 from tools import Converted, Tool, ToolDefinitionError, ToolError, as_json, clash_message, registry_of
@@ -320,8 +320,19 @@ CHECK_DRAIN_SECONDS = 0.2  # after the check exits: for what it wrote last, not 
 EXIT_POLL_SECONDS = 0.05
 
 
+_running_checks: Set[subprocess.Popen] = set()  # what stop_checks ends when a batch stops at once
+_checks_lock = threading.Lock()
+
+
+def stop_checks() -> None:
+    """End every check still running, with what it started: a batch that stops at once leaves none behind."""
+    with _checks_lock:
+        for process in list(_running_checks):
+            _stop(process)
+
+
 def run_check(argv: List[str], command: str, answer: str, task: str, timeout: float, named: str = "--check",
-              expected: Optional[str] = None) -> dict:
+              expected: Optional[str] = None, stop: Optional[threading.Event] = None) -> dict:
     """Run the check on one answer: {"command", "exit_code", "output", "ms"}; exit_code is None when it
     did not finish within `timeout` seconds. The check is over when its own process exits, whoever
     still holds its output pipe; then it is stopped, with whatever it started."""
@@ -335,9 +346,13 @@ def run_check(argv: List[str], command: str, answer: str, task: str, timeout: fl
     except OSError as error:
         raise ConfigError(f"{named} cannot start: {error.strerror or error}") from None
     output = _KeptEnds(CHECK_OUTPUT_CHARS)
+    with _checks_lock:
+        _running_checks.add(process)
     try:
-        code = _talk(process, answer.encode("utf-8", "replace"), output, started + timeout)
-    finally:  # done, out of time, or Ctrl-C: leave nothing running
+        code = _talk(process, answer.encode("utf-8", "replace"), output, started + timeout, stop)
+    finally:  # done, out of time, Ctrl-C or a batch told to stop: leave nothing running
+        with _checks_lock:
+            _running_checks.discard(process)
         _stop(process)
         process.wait()
         for pipe in (process.stdin, process.stdout):
@@ -347,9 +362,11 @@ def run_check(argv: List[str], command: str, answer: str, task: str, timeout: fl
             "ms": round((time.monotonic() - started) * 1000)}
 
 
-def _talk(process: subprocess.Popen, answer: bytes, output: "_KeptEnds", deadline: float) -> Optional[int]:
+def _talk(process: subprocess.Popen, answer: bytes, output: "_KeptEnds", deadline: float,
+          stop: Optional[threading.Event] = None) -> Optional[int]:
     """Give the check its stdin and keep the ends of its output until it exits (its exit code) or the
-    deadline passes (None). Like Popen.communicate, but ended by the process, not by the pipe's end."""
+    deadline passes (None); Interrupted once `stop` is set (a batch told to stop). Like
+    Popen.communicate, but ended by the process, not by the pipe's end."""
     with selectors.DefaultSelector() as selector:
         selector.register(process.stdout, selectors.EVENT_READ)
         if answer:
@@ -358,6 +375,8 @@ def _talk(process: subprocess.Popen, answer: bytes, output: "_KeptEnds", deadlin
             process.stdin.close()
         written, drain_until = 0, None
         while True:
+            if stop is not None and stop.is_set():
+                raise Interrupted()
             now = time.monotonic()
             if drain_until is None and process.poll() is not None:
                 drain_until = now + CHECK_DRAIN_SECONDS

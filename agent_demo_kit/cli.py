@@ -204,18 +204,19 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
     if batch_only and args.batch is None:
         parser.error(f"{', '.join(batch_only)} go{'es' if len(batch_only) == 1 else ''} with --batch")
     if args.batch is not None:
-        clash = [flag for flag, value in (("a task", words), ("--resume", args.resume is not None),
+        clash = [flag for flag, value in (("--resume", args.resume is not None),
                                           ("--continue", args.continue_run is not None), ("--runs", args.runs),
                                           ("--show", args.show is not None), ("--trace", args.trace),
                                           ("--no-log", args.no_log), ("--approve", args.approve),
-                                          ("--summary", args.summary is not None)) if value]
+                                          ("--summary", args.summary is not None), ("--config", args.config),
+                                          ("a task", words)) if value]
         if clash:
             parser.error(f"--batch runs the tasks of its file, each with a trace in --out; {clash[0]} does not go"
                          f" with it" + (" (nobody is there to ask)" if clash[0] == "--approve" else ""))
         args.task = ""
         return args
-    if args.summary is not None:
-        args.task = ""
+    if args.summary is not None:  # the words are folders too: --summary --json DIR
+        args.summary, args.task = args.summary + list(args.task), ""
         return args
     if args.resume is None and not args.runs and args.show is None and not args.config:
         if words == "-":
@@ -501,13 +502,14 @@ def run_batch(args: argparse.Namespace, environment: Dict[str, str], answer: Saf
             text = Path(args.batch).read_text(encoding="utf-8", errors="replace")
         except OSError as error:
             raise ConfigError(f"--batch: cannot read {args.batch}: {error.strerror or error}") from None
-    tasks = read_tasks(text, "stdin" if args.batch == "-" else args.batch)
+    source, notes = "stdin" if args.batch == "-" else args.batch, []
+    tasks = read_tasks(text, source, notes)
     if not tasks:
-        raise ConfigError(f"--batch: {args.batch} holds no task")
+        raise ConfigError(f"--batch: {source} holds no task")
     batch = Batch(tasks, Path(args.out or default_out(args.batch)), given_settings(args), environment,
                   parallel=args.parallel,
                   retry_errors=DEFAULT_RETRY_ERRORS if args.retry_errors is None else args.retry_errors,
-                  rerun_failed=args.rerun_failed, part=args.shard, quiet=args.quiet, named=flag_name)
+                  rerun_failed=args.rerun_failed, part=args.shard, quiet=args.quiet, named=flag_name, notes=notes)
     with ending_on_sigterm():
         code, summary = batch.run(args.pass_rate)
     if args.json:
@@ -525,6 +527,7 @@ def show_summary(args: argparse.Namespace, environment: Dict[str, str], answer: 
         folder = run_store.log_dir(environment)
         run_store.checked_folder(folder)
         summary = summarize_run_log(folder, run_store.run_files(folder))
+        print(f"agent-demo: the runs in {folder}", file=sys.stderr)
     if args.json:
         answer.write_json(summary)
     else:

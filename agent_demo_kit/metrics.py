@@ -54,7 +54,9 @@ def run_figures(records: List[dict]) -> Optional[dict]:
         elif event == "end":
             status = str(record.get("status"))
             figures["status"] = status
-            figures["errors"] += status == "error"
+            # an error counts against --retry-errors unless no request got an answer: a refused key, no connection
+            figures["errors"] += status == "error" and record.get("http_status") not in (401, 403) \
+                and not record.get("unreachable")
             figures["answer"] = record.get("result") if status in ("finished", "failed") else None
             figures["error"] = str(record.get("error")) if status == "error" and record.get("error") else None
             figures["summary"] = str(record.get("summary") or "")

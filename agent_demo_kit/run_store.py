@@ -272,6 +272,8 @@ class RunLog(RunEvents):
     def end(self, outcome: RunResult) -> None:
         self.ended(outcome.status, outcome.summary(), outcome.progress)
         said = {"summary": outcome.summary(), **({"progress": outcome.progress} if outcome.progress else {})}
+        ending = outcome.ending  # what kind of endpoint error, for figures (a refused key is no attempt of the task)
+        said.update({name: getattr(ending, name) for name in ("http_status", "unreachable") if getattr(ending, name, None)})
         try:
             self.record("end", **{k: v for k, v in outcome.to_json().items() if k not in ("calls", "checks")},
                         resumable=outcome.resumable, **said, ts=time.time())

@@ -360,3 +360,77 @@ def test_a_local_servers_window_is_asked_once_a_batch(tmp_path, cli, monkeypatch
         monkeypatch.setenv("LLM_API_URL", server.url)
         code, _, err = cli("--batch", tasks, "--parallel", 1, "-q")
         assert (code, server.gets) == (0, 1), err
+
+
+def test_ctrl_c_stops_a_running_check_and_leaves_none_behind(tmp_path):
+    import subprocess
+    tasks = write_tasks(tmp_path / "tasks.jsonl", ["finish"] * 2)
+    marker = f"agent-demo-test-{os.getpid()}"
+    with ScriptedServer([], screen=ByTask()) as server:
+        env = {"LLM_API_URL": server.url, "LLM_API_KEY": KEY}
+        process = start_cli("--batch", tasks, "--parallel", 2, "--check", f"sleep 30; echo {marker}", env=env)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and len(server.requests) < 4:
+            time.sleep(0.02)
+        time.sleep(0.3)  # the checks are running
+        stopped_at = time.monotonic()
+        process.send_signal(signal.SIGINT)
+        _, err = process.communicate(timeout=20)
+    assert process.returncode == 130 and time.monotonic() - stopped_at < 5, err
+    left = subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True).stdout
+    assert left == "", "no check left running"
+    assert [line["status"] for line in results(tmp_path / "tasks-results")] == ["interrupted"] * 2
+
+
+def test_a_refused_key_or_a_dead_endpoint_costs_no_retry_and_the_same_command_goes_on(tmp_path, cli, monkeypatch):
+    tasks = write_tasks(tmp_path / "tasks.jsonl", ["finish"] * 3)
+    monkeypatch.setenv("LLM_API_KEY", KEY)
+    with ScriptedServer([{"status": 401, "body": {"error": {"message": "bad key"}}}]) as refusing:
+        monkeypatch.setenv("LLM_API_URL", refusing.url)
+        assert cli("--batch", tasks, "--parallel", 1, "-q")[0] == 1
+    monkeypatch.setenv("LLM_API_URL", "http://127.0.0.1:9/v1")
+    monkeypatch.setenv("AGENT_RETRIES", "0")
+    code, _, err = cli("--batch", tasks, "--parallel", 1)
+    assert code == 1 and err.count("no more tasks start") == 1 and "[2/3]" not in err, "one task, then a stop"
+    with ScriptedServer([], screen=ByTask()) as good:
+        monkeypatch.setenv("LLM_API_URL", good.url)
+        code, out, err = cli("--batch", tasks, "--json", "--retry-errors", 0)
+    assert (code, json.loads(out)["status_counts"]) == (0, {"finished": 3}), err
+
+
+def test_summary_takes_its_folders_after_other_flags_and_counts_each_once(tmp_path, cli, serve):
+    tasks = write_tasks(tmp_path / "tasks.jsonl", ["finish", "fail"])
+    serve([], screen=ByTask())
+    cli("--batch", tasks, "--out", tmp_path / "r", "-q")
+    for args in (("--summary", "--json", tmp_path / "r"), ("--summary", tmp_path / "r", f"{tmp_path}/r/", "--json")):
+        code, out, _ = cli(*args)
+        assert code == 0 and json.loads(out)["tasks"] == 2, args
+
+
+def test_a_task_whose_text_changed_or_whose_trace_is_gone_runs_again(tmp_path, cli, serve):
+    path = tmp_path / "tasks.jsonl"
+    path.write_text('{"id": "a", "task": "[finish] one"}\n{"id": "b", "task": "[fail] two"}\n'
+                    '{"id": "c", "task": "[finish] three"}\n')
+    server = serve([], screen=ByTask())
+    cli("--batch", path, "-q")
+    path.write_text('\ufeff{"id": "a", "task": "[finish] one"}\n{"id": "b", "task": "[finish] two, now"}\n'
+                    '{"id": "c", "task": "[finish] three", "chek": "false"}\n')
+    (tmp_path / "tasks-results" / "traces" / "c.jsonl").unlink()
+    server.requests.clear()
+    code, out, err = cli("--batch", path, "--json")
+    assert code == 0 and json.loads(out)["status_counts"] == {"finished": 3}, err
+    assert "1 task(s) say something else than when they last ran (b): they start again" in err
+    assert "'chek' (line 3)" in err
+    asked = {request["body"]["messages"][1]["content"] for request in server.requests}
+    assert asked == {"Task: [finish] two, now", "Task: [finish] three"}, "a with its BOM is the same task"
+    path.write_text('{"id": "a", "task": "[finish] one"}\n')
+    cli("--batch", path, "-q")
+    assert [line["id"] for line in results(tmp_path / "tasks-results")] == ["a"], "no line of a task gone from the file"
+
+
+def test_an_out_that_cannot_be_a_folder_is_a_usage_error(tmp_path, cli, serve):
+    tasks = write_tasks(tmp_path / "tasks.jsonl", ["finish"])
+    (tmp_path / "afile").write_text("")
+    serve([], screen=ByTask())
+    code, _, err = cli("--batch", tasks, "--out", tmp_path / "afile")
+    assert code == 2 and "cannot make the output folder there" in err
