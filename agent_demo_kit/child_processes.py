@@ -57,6 +57,8 @@ class ToolWorker:
         self.process: Any = None
         self.connection: Any = None
         self.copier: Optional[threading.Thread] = None
+        self.shown: Optional[_Shown] = None  # how far the copier has shown the worker's prints
+        self.answered = 0  # answers the worker gave: each follows its prints, which are shown first
 
     def load(self, path: str) -> Dict[str, Tool]:
         """The tools of one more file, described by the worker (importing a file runs its code);
@@ -87,7 +89,10 @@ class ToolWorker:
                 return lost
             self.connection.send(request)
             if self.connection.poll(timeout):
-                return self.connection.recv()
+                answer = self.connection.recv()
+                self.answered += 1
+                self.shown.wait_for(self.answered)  # the call's prints come before its result on the trace
+                return answer
             why = (f"did not finish within {timeout:g} s{' (--tool-timeout)' if timeout == self.timeout else ''};"
                    " it was stopped, with anything it started")
         except (EOFError, OSError) as error:
@@ -122,7 +127,9 @@ class ToolWorker:
                     env=without_secrets(os.environ, self.secrets))
             finally:
                 os.close(write_end)
-        self.copier = threading.Thread(target=_show_prints, args=(read_end, sys.stderr, self.secrets), daemon=True)
+        self.shown, self.answered = _Shown(), 0
+        self.copier = threading.Thread(target=_show_prints, args=(read_end, sys.stderr, self.secrets, self.shown),
+                                       daemon=True)
         self.copier.start()
         self.connection = Connection(ours.detach())
         self.connection.send((sys.path, self.secrets))
@@ -152,16 +159,48 @@ class ToolWorker:
             self.copier.join(0.5)  # its last prints are on their way
 
 
-def _show_prints(read_end: int, shown_on: Any, secrets: List[str]) -> None:
+# Written by the worker after each answer's prints, before the answer: the copier counts them.
+_SHOWN_MARK = b"\x00agent-demo:shown\x00"
+SHOWN_WAIT_SECONDS = 0.5  # the longest a result waits for its call's prints to be shown
+
+
+class _Shown:
+    """How many answers' prints the copier has shown, and a wait for one of them."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._changed = threading.Condition()
+
+    def one_more(self) -> None:
+        with self._changed:
+            self.count += 1
+            self._changed.notify_all()
+
+    def wait_for(self, count: int) -> None:
+        with self._changed:
+            self._changed.wait_for(lambda: self.count >= count, SHOWN_WAIT_SECONDS)
+
+
+def _show_prints(read_end: int, shown_on: Any, secrets: List[str], shown: _Shown) -> None:
     """Copy what the worker, its tools and their children print to `shown_on` (stderr) as it comes,
-    through the writer model text goes through: redacted and inert, whatever bytes they wrote."""
+    through the writer model text goes through: redacted and inert, whatever bytes they wrote; each
+    mark the worker writes after an answer's prints is counted in `shown` once they are out."""
     from agent_demo_kit.terminal import Redactor, SafeStream
     decoder = codecs.getincrementaldecoder("utf-8")("replace")
     stream = SafeStream(shown_on or open(os.devnull, "w"), Redactor(*secrets), if_broken="drop", inert=True)
+    held = b""  # the end of a chunk that may be the start of a mark
     with open(read_end, "rb", buffering=0) as prints:
         while True:
             chunk = prints.read(1 << 16)
-            stream.write(decoder.decode(chunk or b"", final=not chunk))
+            *parts, rest = (held + chunk).split(_SHOWN_MARK)
+            keep = next((size for size in range(min(len(rest), len(_SHOWN_MARK) - 1), 0, -1)
+                         if _SHOWN_MARK.startswith(rest[-size:])), 0) if chunk else 0
+            held = rest[len(rest) - keep:] if keep else b""
+            for part in parts:
+                stream.write(decoder.decode(part))
+                stream.flush()
+                shown.one_more()
+            stream.write(decoder.decode(rest[:len(rest) - keep], final=not chunk))
             stream.flush()
             if not chunk:
                 break
@@ -219,6 +258,8 @@ def serve(fd: int) -> None:
             os._exit(0)
         with contextlib.suppress(Exception):
             prints.finish()  # what was held back in case it was the start of the key
+        with contextlib.suppress(OSError):  # after the call's prints: agent-demo shows them before its result
+            os.write(1, _SHOWN_MARK)
         try:
             connection.send(answer)
         except OSError:

@@ -142,7 +142,8 @@ def rounds_without_end(trace):
 def test_kill_9_mid_batch_then_the_same_command_ends_every_task_once_without_redoing_rounds(tmp_path):
     tasks = write_tasks(tmp_path / "tasks.jsonl", ["long"] * 12)
     out = tmp_path / "out"
-    with ScriptedServer([], screen=ByTask(delay=0.05)) as server:
+    script = ByTask(delay=0.05)
+    with ScriptedServer([], screen=script) as server:
         env = {"LLM_API_URL": server.url, "LLM_API_KEY": KEY}
         args = ("--batch", tasks, "--out", out, "--parallel", 3, "--max-rounds", 10, "-q")
         process = start_cli(*args, env=env)
@@ -158,6 +159,7 @@ def test_kill_9_mid_batch_then_the_same_command_ends_every_task_once_without_red
         midway = {name: sum(r["event"] == "round" for r in records) for name, records in cut.items()
                   if not any(r["event"] == "end" for r in records)}
         assert any(midway.values()), "some task was killed with rounds recorded"
+        script.delay = 0
         code, _, err = run_cli(*args, env=env)
     assert code == 0, err
     assert [line["status"] for line in results(out)] == ["finished"] * 12
@@ -175,7 +177,8 @@ def test_kill_9_mid_batch_then_the_same_command_ends_every_task_once_without_red
 def test_ctrl_c_ends_the_running_tasks_as_resumable_and_the_same_command_finishes_them(tmp_path):
     tasks = write_tasks(tmp_path / "tasks.jsonl", ["long"] * 6)
     out = tmp_path / "out"
-    with ScriptedServer([], screen=ByTask(delay=0.1)) as server:
+    script = ByTask(delay=0.1)
+    with ScriptedServer([], screen=script) as server:
         env = {"LLM_API_URL": server.url, "LLM_API_KEY": KEY}
         args = ("--batch", tasks, "--out", out, "--parallel", 2, "--max-rounds", 10)
         process = start_cli(*args, env=env)
@@ -193,6 +196,7 @@ def test_ctrl_c_ends_the_running_tasks_as_resumable_and_the_same_command_finishe
             assert (end["event"], end["status"], end["resumable"]) == ("end", "interrupted", True)
         summary = json.loads((out / "summary.json").read_text())
         assert summary["status_counts"] == {"interrupted": 2, "pending": 4} and summary["tasks"] == 6
+        script.delay = 0
         code, _, err = run_cli(*args, env=env)
     assert code == 0, err
     assert "0 already ended, 2 go on from their traces, 4 start" in err
@@ -327,7 +331,8 @@ def test_a_batch_from_python_gives_its_summary_and_goes_on_where_it_stopped(tmp_
 def test_a_second_ctrl_c_stops_at_once_and_sigterm_ends_like_the_first(tmp_path):
     tasks = write_tasks(tmp_path / "tasks.jsonl", ["long"] * 4)
     out = tmp_path / "out"
-    with ScriptedServer([], screen=ByTask(delay=1.0)) as server:
+    script = ByTask(delay=1.0)
+    with ScriptedServer([], screen=script) as server:
         env = {"LLM_API_URL": server.url, "LLM_API_KEY": KEY}
         args = ("--batch", tasks, "--out", out, "--parallel", 2, "--max-rounds", 10)
         process = start_cli(*args, env=env)
@@ -343,12 +348,14 @@ def test_a_second_ctrl_c_stops_at_once_and_sigterm_ends_like_the_first(tmp_path)
         assert "stopped at once" in err
         assert any('"event": "end"' not in trace.read_text() for trace in (out / "traces").iterdir()), \
             "a task whose request was in flight is cut short: no end record"
+        script.delay = 0.2
         process = start_cli(*args, env=env)
         while time.monotonic() < deadline + 30 and len(server.requests) < 6:
             time.sleep(0.02)
         process.send_signal(signal.SIGTERM)
         _, err = process.communicate(timeout=30)
         assert process.returncode == 143, err
+        script.delay = 0
         code, _, err = run_cli(*args, env=env, timeout=90)
     assert code == 0, err
     assert [line["status"] for line in results(out)] == ["finished"] * 4
