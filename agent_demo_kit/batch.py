@@ -32,6 +32,7 @@ from agent_demo_kit.terminal import is_terminal
 
 TASK_KEYS = ("id", "task", "check", "expected")
 LIVE_EVERY = 0.5  # seconds between redraws of the live line
+DOWN_AFTER = 3  # tasks in a row without a connection to the endpoint that stop the batch
 FREED_WITHIN = 5.0  # seconds a task's trace may stay locked after its last run ended, before it is taken up
 
 
@@ -222,6 +223,7 @@ class Batch:
         self.changed: List[str] = []  # ids whose text changed since their last run: they start again
         self.stopped_because: Optional[str] = None  # said once: why no more tasks start
         self.elsewhere = 0  # tasks another agent-demo process was running when their turn came
+        self.cut_off = 0  # tasks in a row that got no connection to the endpoint at all
         self.key_refused = False
 
     # --- the plan: what is done, what goes on, what starts ---
@@ -358,7 +360,8 @@ class Batch:
                     self.elsewhere += 1
                     continue
                 self.write(line)
-                if may_pass and metrics.number(line.get("errors")) <= self.retry_errors and not self.stop.is_set():
+                if may_pass and metrics.number(line.get("errors")) <= self.retry_errors and not self.stop.is_set() \
+                        and metrics.number(line.get("attempts")) <= self.retry_errors + DOWN_AFTER:
                     self.queue.append(Planned(planned.task, fresh=False, traced=True))
                     continue
                 self.tally.add(line)
@@ -397,7 +400,10 @@ class Batch:
         except Exception as error:  # a bug of ours: this task ends in an error, the others go on
             outcome = RunResult(EndpointError(f"internal error: {type(error).__name__}: {error}"))
         unreachable = getattr(outcome.ending, "unreachable", False)
-        if outcome.key_refused or unreachable:  # every task would fail alike: stop here, once
+        with self.lock:  # a few tasks in a row with no connection at all: the endpoint is down, not busy
+            self.cut_off = self.cut_off + 1 if unreachable else 0
+            down = self.cut_off >= DOWN_AFTER
+        if outcome.key_refused or down:  # every task would fail alike: stop here, once
             self.key_refused = self.key_refused or outcome.key_refused
             self.stop_starting(f"the endpoint refused the key ({outcome.error}): no more tasks start; the same"
                                " command goes on once the key is right" if outcome.key_refused else
