@@ -626,7 +626,8 @@ def ended(end: Optional[dict], rounds: List[Round], log: Any) -> RunResult:
                         checks=[{"round": record.number, **call.check} for record in rounds for call in record.calls
                                 if call.check])
     progress = end.get("progress") if isinstance(end.get("progress"), list) else outcome.progress
-    log.ended(outcome.status, str(end.get("summary") or outcome.summary()), [str(line) for line in progress])
+    log.ended(outcome.status, str(end.get("summary") or outcome.summary()), [str(line) for line in progress],
+              outcome.models)
     if outcome.status == "error":
         print(f"agent-demo: error: {outcome.error}", file=sys.stderr)
     return outcome

@@ -270,7 +270,7 @@ class RunLog(RunEvents):
         self.record("round", **record.to_line(), ts=time.time())
 
     def end(self, outcome: RunResult) -> None:
-        self.ended(outcome.status, outcome.summary(), outcome.progress)
+        self.ended(outcome.status, outcome.summary(), outcome.progress, outcome.models)
         said = {"summary": outcome.summary(), **({"progress": outcome.progress} if outcome.progress else {})}
         ending = outcome.ending  # what kind of endpoint error, for figures (a refused key is no attempt of the task)
         said.update({name: getattr(ending, name) for name in ("http_status", "unreachable") if getattr(ending, name, None)})
@@ -280,10 +280,14 @@ class RunLog(RunEvents):
         except TraceWriteError as error:  # the outcome stands; only its record is missing
             print(f"agent-demo: warning: {error}", file=self.screen.stream if self.screen else sys.stderr)
 
-    def ended(self, status: str, summary: str, progress: List[str]) -> None:
-        """Show how the run ended, and the lines after it (an error is one line on stderr, said by the caller)."""
+    def ended(self, status: str, summary: str, progress: List[str], models: Optional[dict] = None) -> None:
+        """Show how the run ended, and the lines after it (an error is one line on stderr, said by the
+        caller); with --escalate, each model's rounds and tokens."""
         if status != "error":
             self.say(f"\n=== {summary} ===", "finished" if status == "finished" else "stopped")
+        if models:
+            self.say("  " + "; ".join(f"{name}: {used.get('rounds', 0)} round(s), {used.get('tokens', 0):,} tokens"
+                                      for name, used in models.items() if isinstance(used, dict)))
         for line in progress:
             self.say(f"  {line}")
 

@@ -194,7 +194,9 @@ def test_show_and_the_batch_summary_count_rounds_and_tokens_per_model(cli, serve
     assert cli("-m", "small", "--escalate", "big", "--trace", tmp_path / "run.jsonl", "add")[0] == 0
     code, out, err = cli("--show", tmp_path / "run.jsonl", "--json")
     assert json.loads(out)["models"] == {"small": {"rounds": 3, "tokens": 45}, "big": {"rounds": 1, "tokens": 15}}
-    assert "escalated to big" in err
+    assert "escalated to big" in err and "  small: 3 round(s), 45 tokens; big: 1 round(s), 15 tokens" in err
+    code, _, err = cli("--show", tmp_path / "run.jsonl")
+    assert "  small: 3 round(s), 45 tokens; big: 1 round(s), 15 tokens" in err, "on the trace as it ran, too"
     (tmp_path / "tasks.txt").write_text("add one\nadd two\n")
     code, out, _ = cli("--batch", tmp_path / "tasks.txt", "-m", "small", "--escalate", "big", "--json")
     summary = json.loads(out)
