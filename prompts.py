@@ -280,7 +280,7 @@ def render_takeover(model: str, before: str, why: str, detail: str, tried: List[
     done = "; ".join(tried) if tried else "no tool call yet"
     detail = f" {detail.strip()}" + ("" if detail.strip().endswith((".", "!", "?")) else ".") if detail.strip() else ""
     return (f"Note from agent-demo: you ({model}) take over this task from {before}, which ran into trouble:"
-            f" {why}.{detail} Tried so far: {done}. The rounds above are this run's;"
+            f" {why}.{detail} Tried so far: {done}. What the run did so far is above (its older rounds in the digest);"
             " go on from where it stands (do not repeat what failed), and end with finish or fail.")
 
 

@@ -224,6 +224,7 @@ class Batch:
         self.stopped_because: Optional[str] = None  # said once: why no more tasks start
         self.elsewhere = 0  # tasks another agent-demo process was running when their turn came
         self.cut_off = 0  # tasks in a row that got no connection to the endpoint at all
+        self.waiting: Dict[str, dict] = {}  # tasks that ended in an error and wait for their retry: their lines
         self.key_refused = False
 
     # --- the plan: what is done, what goes on, what starts ---
@@ -363,7 +364,9 @@ class Batch:
                 if may_pass and metrics.number(line.get("errors")) <= self.retry_errors and not self.stop.is_set() \
                         and metrics.number(line.get("attempts")) <= self.retry_errors + DOWN_AFTER:
                     self.queue.append(Planned(planned.task, fresh=False, traced=True))
+                    self.waiting[planned.task.id] = line  # counted with it if the batch stops before its turn
                     continue
+                self.waiting.pop(planned.task.id, None)
                 self.tally.add(line)
                 self.done += 1
                 self.ran += 1
@@ -502,7 +505,13 @@ class Batch:
         return summary
 
     def say_end(self) -> dict:
-        """The table on stderr and in summary.json."""
+        """The table on stderr and in summary.json; a task whose retry never came (the batch stopped) is
+        counted as its last run ended."""
+        for line in self.waiting.values():
+            self.tally.add(line)
+            self.done += 1
+            self.say_task(line)
+        self.waiting.clear()
         summary = self.summary()
         write_private(self.out / results_name(self.part, "summary"), [json.dumps(summary, indent=2).encode() + b"\n"])
         self.clear_live()

@@ -438,8 +438,8 @@ def continue_hint(outcome: RunResult, agent: Optional[Agent], args: argparse.Nam
     if settings and args.url and not (url_wrong and not stronger) and "***" not in display_url(settings.url):
         command += f" --url {shlex.quote(settings.url)}"
     for name in ("tools_files", "mcp_servers", "mcp_config", "check", "escalate_url"):  # named, never decided
-        if name == "escalate_url" and (url_wrong and stronger or "***" in display_url(settings.escalate_url or "")):
-            continue  # what to fix first, or a password that was not recorded
+        if name == "escalate_url" and "***" in display_url(settings.escalate_url or ""):
+            continue  # a password that was not recorded: the user gives it again
         values = getattr(settings, name) if settings else None
         if values and settings.sources.get(name, "").startswith("-"):
             command += "".join(f" {flag_name(name)} {shlex.quote(value)}"

@@ -247,7 +247,7 @@ class Settings:
                    "url": given("escalate_url") if self.escalate_url else self.sources.get("url", "default"),
                    "api_key": "LLM_ESCALATE_KEY" if self.escalate_key or not same else self.sources.get("api_key",
                                                                                                           "default")}
-        return replace(self, model=self.escalate, url=url, api_key=key, escalate=None, sources=sources)
+        return replace(self, model=(self.escalate or "").strip(), url=url, api_key=key, escalate=None, sources=sources)
 
     def named(self, name: str) -> str:
         """How the user gave a setting, for a message about it: its flag, its keyword or its variable (its

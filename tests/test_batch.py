@@ -397,9 +397,10 @@ def test_a_refused_key_or_a_dead_endpoint_costs_no_retry_and_the_same_command_go
         assert cli("--batch", tasks, "--parallel", 1, "-q")[0] == 1
     monkeypatch.setenv("LLM_API_URL", "http://127.0.0.1:9/v1")
     monkeypatch.setenv("AGENT_RETRIES", "0")
-    code, _, err = cli("--batch", tasks, "--parallel", 1)
+    code, out, err = cli("--batch", tasks, "--parallel", 1, "--json")
     assert code == 1 and err.count("no more tasks start") == 1, err
-    assert err.count("cannot reach") == 2, "three tasks without a connection, then a stop: said once, and in the table"
+    assert json.loads(out)["status_counts"] == {"error": 3}, "the table counts what results.jsonl holds"
+    assert err.count("cannot reach") == 4, "three tasks without a connection, each a line, then a stop said once"
     with ScriptedServer([], screen=ByTask()) as good:
         monkeypatch.setenv("LLM_API_URL", good.url)
         code, out, err = cli("--batch", tasks, "--json", "--retry-errors", 0)

@@ -250,6 +250,7 @@ def test_the_hint_after_the_stronger_models_endpoint_failed_names_its_flags(cli,
     hint = next(line for line in err.splitlines() if "to continue" in line)
     assert code == 3 and "once http://127.0.0.1:9/v1/chat/completions answers (or with the right --escalate-url)" in hint
     assert "-m small" in hint and "--escalate big" in hint and "--check" in hint
+    assert "--escalate-url http://127.0.0.1:9/v1" in hint, "a resume needs it given: once it answers, the hint works"
 
 
 @pytest.mark.parametrize("args, said", [
