@@ -170,8 +170,8 @@ def summarize_folders(folders: List[str]) -> dict:
     return tally.summary()
 
 
-def summarize_run_log(folder: Path, traces: List[Path]) -> dict:
-    """--summary without a folder: the table of the runs in the run log folder."""
+def summarize_runs(traces: List[Path]) -> dict:
+    """--summary without a folder: the table of these runs (the run log folder's)."""
     tally = metrics.Tally()
     for path in traces:
         figures = metrics.run_figures(metrics.trace_records(str(path)))
@@ -225,7 +225,6 @@ class Batch:
         self.elsewhere = 0  # tasks another agent-demo process was running when their turn came
         self.cut_off = 0  # tasks in a row that got no connection to the endpoint at all
         self.waiting: Dict[str, dict] = {}  # tasks that ended in an error and wait for their retry: their lines
-        self.key_refused = False
 
     # --- the plan: what is done, what goes on, what starts ---
 
@@ -407,7 +406,6 @@ class Batch:
             self.cut_off = self.cut_off + 1 if unreachable else 0
             down = self.cut_off >= DOWN_AFTER
         if outcome.key_refused or down:  # every task would fail alike: stop here, once
-            self.key_refused = self.key_refused or outcome.key_refused
             self.stop_starting(f"the endpoint refused the key ({outcome.error}): no more tasks start; the same"
                                " command goes on once the key is right" if outcome.key_refused else
                                f"{outcome.error}: no more tasks start; the same command goes on once the endpoint"

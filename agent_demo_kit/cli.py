@@ -519,14 +519,14 @@ def run_batch(args: argparse.Namespace, environment: Dict[str, str], answer: Saf
 
 def show_summary(args: argparse.Namespace, environment: Dict[str, str], answer: SafeStream) -> int:
     """--summary [DIR...]: the figures of batch result folders (shards merged), or of the run log folder."""
-    from agent_demo_kit.batch import summarize_folders, summarize_run_log
+    from agent_demo_kit.batch import summarize_folders, summarize_runs
     from agent_demo_kit.metrics import render
     if args.summary:
         summary = summarize_folders(args.summary)
     else:
         folder = run_store.log_dir(environment)
         run_store.checked_folder(folder)
-        summary = summarize_run_log(folder, run_store.run_files(folder))
+        summary = summarize_runs(run_store.run_files(folder))
         print(f"agent-demo: the runs in {folder}", file=sys.stderr)
     if args.json:
         answer.write_json(summary)
