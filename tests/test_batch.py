@@ -174,6 +174,15 @@ def test_kill_9_mid_batch_then_the_same_command_ends_every_task_once_without_red
             assert resume["after_round"] == midway[path.name]
 
 
+def started_batch(server, args, env, requests):
+    """The batch command in a child process, once the server has had `requests` requests."""
+    process = start_cli(*args, env=env)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and len(server.requests) < requests:
+        time.sleep(0.02)
+    return process
+
+
 def test_ctrl_c_ends_the_running_tasks_as_resumable_and_the_same_command_finishes_them(tmp_path):
     tasks = write_tasks(tmp_path / "tasks.jsonl", ["long"] * 6)
     out = tmp_path / "out"
@@ -181,10 +190,7 @@ def test_ctrl_c_ends_the_running_tasks_as_resumable_and_the_same_command_finishe
     with ScriptedServer([], screen=script) as server:
         env = {"LLM_API_URL": server.url, "LLM_API_KEY": KEY}
         args = ("--batch", tasks, "--out", out, "--parallel", 2, "--max-rounds", 10)
-        process = start_cli(*args, env=env)
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and len(server.requests) < 4:
-            time.sleep(0.02)
+        process = started_batch(server, args, env, 4)
         process.send_signal(signal.SIGINT)
         _, err = process.communicate(timeout=30)
         assert process.returncode == 130, err
@@ -335,10 +341,7 @@ def test_a_second_ctrl_c_stops_at_once_and_sigterm_ends_like_the_first(tmp_path)
     with ScriptedServer([], screen=script) as server:
         env = {"LLM_API_URL": server.url, "LLM_API_KEY": KEY}
         args = ("--batch", tasks, "--out", out, "--parallel", 2, "--max-rounds", 10)
-        process = start_cli(*args, env=env)
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and len(server.requests) < 2:
-            time.sleep(0.02)
+        process = started_batch(server, args, env, 2)
         process.send_signal(signal.SIGINT)
         time.sleep(0.2)
         stopped_at = time.monotonic()
@@ -349,9 +352,7 @@ def test_a_second_ctrl_c_stops_at_once_and_sigterm_ends_like_the_first(tmp_path)
         assert any('"event": "end"' not in trace.read_text() for trace in (out / "traces").iterdir()), \
             "a task whose request was in flight is cut short: no end record"
         script.delay = 0.2
-        process = start_cli(*args, env=env)
-        while time.monotonic() < deadline + 30 and len(server.requests) < 6:
-            time.sleep(0.02)
+        process = started_batch(server, args, env, len(server.requests) + 2)
         process.send_signal(signal.SIGTERM)
         _, err = process.communicate(timeout=30)
         assert process.returncode == 143, err
@@ -375,10 +376,8 @@ def test_ctrl_c_stops_a_running_check_and_leaves_none_behind(tmp_path):
     marker = f"agent-demo-test-{os.getpid()}"
     with ScriptedServer([], screen=ByTask()) as server:
         env = {"LLM_API_URL": server.url, "LLM_API_KEY": KEY}
-        process = start_cli("--batch", tasks, "--parallel", 2, "--check", f"sleep 30; echo {marker}", env=env)
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline and len(server.requests) < 4:
-            time.sleep(0.02)
+        process = started_batch(server, ("--batch", tasks, "--parallel", 2, "--check", f"sleep 30; echo {marker}"),
+                                env, 4)
         time.sleep(0.3)  # the checks are running
         stopped_at = time.monotonic()
         process.send_signal(signal.SIGINT)
