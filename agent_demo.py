@@ -208,7 +208,9 @@ class Agent:
         function-calling loop; in json and schema mode once the model was told how to send one and
         answered in words again."""
         mode, rounds = self.conversation.mode, self.conversation.rounds
-        parsed = parse_reply(reply, mode)
+        parsed = parse_reply(reply, mode, in_use(self.registry))
+        if parsed.repaired:
+            self.trace.note(f"the reply's action was not written as JSON ({parsed.repaired}); it was read as one")
         if not parsed.words:
             return parsed
         if mode == "tools" or rounds and rounds[-1].problem == prompts.WORDS_WITHOUT_ACTION:
@@ -393,7 +395,8 @@ class Agent:
                             checks=redact([{"round": record.number, **call.check} for record in rounds
                                            for call in record.calls if call.check]),
                             trace=getattr(self.trace, "path", None), material=self.material_read(),
-                            models=self.models_used())
+                            models=self.models_used(), answered_in_words=isinstance(ending, Finished)
+                            and ending.call is not None and ending.call.note == prompts.ANSWERED_IN_WORDS)
         self.trace.end(outcome)
         return outcome
 

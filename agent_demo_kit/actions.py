@@ -8,9 +8,10 @@ import json
 import math
 import re
 from dataclasses import dataclass
-from typing import Any, Iterator, List, Optional, Tuple
+from typing import Any, Iterable, Iterator, List, Optional, Tuple
 
 import prompts
+from agent_demo_kit.lenient_json import NotClosed, NotLenientJson, lenient_decode
 from agent_demo_kit.records import Reply, printable, to_json
 from agent_demo_kit.settings import MAX_PARSED_CHARS
 
@@ -126,6 +127,93 @@ def is_action(value: Any) -> bool:
     return isinstance(value, dict) and isinstance(value.get("tool"), str)
 
 
+def as_actions(value: Any, known: Iterable[str] = ()) -> Optional[Tuple[List[dict], List[str]]]:
+    """The actions a JSON value stands for, as {"tool", "args"} objects, and how it was reshaped to
+    read it (nothing when it was written so), or None. Besides actions, arrays of them and
+    {"actions": [...]}: what function calling looks like when written out, {"name", "arguments"}
+    (or "parameters") and {"function": {...}}, and {"<a known tool>": {args}}."""
+    if isinstance(value, dict) and isinstance(value.get("actions"), list):
+        value = value["actions"]  # schema mode's envelope
+    if isinstance(value, list):
+        read = [as_actions(item, known) for item in value if isinstance(item, dict)]
+        if not value or len(read) != len(value) or any(each is None for each in read):
+            return None
+        return [action for actions, _ in read for action in actions], [how for _, hows in read for how in hows]
+    if not isinstance(value, dict):
+        return None
+    if is_action(value):
+        return [value], []
+    called = value.get("function") if isinstance(value.get("function"), dict) else value
+    arguments = next((called[key] for key in ("arguments", "parameters", "args") if key in called), None)
+    if isinstance(called.get("name"), str) and "tool" not in value and arguments is not None:
+        if isinstance(arguments, str):  # as the API sends them: JSON in a string
+            try:
+                arguments = DECODER.decode(arguments)
+            except (ValueError, RecursionError):
+                pass
+        return [{"tool": called["name"], "args": arguments}], ['the function-call shape {"name", "arguments"}']
+    if len(value) == 1:
+        (name, arguments), = value.items()
+        if name in known and isinstance(arguments, dict):
+            return [{"tool": name, "args": arguments}], ['the shape {"<tool>": {args}}']
+    return None
+
+
+# What a reply that tries to be an action looks like, readable or not: an object or a fenced block
+# first, a key actions have, or an object that names a known tool.
+_ACTION_KEY = re.compile(r"""[{,]\s*(["']?)(?:tool|args|arguments|actions|function|name)\1\s*:""")
+_FENCED_OBJECT = re.compile(r"```[A-Za-z0-9_-]*\s*[\[{]")
+MAX_LENIENT_STARTS = 20  # places an almost-JSON action is looked for, in a reply with no JSON one
+
+
+def looks_like_action(text: str, known: Iterable[str] = ()) -> bool:
+    """Does text (a reply without its thoughts) try to be an action, whether or not it can be read?"""
+    said = text.strip()
+    if said.startswith("{") or re.match(r"\[\s*\{", said) or _FENCED_OBJECT.search(said) or _JSON_START.search(said):
+        return True
+    brace = said.find("{")
+    if brace < 0:
+        return False
+    if _ACTION_KEY.search(said, brace):
+        return True
+    names = "|".join(re.escape(name) for name in known)
+    return bool(names) and re.search(r"""\{[^{}]{0,200}?(["']?)\b(?:%s)\b\1\s*[:,}]""" % names, said) is not None
+
+
+def _lenient_actions(text: str, plain: List[Tuple[int, int]], spans: List[Tuple[int, int, Any]],
+                     known: Iterable[str]) -> Tuple[List[dict], List[Tuple[int, int]], List[str]]:
+    """The actions of a reply that holds no JSON one, written as Python or with unquoted keys (outside
+    its thoughts and not inside JSON already read): the actions, where they stand, what was repaired."""
+    found: List[dict] = []
+    where: List[Tuple[int, int]] = []
+    repairs: List[str] = []
+    tries, reached = 0, 0
+    names = "".join(f"|{re.escape(name)}" for name in known)
+    starts = re.compile(r"""(?:\[\s*)?\{\s*(["']?)(?:tool|args|name|arguments|actions|function%s)\1\s*:""" % names)
+    for begin, finish in plain:
+        for match in starts.finditer(text, begin, finish):
+            start = begin + match.start() - begin
+            if start < reached or any(left < start < right for left, right, _ in spans):
+                continue
+            tries += 1
+            if tries > MAX_LENIENT_STARTS:
+                return found, where, repairs
+            try:
+                value, end, repaired = lenient_decode(text, start)
+            except NotClosed:  # nor is anything that starts inside it: the rest is not tried
+                return found, where, list(dict.fromkeys(repairs))
+            except NotLenientJson:
+                continue
+            read = as_actions(value, known)
+            if read is None:
+                continue
+            found += read[0]
+            repairs += repaired + read[1]
+            where.append((start, end))
+            reached = end
+    return found, where, list(dict.fromkeys(repairs))
+
+
 @dataclass
 class Action:
     """One tool call the model asked for."""
@@ -148,51 +236,50 @@ class Parsed:
     prose: str = ""  # what the reply said besides its actions (all of it, when it held none)
     words: str = ""  # a reply of plain words, no action and nothing like one: what it said, thoughts left out
     answered_in_words: bool = False  # the actions are the finish its words stand for
+    repaired: str = ""  # how actions not written as JSON actions were read ("single quotes", ...)
 
     def answers_by_id(self, mode: str) -> bool:
         """In tools mode, native calls are answered one role-tool message per tool_call id."""
         return self.native and mode == "tools"
 
 
-def parse_actions(text: str) -> Parsed:
+def parse_actions(text: str, known: Iterable[str] = ()) -> Parsed:
     """Find the actions in a model's text: action objects, arrays of them, or {"actions": [...]},
-    outside its thoughts. The JSON is found first, so a think tag inside one of its strings is
-    text and reaches the tool unchanged."""
+    outside its thoughts (known: the tools the run offers). The JSON is found first, so a think tag
+    inside one of its strings is text and reaches the tool unchanged. A reply without JSON actions
+    is read leniently (Python quoting, unquoted keys, trailing commas: `repaired` says what); one
+    that tries to be an action and cannot be read is a problem, never words to keep."""
     spans = json_spans(text)
     plain = [(start, end) for opening, start, end, closing in _pieces(text, spans) if not (opening or closing)]
-    found, saw_json, index, action_spans = [], False, 0, []
+    found, saw_json, index, action_spans, reshaped = [], False, 0, [], []
     for start, end, value in spans:
         while index < len(plain) and plain[index][1] <= start:
             index += 1
         if index == len(plain) or start < plain[index][0]:
             continue  # in a thought
         saw_json = True
-        if isinstance(value, dict) and isinstance(value.get("actions"), list):
-            value = value["actions"]  # schema mode's envelope
-        if is_action(value):
-            found.append(value)
-        elif isinstance(value, list) and value and all(is_action(item) for item in value):
-            found.extend(value)
-        else:
+        read = as_actions(value, known)
+        if read is None:
             continue
+        found += read[0]
+        reshaped += read[1]
         action_spans.append((start, end))
     if not found:
-        problem = "found JSON, but no action object with a string \"tool\"" if saw_json else "no JSON object found"
+        found, action_spans, reshaped = _lenient_actions(text, plain, spans, known)
+    if not found:
+        said = _without("".join(text[start:end] for start, end in plain), []).strip()
+        attempted = saw_json or looks_like_action(said, known)
+        problem = "found JSON, but no action object with a string \"tool\"" if saw_json else \
+            "it looks like an action but is not JSON that can be read: keys and texts go in double quotes" \
+            if attempted else "no JSON object found"
         if len(text) > MAX_PARSED_CHARS:
             problem += (f" (your reply is {len(text):,} characters long; only its first and last"
                         f" {MAX_PARSED_CHARS:,} were read: keep replies short)")
-        return Parsed([], problem, prose=text, words="" if saw_json else plain_words(text))
+        return Parsed([], problem, prose=text, words="" if attempted else said)
     actions = [Action(value["tool"], value.get("args", {})) for value in found]  # copies: the loop answers once
     if not isinstance(actions[0].args, dict):
         return Parsed([], f"\"args\" of {actions[0].tool} must be a JSON object")
-    return Parsed(actions, prose=_without(text, action_spans))
-
-
-def plain_words(text: str) -> str:
-    """What a reply said besides its thoughts, fences and actions, when that is words and nothing
-    that looks like a broken action (no "{" that would start a JSON object)."""
-    said = _without(strip_think(text), []).strip()
-    return "" if _JSON_START.search(said) else said
+    return Parsed(actions, prose=_without(text, action_spans), repaired=", ".join(dict.fromkeys(reshaped)))
 
 
 def said_besides_actions(text: str) -> str:
@@ -213,7 +300,7 @@ def _without(text: str, spans: List[Tuple[int, int]]) -> str:
 
 def parse_tool_calls(tool_calls: List[dict]) -> Parsed:
     """Read native tool_calls as actions; arguments arrive as a JSON string, ids are kept."""
-    actions = []
+    actions, repairs = [], []
     for number, call in enumerate(tool_calls, 1):
         function = call.get("function") if isinstance(call.get("function"), dict) else {}
         arguments = function.get("arguments") or "{}"
@@ -221,21 +308,36 @@ def parse_tool_calls(tool_calls: List[dict]) -> Parsed:
         try:
             action.args = _printable(DECODER.decode(arguments) if isinstance(arguments, str) else arguments)
         except (ValueError, RecursionError):
-            action.problem = f"the arguments of {action.tool} are not valid JSON"
+            action.args, how = _lenient_arguments(arguments)
+            if how is None:
+                action.problem = f"the arguments of {action.tool} are not valid JSON"
+            repairs += how or []
         actions.append(action)
-    return Parsed(actions, native=True)
+    return Parsed(actions, native=True, repaired=", ".join(dict.fromkeys(repairs)))
 
 
-def parse_reply(reply: Reply, mode: str) -> Parsed:
+def _lenient_arguments(arguments: str) -> Tuple[Any, Optional[List[str]]]:
+    """A native call's arguments written as a Python dict: the object and what was repaired, or
+    ({}, None) when they cannot be read so either."""
+    text = arguments.strip()
+    try:
+        value, end, repairs = lenient_decode(text, 0)
+    except NotLenientJson:
+        return {}, None
+    return (_printable(value), repairs) if end == len(text) and isinstance(value, dict) else ({}, None)
+
+
+def parse_reply(reply: Reply, mode: str, known: Iterable[str] = ()) -> Parsed:
     """The actions of a reply (its .content and .tool_calls): native tool calls first in tools mode,
-    else the text, else its tool calls. A reply cut off at the length limit says so."""
+    else the text, else its tool calls (known: the names of the tools the run offers). A reply cut
+    off at the length limit says so."""
     if reply.tool_calls and mode == "tools":
         parsed = parse_tool_calls(reply.tool_calls)
         parsed.prose = reply.content
     elif not reply.content.strip() and not reply.tool_calls:
         parsed = Parsed([], prompts.render_empty_reply(reply.finish_reason, bool(reply.reasoning.strip())))
     else:
-        parsed = parse_actions(reply.content)
+        parsed = parse_actions(reply.content, known)
         if not parsed.actions and reply.tool_calls:
             parsed = parse_tool_calls(reply.tool_calls)
             parsed.prose = reply.content

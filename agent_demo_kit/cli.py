@@ -623,6 +623,7 @@ def ended(end: Optional[dict], rounds: List[Round], log: Any) -> RunResult:
                         last_words=str(end.get("last_words") or ""),
                         material=end.get("material") if isinstance(end.get("material"), dict) else None,
                         models=end.get("models") if isinstance(end.get("models"), dict) else None,
+                        answered_in_words=end.get("answered_in_words") is True,
                         checks=[{"round": record.number, **call.check} for record in rounds for call in record.calls
                                 if call.check])
     progress = end.get("progress") if isinstance(end.get("progress"), list) else outcome.progress

@@ -25,7 +25,7 @@ def run_figures(records: List[dict]) -> Optional[dict]:
         return None
     run = records[starts[-1]:]
     figures: Dict[str, Any] = {
-        "status": "unfinished", "answer": None, "error": None, "summary": "", "rounds": 0,
+        "status": "unfinished", "answer": None, "answered_in_words": False, "error": None, "summary": "", "rounds": 0,
         "tokens": {"total": 0, "prompt": 0, "completion": 0, "cached": 0}, "tool_calls": 0, "tool_errors": 0,
         "retries": 0, "format_errors": 0, "checks": {"runs": 0, "passed": 0}, "seconds": 0.0,
         "largest_request_chars": 0, "attempts": 0, "errors": 0, "escalations": 0, "models": {},
@@ -58,6 +58,7 @@ def run_figures(records: List[dict]) -> Optional[dict]:
             figures["errors"] += status == "error" and record.get("http_status") not in (401, 403) \
                 and not record.get("unreachable")
             figures["answer"] = record.get("result") if status in ("finished", "failed") else None
+            figures["answered_in_words"] = status == "finished" and record.get("answered_in_words") is True
             figures["error"] = str(record.get("error")) if status == "error" and record.get("error") else None
             figures["summary"] = str(record.get("summary") or "")
     figures["seconds"] = round(figures["seconds"] + segment(began, last), 3)

@@ -390,6 +390,8 @@ class RunResult:
     last_words: str = ""  # what the model last said besides actions, when the run ended without an answer
     material: Optional[dict] = None  # material read a page at a time: its chars, bytes and read_chars
     models: Optional[Dict[str, dict]] = None  # with --escalate: each model's rounds and tokens
+    answered_in_words: bool = False  # finished by a reply of words, not by a finish action
+    cost: Optional[float] = None  # dollars, with --price
 
     @property
     def status(self) -> str:
@@ -445,8 +447,10 @@ class RunResult:
         said = {"last_words": self.last_words} if self.last_words else {}
         read = {"material": self.material} if self.material else {}
         models = {"models": self.models} if self.models is not None else {}
-        return {"status": self.status, "result": self.result, "rounds": self.rounds,
-                "usage": self.usage, **models, **extra, **said, **read, "calls": self.calls, **checks}
+        cost = {"cost": self.cost} if self.cost is not None else {}
+        return {"status": self.status, "result": self.result, "answered_in_words": self.answered_in_words,
+                "rounds": self.rounds, "usage": self.usage, **cost, **models, **extra, **said, **read,
+                "calls": self.calls, **checks}
 
 
 def answer_text(value: Any) -> str:

@@ -46,7 +46,7 @@ def test_json_prints_exactly_one_object_and_the_trace_on_stderr(serve, capsys):
     assert printed.pop("run_id") and printed.pop("trace").endswith(".jsonl")
     assert printed.pop("calls")[2] == {"round": 3, "tool": "get_order_status", "args": {"order_id": "A1002"},
                                        "result": {"ok": True, "data": {"order_id": "A1002", "status": "待支付"}}}
-    assert printed == {"status": "finished", "result": "1536; A1002 is 待支付", "rounds": 4,
+    assert printed == {"status": "finished", "result": "1536; A1002 is 待支付", "answered_in_words": False, "rounds": 4,
                        "usage": {"prompt_tokens": 40, "completion_tokens": 20, "total_tokens": 60}}
     assert "--- round 4/6 ---" in err
 

@@ -282,3 +282,15 @@ def test_models_are_counted_even_when_no_round_completed(cli, monkeypatch):
         monkeypatch.setenv("LLM_API_URL", server.url)
         code, out, _ = cli("-m", "small", "--escalate", "big", "--json", "task")
     assert code == 3 and json.loads(out)["models"] == {}
+
+
+@pytest.mark.parametrize("broken", ["{bad json", "{tool: calculator, args: {expression: 2 + 1}}"])
+def test_a_broken_action_is_never_taken_for_the_first_models_answer_and_the_stronger_model_is_asked(
+        cli, serve, tmp_path, broken):
+    script = ByModel(small=[broken], big=[FINISH])
+    serve([], screen=script)
+    code, out, err = cli("-m", "small", "--escalate", "big", "--json", "compute 512 * 3")
+    printed = json.loads(out)
+    assert (code, printed["status"], printed["result"]) == (0, "finished", "1536"), err
+    assert printed["answered_in_words"] is False
+    assert len(script.requests["small"]) == 3 and len(script.requests["big"]) == 1

@@ -253,8 +253,9 @@ def test_a_reply_cut_off_at_the_cap_is_fed_back_saying_so(serve, capsys):
     server = serve([cut, act("finish", result="ok")])
     assert main(["hi"]) == 0
     said = server.sent_messages(1)[-1]["content"]
-    assert said.startswith("Your reply could not be used: it was cut off at the length limit (no JSON object found);"
-                           " keep replies short")
+    assert said.startswith("Your reply could not be used: it was cut off at the length limit (it looks like an"
+                           " action but is not JSON that can be read: keys and texts go in double quotes); keep"
+                           " replies short")
     assert "cut off at the length limit" in capsys.readouterr().err
 
 

@@ -135,7 +135,8 @@ def test_the_trace_file_has_start_rounds_and_end(tmp_path):
     assert first["result"] == {"ok": True, "data": 6}
     assert {"latency_ms", "usage", "ts", "request_chars"} <= set(first)
     assert isinstance(end.pop("ts"), float)
-    assert end == {"event": "end", "status": "finished", "result": "6", "rounds": 2, "usage": {"total_tokens": 20},
+    assert end == {"event": "end", "status": "finished", "result": "6", "answered_in_words": False, "rounds": 2,
+                   "usage": {"total_tokens": 20},
                    "resumable": False, "summary": "finished after 2 round(s), 20 tokens"}
 
 
@@ -187,3 +188,65 @@ def test_a_check_that_can_no_longer_start_mid_run_is_a_configuration_error(tmp_p
     outcome = agent.run("x")
     assert (outcome.status, outcome.exit_code) == ("error", 2)
     assert outcome.error.startswith("--check cannot start: ")
+
+
+# --- an action is never an answer ------------------------------------------------------------
+
+PYTHON_QUOTED = "{'tool': 'calculator', 'args': {'expression': '2 + 1'}}"
+UNQUOTED_KEYS = '{tool: "calculator", args: {expression: "2 + 1"}}'
+BROKEN_JSON = '{bad json'
+
+
+def run_in_mode(mode, *replies, max_rounds=6):
+    settings = Settings(max_rounds=max_rounds, mode=mode)
+    model = ScriptedModel(*replies)
+    return run("what is 2 + 1?", settings, model), model
+
+
+@pytest.mark.parametrize("mode", ["json", "schema", "tools"])
+@pytest.mark.parametrize("broken", [PYTHON_QUOTED, UNQUOTED_KEYS, BROKEN_JSON, f"```json\n{BROKEN_JSON}\n```",
+                                    "Sure, here it is: {'tool': 'calculator', 'args': {'expression': '2 +"],
+                         ids=["python-quoted", "unquoted-keys", "bad-json", "fenced-bad-json", "cut-python"])
+def test_a_broken_action_said_again_and_again_ends_stuck_never_finished(mode, broken):
+    outcome, model = run_in_mode(mode, broken)
+    assert outcome.status == "stuck", (outcome.status, outcome.result)
+    assert outcome.exit_code == 1 and not outcome.answered_in_words
+
+
+@pytest.mark.parametrize("mode", ["json", "schema", "tools"])
+@pytest.mark.parametrize("written", [PYTHON_QUOTED, UNQUOTED_KEYS, f"```python\n{PYTHON_QUOTED}\n```",
+                                     "{'tool': 'calculator', 'args': {'expression': '2 + 1',},}",
+                                     '{"name": "calculator", "arguments": {"expression": "2 + 1"}}',
+                                     '<tool_call>\n{"name": "calculator", "arguments": "{\\"expression\\": \\"2 + 1\\"}"}'
+                                     '\n</tool_call>'],
+                         ids=["python-quoted", "unquoted-keys", "fenced", "trailing-commas", "function-shape",
+                              "hermes-tags"])
+def test_an_action_written_as_python_runs_the_tool_and_the_trace_says_it_was_repaired(mode, written):
+    notes = []
+
+    class Notes(RunLog):
+        def note(self, text):
+            notes.append(text)
+    outcome, model = run_in_mode(mode, written, "{'tool': 'finish', 'args': {'result': 'three',}}",
+                                 max_rounds=3)
+    assert (outcome.status, outcome.result) == ("finished", "three")
+    assert outcome.calls[0]["result"] == {"ok": True, "data": 3}
+    assert not outcome.answered_in_words
+    repaired = Settings(max_rounds=3, mode=mode)
+    model = ScriptedModel(written, act("finish", result="three"))
+    run("what is 2 + 1?", repaired, model, log=Notes(None, None))
+    assert any("was not written as JSON" in note for note in notes), notes
+
+
+@pytest.mark.parametrize("mode", ["json", "schema", "tools"])
+def test_a_plain_sentence_after_a_tool_call_is_still_the_answer_and_says_it_came_in_words(mode):
+    sentence = "The answer is 3."
+    outcome, model = run_in_mode(mode, act("calculator", expression="2 + 1"), sentence)
+    assert (outcome.status, outcome.result) == ("finished", sentence)
+    assert outcome.answered_in_words and outcome.to_json()["answered_in_words"] is True
+    assert outcome.rounds == (2 if mode == "tools" else 3), "json and schema mode tell the model once"
+
+
+def test_a_finish_action_is_not_an_answer_in_words():
+    outcome, model = run_in_mode("json", act("finish", result="3"))
+    assert outcome.status == "finished" and outcome.to_json()["answered_in_words"] is False

@@ -52,13 +52,13 @@ def test_missing_args_default_to_an_empty_object():
     ('[1, 2, 3]', "no JSON object found"),
     ('{"tool": 5, "args": {}}', "no action object"),
     ('{"tool": "calculator", "args": "12 + 500"}', '"args" of calculator must be a JSON object'),
-    ("{'tool': 'calculator', 'args': {}}", "no action object"),
-    ('{"tool": "finish", "args": {"result": NaN}}', "no JSON object found"),
-    ('{"tool": "finish", "args": {"result": Infinity}}', "no JSON object found"),
-    ('{"tool": "finish", "args": {"result": 1e999}}', "no JSON object found"),
-    ('{"tool": "finish", "args": {"result": ' + "1" * 5000 + "}}", "no JSON object found"),
+    ("{'tool': 'calculator', 'args': 'oops'}", '"args" of calculator must be a JSON object'),
+    ('{"tool": "finish", "args": {"result": NaN}}', "not JSON that can be read"),
+    ('{"tool": "finish", "args": {"result": Infinity}}', "not JSON that can be read"),
+    ('{"tool": "finish", "args": {"result": 1e999}}', "not JSON that can be read"),
+    ('{"tool": "finish", "args": {"result": ' + "1" * 5000 + "}}", "not JSON that can be read"),
     ("[" * 1500, "no JSON object found"),
-    ('{"a":' * 1500, "no JSON object found"),
+    ('{"a":' * 1500, "not JSON that can be read"),
     (f"<think>{CALC_JSON}</think>No action here.", "no JSON object found"),
     (f"<think>still thinking {CALC_JSON}", "no JSON object found"),
 ])
@@ -116,7 +116,9 @@ def test_a_later_action_with_bad_args_does_not_spoil_the_first():
     "{" * 200_000, "<think>" * 30_000, "<thinking>a" * 20_000, '"{' * 100_000, "[{" * 50_000,
 ], ids=["braces", "think-tags", "thinking-tags", "quote-braces", "bracket-braces"])
 def test_hostile_replies_are_format_errors_not_crashes(hostile):
-    assert parse_actions(hostile).problem.startswith("no JSON object found")
+    parsed = parse_actions(hostile)
+    assert parsed.actions == [] and parsed.words == ""
+    assert parsed.problem.startswith(("no JSON object found", "it looks like an action"))
 
 
 def test_an_action_written_twice_in_one_reply_runs_once_and_both_copies_get_its_result():
