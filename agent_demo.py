@@ -24,7 +24,8 @@ from agent_demo_kit.escalation import Escalation
 from agent_demo_kit.records import (BudgetSpent, Call, CallerError, CheckFailed, ConfigError, EndpointError, Finished,
                                     GaveUp, InternalError, Interrupted, Reply, RoundLimit, Round, RunEnded, RunEvents,
                                     RunResult, SigTerm, Stuck, Terminated, add_usage, answer_text, count_usage,
-                                    failure, impossible_counts, json_size, success, to_json, total_usage)
+                                    failure, impossible_counts, is_count, json_size, success, to_json, total_usage)
+from agent_demo_kit.metrics import cost
 from agent_demo_kit.settings import (OBEYED_ONLY_WHEN_GIVEN, CHECK_OUTPUT_LINES, CHECK_OUTPUT_SHOWN, LAST_WORDS_CHARS, LAST_WORDS_LINES,
                                      MATERIAL_SHOWN_CHARS, PAGE_MARGIN_CHARS, VALUE_SHOWN_CHARS,
                                      Settings, display_url, keyword_name, load_settings, read_environment,
@@ -396,7 +397,8 @@ class Agent:
                                            for call in record.calls if call.check]),
                             trace=getattr(self.trace, "path", None), material=self.material_read(),
                             models=self.models_used(), answered_in_words=isinstance(ending, Finished)
-                            and ending.call is not None and ending.call.note == prompts.ANSWERED_IN_WORDS)
+                            and ending.call is not None and ending.call.note == prompts.ANSWERED_IN_WORDS,
+                            cost=cost(self.tokens_by_model(), self.settings.prices()) if self.settings.price else None)
         self.trace.end(outcome)
         return outcome
 
@@ -404,12 +406,19 @@ class Agent:
         """With --escalate: each model's rounds and tokens (a round of a model that does not say is the first's)."""
         if self.escalation is None:
             return None
+        return {name: {"rounds": used["rounds"], "tokens": used["tokens"]} for name, used in self.tokens_by_model().items()}
+
+    def tokens_by_model(self) -> Dict[str, dict]:
+        """Each model's rounds and tokens (total, prompt, completion, cached), as metrics counts them."""
         used: Dict[str, dict] = {}
+        first = self.escalation.model("first") if self.escalation else self.client.settings.model
         for record in self.conversation.rounds:
-            model = used.setdefault(record.model or self.escalation.model("first"), {"rounds": 0, "tokens": 0})
+            model = used.setdefault(record.model or first, {"rounds": 0, "tokens": 0, "prompt": 0, "completion": 0,
+                                                            "cached": 0})
             model["rounds"] += 1
-            model["tokens"] += record.usage.get("total_tokens", 0) if isinstance(record.usage.get("total_tokens"),
-                                                                                int) else 0
+            for name, key in (("tokens", "total_tokens"), ("prompt", "prompt_tokens"),
+                              ("completion", "completion_tokens"), ("cached", "cached_tokens")):
+                model[name] += record.usage[key] if is_count(record.usage.get(key)) else 0
         return used
 
     def material_read(self) -> Optional[dict]:

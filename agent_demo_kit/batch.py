@@ -19,18 +19,25 @@ import shutil
 import sys
 import threading
 import time
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Deque, Dict, Iterable, Iterator, List, NamedTuple, Optional, Tuple
+from urllib.parse import urlsplit
 
+import prompts
 from agent_demo import prepare
-from agent_demo_kit import metrics
+from agent_demo_kit import metrics, scoring
+from agent_demo_kit.comparison import (FAILURES_SHOWN, Key, config_differences, failures, read_results,
+                                       render_failures, result_key, success)
 from agent_demo_kit.records import ConfigError, EndpointError, Interrupted, RunResult, SigTerm, Terminated
 from agent_demo_kit.request_gate import RequestGate
 from agent_demo_kit.run_store import in_use, lock, open_private
-from agent_demo_kit.settings import HOSTED_PARALLEL, DEFAULT_RETRY_ERRORS, keyword_name, load_settings
+from agent_demo_kit.settings import HOSTED_PARALLEL, DEFAULT_RETRY_ERRORS, Settings, keyword_name, load_settings
 from agent_demo_kit.terminal import is_terminal
+from tools import REGISTRY
+from tools import in_use as offered_tools
 
-TASK_KEYS = ("id", "task", "check", "expected")
+TASK_KEYS = ("id", "task", "check", "expected", "match")
 LIVE_EVERY = 0.5  # seconds between redraws of the live line
 DOWN_AFTER = 3  # tasks in a row without a connection to the endpoint that stop the batch
 FREED_WITHIN = 5.0  # seconds a task's trace may stay locked after its last run ended, before it is taken up
@@ -43,8 +50,14 @@ class BatchTask(NamedTuple):
     id: str
     task: str
     check: Optional[str] = None
-    expected: Optional[str] = None
-    file: str = ""  # its trace's name in traces/, made from the id
+    expected: Any = None  # a text, a number, or a list of them (any one is right); None: nothing to score
+    file: str = ""  # its trace's name in traces/, made from the id (and the try)
+    match: Optional[str] = None  # how the answer is scored against expected (None: the default)
+    repeat: int = 1  # which try of the task (--repeat)
+
+    @property
+    def key(self) -> Key:
+        return self.id, self.repeat
 
 
 def read_tasks(text: str, source: str, notes: Optional[List[str]] = None) -> List[BatchTask]:
@@ -77,10 +90,15 @@ def read_tasks(text: str, source: str, notes: Optional[List[str]] = None) -> Lis
                 raise ConfigError(f'{source} line {number}: "id" must be a whole number or a text of one line')
             for key in item.keys() - set(TASK_KEYS):
                 unknown.setdefault(key, number)
-            expected = item.get("expected")
-            if expected is not None and not isinstance(expected, str):
-                expected = json.dumps(expected, ensure_ascii=False)
-            tasks.append(BatchTask(number, str(ident), task.strip(), item.get("check"), expected))
+            expected, match = item.get("expected"), item.get("match")
+            if match is not None and match not in scoring.MATCHES:
+                raise ConfigError(f'{source} line {number}: "match" must be one of {", ".join(scoring.MATCHES)}')
+            try:
+                if expected is not None:
+                    scoring.check_expectation(expected, match)
+            except scoring.BadExpectation as error:
+                raise ConfigError(f"{source} line {number}: {error}") from None
+            tasks.append(BatchTask(number, str(ident), task.strip(), item.get("check"), expected, match=match))
         else:
             tasks.append(BatchTask(number, str(number), line))
         ident = tasks[-1].id
@@ -92,7 +110,7 @@ def read_tasks(text: str, source: str, notes: Optional[List[str]] = None) -> Lis
         if name.lower() in files:  # two ids that differ only where a file name cannot
             name = f"{name}-{hashlib.sha256(ident.encode()).hexdigest()[:8]}"
         files[name.lower()] = ident
-        tasks[-1] = BatchTask(tasks[-1].line, ident, tasks[-1].task, tasks[-1].check, tasks[-1].expected, name)
+        tasks[-1] = tasks[-1]._replace(file=name)
     if unknown and notes is not None:
         listed = ", ".join(f"{key!r} (line {line})" for key, line in list(unknown.items())[:5])
         notes.append(f"{source}: keys a task line does not know are passed by: {listed}; a task line knows"
@@ -109,65 +127,33 @@ def file_name(ident: str) -> str:
 
 # --- the output folder -------------------------------------------------------------------------
 
-def default_out(source: str) -> str:
-    """The folder a task file's results go to when --out is not given: beside it, named after it."""
-    if source == "-":
-        return "batch-results"
-    path = Path(source)
-    return str(path.with_name(f"{path.stem}-results"))
+def default_out(source: str, model: str) -> Path:
+    """The folder a task file's results go to when --out is not given: beside it, named after it, a
+    folder a model (FILE-results/MODEL), so that the same file run with two models just works."""
+    folder = Path("batch-results") if source == "-" else Path(source).with_name(f"{Path(source).stem}-results")
+    return folder / (re.sub(r"[^A-Za-z0-9._-]+", "-", model.strip()).strip(".-") or "model")
+
+
+def configuration(settings: Settings) -> dict:
+    """What decides an answer, as each results line records it: the model, the endpoint's host, the
+    mode, the tools, the system prompt's version (a hash of it), --max-rounds, the check and --escalate.
+    A rerun into a folder of another configuration is refused; --summary puts them side by side."""
+    offered = {name: tool for name, tool in REGISTRY.items()
+               if settings.tool_names is None or name in settings.tool_names}
+    system = prompts.render_system_prompt(offered_tools(offered), settings.mode, settings.max_calls)
+    tools = [*(settings.tool_names or ["all"]), *(f"file {os.path.basename(path)}" for path in settings.tools_files),
+             *(f"mcp {server}" for server in settings.mcp_servers),
+             *([f"mcp-config {os.path.basename(settings.mcp_config)}"] if settings.mcp_config else [])]
+    return {"model": settings.model.strip(), "endpoint": urlsplit(settings.endpoint).hostname, "mode": settings.mode,
+            "tools": tools, "prompt": hashlib.sha256(system.encode("utf-8")).hexdigest()[:12],
+            "max_rounds": settings.max_rounds, "check": settings.check,
+            "escalate": settings.escalate.strip() if settings.escalate else None}
 
 
 def results_name(part: Optional[Tuple[int, int]], kind: str) -> str:
     """results.jsonl / summary.json, or a shard's own (results-0of4.jsonl)."""
     tail = f"-{part[0]}of{part[1]}" if part else ""
     return f"{kind}{tail}.{'jsonl' if kind == 'results' else 'json'}"
-
-
-def read_results(folder: Path) -> Dict[str, dict]:
-    """The last line for each id in every results*.jsonl of a folder (shards included): the latest
-    of them by when it ended. Lines that cannot be read are passed by."""
-    latest: Dict[str, dict] = {}
-    for path in sorted(folder.glob("results*.jsonl")):
-        for line in read_lines(path):
-            known = latest.get(line["id"])
-            if known is None or metrics.number(line.get("ended_at")) >= metrics.number(known.get("ended_at")):
-                latest[line["id"]] = line
-    return latest
-
-
-def read_lines(path: Path) -> Iterator[dict]:
-    """The result lines of one results file (JSON objects with an id and a status)."""
-    try:
-        with open(path, encoding="utf-8", errors="replace") as results:
-            for text in results:
-                try:
-                    line = json.loads(text)
-                except ValueError:
-                    continue
-                if isinstance(line, dict) and isinstance(line.get("id"), str) and isinstance(line.get("status"), str):
-                    yield line
-    except OSError as error:
-        raise ConfigError(f"cannot read {path}: {error.strerror or error}") from None
-
-
-def summarize_folders(folders: List[str]) -> dict:
-    """--summary DIR...: the table of every task in these result folders, shards merged (each id once)."""
-    latest: Dict[str, dict] = {}  # a task is known by its id: in several folders, its latest line counts
-    for name in dict.fromkeys(os.path.realpath(name) for name in folders):  # a folder named twice is read once
-        folder = Path(name)
-        if not folder.is_dir():
-            raise ConfigError(f"--summary: {name} is not a folder of batch results")
-        found = read_results(folder)
-        if not found:
-            raise ConfigError(f"--summary: {name} holds no results*.jsonl with results in it")
-        for ident, line in found.items():
-            known = latest.get(ident)
-            if known is None or metrics.number(line.get("ended_at")) >= metrics.number(known.get("ended_at")):
-                latest[ident] = line
-    tally = metrics.Tally()
-    for line in latest.values():
-        tally.add(line)
-    return tally.summary()
 
 
 def summarize_runs(traces: List[Path]) -> dict:
@@ -193,15 +179,27 @@ class Planned(NamedTuple):
 class Batch:
     """The tasks of one shard (or all of them), run into one output folder."""
 
-    def __init__(self, tasks: List[BatchTask], out: Path, given: Dict[str, Any], environment: Dict[str, str],
+    def __init__(self, tasks: List[BatchTask], out: Optional[Path], given: Dict[str, Any], environment: Dict[str, str],
                  parallel: Optional[int] = None, retry_errors: int = DEFAULT_RETRY_ERRORS, rerun_failed: bool = False,
                  part: Optional[Tuple[int, int]] = None, quiet: bool = False, named: Callable[[str], str] = keyword_name,
-                 notes: Iterable[str] = ()):
-        self.tasks = tasks if part is None else tasks[part[0]::part[1]]
-        self.out, self.traces = out, out / "traces"
+                 notes: Iterable[str] = (), match: Optional[str] = None, repeat: int = 1, source: str = "-",
+                 command: Optional[str] = None):
+        sliced = tasks if part is None else tasks[part[0]::part[1]]
+        self.tasks = sliced if repeat == 1 else [task._replace(repeat=n, file=f"{task.file}@{n}" if n > 1 else task.file)
+                                                 for task in sliced for n in range(1, repeat + 1)]
         self.given, self.environment, self.named = given, environment, named
         from agent_demo_kit.client import is_local  # not before a batch runs: --version starts without requests
         self.settings = load_settings(given, environment, named=named)  # what is wrong is said before any task runs
+        self.match, self.tries, self.source, self.command = match, repeat, source, command
+        self.prices, self.config = self.settings.prices(), configuration(self.settings)
+        for task in sliced:  # a regex that does not compile is said before anything is sent
+            try:
+                if task.expected is not None:
+                    scoring.check_expectation(task.expected, task.match or match)
+            except scoring.BadExpectation as error:
+                raise ConfigError(f"{source} line {task.line}: {error}") from None
+        out = out if out is not None else default_out(source, self.settings.model)
+        self.out, self.traces = out, out / "traces"
         self.parallel = parallel or (1 if is_local(self.settings.endpoint) else HOSTED_PARALLEL)
         self.parallel_given = parallel is not None
         self.retry_errors, self.rerun_failed, self.part, self.quiet = retry_errors, rerun_failed, part, quiet
@@ -211,7 +209,11 @@ class Batch:
         self.windows: Dict[Any, Optional[int]] = {}  # (URL, model) -> the window its server said, for every task
         self.working = 0  # workers still going
         self.gate = RequestGate(self.parallel, self.stop)
-        self.tally = metrics.Tally()
+        self.tally = metrics.Tally(repeat)
+        self.failed, self.failures = 0, []  # type: int, List[dict]  # tasks that did not succeed, and the first few
+        self.endpoint_failed = False  # a refused key or an endpoint that cannot be reached stopped the batch
+        self.stopped_by = 0  # 130 or 143 once Ctrl-C or SIGTERM stopped the batch
+        self.scored_tasks = sum(task.expected is not None for task in self.tasks)
         self.queue: Deque[Planned] = collections.deque()
         self.lock = threading.Lock()
         self.done = self.ran = self.skipped = 0
@@ -230,18 +232,25 @@ class Batch:
 
     def plan(self) -> None:
         """Decide each task from what the folder holds: one that ended is counted and not run again
-        (--rerun-failed: one that did not finish starts again); one that ended in an error goes on
-        while it has errors left (--retry-errors); any other goes on from its trace, or starts."""
+        (--rerun-failed: one that did not finish, or was wrong, starts again); one that ended in an
+        error goes on while it has errors left (--retry-errors); any other goes on from its trace, or
+        starts. ConfigError, before anything is sent, when the folder holds another configuration's."""
         known = read_results(self.out)
+        for line in known.values():
+            if isinstance(line.get("config"), dict) and line["config"] != self.config:
+                self.refuse(config_differences(line["config"], self.config))
         traced = set(os.listdir(self.traces))
         for task in self.tasks:
-            line = known.pop(task.id, None)
+            line = known.pop(task.key, None)
             has_trace = f"{task.file}.jsonl" in traced
             if not has_trace:  # its record is gone (or never was): it runs, from the start
                 line = None
             elif line is None or line.get("status") not in metrics.ENDED:
                 # The trace knows better: the task went on after its line, or ended just before a kill -9.
                 records = metrics.trace_records(str(self.trace(task)))
+                model = next((str(record.get("model")) for record in records if record.get("event") == "start"), None)
+                if model is not None and model != self.settings.model.strip():
+                    self.refuse([f"model {model}, now {self.settings.model.strip()} (in {self.trace(task).name})"])
                 from_trace = self.line(task, metrics.run_figures(records))
                 if from_trace and not started_as(records, task.task):
                     from_trace["task_hash"] = "changed"
@@ -253,12 +262,21 @@ class Batch:
                 self.queue.append(Planned(task, fresh=True, traced=has_trace))
                 continue
             status = line.get("status") if line else None
-            if status in metrics.ENDED and not (self.rerun_failed and status != "finished") \
+            if line is not None and status in metrics.ENDED:
+                line = self.rescored(line, task)
+            again = self.rerun_failed and line is not None and (status != "finished" or line.get("correct") is False)
+            if status in metrics.ENDED and not again \
                     or status == "error" and metrics.number(line.get("errors")) > self.retry_errors:
-                self.tally.add(line)
+                self.count(line)
                 self.skipped += 1
             else:
                 self.queue.append(Planned(task, fresh=status in metrics.ENDED, traced=has_trace))
+
+    def refuse(self, differences: List[str]) -> None:
+        """Stop before anything is sent: the folder's results come from another configuration."""
+        raise ConfigError(f"{self.out} holds results of another configuration ({'; '.join(differences)}); these"
+                          " would be mixed with them. Give another --out (without --out each model has a folder of"
+                          f" its own), or move {self.out} away to start over")
 
     def trace(self, task: BatchTask) -> Path:
         return self.traces / f"{task.file}.jsonl"
@@ -269,11 +287,44 @@ class Batch:
         self.results.flush()
 
     def line(self, task: BatchTask, figures: Optional[dict]) -> Optional[dict]:
-        """A task's results line: its id, its figures, its trace (relative to the folder), when it ended."""
+        """A task's results line: its id and try, its figures, whether its answer was right, its cost,
+        its trace (relative to the folder), its configuration, when it ended."""
         if figures is None:
             return None
-        return {"id": task.id, **figures, "trace": f"traces/{task.file}.jsonl", "task_hash": task_hash(task.task),
-                "ended_at": round(time.time(), 3)}
+        return self.scored({"id": task.id, "repeat": task.repeat, **figures, "trace": f"traces/{task.file}.jsonl",
+                            "task_hash": task_hash(task.task), "config": self.config,
+                            "ended_at": datetime.now(timezone.utc).isoformat(timespec="milliseconds")}, task)
+
+    def scored(self, line: dict, task: BatchTask) -> dict:
+        """The line with its score against what the task expects (correct: null when it expects nothing;
+        false when it did not finish) and, with --price, its cost."""
+        match = task.match or self.match
+        line.update(expected=task.expected, match=match, correct=None if task.expected is None else
+                    line.get("status") == "finished" and scoring.score(line.get("answer"), task.expected, match))
+        models = line.get("models") if isinstance(line.get("models"), dict) else {}
+        if self.prices:
+            line["cost"] = metrics.cost(models, self.prices)
+            for name, used in models.items():
+                if isinstance(used, dict) and name in self.prices:
+                    used["cost"] = metrics.cost({name: used}, self.prices)
+        return line
+
+    def rescored(self, line: dict, task: BatchTask) -> dict:
+        """A line read back, scored against what the file expects now (and priced by --price now),
+        written again when that changed something."""
+        before = {name: line.get(name) for name in ("expected", "match", "correct", "cost")}
+        line = self.scored(dict(line), task)
+        if any(line.get(name) != value for name, value in before.items()):
+            self.write(line)
+        return line
+
+    def count(self, line: dict) -> None:
+        """Add an ended task's line to the figures, and to the failures said at the end."""
+        self.tally.add(line)
+        if not success(line):
+            self.failed += 1
+            if len(self.failures) < FAILURES_SHOWN + 1:
+                self.failures += failures([line])
 
     # --- the run ---
 
@@ -294,12 +345,14 @@ class Batch:
         try:
             self.plan()
             self.say_start()
-            stopped = self.work_through()
+            self.stopped_by = self.work_through()
             summary = self.say_end()
             self.compact(path)  # while the lock is held
         finally:
             self.results.close()
-        return stopped or exit_code(summary, needed), summary
+        if self.stopped_by:
+            return self.stopped_by, summary
+        return EndpointError.exit_code if self.endpoint_failed else exit_code(summary, needed), summary
 
     def work_through(self) -> int:
         """Start the workers and wait; Ctrl-C (or SIGTERM) stops starting tasks and ends the running
@@ -363,10 +416,10 @@ class Batch:
                 if may_pass and metrics.number(line.get("errors")) <= self.retry_errors and not self.stop.is_set() \
                         and metrics.number(line.get("attempts")) <= self.retry_errors + DOWN_AFTER:
                     self.queue.append(Planned(planned.task, fresh=False, traced=True))
-                    self.waiting[planned.task.id] = line  # counted with it if the batch stops before its turn
+                    self.waiting[planned.task.key] = line  # counted with it if the batch stops before its turn
                     continue
-                self.waiting.pop(planned.task.id, None)
-                self.tally.add(line)
+                self.waiting.pop(planned.task.key, None)
+                self.count(line)
                 self.done += 1
                 self.ran += 1
                 self.say_task(line)
@@ -392,7 +445,8 @@ class Batch:
             with prepare(task.task, given=given, environment=self.environment, named=self.named,
                          trace=None if resume else str(trace), resume=str(trace) if resume else None,
                          session=session) as job:
-                job.agent.stop, job.agent.expected = self.stop, task.expected
+                job.agent.stop = self.stop
+                job.agent.expected = None if task.expected is None else scoring.expected_text(task.expected)
                 for client in job.agent.escalation.clients.values() if job.agent.escalation else [job.agent.client]:
                     client.gate = self.gate  # one limit on requests in flight (a stronger model's too)
                 job.agent.trace.written = written
@@ -406,6 +460,7 @@ class Batch:
             self.cut_off = self.cut_off + 1 if unreachable else 0
             down = self.cut_off >= DOWN_AFTER
         if outcome.key_refused or down:  # every task would fail alike: stop here, once
+            self.endpoint_failed = True
             self.stop_starting(f"the endpoint refused the key ({outcome.error}): no more tasks start; the same"
                                " command goes on once the key is right" if outcome.key_refused else
                                f"{outcome.error}: no more tasks start; the same command goes on once the endpoint"
@@ -461,8 +516,12 @@ class Batch:
         said = line.get("answer") if line["status"] == "finished" else line.get("error") or line.get("summary") or ""
         said = said if isinstance(said, str) else json.dumps(said, ensure_ascii=False)
         said = " ".join(said.split())
-        text = (f"[{self.done + self.skipped}/{len(self.tasks)}] {line['id']}: {line['status']}, {line['rounds']}"
-                f" round(s), {line['seconds']:.1f} s" + (f": {said[:120]}" if said else ""))
+        tried = f" (try {line['repeat']})" if self.tries > 1 else ""
+        verdict = {True: ", right", False: ", wrong"}.get(line.get("correct"), "") if line["status"] == "finished" else ""
+        text = (f"[{self.done + self.skipped}/{len(self.tasks)}] {line['id']}{tried}: {line['status']}{verdict},"
+                f" {line['rounds']} round(s), {line['seconds']:.1f} s" + (f": {said[:120]}" if said else ""))
+        if self.live:  # a line a task on a terminal: cut to its width, never wrapped
+            text = text[:shutil.get_terminal_size().columns - 1]
         with self.screen:
             self.clear_live()
             print(text, file=sys.stderr, flush=True)
@@ -493,20 +552,19 @@ class Batch:
             self.shown_live = False
 
     def summary(self) -> dict:
-        """The table of this run's tasks (those that did not run, as "pending"), as summary.json holds it."""
-        summary = self.tally.summary()
-        pending = len(self.tasks) - summary["tasks"]
-        if pending:  # the rate is of every task of the file (or shard), those not run yet among them
-            summary["status_counts"] = dict(sorted({**summary["status_counts"], "pending": pending}.items()))
-            summary["tasks"] = len(self.tasks)
-            summary["completion_rate"] = metrics.rate(summary["status_counts"].get("finished", 0), len(self.tasks))
-        return summary
+        """The table of this run's tasks (those that did not run, as "pending": not done, not right), as
+        summary.json holds it, with the configuration, the task file and the first failures."""
+        pending = len(self.tasks) - self.tally.tasks  # the rates are of every task of the file (or shard)
+        summary = self.tally.summary(pending, self.scored_tasks - self.tally.scored)
+        return {**summary, "config": self.config,
+                "tasks_file": None if self.source == "-" else os.path.abspath(self.source),
+                "failed_or_wrong": self.failed, "failures": self.failures[:FAILURES_SHOWN]}
 
     def say_end(self) -> dict:
         """The table on stderr and in summary.json; a task whose retry never came (the batch stopped) is
         counted as its last run ended."""
         for line in self.waiting.values():
-            self.tally.add(line)
+            self.count(line)
             self.done += 1
             self.say_task(line)
         self.waiting.clear()
@@ -515,29 +573,39 @@ class Batch:
         self.clear_live()
         if not self.quiet:
             print("\n".join(metrics.render(summary)), file=sys.stderr)
+            said = render_failures(self.failures, FAILURES_SHOWN)
+            if said and self.failed > len(self.failures):
+                said[-1] = f"  ... and {self.failed - FAILURES_SHOWN} more (in {self.out / results_name(self.part, 'results')})"
+            said[:1] = [f"{self.failed} task(s) did not finish or were wrong:"] if said else []
+            print("\n".join(said), file=sys.stderr)
             errors = summary["status_counts"].get("error", 0)
             if errors and not self.stop.is_set():
                 print(f"agent-demo: {errors} task(s) ended in an error with no retries left; --retry-errors"
                       f" {self.retry_errors + 1} runs them once more", file=sys.stderr)
+            if self.command and self.failed > errors and not self.stop.is_set():
+                print(f"agent-demo: to run the ones that did not finish or were wrong again: {self.command}"
+                      " --rerun-failed", file=sys.stderr)
             if self.elsewhere:
                 print(f"agent-demo: {self.elsewhere} task(s) were being run by another agent-demo process and"
                       " are left to it", file=sys.stderr)
             print(f"agent-demo: results in {self.out / results_name(self.part, 'results')}", file=sys.stderr,
                   flush=True)
+        if self.command and (self.stopped_by or self.endpoint_failed):  # even under --quiet: how to go on
+            print(f"agent-demo: to go on: {self.command}", file=sys.stderr, flush=True)
         return summary
 
     def compact(self, path: Path) -> None:
         """results.jsonl with one line a task, in the task file's order (the last line of each; none of a
         task the file no longer has: its trace stays), written whole before it replaces the old one, so a
         crash leaves one or the other. Left as it is when it is so already."""
-        latest: Dict[str, int] = {}  # id -> where its last line starts
-        order = {task.id: n for n, task in enumerate(self.tasks)}
+        latest: Dict[Key, int] = {}  # id and try -> where its last line starts
+        order = {task.key: n for n, task in enumerate(self.tasks)}
         count, last, in_order = 0, -1, True
         with open(path, "rb") as results:
             for offset, raw in iter_lines(results):
                 try:
-                    ident = str(json.loads(raw).get("id"))
-                except (ValueError, AttributeError):
+                    ident = result_key(json.loads(raw))
+                except (ValueError, AttributeError, RecursionError):
                     continue
                 latest[ident], count = offset, count + 1
                 in_order, last = in_order and order.get(ident, len(order)) > last, order.get(ident, len(order))
@@ -625,6 +693,7 @@ def clock(seconds: float) -> str:
 
 
 def exit_code(summary: dict, needed: Optional[float]) -> int:
-    """0 when every task finished (or at least the --pass-rate share did), else 1."""
-    rate = summary["status_counts"].get("finished", 0) / summary["tasks"] if summary["tasks"] else 1.0
+    """0 when every task succeeded (finished, and right when it expected an answer), or at least the
+    --pass-rate share did; else 1."""
+    rate = summary["succeeded"] / summary["tasks"] if summary["tasks"] else 1.0
     return 0 if rate >= (1.0 if needed is None else needed) else 1

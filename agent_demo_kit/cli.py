@@ -18,6 +18,7 @@ from agent_demo import Agent, Job, prepare
 from agent_demo_kit import __version__, run_store
 from agent_demo_kit.actions import parse_actions
 from agent_demo_kit.conversation import truncate_result
+from agent_demo_kit.scoring import MATCHES
 from agent_demo_kit.records import (RUN_STATUSES, Compaction, ConfigError, EndpointError, Finished, GaveUp, Interrupted, OutputClosed,
                                     Reply, Round, RunResult, SigTerm, Terminated, ending_of, total_usage)
 from agent_demo_kit.settings import (DEFAULT_RETRY_ERRORS, HOSTED_PARALLEL, MODES, Environment, Settings, check_endpoint_settings, display_url, flag_name,
@@ -171,9 +172,20 @@ def build_parser() -> Parser:
     batch.add_argument("--pass-rate", type=flag_type(pass_rate), metavar="SHARE",
                        help="--batch: exit 0 when at least this share of the tasks finished (0.9 or 90%%;"
                             " default: all of them)")
+    batch.add_argument("--match", choices=MATCHES, metavar="HOW",
+                       help="--batch: how an answer is scored against a task's expected: exact, includes, number"
+                            " or regex (a task line's \"match\" wins; default: case, quotes, surrounding"
+                            " whitespace and final punctuation do not count, and a number is compared with the"
+                            " answer's final number)")
+    batch.add_argument("--repeat", type=flag_type(whole_number(1)), metavar="K",
+                       help="--batch: run each task K times, each with its own trace; the summary gives pass@1,"
+                            " pass^K and the spread (default 1)")
     batch.add_argument("--summary", metavar="DIR", nargs="*",
-                       help="print the figures of the batch results in each DIR (shards merged), or without"
-                            " DIR of the runs in the run log folder, and exit; with --json, as JSON")
+                       help="print the figures of the batch results in each DIR (shards merged; results of"
+                            " different configurations side by side, with the tasks where they differ), or"
+                            " without DIR of the runs in the run log folder, and exit; with --json, as JSON")
+    batch.add_argument("--markdown", action="store_true",
+                       help="--summary: print the figures as Markdown tables, to paste into a pull request")
     parser.add_argument("--config", action="store_true",
                         help="show each setting's value and where it came from (a flag, the shell, ./.env, your"
                              " settings file, the default), the key redacted, and exit; with --json, as JSON")
@@ -200,9 +212,13 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
         parser.error("-n and --status go with --runs")
     batch_only = [flag for flag, value in (("--out", args.out), ("--parallel", args.parallel),
                                            ("--retry-errors", args.retry_errors), ("--rerun-failed", args.rerun_failed),
-                                           ("--shard", args.shard), ("--pass-rate", args.pass_rate)) if value]
+                                           ("--shard", args.shard), ("--pass-rate", args.pass_rate),
+                                           ("--match", args.match), ("--repeat", args.repeat)) if value]
     if batch_only and args.batch is None:
         parser.error(f"{', '.join(batch_only)} go{'es' if len(batch_only) == 1 else ''} with --batch")
+    if args.markdown and args.summary is None:
+        parser.error("--markdown goes with --summary")
+    args.command = shlex.join(["agent-demo", *(sys.argv[1:] if argv is None else argv)])  # the same command again
     if args.batch is not None:
         clash = [flag for flag, value in (("--resume", args.resume is not None),
                                           ("--continue", args.continue_run is not None), ("--runs", args.runs),
@@ -494,7 +510,7 @@ def list_runs(args: argparse.Namespace, environment: Dict[str, str], answer: Saf
 
 def run_batch(args: argparse.Namespace, environment: Dict[str, str], answer: SafeStream) -> int:
     """--batch FILE: every task of the file (or of its --shard), into --out; the summary with --json."""
-    from agent_demo_kit.batch import Batch, default_out, read_tasks
+    from agent_demo_kit.batch import Batch, read_tasks
     if args.batch == "-":
         text = read_stdin()
     else:
@@ -506,10 +522,11 @@ def run_batch(args: argparse.Namespace, environment: Dict[str, str], answer: Saf
     tasks = read_tasks(text, source, notes)
     if not tasks:
         raise ConfigError(f"--batch: {source} holds no task")
-    batch = Batch(tasks, Path(args.out or default_out(args.batch)), given_settings(args), environment,
+    batch = Batch(tasks, Path(args.out) if args.out else None, given_settings(args), environment,
                   parallel=args.parallel,
                   retry_errors=DEFAULT_RETRY_ERRORS if args.retry_errors is None else args.retry_errors,
-                  rerun_failed=args.rerun_failed, part=args.shard, quiet=args.quiet, named=flag_name, notes=notes)
+                  rerun_failed=args.rerun_failed, part=args.shard, quiet=args.quiet, named=flag_name, notes=notes,
+                  match=args.match, repeat=args.repeat or 1, source=args.batch, command=args.command)
     with ending_on_sigterm():
         code, summary = batch.run(args.pass_rate)
     if args.json:
@@ -518,11 +535,13 @@ def run_batch(args: argparse.Namespace, environment: Dict[str, str], answer: Saf
 
 
 def show_summary(args: argparse.Namespace, environment: Dict[str, str], answer: SafeStream) -> int:
-    """--summary [DIR...]: the figures of batch result folders (shards merged), or of the run log folder."""
-    from agent_demo_kit.batch import summarize_folders, summarize_runs
+    """--summary [DIR...]: the figures of batch result folders (shards merged; configurations side by
+    side), or of the run log folder; what failed, and how to run it again."""
+    from agent_demo_kit import comparison
+    from agent_demo_kit.batch import summarize_runs
     from agent_demo_kit.metrics import render
     if args.summary:
-        summary = summarize_folders(args.summary)
+        summary = comparison.summarize(args.summary)
     else:
         folder = run_store.log_dir(environment)
         run_store.checked_folder(folder)
@@ -530,8 +549,13 @@ def show_summary(args: argparse.Namespace, environment: Dict[str, str], answer: 
         print(f"agent-demo: the runs in {folder}", file=sys.stderr)
     if args.json:
         answer.write_json(summary)
+    elif "configurations" in summary:
+        print("\n".join(comparison.render_comparison(summary, args.markdown)), file=answer)
     else:
-        print("\n".join(render(summary)), file=answer)
+        shown = comparison.render_single(summary, args.markdown) if args.markdown else render(summary)
+        print("\n".join(shown + comparison.render_failures(summary.get("failures") or [])), file=answer)
+        if summary.get("failures") and summary.get("folders"):
+            print(f"agent-demo: to run them again: {comparison.rerun_command(summary)}", file=sys.stderr)
     return 0
 
 
@@ -674,6 +698,8 @@ def config_value(item: Any, value: Any) -> str:
         return display_url(value)
     if item.name == "escalate_on" and value == []:
         return "none"
+    if isinstance(value, tuple):  # a price
+        return ",".join(f"{part:g}" for part in value if part is not None)
     if value is None or value == [] or isinstance(value, bool):
         return {True: "on", False: "off"}.get(value, shown_default(item)) if isinstance(value, bool) \
             else shown_default(item)

@@ -2,13 +2,14 @@
 these), and a table across many runs (a batch, shards merged, or the run log folder), kept as
 numbers only so that it stays small however many runs it counts.
 
-It imports only records.
+It imports records and scoring.
 """
 import json
 import math
 from array import array
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
+from agent_demo_kit import scoring
 from agent_demo_kit.records import is_count
 
 CONTROL_TOOLS = ("finish", "fail", "recall", "note")  # answered by the loop: not tool calls
@@ -79,9 +80,12 @@ def count_round(figures: dict, record: dict, model: str) -> None:
                       ("cached", "cached_tokens")):
         if is_count(usage.get(key)):
             tokens[name] += usage[key]
-    per_model = figures["models"].setdefault(model, {"rounds": 0, "tokens": 0})
+    per_model = figures["models"].setdefault(model, {"rounds": 0, "tokens": 0, "prompt": 0, "completion": 0,
+                                                      "cached": 0})
     per_model["rounds"] += 1
-    per_model["tokens"] += usage.get("total_tokens") if is_count(usage.get("total_tokens")) else 0
+    for name, key in (("tokens", "total_tokens"), ("prompt", "prompt_tokens"), ("completion", "completion_tokens"),
+                      ("cached", "cached_tokens")):
+        per_model[name] = per_model.get(name, 0) + (usage[key] if is_count(usage.get(key)) else 0)
     if is_count(record.get("request_chars")):
         figures["largest_request_chars"] = max(figures["largest_request_chars"], record["request_chars"])
     calls = [call for call in record.get("calls") or [] if isinstance(call, dict)]
@@ -95,6 +99,25 @@ def count_round(figures: dict, record: dict, model: str) -> None:
         if call.get("tool") not in CONTROL_TOOLS and not call.get("format_error"):
             figures["tool_calls"] += 1
             figures["tool_errors"] += result.get("ok") is not True
+
+
+Price = Tuple[float, float, Optional[float]]  # dollars per million input, output and cached input tokens
+
+
+def cost(models: Dict[str, dict], prices: Dict[str, Price]) -> Optional[float]:
+    """What the tokens of a run cost in dollars, by each model's price (cached input at the cached
+    price, else the input price); None when a model that was used has no price."""
+    total = 0.0
+    for name, used in models.items():
+        if not isinstance(used, dict) or not number(used.get("rounds")) and not number(used.get("tokens")):
+            continue
+        if name not in prices:
+            return None
+        into, out, cached = prices[name]
+        prompt, completion = number(used.get("prompt")), number(used.get("completion"))
+        hits = min(number(used.get("cached")), prompt)
+        total += ((prompt - hits) * into + hits * (into if cached is None else cached) + completion * out) / 1e6
+    return round(total, 6)
 
 
 def trace_records(path: str) -> List[dict]:
@@ -128,7 +151,7 @@ def percentile(values: "array", share: float) -> float:
 class Tally:
     """The figures of many runs added up, one run at a time, keeping numbers only."""
 
-    def __init__(self) -> None:
+    def __init__(self, tries: int = 1) -> None:
         self.tasks = 0
         self.status_counts: Dict[str, int] = {}
         self.rounds, self.seconds = array("d"), array("d")
@@ -138,11 +161,33 @@ class Tally:
         self.escalated = self.rescued = 0  # runs a stronger model took over, and those of them that finished
         self.largest_request, self.max_context = 0, None
         self.models: Dict[str, Dict[str, int]] = {}
+        self.in_words = 0  # runs that finished with words, not a finish action
+        self.scored = self.correct = 0  # runs whose task had an expected answer, and those that matched it
+        self.succeeded = 0  # runs that finished, and were right when their task expected an answer
+        self.cost, self.costed = 0.0, 0  # dollars, and the runs whose cost is known
+        self.tries = tries
+        self.outcomes: Dict[str, List[bool]] = {}  # with repeats: each task's successes, try by try
 
     def add(self, figures: dict) -> None:
         """One run's figures (a results.jsonl line, or run_figures of a trace)."""
         self.tasks += 1
         status = str(figures.get("status"))
+        self.in_words += status == "finished" and figures.get("answered_in_words") is True
+        correct = figures.get("correct")
+        if isinstance(correct, bool):
+            self.scored += 1
+            self.correct += correct
+        self.succeeded += correct if isinstance(correct, bool) else status == "finished"
+        if isinstance(figures.get("cost"), (int, float)) and not isinstance(figures.get("cost"), bool) \
+                and math.isfinite(figures["cost"]):
+            self.cost += figures["cost"]
+            self.costed += 1
+        if self.tries > 1:
+            tries = self.outcomes.setdefault(str(figures.get("id")), [])
+            at = int(number(figures.get("repeat")) or 1) - 1
+            if 0 <= at < self.tries:
+                tries.extend([False] * (at + 1 - len(tries)))
+                tries[at] = correct if isinstance(correct, bool) else status == "finished"
         self.status_counts[status] = self.status_counts.get(status, 0) + 1
         self.rounds.append(number(figures.get("rounds")))
         self.seconds.append(number(figures.get("seconds")))
@@ -167,16 +212,27 @@ class Tally:
                 total = self.models.setdefault(str(name), {"rounds": 0, "tokens": 0})
                 total["rounds"] += int(number(used.get("rounds")))
                 total["tokens"] += int(number(used.get("tokens")))
+                if isinstance(used.get("cost"), (int, float)) and not isinstance(used["cost"], bool):
+                    total["cost"] = round(total.get("cost", 0.0) + number(used["cost"]), 6)
 
-    def summary(self) -> dict:
-        """The table as data: what summary.json and --summary --json hold."""
-        tasks, finished = self.tasks, self.status_counts.get("finished", 0)
-        calls = self.sums["tool_calls"]
+    def summary(self, pending: int = 0, pending_scored: int = 0) -> dict:
+        """The table as data: what summary.json and --summary --json hold. pending: tasks not run (a
+        stopped batch), pending_scored: how many of them have an expected answer; both count as not
+        done, and not right."""
+        tasks, finished = self.tasks + pending, self.status_counts.get("finished", 0)
+        counts = {**self.status_counts, **({"pending": pending} if pending else {})}
+        calls, scored = self.sums["tool_calls"], self.scored + pending_scored
         return {
-            "tasks": tasks, "status_counts": dict(sorted(self.status_counts.items())),
-            "completion_rate": rate(finished, tasks),
+            "tasks": tasks, "status_counts": dict(sorted(counts.items())),
+            "completion_rate": rate(finished, tasks), "succeeded": self.succeeded,
+            "answered_in_words": self.in_words, "completion_rate_by_finish": rate(finished - self.in_words, tasks),
+            "scored": scored, "correct": self.correct, "accuracy": rate(self.correct, scored),
+            "accuracy_interval": scoring.interval(self.correct, scored),
+            "cost": round(self.cost, 6) if self.costed else None,
+            **({"cost_unknown": self.tasks - self.costed} if self.costed and self.costed < self.tasks else {}),
+            **({"repeats": scoring.repeats(list(self.outcomes.values()), self.tries)} if self.tries > 1 else {}),
             "check_pass_rate": rate(self.passed, self.checked), "checked": self.checked,
-            "rounds": {"total": int(sum(self.rounds)), "mean": round(sum(self.rounds) / tasks, 2) if tasks else 0,
+            "rounds": {"total": int(sum(self.rounds)), "mean": round(sum(self.rounds) / self.tasks, 2) if self.tasks else 0,
                        "p50": percentile(self.rounds, 0.5), "p95": percentile(self.rounds, 0.95)},
             "tokens": {**self.tokens, "cached_share": rate(self.tokens["cached"], self.tokens["prompt"])},
             "tool_calls": calls, "tool_errors": self.sums["tool_errors"],
@@ -206,9 +262,24 @@ def render(summary: dict) -> List[str]:
         return "n/a" if value is None else f"{value:.1%}"
     counts = ", ".join(f"{status} {count}" for status, count in summary["status_counts"].items()) or "none"
     rounds, tokens, seconds = summary["rounds"], summary["tokens"], summary["seconds"]
+    in_words = summary.get("answered_in_words") or 0
     lines = [
         f"tasks            {summary['tasks']}: {counts}",
-        f"completion rate  {share(summary['completion_rate'])}",
+        f"completion rate  {share(summary['completion_rate'])}"
+        + (f" ({share(summary.get('completion_rate_by_finish'))} by a finish action; {in_words} answered in words)"
+           if in_words else ""),
+    ]
+    if summary.get("scored"):
+        low, high = summary["accuracy_interval"]
+        lines.append(f"accuracy         {share(summary['accuracy'])} ({summary['correct']} of {summary['scored']} with"
+                     f" an expected answer; 95% interval {share(low)} to {share(high)})")
+    repeated = summary.get("repeats")
+    if repeated:
+        per_try = ", ".join(share(value) for value in repeated["per_try"])
+        lines.append(f"repeats          {repeated['tries']} tries of {repeated['tasks']} task(s): pass@1"
+                     f" {share(repeated['pass_at_1'])}, pass^{repeated['tries']} {share(repeated['pass_all'])};"
+                     f" per try {per_try} (sd {repeated['spread'] * 100:.1f} points)")
+    lines += [
         f"check pass rate  {share(summary['check_pass_rate'])}"
         + (f" (of {summary['checked']} checked)" if summary["checked"] else ""),
         f"rounds           mean {rounds['mean']:g}, p50 {rounds['p50']:g}, p95 {rounds['p95']:g}",
@@ -217,6 +288,10 @@ def render(summary: dict) -> List[str]:
         f" ({share(summary['tool_error_rate'])})",
         f"retries          {summary['retries']:,}; format errors {summary['format_errors']:,}",
         f"time per task    p50 {seconds['p50']:.3g} s, p95 {seconds['p95']:.3g} s",
+        *([f"cost             {dollars(summary['cost'])}"
+           + (f", {dollars(summary['cost'] / summary['tasks'])} a task" if summary["tasks"] else "")
+           + (f" ({summary['cost_unknown']} task(s) with no price for a model they used)"
+              if summary.get("cost_unknown") else "")] if summary.get("cost") is not None else []),
         f"largest request  {summary['largest_request_chars']:,} chars"
         + (f" of --max-context {summary['max_context']:,}" if summary["max_context"] else ""),
     ]
@@ -225,6 +300,14 @@ def render(summary: dict) -> List[str]:
                      " finished")
     if len(summary["models"]) > 1:
         lines += [f"  {name:<14} {used['rounds']:,} rounds, {used['tokens']:,} tokens"
+                  + (f", {dollars(used['cost'])}" if "cost" in used else "")
                   for name, used in summary["models"].items()]
     return lines
+
+
+def dollars(amount: float) -> str:
+    """An amount of dollars as people read it: cents, or more places for a small one."""
+    if amount >= 0.01 or amount == 0:
+        return f"${amount:,.2f}"
+    return f"${amount:.6f}".rstrip("0") if amount >= 0.000001 else "less than $0.000001"
 

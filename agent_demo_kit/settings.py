@@ -115,6 +115,19 @@ def pass_rate(text: str) -> float:
     return value
 
 
+def token_price(text: str) -> Tuple[float, float, Optional[float]]:
+    """--price IN,OUT[,CACHED]: dollars per million input, output (and cached input) tokens."""
+    parts = [part.strip() for part in text.split(",")]
+    try:
+        values = [float(part) for part in parts]
+    except ValueError:
+        values = []
+    if len(values) not in (2, 3) or not all(math.isfinite(value) and value >= 0 for value in values):
+        raise ValueError(f"must be IN,OUT or IN,OUT,CACHED: dollars per million input, output and cached input"
+                         f" tokens, such as 0.15,0.60; got {text!r}")
+    return values[0], values[1], values[2] if len(values) == 3 else None
+
+
 ESCALATION_TRIGGERS = ("format", "stuck", "check", "length", "endpoint")
 
 
@@ -224,6 +237,13 @@ class Settings:
                                  "--escalate-back", ("AGENT_ESCALATE_BACK",), whole_number(0), metavar="N")
     escalate_max: int = setting(2, "escalations in a run at most; after the last, the stronger model keeps the run",
                                 "--escalate-max", ("AGENT_ESCALATE_MAX",), whole_number(1), metavar="N")
+    price: Optional[Tuple[float, float, Optional[float]]] = setting(
+        None, "dollars per million input and output tokens (and cached input tokens), for the cost in --json and"
+        " batch results; no price is built in", "--price", ("AGENT_PRICE",), token_price, resume=False,
+        metavar="IN,OUT[,CACHED]", shown="none")
+    escalate_price: Optional[Tuple[float, float, Optional[float]]] = setting(
+        None, "the --escalate model's price, as --price", "--escalate-price", ("LLM_ESCALATE_PRICE",), token_price,
+        resume=False, metavar="IN,OUT[,CACHED]", shown="none")
     backoff_factor: float = setting(0.5, "waits 0, 1, 2, 4 ... seconds between retries", resume=False)
     sources: Dict[str, str] = setting({}, "where each setting came from, for messages", resume=False)
 
@@ -247,7 +267,15 @@ class Settings:
                    "url": given("escalate_url") if self.escalate_url else self.sources.get("url", "default"),
                    "api_key": "LLM_ESCALATE_KEY" if self.escalate_key or not same else self.sources.get("api_key",
                                                                                                           "default")}
-        return replace(self, model=(self.escalate or "").strip(), url=url, api_key=key, escalate=None, sources=sources)
+        return replace(self, model=(self.escalate or "").strip(), url=url, api_key=key, escalate=None, sources=sources,
+                       price=self.escalate_price)
+
+    def prices(self) -> Dict[str, Tuple[float, float, Optional[float]]]:
+        """Each model's price (--price, --escalate-price), by model name."""
+        prices = {self.model: self.price} if self.price else {}
+        if self.escalate and self.escalate_price:
+            prices[self.escalate.strip()] = self.escalate_price
+        return prices
 
     def named(self, name: str) -> str:
         """How the user gave a setting, for a message about it: its flag, its keyword or its variable (its
@@ -567,6 +595,9 @@ def _checked(item: Any, value: Any, source: str) -> Any:
         if not all(isinstance(entry, str) for entry in value):
             raise ConfigError(f"{source} must be a list of strings, got {value!r}")
         value = ",".join(value) if value else "none"  # a list, checked as its flag would be ([]: none)
+    if parse is token_price and isinstance(value, (list, tuple)):  # price=(0.15, 0.6) from Python
+        value = ",".join("x" if isinstance(part, bool) or not isinstance(part, (int, float)) else repr(part)
+                         for part in value if part is not None)
     if parse is not None:
         if isinstance(value, bool) or not isinstance(value, (int, float, str)):
             raise ConfigError(f"{source} must be a number, got {value!r}")

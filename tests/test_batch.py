@@ -75,7 +75,7 @@ def test_fifty_scripted_outcomes_are_counted_exactly_and_a_rerun_does_no_new_wor
         assert summary["status_counts"] == {"finished": 30, "failed": 16, "error": 4}
         assert summary["checked"] == 38 and summary["check_pass_rate"] == pytest.approx(30 / 38, abs=1e-4)
         assert summary["completion_rate"] == 0.6
-        lines = results(tmp_path / "tasks-results")
+        lines = results(tmp_path / "tasks-results" / "gpt-4o-mini")
         assert [line["id"] for line in lines] == [f"t{n}" for n in range(50)], "one line a task, in the file's order"
         by_id = {line["id"]: line for line in lines}
         assert all(by_id[f"t{n}"]["status"] == "finished" and by_id[f"t{n}"]["rounds"] == 2 for n in range(20))
@@ -84,12 +84,13 @@ def test_fifty_scripted_outcomes_are_counted_exactly_and_a_rerun_does_no_new_wor
         assert by_id["t36"]["errors"] == 2, by_id["t36"]
         assert "the model crashed" in by_id["t36"]["error"]
         assert all(by_id[f"t{n}"]["status"] == "finished" for n in range(40, 50)), "a 429 storm is weathered"
-        assert all((tmp_path / "tasks-results" / line["trace"]).is_file() for line in lines)
-        assert json.loads((tmp_path / "tasks-results" / "summary.json").read_text()) == summary
+        assert all((tmp_path / "tasks-results" / "gpt-4o-mini" / line["trace"]).is_file() for line in lines)
+        assert json.loads((tmp_path / "tasks-results" / "gpt-4o-mini" / "summary.json").read_text()) == summary
         assert "[50/50]" in err and "completion rate  60.0%" in err
 
         code, out, err = cli(*args)
-        assert (code, len(server.requests)) == (1, sent), "the same command again sends nothing"
+        extra = [request["messages"][1]["content"] for request in server.requests[sent:]]
+        assert (code, len(server.requests)) == (1, sent), ("the same command again sends nothing", extra, err[-3000:])
         assert json.loads(out)["status_counts"] == summary["status_counts"]
         assert "50 already ended, 0 go on from their traces, 0 start" in err
 
@@ -215,8 +216,9 @@ def test_a_refused_key_stops_the_batch(tmp_path, cli, monkeypatch):
         monkeypatch.setenv("LLM_API_URL", server.url)
         code, out, err = cli("--batch", tasks, "--json")
         assert len(server.requests) == 1
-    assert code == 1 and "the endpoint refused the key" in err
+    assert code == 3 and "the endpoint refused the key" in err, "exit 3, as a single run's refused key"
     assert json.loads(out)["status_counts"] == {"error": 1, "pending": 4}
+    assert f"agent-demo: to go on: agent-demo --batch {tasks} --json" in err
 
 
 def test_a_tasks_own_check_and_expected_answer_reach_the_check(tmp_path, cli, serve):
@@ -227,7 +229,7 @@ def test_a_tasks_own_check_and_expected_answer_reach_the_check(tmp_path, cli, se
     serve([], screen=ByTask())
     code, out, _ = cli("--batch", tmp_path / "tasks.jsonl", "--check", CHECK, "--check-attempts", 1, "--json")
     assert code == 1
-    assert [(line["id"], line["status"]) for line in results(tmp_path / "tasks-results")] == [
+    assert [(line["id"], line["status"]) for line in results(tmp_path / "tasks-results" / "gpt-4o-mini")] == [
         ("1", "finished"), ("2", "failed"), ("3", "finished")]
 
 
@@ -242,7 +244,7 @@ def test_rerun_failed_starts_again_what_did_not_finish_and_retry_errors_counts_a
     server.requests.clear()
     code, out, _ = cli("--batch", tasks, "--retry-errors", 1, "--rerun-failed", "--json")
     assert len(server.requests) == 1, "the failed task, from the start; the finished one is kept"
-    trace = (tmp_path / "tasks-results" / "traces" / "t1.jsonl").read_text()
+    trace = (tmp_path / "tasks-results" / "gpt-4o-mini" / "traces" / "t1.jsonl").read_text()
     assert trace.count('"event": "start"') == 2, "the first run stays in its trace"
     assert json.loads(out)["status_counts"] == {"error": 1, "failed": 1, "finished": 1}
 
@@ -385,7 +387,7 @@ def test_ctrl_c_stops_a_running_check_and_leaves_none_behind(tmp_path):
     assert process.returncode == 130 and time.monotonic() - stopped_at < 5, err
     left = subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True).stdout
     assert left == "", "no check left running"
-    assert [line["status"] for line in results(tmp_path / "tasks-results")] == ["interrupted"] * 2
+    assert [line["status"] for line in results(tmp_path / "tasks-results" / "gpt-4o-mini")] == ["interrupted"] * 2
 
 
 def test_a_refused_key_or_a_dead_endpoint_costs_no_retry_and_the_same_command_goes_on(tmp_path, cli, monkeypatch):
@@ -393,13 +395,15 @@ def test_a_refused_key_or_a_dead_endpoint_costs_no_retry_and_the_same_command_go
     monkeypatch.setenv("LLM_API_KEY", KEY)
     with ScriptedServer([{"status": 401, "body": {"error": {"message": "bad key"}}}]) as refusing:
         monkeypatch.setenv("LLM_API_URL", refusing.url)
-        assert cli("--batch", tasks, "--parallel", 1, "-q")[0] == 1
+        assert cli("--batch", tasks, "--parallel", 1, "-q")[0] == 3
     monkeypatch.setenv("LLM_API_URL", "http://127.0.0.1:9/v1")
     monkeypatch.setenv("AGENT_RETRIES", "0")
     code, out, err = cli("--batch", tasks, "--parallel", 1, "--json")
-    assert code == 1 and err.count("no more tasks start") == 1, err
+    assert code == 3 and err.count("no more tasks start") == 1, err
     assert json.loads(out)["status_counts"] == {"error": 3}, "the table counts what results.jsonl holds"
-    assert err.count("cannot reach") == 4, "three tasks without a connection, each a line, then a stop said once"
+    said = [line for line in err.splitlines() if "cannot reach" in line]
+    assert len([line for line in said if line.startswith("[")]) == 3, "three tasks without a connection, each a line"
+    assert len([line for line in said if "no more tasks start" in line]) == 1, "then a stop said once"
     with ScriptedServer([], screen=ByTask()) as good:
         monkeypatch.setenv("LLM_API_URL", good.url)
         code, out, err = cli("--batch", tasks, "--json", "--retry-errors", 0)
@@ -423,7 +427,7 @@ def test_a_task_whose_text_changed_or_whose_trace_is_gone_runs_again(tmp_path, c
     cli("--batch", path, "-q")
     path.write_text('\ufeff{"id": "a", "task": "[finish] one"}\n{"id": "b", "task": "[finish] two, now"}\n'
                     '{"id": "c", "task": "[finish] three", "chek": "false"}\n')
-    (tmp_path / "tasks-results" / "traces" / "c.jsonl").unlink()
+    (tmp_path / "tasks-results" / "gpt-4o-mini" / "traces" / "c.jsonl").unlink()
     server.requests.clear()
     code, out, err = cli("--batch", path, "--json")
     assert code == 0 and json.loads(out)["status_counts"] == {"finished": 3}, err
@@ -433,7 +437,7 @@ def test_a_task_whose_text_changed_or_whose_trace_is_gone_runs_again(tmp_path, c
     assert asked == {"Task: [finish] two, now", "Task: [finish] three"}, "a with its BOM is the same task"
     path.write_text('{"id": "a", "task": "[finish] one"}\n')
     cli("--batch", path, "-q")
-    assert [line["id"] for line in results(tmp_path / "tasks-results")] == ["a"], "no line of a task gone from the file"
+    assert [line["id"] for line in results(tmp_path / "tasks-results" / "gpt-4o-mini")] == ["a"], "no line of a task gone from the file"
 
 
 def test_an_out_that_cannot_be_a_folder_is_a_usage_error(tmp_path, cli, serve):

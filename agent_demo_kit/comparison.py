@@ -1,0 +1,349 @@
+"""Figures across result folders: --summary DIR... reads each folder's results (shards merged: a task
+counted once, its latest line), puts the results of one configuration together and those of
+different configurations side by side, with the tasks where they differ and whether the difference
+is more than noise; and the tasks that did not finish or were wrong, a screenful at most.
+
+A results line says which configuration it came from (`config`: model, endpoint host, mode, tools,
+system prompt, --max-rounds, check, --escalate), so two models' folders are never merged into one.
+It imports records, scoring and metrics.
+"""
+import json
+import os
+import shlex
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Dict, Iterator, List, Optional, Tuple
+
+from agent_demo_kit import metrics, scoring
+from agent_demo_kit.records import ConfigError
+
+Key = Tuple[str, int]  # a task's id and which of its tries (--repeat)
+FAILURES_SHOWN = 20  # tasks listed at the end of a batch or a summary; --json has them all
+DIFFERENCES_SHOWN = 20
+ANSWER_SHOWN_CHARS = 60
+SIGNIFICANCE = 0.05
+
+
+def result_key(line: dict) -> Key:
+    """Which task and which of its tries a results line is about."""
+    repeat = line.get("repeat")
+    return str(line.get("id")), repeat if isinstance(repeat, int) and not isinstance(repeat, bool) and repeat > 0 else 1
+
+
+def ended_key(line: dict) -> float:
+    """When a results line's run ended, to keep the latest: its ISO 8601 time (or, in older lines, seconds
+    since 1970); 0 for anything else."""
+    value = line.get("ended_at")
+    if isinstance(value, str):
+        try:
+            return datetime.fromisoformat(value).timestamp()
+        except (ValueError, OverflowError, OSError):
+            return 0.0
+    return float(metrics.number(value))
+
+
+def success(line: dict) -> bool:
+    """Did the task succeed: right, when it had an expected answer; else finished."""
+    return line["correct"] if isinstance(line.get("correct"), bool) else line.get("status") == "finished"
+
+
+def read_results(folder: Path) -> Dict[Key, dict]:
+    """The latest line for each task and try in every results*.jsonl of a folder (shards included).
+    Lines that cannot be read are passed by."""
+    latest: Dict[Key, dict] = {}
+    for path in sorted(folder.glob("results*.jsonl")):
+        for line in read_lines(path):
+            key = result_key(line)
+            known = latest.get(key)
+            if known is None or ended_key(line) >= ended_key(known):
+                latest[key] = line
+    return latest
+
+
+def read_lines(path: Path) -> Iterator[dict]:
+    """The result lines of one results file (JSON objects with an id and a status)."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as results:
+            for text in results:
+                try:
+                    line = json.loads(text)
+                except (ValueError, RecursionError):
+                    continue
+                if isinstance(line, dict) and isinstance(line.get("id"), str) and isinstance(line.get("status"), str):
+                    yield line
+    except OSError as error:
+        raise ConfigError(f"cannot read {path}: {error.strerror or error}") from None
+
+
+def config_differences(recorded: Any, current: dict) -> List[str]:
+    """What differs between a recorded configuration and this one, for people ("model small, now big")."""
+    recorded = recorded if isinstance(recorded, dict) else {}
+    return [f"{name} {shown(recorded.get(name))}, now {shown(current.get(name))}"
+            for name in dict.fromkeys([*current, *recorded]) if recorded.get(name) != current.get(name)]
+
+
+def shown(value: Any) -> str:
+    if value is None:
+        return "none"
+    return ",".join(map(str, value)) if isinstance(value, list) else str(value)
+
+
+# --- --summary DIR... ------------------------------------------------------------------------------
+
+class Column:
+    """The results of one configuration: from one folder or several (shards)."""
+
+    def __init__(self, config: Optional[dict]):
+        self.config, self.folders, self.lines = config, [], {}  # type: Optional[dict], List[str], Dict[Key, dict]
+        self.label = ""
+
+    def add(self, folder: str, key: Key, line: dict) -> None:
+        if folder not in self.folders:
+            self.folders.append(folder)
+        known = self.lines.get(key)
+        if known is None or ended_key(line) >= ended_key(known):
+            self.lines[key] = line
+
+    def summary(self) -> dict:
+        tries = max((key[1] for key in self.lines), default=1)
+        tally = metrics.Tally(tries)
+        for line in self.lines.values():
+            tally.add(line)
+        return tally.summary()
+
+
+def folders_of(names: List[str]) -> List[Path]:
+    """The result folders named: each folder that holds results*.jsonl, or, for one that holds none,
+    each of its subfolders that does (the default folders of several models: FILE-results/MODEL)."""
+    found: List[Path] = []
+    for name in dict.fromkeys(os.path.realpath(name) for name in names):  # a folder named twice is read once
+        folder = Path(name)
+        if not folder.is_dir():
+            raise ConfigError(f"--summary: {name} is not a folder of batch results")
+        inside = [folder] if any(folder.glob("results*.jsonl")) else sorted(
+            sub for sub in folder.iterdir() if sub.is_dir() and any(sub.glob("results*.jsonl")))
+        if not inside:
+            raise ConfigError(f"--summary: {name} holds no results*.jsonl with results in it")
+        found += [sub for sub in inside if sub not in found]
+    return found
+
+
+def columns_of(names: List[str]) -> List[Column]:
+    """The results of these folders, a column for each configuration (shards of one merged)."""
+    columns: Dict[str, Column] = {}
+    for folder in folders_of(names):
+        lines = read_results(folder)
+        if not lines:
+            raise ConfigError(f"--summary: {folder} holds no results*.jsonl with results in it")
+        for key, line in lines.items():
+            config = line.get("config") if isinstance(line.get("config"), dict) else None
+            # Results from before configurations were recorded: each folder is its own.
+            name = json.dumps(config, sort_keys=True) if config is not None else f"folder {folder}"
+            columns.setdefault(name, Column(config)).add(str(folder), key, line)
+    found = list(columns.values())
+    for column in found:
+        column.label = label(column, found)
+    return found
+
+
+def label(column: Column, columns: List[Column]) -> str:
+    """A column's name: its model, and what tells it apart from another column of the same model."""
+    config = column.config or {}
+    model = str(config.get("model") or os.path.basename(column.folders[0]))
+    twins = [other.config or {} for other in columns
+             if other is not column and (other.config or {}).get("model", model) == model]
+    if not twins:
+        return model
+    differ = [name for name in config if name != "model" and any(twin.get(name) != config.get(name) for twin in twins)]
+    return f"{model} ({', '.join(f'{name} {shown(config.get(name))}' for name in differ)})" if differ \
+        else f"{model} ({column.folders[0]})"
+
+
+def summarize(names: List[str]) -> dict:
+    """--summary DIR...: one configuration's summary (with its config and failures), or, for several,
+    the comparison: a column each, the tasks where they differ, the paired tests."""
+    columns = columns_of(names)
+    if len(columns) == 1:
+        column = columns[0]
+        return {**column.summary(), "config": column.config, "folders": column.folders,
+                "failures": failures(column.lines.values())}
+    return compare(columns)
+
+
+def compare(columns: List[Column]) -> dict:
+    """Several configurations side by side."""
+    described = [{"label": column.label, "folders": column.folders, "config": column.config,
+                  "summary": column.summary(), "failures": len(failures(column.lines.values()))}
+                 for column in columns]
+    first_tries = [{key[0]: line for key, line in column.lines.items() if key[1] == 1} for column in columns]
+    ids = list(dict.fromkeys(ident for lines in first_tries for ident in lines))
+    differences = []
+    for ident in ids:
+        lines = [lines.get(ident) for lines in first_tries]
+        ran = [line for line in lines if line is not None]
+        if len(ran) < 2:
+            continue
+        outcomes = {success(line) for line in ran}
+        statuses = {line.get("status") for line in ran}
+        if len(outcomes) > 1 or len(statuses) > 1:
+            differences.append({"id": ident, "outcome_differs": len(outcomes) > 1, "runs": [
+                None if line is None else {"status": line.get("status"), "correct": line.get("correct"),
+                                           "answer": one_line(line.get("answer"))} for line in lines]})
+    differences.sort(key=lambda entry: not entry["outcome_differs"])  # a different outcome first
+    tests = []
+    for index in range(1, len(columns)):
+        both = [(first_tries[0][ident], first_tries[index][ident]) for ident in ids
+                if ident in first_tries[0] and ident in first_tries[index]]
+        only_first = sum(success(a) and not success(b) for a, b in both)
+        only_second = sum(success(b) and not success(a) for a, b in both)
+        p_value = scoring.paired_test(only_first, only_second)
+        tests.append({"first": columns[0].label, "second": columns[index].label, "both_ran": len(both),
+                      "only_first": only_first, "only_second": only_second, "p_value": float(f"{p_value:.3g}"),
+                      "more_than_noise": p_value < SIGNIFICANCE})
+    return {"configurations": described, "differences": differences, "tests": tests}
+
+
+def one_line(value: Any, chars: int = ANSWER_SHOWN_CHARS) -> str:
+    """An answer cut to one short line."""
+    if value is None:
+        return ""
+    text = " ".join((value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)).split())
+    return text if len(text) <= chars else text[:chars - 3] + "..."
+
+
+# --- what failed --------------------------------------------------------------------------------
+
+def failures(lines: Any) -> List[dict]:
+    """The tasks that did not finish or were wrong, each with a line of why, in the order given."""
+    found = []
+    for line in lines:
+        if line.get("status") == "finished" and line.get("correct") is not False:
+            continue
+        if line.get("status") == "finished":
+            why = f"answered {one_line(line.get('answer'))!r}, expected {one_line(line.get('expected'))!r}"
+        else:
+            why = one_line(line.get("error") or line.get("summary") or line.get("status"), 120)
+        ident, repeat = result_key(line)
+        found.append({"id": ident, **({"repeat": repeat} if repeat > 1 else {}), "status": line.get("status"),
+                      "why": why})
+    return found
+
+
+def render_failures(found: List[dict], shown_at_most: int = FAILURES_SHOWN) -> List[str]:
+    """The failures for people: a line each, a screenful at most."""
+    if not found:
+        return []
+    lines = [f"{len(found)} task(s) did not finish or were wrong:"]
+    for entry in found[:shown_at_most]:
+        tried = f" (try {entry['repeat']})" if entry.get("repeat") else ""
+        status = "wrong" if entry["status"] == "finished" else entry["status"]
+        lines.append(f"  {entry['id']}{tried}: {status}: {entry['why']}")
+    if len(found) > shown_at_most:
+        lines.append(f"  ... and {len(found) - shown_at_most} more (--json lists them all)")
+    return lines
+
+
+# --- the comparison, for people ------------------------------------------------------------------
+
+def render_comparison(data: dict, markdown: bool = False) -> List[str]:
+    """The side-by-side table, the differing tasks and the tests, as text or as Markdown tables."""
+    columns = data["configurations"]
+    rows = [[name, *(cell(column, name) for column in columns)] for name in FIGURES]
+    rows = [row for row in rows if any(value != "n/a" for value in row[1:])]
+    lines = table(["", *(column["label"] for column in columns)], rows, markdown)
+    differences = data["differences"]
+    lines.append("")
+    if differences:
+        lines.append(f"{len(differences)} task(s) where they differ (first try; a different outcome first):")
+        body = [[entry["id"], *(run_cell(run) for run in entry["runs"])] for entry in differences[:DIFFERENCES_SHOWN]]
+        lines += table(["task", *(column["label"] for column in columns)], body, markdown)
+        if len(differences) > DIFFERENCES_SHOWN:
+            lines.append(f"... and {len(differences) - DIFFERENCES_SHOWN} more (--json lists them all)")
+    else:
+        lines.append("no task where they differ")
+    lines.append("")
+    for test in data["tests"]:
+        verdict = "more than noise" if test["more_than_noise"] else "could be noise"
+        lines.append(f"{test['second']} vs {test['first']}: on {test['both_ran']} task(s) both ran, right only with"
+                     f" {test['second']} {test['only_second']}, only with {test['first']} {test['only_first']};"
+                     f" exact McNemar test p = {test['p_value']:.3g} ({verdict} at {SIGNIFICANCE:g})")
+    return lines
+
+
+FIGURES = ("tasks", "completion", "accuracy", "pass@1 / pass^k", "rounds (mean)", "tokens", "cost", "time p50",
+           "time p95", "failed or wrong")
+
+
+def render_single(summary: dict, markdown: bool = True) -> List[str]:
+    """One configuration's figures as a table (Markdown, to paste into a pull request)."""
+    column = {"summary": summary, "failures": len(summary.get("failures") or [])}
+    rows = [[name, cell(column, name)] for name in FIGURES]
+    return table(["", str((summary.get("config") or {}).get("model") or "runs")],
+                 [row for row in rows if row[1] != "n/a"], markdown)
+
+
+def rerun_command(summary: dict) -> str:
+    """The command that runs a folder's failed and wrong tasks again, with the flags of its configuration."""
+    config, folder = summary.get("config") or {}, summary["folders"][0]
+    tasks_file = None
+    try:
+        with open(os.path.join(folder, "summary.json"), encoding="utf-8") as file:
+            tasks_file = json.load(file).get("tasks_file")
+    except (OSError, ValueError, AttributeError, RecursionError):
+        pass
+    words = ["agent-demo", "--batch", str(tasks_file or "FILE"), "--out", folder]
+    if config.get("model"):
+        words += ["-m", str(config["model"])]
+    for name, flag in (("mode", "--mode"), ("max_rounds", "--max-rounds"), ("check", "--check"),
+                       ("escalate", "--escalate")):
+        if config.get(name) is not None and not (name == "mode" and config[name] == "json"):
+            words += [flag, str(config[name])]
+    return shlex.join(words + ["--rerun-failed"])
+
+
+def cell(column: dict, name: str) -> str:
+    """One figure of a column."""
+    summary = column["summary"]
+    if name == "tasks":
+        return str(summary["tasks"])
+    if name == "failed or wrong":
+        return str(column["failures"])
+    share = lambda value: "n/a" if value is None else f"{value:.1%}"  # noqa: E731
+    if name == "completion":
+        return share(summary["completion_rate"])
+    if name == "accuracy":
+        if not summary.get("scored"):
+            return "n/a"
+        low, high = summary["accuracy_interval"]
+        return f"{share(summary['accuracy'])} ({share(low)}-{share(high)})"
+    if name == "pass@1 / pass^k":
+        repeated = summary.get("repeats")
+        return f"{share(repeated['pass_at_1'])} / {share(repeated['pass_all'])}" if repeated else "n/a"
+    if name == "rounds (mean)":
+        return f"{summary['rounds']['mean']:g}"
+    if name == "tokens":
+        return f"{summary['tokens']['total']:,}"
+    if name == "cost":
+        return "n/a" if summary.get("cost") is None else metrics.dollars(summary["cost"])
+    return f"{summary['seconds'][name[-3:]]:.3g} s"  # time p50, time p95
+
+
+def run_cell(run: Optional[dict]) -> str:
+    """How one configuration did on one task: its status or correctness, and its answer."""
+    if run is None:
+        return "-"
+    said = "right" if run["correct"] is True else "wrong" if run["correct"] is False else run["status"]
+    if run["status"] != "finished" and run["correct"] is not None:
+        said = run["status"]
+    return f"{said}: {run['answer']}" if run["answer"] else said
+
+
+def table(header: List[str], body: List[List[str]], markdown: bool) -> List[str]:
+    """Rows as aligned text, or as a Markdown table (| escaped)."""
+    if markdown:
+        escape = lambda text: str(text).replace("|", "\\|")  # noqa: E731
+        return [f"| {' | '.join(map(escape, header))} |", f"|{'---|' * len(header)}",
+                *(f"| {' | '.join(map(escape, row))} |" for row in body)]
+    widths = [max(len(str(row[index])) for row in [header, *body]) for index in range(len(header))]
+    return ["  ".join(str(value).ljust(width) for value, width in zip(row, widths)).rstrip()
+            for row in [header, *body]]

@@ -1,0 +1,157 @@
+"""Scoring, after a run and never shown to the model: does an answer match what its task expected,
+and what a count of right answers says (an interval, a paired test of two configurations, pass^k).
+
+The default match is forgiving where people are: case, surrounding whitespace, quotes and final
+punctuation do not count, and a numeric expectation is compared with the answer's final number
+("The result is 1,536." matches 1536). `exact`, `includes`, `number` and `regex` say otherwise.
+It imports only records.
+"""
+import json
+import math
+import re
+import statistics
+from typing import Any, List, Optional, Sequence, Tuple
+
+from agent_demo_kit.records import answer_text
+
+MATCHES = ("exact", "includes", "number", "regex")  # besides the default
+RELATIVE_TOLERANCE = 1e-6  # two numbers this close are equal (1/3 written as 0.333333 is not)
+SCORED_CHARS = 100_000  # of an answer, what is scored: a regex runs on no more
+_NUMBER = re.compile(r"(?:(?<![\w.])[-+])?(?:\d{1,3}(?:,\d{3})+(?!\d)|\d+|(?=\.\d))(?:\.\d+)?(?:[eE][-+]?\d+)?")
+_QUOTES = "\"'`\u201c\u201d\u2018\u2019\u00ab\u00bb"
+_FINAL_PUNCTUATION = ".!?;:,\u3002\uff01\uff1f"
+
+
+class BadExpectation(ValueError):
+    """What a task expects cannot be scored (a regex that does not compile, a list of nothing)."""
+
+
+def expected_values(expected: Any) -> List[Any]:
+    """The values an `expected` allows (a list means any of them); BadExpectation for an empty list or
+    a value that is neither text nor a number."""
+    values = expected if isinstance(expected, list) else [expected]
+    if not values:
+        raise BadExpectation('"expected" is an empty list: nothing could be right')
+    for value in values:
+        if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+            raise BadExpectation(f'"expected" must be a text, a number or a list of them, got {json.dumps(value)}')
+    return values
+
+
+def check_expectation(expected: Any, match: Optional[str]) -> None:
+    """BadExpectation if this expectation cannot be scored with this match."""
+    for value in expected_values(expected):
+        if match == "regex":
+            try:
+                re.compile(str(value))
+            except re.error as error:
+                raise BadExpectation(f'"expected" is not a regular expression: {error}') from None
+        if match == "number" and as_number(value) is None:
+            raise BadExpectation(f'"expected" {json.dumps(value)} is not a number, as --match number needs')
+
+
+def expected_text(expected: Any) -> str:
+    """What a check gets as AGENT_EXPECTED: text as it is, anything else as JSON."""
+    return expected if isinstance(expected, str) else json.dumps(expected, ensure_ascii=False)
+
+
+def score(answer: Any, expected: Any, match: Optional[str] = None) -> bool:
+    """Does the answer match any of the expected values, by `match` (None: the default)?"""
+    said = answer_text(answer)[:SCORED_CHARS] if answer is not None else ""
+    return any(matches(said, value, match) for value in expected_values(expected))
+
+
+def matches(answer: str, expected: Any, match: Optional[str]) -> bool:
+    """One expected value against an answer."""
+    wanted = expected if isinstance(expected, str) else json.dumps(expected)
+    if match == "exact":
+        return answer.strip() == wanted.strip()
+    if match == "includes":
+        return normalized(wanted) in normalized(answer)
+    if match == "regex":
+        return re.search(wanted, answer) is not None
+    number = as_number(expected)
+    if match == "number" or number is not None:
+        final = final_number(answer)
+        return number is not None and final is not None and math.isclose(final, number, rel_tol=RELATIVE_TOLERANCE,
+                                                                          abs_tol=1e-12)
+    return normalized(answer) == normalized(wanted)
+
+
+def normalized(text: str) -> str:
+    """text without what people do not count: case, surrounding whitespace and quotes, final punctuation,
+    runs of whitespace."""
+    text = " ".join(text.split()).casefold()
+    while True:
+        before = text
+        text = text.strip().rstrip(_FINAL_PUNCTUATION).strip()
+        if len(text) >= 2 and text[0] in _QUOTES and text[-1] in _QUOTES:
+            text = text[1:-1]
+        if text == before:
+            return text
+
+
+def as_number(value: Any) -> Optional[float]:
+    """value as a number when it is one, written plainly or with thousands separators ("1,536"); else None."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        return float(value) if math.isfinite(value) else None
+    text = normalized(str(value))
+    return _to_float(text) if _NUMBER.fullmatch(text) else None
+
+
+def final_number(text: str) -> Optional[float]:
+    """The last number written in text, or None."""
+    found = _NUMBER.findall(text)
+    for written in reversed(found):
+        number = _to_float(written)
+        if number is not None:
+            return number
+    return None
+
+
+def _to_float(written: str) -> Optional[float]:
+    try:
+        number = float(written.replace(",", ""))
+    except ValueError:
+        return None
+    return number if math.isfinite(number) else None
+
+
+# --- what the counts say ------------------------------------------------------------------------
+
+def interval(right: int, total: int, z: float = 1.96) -> Optional[Tuple[float, float]]:
+    """The 95% Wilson score interval of right/total, or None when nothing was counted."""
+    if total <= 0:
+        return None
+    share = right / total
+    centre = (share + z * z / (2 * total)) / (1 + z * z / total)
+    half = z * math.sqrt(share * (1 - share) / total + z * z / (4 * total * total)) / (1 + z * z / total)
+    return round(max(0.0, centre - half), 4), round(min(1.0, centre + half), 4)
+
+
+def paired_test(only_first: int, only_second: int) -> float:
+    """The two-sided exact McNemar test of two configurations on the same tasks: the chance of a split
+    at least this uneven among the tasks where they differ (only_first: right with the first alone),
+    if either was as likely to win each of them. 1.0 when they never differ."""
+    differ = only_first + only_second
+    if differ == 0:
+        return 1.0
+    tail = sum(math.comb(differ, k) for k in range(min(only_first, only_second) + 1))
+    return min(1.0, 2 * tail / 2 ** differ)
+
+
+def repeats(outcomes: Sequence[Sequence[bool]], tries: int) -> dict:
+    """pass@1 (the share of all tries that succeeded), pass^k (the share of tasks whose k tries all
+    succeeded) and the spread of the share per try, for tasks each tried `tries` times (a task with
+    fewer tries so far counts what it has; pass^k needs all k)."""
+    tasks = len(outcomes)
+    done = [task for task in outcomes if task]
+    per_try = [[task[n] for task in outcomes if len(task) > n] for n in range(tries)]
+    shares = [sum(results) / len(results) for results in per_try if results]
+    return {"tries": tries, "tasks": tasks,
+            "pass_at_1": round(sum(map(sum, done)) / sum(map(len, done)), 4) if done else None,
+            "pass_all": round(sum(len(task) == tries and all(task) for task in outcomes) / tasks, 4) if tasks else None,
+            "per_try": [round(share, 4) for share in shares],
+            "spread": round(statistics.pstdev(shares), 4) if len(shares) > 1 else 0.0}

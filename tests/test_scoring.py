@@ -1,0 +1,247 @@
+"""Figures you can trust: `expected` scored after the run (never shown to the model), results that
+belong to one configuration, two models side by side, repeats, cost, and what failed."""
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from agent_demo_kit import scoring
+from conftest import KEY, start_cli
+from scripted_server import ScriptedServer, action
+
+
+@pytest.mark.parametrize("answer, expected, match, right", [
+    ("The result is 1,536.", "1536", None, True),
+    ("1536", 1536, None, True),
+    ("1,536", "1,536", None, True),
+    ("about 1536.01", "1536", None, False),
+    ("3.0", "3", None, True),
+    ("pages 3-5", "5", None, True),
+    ("It is -5.", "-5", None, True),
+    ("1,5367", "1536", None, False),
+    ("4", "5", None, False),
+    ("  \"Paris.\" ", "paris", None, True),
+    ("PARIS!", "Paris", None, True),
+    ("Paris, France", "Paris", None, False),
+    ("Paris, France", "paris", "includes", True),
+    ("Lyon", "paris", "includes", False),
+    ("Paris", "Paris.", "exact", False),
+    (" Paris\n", "Paris", "exact", True),
+    ("order A1002 is 待支付", r"A100\d", "regex", True),
+    ("order A1002", r"^A100\d$", "regex", False),
+    ("seven", ["7", "seven"], None, True),
+    ("eight", ["7", "seven"], None, False),
+    ("the answer: 42", "42", "number", True),
+    ("no number here", "42", "number", False),
+    ({"total": 1536}, "1536", None, True),
+])
+def test_an_answer_is_scored_the_way_people_read_it(answer, expected, match, right):
+    assert scoring.score(answer, expected, match) is right
+
+
+def test_the_interval_and_the_paired_test_are_the_textbook_ones():
+    assert scoring.interval(7, 10) == (0.3968, 0.8922)  # Wilson, 95%
+    assert scoring.interval(0, 0) is None
+    assert scoring.paired_test(5, 1) == pytest.approx(0.21875)  # exact McNemar: 2 * P(X <= 1), X ~ B(6, 1/2)
+    assert scoring.paired_test(10, 0) == pytest.approx(2 / 1024)
+    assert scoring.paired_test(0, 0) == 1.0
+
+
+class Answers:
+    """Answers each task with what `answers` holds for its text (a finish), by model: {model: {task: answer}}.
+    The tasks' texts say nothing of their answers, so a request that held an expected value leaked it."""
+
+    def __init__(self, answers, tool_first=()):
+        self.answers, self.tool_first, self.bodies = answers, set(tool_first), []
+
+    def __call__(self, body):
+        self.bodies.append(json.dumps(body, ensure_ascii=False))
+        task = body["messages"][1]["content"].split("Task: ", 1)[-1]
+        said = self.answers[body["model"]][task]
+        if task in self.tool_first and not any(m["role"] == "assistant" for m in body["messages"]):
+            return action("calculator", expression="2 + 3")
+        if said is None:
+            return action("fail", reason="cannot")
+        return action("finish", result=said)
+
+
+def scripted_batch(tmp_path, monkeypatch, screen):
+    server = ScriptedServer([], screen=screen).__enter__()
+    monkeypatch.setenv("LLM_API_URL", server.url)
+    monkeypatch.setenv("LLM_API_KEY", KEY)
+    return server
+
+
+# answer, expected, match, right: 30 tasks with `expected`, 10 without
+SCRIPTED = [
+    ("The result is 1,536.", "1536", None, True), ("1536", 1536, None, True), ("Paris.", "paris", None, True),
+    ("'Rome'", "Rome", None, True), ("BERLIN", "berlin", None, True), ("4", "5", None, False),
+    ("Paris, France", "paris", "includes", True), ("Lyon", "paris", "includes", False),
+    ("A1002", r"^A\d{4}$", "regex", True), ("B1002", r"^A\d{4}$", "regex", False),
+    ("seven", ["7", "seven"], None, True), ("six", ["7", "seven"], None, False),
+    ("12,000.5 in all", "12000.5", None, True), ("3.14", "3.14159", None, False),
+    ("Answer: -2", "-2", "number", True), ("yes", "Yes.", "exact", False), ("Yes.", "Yes.", "exact", True),
+    (None, "42", None, False), (None, "x", None, False), ("x", "x", None, True),
+] + [(f"answer {n}", f"answer {n}", None, True) for n in range(6)] + [
+    (f"answer {n}", f"other {n}", None, False) for n in range(4)]
+
+
+def write_scored_tasks(path):
+    lines = []
+    for n, (answer, expected, match, right) in enumerate(SCRIPTED):
+        lines.append({"id": f"s{n}", "task": f"question {n}", "expected": expected, **({"match": match} if match else {})})
+    lines += [{"id": f"u{n}", "task": f"unscored {n}"} for n in range(10)]
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    answers = {f"question {n}": answer for n, (answer, *_) in enumerate(SCRIPTED)}
+    answers.update({f"unscored {n}": f"free text {n}" for n in range(10)})
+    return answers
+
+
+def results_of(folder):
+    return {line["id"]: line for line in map(json.loads, (Path(folder) / "results.jsonl").read_text().splitlines())}
+
+
+def test_forty_tasks_are_scored_as_scripted_and_no_request_ever_holds_what_was_expected(tmp_path, cli, monkeypatch):
+    answers = write_scored_tasks(tmp_path / "tasks.jsonl")
+    screen = Answers({"gpt-4o-mini": answers}, tool_first={"question 0"})
+    scripted_batch(tmp_path, monkeypatch, screen)
+    code, out, err = cli("--batch", tmp_path / "tasks.jsonl", "--parallel", 4, "--json")
+    summary = json.loads(out)
+    lines = results_of(tmp_path / "tasks-results" / "gpt-4o-mini")
+    assert [lines[f"s{n}"]["correct"] for n in range(30)] == [right for *_, right in SCRIPTED]
+    assert all(lines[f"u{n}"]["correct"] is None for n in range(10)), "no expected answer: not counted as wrong"
+    right = sum(right for *_, right in SCRIPTED)
+    assert (summary["scored"], summary["correct"]) == (30, right)
+    assert summary["accuracy"] == round(right / 30, 4)
+    assert summary["accuracy_interval"] == list(scoring.interval(right, 30))
+    assert summary["status_counts"] == {"failed": 2, "finished": 38}
+    assert code == 1, "wrong answers are not a success"
+    assert f"accuracy         {right / 30:.1%} ({right} of 30 with an expected answer; 95% interval" in err
+    assert "s5: wrong: answered '4', expected '5'" in err, err
+    leaked = [expected for _, expected, _, _ in SCRIPTED if isinstance(expected, str) and len(expected) > 3
+              and any(expected in body for body in screen.bodies)]
+    assert leaked == [], "the model never sees what is expected"
+
+
+def test_two_models_get_a_folder_each_and_the_summary_puts_them_side_by_side(tmp_path, cli, monkeypatch):
+    path = tmp_path / "tasks.jsonl"
+    path.write_text("".join(json.dumps({"id": f"t{n}", "task": f"q{n}", "expected": str(n)}) + "\n" for n in range(16)))
+    small = {f"q{n}": str(n) if n < 4 or n == 15 else "no idea" for n in range(16)}
+    big = {f"q{n}": str(n) if n != 15 else None for n in range(16)}
+    server = scripted_batch(tmp_path, monkeypatch, Answers({"small": small, "big": big}))
+    assert cli("--batch", path, "-m", "small", "-q")[0] == 1
+    assert cli("--batch", path, "-m", "big", "-q")[0] == 1
+    first, second = tmp_path / "tasks-results" / "small", tmp_path / "tasks-results" / "big"
+    assert len(results_of(first)) == len(results_of(second)) == 16, "two folders, both complete"
+    assert results_of(first)["t0"]["config"]["model"] == "small"
+
+    code, out, err = cli("--summary", first, second, "--json")
+    compared = json.loads(out)
+    assert [column["label"] for column in compared["configurations"]] == ["small", "big"]
+    assert [column["summary"]["correct"] for column in compared["configurations"]] == [5, 15]
+    assert [entry["id"] for entry in compared["differences"]] == [f"t{n}" for n in range(4, 16)]
+    [test] = compared["tests"]
+    assert (test["only_first"], test["only_second"]) == (1, 11)
+    assert test["p_value"] == pytest.approx(scoring.paired_test(1, 11), rel=1e-3)
+    code, out, _ = cli("--summary", tmp_path / "tasks-results")  # the folder of both: the same two columns
+    assert code == 0 and "small" in out.splitlines()[0] and "big" in out.splitlines()[0]
+    assert "exact McNemar test p = 0.00635 (more than noise at 0.05)" in out
+    assert "t15" in out and "failed" in out
+    code, out, _ = cli("--summary", first, second, "--markdown")
+    assert out.splitlines()[0].startswith("|  | small | big |") and "| accuracy |" in out
+
+    sent = len(server.requests)
+    code, out, err = cli("--batch", path, "-m", "big", "--out", first)
+    assert (code, len(server.requests)) == (2, sent), "another configuration into a folder: refused, nothing sent"
+    assert "holds results of another configuration (model small, now big)" in err
+    code, out, err = cli("--batch", path, "-m", "small", "--max-rounds", 3, "--out", first)
+    assert code == 2 and "max_rounds 6, now 3" in err
+
+
+def test_repeats_give_each_try_a_trace_and_pass_at_1_and_pass_all(tmp_path, cli, monkeypatch):
+    path = tmp_path / "tasks.jsonl"
+    path.write_text("".join(json.dumps({"id": f"t{n}", "task": f"q{n}", "expected": "yes"}) + "\n" for n in range(10)))
+    tries = {}
+
+    def flaky(body):  # q0..q4 always right, q5..q6 right on the first try only, q7..q9 never
+        task = body["messages"][1]["content"].split("Task: ", 1)[-1]
+        number = int(task[1:])
+        tries[task] = tries.get(task, 0) + 1
+        right = number < 5 or number < 7 and tries[task] == 1
+        return action("finish", result="yes" if right else "no")
+    scripted_batch(tmp_path, monkeypatch, flaky)
+    code, out, err = cli("--batch", path, "--repeat", 3, "--parallel", 1, "--json")
+    summary = json.loads(out)
+    folder = tmp_path / "tasks-results" / "gpt-4o-mini"
+    assert len(list((folder / "traces").iterdir())) == 30
+    assert summary["tasks"] == 30 and summary["repeats"]["tasks"] == 10
+    assert summary["repeats"]["pass_at_1"] == round(17 / 30, 4)
+    assert summary["repeats"]["pass_all"] == 0.5
+    assert summary["repeats"]["per_try"] == [0.7, 0.5, 0.5]
+    assert "pass@1 56.7%, pass^3 50.0%" in err
+
+
+def test_a_repeated_batch_killed_then_run_again_ends_each_try_once(tmp_path, monkeypatch):
+    path = tmp_path / "tasks.jsonl"
+    path.write_text("".join(json.dumps({"id": f"t{n}", "task": f"q{n}", "expected": "5"}) + "\n" for n in range(10)))
+
+    def slow(body):
+        return {"content": action("finish", result="5"), "delay": 0.05}
+    with ScriptedServer([], screen=slow) as server:
+        env = {"LLM_API_URL": server.url, "LLM_API_KEY": KEY}
+        args = ("--batch", path, "--repeat", 3, "--parallel", 2, "-q")
+        process = start_cli(*args, env=env, cwd=tmp_path)
+        folder = tmp_path / "tasks-results" / "gpt-4o-mini"
+        deadline = time.monotonic() + 30
+        while len(server.requests) < 8 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        os.kill(process.pid, signal.SIGKILL)
+        process.wait(timeout=10)
+        process = start_cli(*args, "--json", env=env, cwd=tmp_path)
+        out, err = process.communicate(timeout=60)
+    assert process.returncode == 0, err
+    assert json.loads(out)["status_counts"] == {"finished": 30}
+    ends = {}
+    for trace in (folder / "traces").iterdir():
+        records = [json.loads(line) for line in trace.read_text().splitlines() if line.strip()]
+        ends[trace.name] = sum(record["event"] == "end" for record in records)
+    assert len(ends) == 30 and set(ends.values()) == {1}, ends
+
+
+def test_a_price_gives_the_cost_the_token_counts_imply(tmp_path, cli, monkeypatch):
+    path = tmp_path / "tasks.jsonl"
+    path.write_text("".join(json.dumps({"id": f"t{n}", "task": f"q{n}"}) + "\n" for n in range(3)))
+
+    def priced(body):  # 1,000 prompt tokens (400 of them cached) and 200 completion tokens a round
+        return {"content": action("finish", result="ok"), "usage": {
+            "prompt_tokens": 1000, "completion_tokens": 200, "total_tokens": 1200,
+            "prompt_tokens_details": {"cached_tokens": 400}}}
+    scripted_batch(tmp_path, monkeypatch, priced)
+    code, out, err = cli("--batch", path, "--price", "2,8,1", "--json")
+    each = (600 * 2 + 400 * 1 + 200 * 8) / 1e6
+    summary = json.loads(out)
+    assert code == 0 and summary["cost"] == pytest.approx(3 * each)
+    lines = results_of(tmp_path / "tasks-results" / "gpt-4o-mini")
+    assert [line["cost"] for line in lines.values()] == [pytest.approx(each)] * 3
+    assert lines["t0"]["models"]["gpt-4o-mini"]["cost"] == pytest.approx(each)
+    assert "cost             $0.0096, $0.0032 a task" in err
+
+    code, out, _ = cli("--price", "2,8", "--json", "--no-log", "q0")
+    assert json.loads(out)["cost"] == pytest.approx((1000 * 2 + 200 * 8) / 1e6), "no cached price: the input price"
+
+
+def test_a_batch_stopped_by_ctrl_c_says_the_command_that_goes_on(tmp_path, monkeypatch):
+    path = tmp_path / "tasks.jsonl"
+    path.write_text("".join(json.dumps({"id": f"t{n}", "task": f"q{n}"}) + "\n" for n in range(6)))
+    with ScriptedServer([], screen=lambda body: {"content": action("finish", result="ok"), "delay": 0.2}) as server:
+        process = start_cli("--batch", path, "--parallel", 1, env={"LLM_API_URL": server.url}, cwd=tmp_path)
+        deadline = time.monotonic() + 30
+        while not server.requests and time.monotonic() < deadline:
+            time.sleep(0.01)
+        process.send_signal(signal.SIGINT)
+        out, err = process.communicate(timeout=30)
+    assert process.returncode == 130
+    assert f"agent-demo: to go on: agent-demo --batch {path} --parallel 1" in err
