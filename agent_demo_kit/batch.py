@@ -633,17 +633,23 @@ def iter_lines(file: Any) -> Iterator[Tuple[int, bytes]]:
 
 
 def run_batch(tasks: Any, out: Any, *, parallel: Optional[int] = None, retry_errors: int = DEFAULT_RETRY_ERRORS,
-              rerun_failed: bool = False, shard: Optional[Tuple[int, int]] = None, **settings: Any) -> dict:
+              rerun_failed: bool = False, shard: Optional[Tuple[int, int]] = None, match: Optional[str] = None,
+              repeat: int = 1, **settings: Any) -> dict:
     """--batch from Python: run `tasks` (task texts, or dicts with "task" and optionally "id", "check",
-    "expected"; ids are their positions from 1 when not given) into the folder `out`, as the command
-    line does (the same folder again goes on where it stopped), quietly; the summary. settings: the
-    command line's settings by their long names, as for agent_demo.run. ConfigError as agent_demo.run
-    raises it."""
+    "expected", "match"; ids are their positions from 1 when not given) into the folder `out`, as the
+    command line does (the same folder again goes on where it stopped), quietly; the summary.
+    settings: the command line's settings by their long names, as for agent_demo.run. ConfigError as
+    agent_demo.run raises it."""
     from agent_demo_kit.settings import read_environment
+    if match is not None and match not in scoring.MATCHES:
+        raise ConfigError(f"match must be one of {', '.join(scoring.MATCHES)}, got {match!r}")
+    if isinstance(repeat, bool) or not isinstance(repeat, int) or repeat < 1:
+        raise ConfigError(f"repeat must be a whole number of at least 1, got {repeat!r}")
     text = "".join(json.dumps(item if isinstance(item, dict) else {"task": item}, ensure_ascii=False) + "\n"
                    for item in tasks)
     batch = Batch(read_tasks(text, "tasks"), Path(out), settings, read_environment(), parallel=parallel,
-                  retry_errors=retry_errors, rerun_failed=rerun_failed, part=shard, quiet=True)
+                  retry_errors=retry_errors, rerun_failed=rerun_failed, part=shard, quiet=True, match=match,
+                  repeat=repeat)
     return batch.run()[1]
 
 

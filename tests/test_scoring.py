@@ -245,3 +245,34 @@ def test_a_batch_stopped_by_ctrl_c_says_the_command_that_goes_on(tmp_path, monke
         out, err = process.communicate(timeout=30)
     assert process.returncode == 130
     assert f"agent-demo: to go on: agent-demo --batch {path} --parallel 1" in err
+
+
+def test_a_task_answered_in_words_says_so_in_its_results_line_and_the_completion_rate_reads_both_ways(
+        tmp_path, cli, monkeypatch):
+    path = tmp_path / "tasks.jsonl"
+    path.write_text('{"id": "words", "task": "q0"}\n{"id": "action", "task": "q1"}\n')
+    scripted_batch(tmp_path, monkeypatch, lambda body: "It is five." if "q0" in body["messages"][1]["content"]
+                   else action("finish", result="five"))
+    code, out, err = cli("--batch", path, "--json", "--mode", "tools")
+    summary = json.loads(out)
+    lines = results_of(tmp_path / "tasks-results" / "gpt-4o-mini")
+    assert (lines["words"]["answered_in_words"], lines["action"]["answered_in_words"]) == (True, False)
+    assert (summary["completion_rate"], summary["completion_rate_by_finish"], summary["answered_in_words"]) == \
+        (1.0, 0.5, 1)
+    assert "completion rate  100.0% (50.0% by a finish action; 1 answered in words)" in err
+
+
+def test_with_escalate_each_model_is_priced_at_its_own_price(tmp_path, cli, monkeypatch):
+    def by_model(body):  # small sends nothing usable three times, big finishes: 100 + 10 tokens a round each
+        usage = {"prompt_tokens": 100, "completion_tokens": 10, "total_tokens": 110}
+        if body["model"] == "small":
+            return {"content": "{bad json", "usage": usage}
+        return {"content": action("finish", result="ok"), "usage": usage}
+    scripted_batch(tmp_path, monkeypatch, by_model)
+    code, out, err = cli("-m", "small", "--escalate", "big", "--price", "1,2", "--escalate-price", "10,20",
+                         "--json", "--no-log", "task")
+    printed = json.loads(out)
+    assert (code, printed["models"]["small"]["rounds"], printed["models"]["big"]["rounds"]) == (0, 3, 1), err
+    assert printed["cost"] == pytest.approx(3 * (100 * 1 + 10 * 2) / 1e6 + (100 * 10 + 10 * 20) / 1e6)
+    code, out, err = cli("-m", "small", "--escalate", "big", "--price", "1,2", "--json", "--no-log", "task")
+    assert "cost" not in json.loads(out), "a model without a price: no cost rather than a wrong one"
