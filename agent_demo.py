@@ -18,7 +18,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 from agent_demo_kit import __version__  # noqa: F401  (agent_demo.__version__; first: it checks prompts and tools)
 import prompts
 from agent_demo_kit.actions import Action, Parsed, native_calls, parse_reply, said_besides_actions
-from agent_demo_kit.child_processes import check_command, run_check
+from agent_demo_kit.child_processes import Check, checks_for, run_check
 from agent_demo_kit.conversation import Conversation, recall_rounds, shorten_args, truncate_result
 from agent_demo_kit.escalation import Escalation
 from agent_demo_kit.records import (BudgetSpent, Call, CallerError, CheckFailed, ConfigError, EndpointError, Finished,
@@ -51,7 +51,7 @@ class Agent:
         self.approver = approver
         self.on_round: Optional[Callable[[Round], None]] = None  # told of each round as it completes
         self.watchdog = Watchdog()
-        self.check: Optional[List[str]] = None  # how --check is started, once it is known to start
+        self.checks: Optional[List[Check]] = None  # --check (and a task line's own), once known to start
         self.usage: dict = {}
         self.task = ""  # as the user gave it (the conversation's may say more)
         self.uncertain: Dict[str, int] = {}  # tools with a call started before a crash -> the round redone
@@ -195,8 +195,8 @@ class Agent:
         for text in getattr(self.client, "window_notes", list)():
             self.trace.note(text)
         self.conversation.check_fits()
-        if settings.check is not None and self.check is None:
-            self.check = check_command(settings.check, settings.named("check"))
+        if self.checks is None:
+            self.checks = checks_for(settings.check, settings.named("check"))
 
     def ask(self) -> Tuple[Reply, List[dict]]:
         """The model's reply to the conversation (and the messages sent), with the live status line meanwhile."""
@@ -310,19 +310,25 @@ class Agent:
                 self.conversation.rounds, self.settings.max_result_chars, **action.args))
         if control is NOTE:  # no side effects either; the same note twice is kept once
             return Call(action.tool, action.args, self.conversation.notes.add(number, action.args["text"]))
-        if control is FINISH and self.check:
+        if control is FINISH and self.checks:
             return self.check_answer(action, action.args["result"])
         value = action.args["result" if control is FINISH else "reason"]
         raise (Finished if control is FINISH else GaveUp)(result=value).by(Call(action.tool, action.args,
                                                                                success(value)))
 
     def check_answer(self, action: Any, answer: Any) -> Call:
-        """Run --check on a finish: it ends the run when the check exits 0; otherwise the model gets the
-        check's output and goes on, until the run has had its --check-attempts."""
-        settings = self.settings
-        with self.trace.working(f"check running ({prompts.clip(settings.check, VALUE_SHOWN_CHARS)})"):
-            check = run_check(self.check, settings.check, answer_text(answer), self.task,
-                              settings.tool_timeout, settings.named("check"), expected=self.expected, stop=self.stop)
+        """Run the checks on a finish (--check, then a task line's own): it ends the run when every
+        check exits 0; otherwise the model gets the output of the one that rejected it and goes on,
+        until the run has had its --check-attempts."""
+        settings, ran = self.settings, []
+        for each in self.checks or []:
+            with self.trace.working(f"check running ({prompts.clip(each.command, VALUE_SHOWN_CHARS)})"):
+                ran.append(run_check(each.argv, each.command, answer_text(answer), self.task, settings.tool_timeout,
+                                     each.named, expected=self.expected, stop=self.stop,
+                                     secrets=[key for key in (settings.api_key, settings.escalate_key) if key]))
+            if ran[-1]["exit_code"] != 0:
+                break
+        check = {**ran[-1], "command": " && ".join(result["command"] for result in ran)}
         check = self.trace.redact_values(check)  # it may print the environment: the key goes no further
         call = Call(action.tool, action.args, success(answer), check=check)
         if check["exit_code"] == 0:
@@ -577,13 +583,14 @@ def prepare(task: str = "", *, given: Dict[str, Any], environment: Dict[str, str
             trace: Union[str, "os.PathLike[str]", bool, None] = None, resume: Optional[str] = None,
             follow_up: Optional[str] = None, screen: Any = None, redactor: Any = None,
             approver: Optional[Approver] = None, confirm: Optional[Callable[[str], bool]] = None,
-            session: Any = None) -> Job:
+            session: Any = None, task_check: Optional[Tuple[str, str]] = None) -> Job:
     """A run made ready from what a caller gave: settings by name (`given`, named for messages by
     `named`), tool functions, the task and its material, where to record it (a path, True for the
     run log folder, None), or the trace of a run to take up again (`resume`, with the user's
     `follow_up` for --continue); the screen that shows it, the redactor every output goes through,
     and who confirms using what only the trace names (`confirm`, a y/N question; None: nobody can);
-    the requests.Session to send on (a batch worker reuses its own; None: one of the run's own).
+    the requests.Session to send on (a batch worker reuses its own; None: one of the run's own);
+    a task line's own check (its command and how to name it), which the user said to run beside --check.
     ConfigError if it cannot start; what it opened is closed then."""
     from agent_demo_kit import run_store
     from agent_demo_kit.client import ModelClient, RequestForm
@@ -612,7 +619,8 @@ def prepare(task: str = "", *, given: Dict[str, Any], environment: Dict[str, str
             task = start["task"]
         else:
             settings = load_settings(given, environment, named=named)
-        redactor.add(*secrets_of({"LLM_API_KEY": settings.api_key or ""}, settings.url))  # a key= given too
+        redactor.add(*secrets_of({"LLM_API_KEY": settings.api_key or "", "LLM_ESCALATE_KEY": settings.escalate_key
+                                  or ""}, settings.url, settings.escalate_url))  # a key= given too, before any child
         # Whole, before it is shown a page at a time: a page's edge must not split a key into parts too short to catch.
         material = redactor(material, placeholders=False) if material else material
         registry, start_fields, notes = tool_registry(settings, functions, redactor.secrets, closing, start)
@@ -639,7 +647,7 @@ def prepare(task: str = "", *, given: Dict[str, Any], environment: Dict[str, str
                                  lambda text: Conversation(text, settings, registry, client).fits())
             piped = start_fields.get("material")
         Conversation(task, settings, registry, client).check_fits()  # before a new run's trace is made:
-        check = check_command(settings.check, settings.named("check")) if settings.check is not None else None
+        checks = checks_for(settings.check, settings.named("check"), task_check)
         if resume is None:
             path = run_store.new_log_file(environment) if trace is True else trace and os.fspath(trace)
             log = closing.enter_context(contextlib.closing(run_store.RunLog(screen, path, redactor)))
@@ -647,7 +655,7 @@ def prepare(task: str = "", *, given: Dict[str, Any], environment: Dict[str, str
                 run_store.prune(Path(path).parent)
         log.start_fields, log.start_notes = start_fields, notes
         agent = Agent(settings, client, registry, log, approver)
-        agent.check = check
+        agent.checks = checks
         for each in escalation.clients.values() if escalation else [client]:
             each.trace = log
         if escalation:

@@ -183,7 +183,7 @@ class Batch:
                  parallel: Optional[int] = None, retry_errors: int = DEFAULT_RETRY_ERRORS, rerun_failed: bool = False,
                  part: Optional[Tuple[int, int]] = None, quiet: bool = False, named: Callable[[str], str] = keyword_name,
                  notes: Iterable[str] = (), match: Optional[str] = None, repeat: int = 1, source: str = "-",
-                 command: Optional[str] = None):
+                 command: Optional[str] = None, task_checks: bool = False):
         sliced = tasks if part is None else tasks[part[0]::part[1]]
         self.tasks = sliced if repeat == 1 else [task._replace(repeat=n, file=f"{task.file}@{n}" if n > 1 else task.file)
                                                  for task in sliced for n in range(1, repeat + 1)]
@@ -191,7 +191,8 @@ class Batch:
         from agent_demo_kit.client import is_local  # not before a batch runs: --version starts without requests
         self.settings = load_settings(given, environment, named=named)  # what is wrong is said before any task runs
         self.match, self.tries, self.source, self.command = match, repeat, source, command
-        self.prices, self.config = self.settings.prices(), configuration(self.settings)
+        self.task_checks = task_checks  # run the checks task lines name (--task-checks), beside --check
+        self.prices, self.config = self.settings.prices(), {**configuration(self.settings), "task_checks": task_checks}
         for task in sliced:  # a regex that does not compile is said before anything is sent
             try:
                 if task.expected is not None:
@@ -345,6 +346,7 @@ class Batch:
         try:
             self.plan()
             self.say_start()
+            self.say_task_checks()
             self.stopped_by = self.work_through()
             summary = self.say_end()
             self.compact(path)  # while the lock is held
@@ -439,12 +441,14 @@ class Batch:
             if figures and figures["status"] in metrics.ENDED:  # ended by another process since the plan
                 return self.line(task, figures), False
         resume = not planned.fresh and planned.traced and has_start(trace)
-        given = {**self.given, **({"check": task.check} if task.check is not None else {})}
+        # A task file is data: its line's check runs only when the user said so, beside --check.
+        own_check = (task.check, f"the check of {self.source} line {task.line}") \
+            if self.task_checks and task.check is not None else None
         written: Optional[List[dict]] = None if resume else []  # a new run's records: all its figures need
         try:
-            with prepare(task.task, given=given, environment=self.environment, named=self.named,
+            with prepare(task.task, given=self.given, environment=self.environment, named=self.named,
                          trace=None if resume else str(trace), resume=str(trace) if resume else None,
-                         session=session) as job:
+                         session=session, task_check=own_check) as job:
                 job.agent.stop = self.stop
                 job.agent.expected = None if task.expected is None else scoring.expected_text(task.expected)
                 for client in job.agent.escalation.clients.values() if job.agent.escalation else [job.agent.client]:
@@ -508,6 +512,31 @@ class Batch:
                   " they start again", file=sys.stderr, flush=True)
         for said in self.notes:
             print(f"agent-demo: {said}", file=sys.stderr, flush=True)
+
+    def say_task_checks(self) -> None:
+        """The commands task lines name as checks, with their lines, said once before the first request
+        (even under --quiet): run as the user with --task-checks, else passed by."""
+        named: Dict[str, List[int]] = {}
+        for task in self.tasks:
+            if task.check is not None and task.repeat == 1:
+                named.setdefault(task.check, []).append(task.line)
+        if not named:
+            return
+        if not self.task_checks:
+            lines = sorted(line for found in named.values() for line in found)
+            shown = ", ".join(map(str, lines[:10])) + (f" and {len(lines) - 10} more" if len(lines) > 10 else "")
+            print(f"agent-demo: {len(lines)} task line(s) of {self.source} name a check (line {shown}): not run,"
+                  " since a task file is data; --task-checks runs them as you, beside --check", file=sys.stderr,
+                  flush=True)
+            return
+        print(f"agent-demo: --task-checks: these commands from {self.source} run as you on the answers of their"
+              " tasks" + (", beside --check" if self.settings.check is not None else "") + ":", file=sys.stderr)
+        for command, lines in list(named.items())[:20]:
+            shown = ", ".join(map(str, lines[:5])) + (f" and {len(lines) - 5} more" if len(lines) > 5 else "")
+            print(f"  line {shown}: {command}", file=sys.stderr)
+        if len(named) > 20:
+            print(f"  ... and {len(named) - 20} more commands", file=sys.stderr)
+        sys.stderr.flush()
 
     def say_task(self, line: dict) -> None:
         """One line a task as it ends (not under --quiet), above the live line."""

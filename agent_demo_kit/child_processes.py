@@ -33,7 +33,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Any, Dict, Iterable, List, Optional, Set, Tuple
+from typing import Any, Dict, Iterable, List, NamedTuple, Optional, Set, Tuple
 
 from agent_demo_kit.records import ConfigError, Interrupted
 from agent_demo_kit.settings import CHECK_OUTPUT_CHARS, CHECK_VARIABLE_CHARS, SNIPPET_CHARS
@@ -207,13 +207,17 @@ def _show_prints(read_end: int, shown_on: Any, secrets: List[str], shown: _Shown
     stream.finish()
 
 
+KEY_VARIABLES = ("LLM_API_KEY", "OPENAI_API_KEY", "LLM_ESCALATE_KEY")  # every key the project knows
+
+
 def without_secrets(environment: Any, secrets: Iterable[str] = ()) -> Dict[str, str]:
-    """The environment a child process of the user's (the check, the tools worker) gets: without the
-    key, in whatever variable it stands (LLM_API_KEY, OPENAI_API_KEY, or one holding its value)."""
-    keys = [value for value in (environment.get("LLM_API_KEY"), environment.get("OPENAI_API_KEY"), *secrets)
+    """The environment a child process of the user's (the check, the tools worker) gets: without any
+    key the project knows, in whatever variable it stands (LLM_API_KEY, OPENAI_API_KEY,
+    LLM_ESCALATE_KEY, or one holding its value or a secret given)."""
+    keys = [value.strip() for value in (*(environment.get(name) for name in KEY_VARIABLES), *secrets)
             if value and value.strip()]
-    return {name: value for name, value in environment.items() if name not in ("LLM_API_KEY", "OPENAI_API_KEY")
-            and not any(key.strip() in value for key in keys)}
+    return {name: value for name, value in environment.items() if name not in KEY_VARIABLES
+            and not any(key in value for key in keys)}
 
 
 def load_tools_files(paths: List[str], timeout: float, secrets: List[str], taken: Iterable[str],
@@ -335,6 +339,23 @@ SHELL_WORDS = {"!", "if", "for", "while", "until", "case", "cd", "export", "set"
                "exit"}  # keywords and builtins that are no program of their own
 
 
+class Check(NamedTuple):
+    """A check an answer must pass: the command as given, how it is started, and how to name it."""
+
+    command: str
+    argv: List[str]
+    named: str
+
+
+def checks_for(command: Optional[str], named: str, task_check: Optional[Tuple[str, str]] = None) -> List[Check]:
+    """The checks a finish must pass, each known to start: --check, then a task line's own check
+    (its command, and how to name it), when the user said to run task files' checks. ConfigError if
+    one cannot start."""
+    given = [(command, named)] if command is not None else []
+    given += [task_check] if task_check is not None else []
+    return [Check(text, check_command(text, name), name) for text, name in given]
+
+
 def check_command(command: str, named: str = "--check") -> List[str]:
     """How the check is started: its words, or /bin/sh -c and the command; ConfigError if it cannot start."""
     if not command.strip():
@@ -373,11 +394,14 @@ def stop_checks() -> None:
 
 
 def run_check(argv: List[str], command: str, answer: str, task: str, timeout: float, named: str = "--check",
-              expected: Optional[str] = None, stop: Optional[threading.Event] = None) -> dict:
+              expected: Optional[str] = None, stop: Optional[threading.Event] = None,
+              secrets: Iterable[str] = ()) -> dict:
     """Run the check on one answer: {"command", "exit_code", "output", "ms"}; exit_code is None when it
     did not finish within `timeout` seconds. The check is over when its own process exits, whoever
-    still holds its output pipe; then it is stopped, with whatever it started."""
-    environment = {**without_secrets(os.environ), "AGENT_ANSWER": _variable(answer), "AGENT_TASK": _variable(task)}
+    still holds its output pipe; then it is stopped, with whatever it started. It gets no key
+    (secrets: the run's keys, wherever they came from)."""
+    environment = {**without_secrets(os.environ, secrets), "AGENT_ANSWER": _variable(answer),
+                   "AGENT_TASK": _variable(task)}
     if expected is not None:  # a batch task's "expected"
         environment["AGENT_EXPECTED"] = _variable(expected)
     started = time.monotonic()

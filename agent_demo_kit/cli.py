@@ -177,6 +177,10 @@ def build_parser() -> Parser:
                             " or regex (a task line's \"match\" wins; default: case, quotes, surrounding"
                             " whitespace and final punctuation do not count, and a number is compared with the"
                             " answer's final number)")
+    batch.add_argument("--task-checks", action="store_true",
+                       help="--batch: run the check commands task lines name (shown before the first request), as"
+                            " you, beside --check: both must pass (without it they are not run: a task file is"
+                            " data)")
     batch.add_argument("--repeat", type=flag_type(whole_number(1)), metavar="K",
                        help="--batch: run each task K times, each with its own trace; the summary gives pass@1,"
                             " pass^K and the spread (default 1)")
@@ -213,7 +217,8 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
     batch_only = [flag for flag, value in (("--out", args.out), ("--parallel", args.parallel),
                                            ("--retry-errors", args.retry_errors), ("--rerun-failed", args.rerun_failed),
                                            ("--shard", args.shard), ("--pass-rate", args.pass_rate),
-                                           ("--match", args.match), ("--repeat", args.repeat)) if value]
+                                           ("--match", args.match), ("--repeat", args.repeat),
+                                           ("--task-checks", args.task_checks)) if value]
     if batch_only and args.batch is None:
         parser.error(f"{', '.join(batch_only)} go{'es' if len(batch_only) == 1 else ''} with --batch")
     if args.markdown and args.summary is None:
@@ -526,7 +531,8 @@ def run_batch(args: argparse.Namespace, environment: Dict[str, str], answer: Saf
                   parallel=args.parallel,
                   retry_errors=DEFAULT_RETRY_ERRORS if args.retry_errors is None else args.retry_errors,
                   rerun_failed=args.rerun_failed, part=args.shard, quiet=args.quiet, named=flag_name, notes=notes,
-                  match=args.match, repeat=args.repeat or 1, source=args.batch, command=args.command)
+                  match=args.match, repeat=args.repeat or 1, source=args.batch, command=args.command,
+                  task_checks=args.task_checks)
     with ending_on_sigterm():
         code, summary = batch.run(args.pass_rate)
     if args.json:

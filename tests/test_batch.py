@@ -227,10 +227,11 @@ def test_a_tasks_own_check_and_expected_answer_reach_the_check(tmp_path, cli, se
         + json.dumps({"task": "[finish] again", "expected": "6"}) + "\n"
         + json.dumps({"task": "[finish] own check", "expected": "6", "check": "test \"$AGENT_EXPECTED\" = 6"}) + "\n")
     serve([], screen=ByTask())
-    code, out, _ = cli("--batch", tmp_path / "tasks.jsonl", "--check", CHECK, "--check-attempts", 1, "--json")
+    code, out, _ = cli("--batch", tmp_path / "tasks.jsonl", "--check", CHECK, "--check-attempts", 1, "--json",
+                       "--task-checks")
     assert code == 1
     assert [(line["id"], line["status"]) for line in results(tmp_path / "tasks-results" / "gpt-4o-mini")] == [
-        ("1", "finished"), ("2", "failed"), ("3", "finished")]
+        ("1", "finished"), ("2", "failed"), ("3", "failed")], "the line's own check and --check: both must pass"
 
 
 def test_rerun_failed_starts_again_what_did_not_finish_and_retry_errors_counts_across_runs(tmp_path, cli, serve):

@@ -1,0 +1,86 @@
+"""Other people's files are data: a task file, ./.env, a result folder and a trace decide nothing the
+user did not allow. A test a finding of the third adversarial pass, each named after it."""
+import json
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from conftest import KEY, said_lines
+from scripted_server import ScriptedServer, action
+
+
+def batch_server(monkeypatch, screen):
+    server = ScriptedServer([], screen=screen).__enter__()
+    monkeypatch.setenv("LLM_API_URL", server.url)
+    monkeypatch.setenv("LLM_API_KEY", KEY)
+    return server
+
+
+def finish_with(answer):
+    return lambda body: action("finish", result=answer)
+
+
+# --- 1. a task file's check ------------------------------------------------------------------------
+
+def test_a_task_files_check_is_not_run_without_task_checks_and_is_said_before_the_first_request(
+        tmp_path, cli, monkeypatch):
+    planted = tmp_path / "pwned"
+    (tmp_path / "tasks.jsonl").write_text(json.dumps({"id": "q1", "task": "What is 2+2?", "expected": "4",
+                                                      "check": f"touch {planted}; exit 1"}) + "\n")
+    server = batch_server(monkeypatch, finish_with("4"))
+    code, out, err = cli("--batch", tmp_path / "tasks.jsonl", "--json")
+    assert not planted.exists(), "a downloaded task file ran a command"
+    assert code == 0 and json.loads(out)["status_counts"] == {"finished": 1}
+    assert "1 task line(s) of" in err and "name a check (line 1): not run" in err and "--task-checks" in err
+    assert all(str(planted) not in json.dumps(request["body"]) for request in server.requests)
+
+
+def test_with_task_checks_the_commands_are_shown_with_their_lines_before_the_first_request(
+        tmp_path, cli, monkeypatch):
+    (tmp_path / "tasks.jsonl").write_text(
+        json.dumps({"task": "a", "check": "grep -q 4"}) + "\n" + json.dumps({"task": "b", "check": "grep -q 4"})
+        + "\n" + json.dumps({"task": "c", "check": "test -n \"$AGENT_ANSWER\""}) + "\n")
+    batch_server(monkeypatch, finish_with("4"))
+    code, out, err = cli("--batch", tmp_path / "tasks.jsonl", "--task-checks", "--parallel", 1)
+    lines = err.splitlines()
+    shown = lines.index(next(line for line in lines if "--task-checks: these commands" in line))
+    assert lines[shown + 1:shown + 3] == ["  line 1, 2: grep -q 4", '  line 3: test -n "$AGENT_ANSWER"']
+    assert shown < min(index for index, line in enumerate(lines) if line.startswith("[1/3]"))
+    assert code == 0
+
+
+def test_a_task_lines_check_never_replaces_or_loosens_the_command_lines_check(tmp_path, cli, monkeypatch):
+    (tmp_path / "tasks.jsonl").write_text(json.dumps({"id": "q1", "task": "What is 2+2?", "check": "true"}) + "\n")
+    batch_server(monkeypatch, finish_with("5"))
+    code, out, err = cli("--batch", tmp_path / "tasks.jsonl", "--task-checks", "--check", "grep -qx 4",
+                         "--check-attempts", 1, "--json")
+    assert code == 1 and json.loads(out)["status_counts"] == {"failed": 1}, "a line's `true` made a wrong answer pass"
+
+
+# --- 4. the escalation key and the check ----------------------------------------------------------
+
+ESCALATE_KEY = "sk-escalate-SECRET-9876543210"
+TELLING_TOOLS = '''import os
+
+
+def leak() -> str:
+    """Say what the environment holds."""
+    return " ".join(f"{name}={value}" for name, value in os.environ.items())
+'''
+
+
+@pytest.mark.parametrize("escalate", [[], ["--escalate", "big"]], ids=["without --escalate", "with --escalate"])
+def test_the_escalation_key_reaches_no_check_and_no_tools_worker(tmp_path, cli, monkeypatch, escalate):
+    (tmp_path / "telling.py").write_text(TELLING_TOOLS)
+    monkeypatch.setenv("LLM_ESCALATE_KEY", ESCALATE_KEY)
+    monkeypatch.setenv("A_COPY_OF_IT", ESCALATE_KEY)
+    replies = iter([action("leak"), action("finish", result="x"), action("finish", result="y")])
+    server = batch_server(monkeypatch, lambda body: next(replies))
+    code, out, err = cli("--tools-file", tmp_path / "telling.py", "--check", "env; exit 1", "--check-attempts", 2,
+                         "--no-log", *escalate, "task")
+    sent = json.dumps([request["body"] for request in server.requests])
+    assert "A_COPY_OF_IT" not in sent and "LLM_ESCALATE_KEY" not in sent, "the key's variables reached a child"
+    assert ESCALATE_KEY not in sent and ESCALATE_KEY not in out + err
+    assert "LLM_API_KEY" not in sent and KEY not in sent
