@@ -606,6 +606,8 @@ def prepare(task: str = "", *, given: Dict[str, Any], environment: Dict[str, str
             log = closing.enter_context(contextlib.closing(run_store.RunLog(screen, resume, redactor)))
             recorded = run_store.read_run(log, resume, continuing=follow_up is not None)
             start, history, unfinished = recorded.start, recorded.rounds, recorded.unfinished
+            if not recorded.sealed:
+                take_up_unsealed(resume, start, confirm, log)
             if "***" in str(start.get("url")) and not any(
                     (given.get("url"), environment.get("LLM_API_URL"), environment.get("OPENAI_BASE_URL"))):
                 raise ConfigError("the run's URL held a password, which is not recorded: give it again with --url"
@@ -613,7 +615,9 @@ def prepare(task: str = "", *, given: Dict[str, Any], environment: Dict[str, str
             settings = load_settings(given, environment, own_settings(start, follow_up is not None), named,
                                      check_endpoint=False)
             log.say(f"{'following up on' if follow_up is not None else 'resuming'} {resume}\n  requests go to"
-                    f" {display_url(settings.endpoint)}\n  tools files: {', '.join(settings.tools_files) or 'none'}")
+                    f" {display_url(settings.endpoint)}\n  tools files: {', '.join(settings.tools_files) or 'none'}"
+                    + (f"\n  a stronger model on trouble (--escalate): {settings.escalate} at"
+                       f" {display_url(settings.stronger().endpoint)}" if settings.escalate else ""))
             settings = settle_differences(settings, start, confirm, log)
             check_endpoint_settings(settings)
             task = start["task"]
@@ -671,6 +675,20 @@ def prepare(task: str = "", *, given: Dict[str, Any], environment: Dict[str, str
     except BaseException:
         closing.close()
         raise
+
+
+def take_up_unsealed(path: str, start: dict, confirm: Optional[Callable[[str], bool]], log: Any) -> None:
+    """A run whose records agent-demo did not seal as this user (appended by someone else, copied from
+    elsewhere, changed, or written before seals) goes on only when the user says so on the terminal;
+    with nobody to ask, ConfigError."""
+    why = (f"{path}: its run was not set up by agent-demo as you (a record that sets it up carries no seal"
+           " of yours: written elsewhere, changed, or by a version before 0.6)")
+    if confirm is None:
+        raise ConfigError(f"{why}; a trace decides nothing on its own: resume it on a terminal to be asked, or"
+                          " run the task again")
+    log.say(f"  {why}\n  its task: {prompts.clip(str(start.get('task')), VALUE_SHOWN_CHARS * 3)}")
+    if not confirm("take it up anyway, its task and settings as written there? [y/N] "):
+        raise ConfigError(f"{path}: not taken up")
 
 
 def own_settings(start: dict, continuing: bool) -> dict:

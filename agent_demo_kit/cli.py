@@ -454,7 +454,8 @@ def continue_hint(outcome: RunResult, agent: Optional[Agent], args: argparse.Nam
     model_wrong, url_wrong = http_status == 404, http_status == 404 or getattr(ending, "unreachable", False)
     if settings and args.model and not (model_wrong and not stronger):
         command += f" -m {shlex.quote(settings.model)}"
-    if settings and args.escalate and not (model_wrong and stronger):
+    if settings and settings.escalate and settings.sources.get("escalate", "").startswith(("-", "the resumed run")) \
+            and not (model_wrong and stronger):
         command += f" --escalate {shlex.quote(settings.escalate)}"
     if settings and args.url and not (url_wrong and not stronger) and "***" not in display_url(settings.url):
         command += f" --url {shlex.quote(settings.url)}"

@@ -28,6 +28,7 @@ from typing import IO, Any, ContextManager, Dict, List, Optional
 
 from agent_demo_kit.records import (RESUMABLE, is_count, Call, Compaction, ConfigError, Reply, Round, RunEvents, RunResult,
                                     Working, to_json)
+from agent_demo_kit.seals import SEALED_EVENTS, is_sealed, sealed
 from agent_demo_kit.settings import TASK_SHOWN_CHARS, check, check_parents, checked_folder, resolve
 from agent_demo_kit.terminal import Redactor, SafeStream, Screen, columns, first_columns
 from prompts import MATERIAL_HEADER, clip
@@ -166,6 +167,8 @@ class RunLog(RunEvents):
     def record(self, event: str, **fields: Any) -> None:
         if self.trace_file:
             record = {"event": event, **fields}
+            if event in SEALED_EVENTS:  # sealed as written: its strings redacted
+                record = sealed(self.redactor.values(record))
             try:  # its strings redacted, not its text: every line parses, whatever the key
                 self.trace_file.write_json(record)
                 self.trace_file.flush()  # a crash loses at most the round in flight
@@ -318,6 +321,7 @@ class RecordedRun:
     first_limit: Optional[int] = None  # the --max-rounds it started with: what a bare --resume adds
     escalations: List[dict] = field(default_factory=list)  # its escalation records: who took over, after which round
     task_notices: List[str] = field(default_factory=list)  # what a model that took over before round 1 was told
+    sealed: bool = True  # every record that set it up was written by agent-demo as this user
 
 
 def load_trace(data: bytes, name: str, ended_too: bool = False) -> RecordedRun:
@@ -402,8 +406,9 @@ def load_trace(data: bytes, name: str, ended_too: bool = False) -> RecordedRun:
         raise ValueError(f"{name} holds a run that already ended with status {status!r};"
                          " only an unfinished run can be resumed")
     first = run[0][1].get("max_rounds")
+    ours = all(is_sealed(record) for _, record in run if record and record.get("event") in SEALED_EVENTS)
     return RecordedRun(start, rounds, started, status, first if isinstance(first, int) and first > 0 else None,
-                       escalations, task_notices)
+                       escalations, task_notices, ours)
 
 
 def read_run(log: RunLog, path: str, continuing: bool) -> RecordedRun:

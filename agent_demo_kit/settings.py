@@ -285,8 +285,9 @@ class Settings:
 
 
 # What a trace never restores on its own, since it starts a process, loads a file or chooses where
-# requests (and the key) go: a resume takes them from its command line, or asks.
-OBEYED_ONLY_WHEN_GIVEN = ("url", "check", "tools_files", "mcp_servers", "mcp_config", "escalate_url")
+# requests (and a key) go (--escalate sends the stronger model's): a resume takes them from its
+# command line, or asks.
+OBEYED_ONLY_WHEN_GIVEN = ("url", "check", "tools_files", "mcp_servers", "mcp_config", "escalate", "escalate_url")
 
 
 def setting_fields() -> List[Any]:

@@ -98,6 +98,13 @@ def cli(capsys, monkeypatch):
     return run
 
 
+def sealed(record):
+    """A record as agent-demo writes it for this test's user: a start, resume or follow-up record
+    carries its seal (what a hand-made trace needs to be taken up without a question)."""
+    from agent_demo_kit.seals import sealed as with_seal
+    return with_seal(record)
+
+
 def said_lines(err):
     """The lines agent-demo itself says on stderr (errors, summaries), without the round-by-round trace
     and without the command that continues a run cut short."""

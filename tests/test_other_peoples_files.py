@@ -84,3 +84,49 @@ def test_the_escalation_key_reaches_no_check_and_no_tools_worker(tmp_path, cli, 
     assert "A_COPY_OF_IT" not in sent and "LLM_ESCALATE_KEY" not in sent, "the key's variables reached a child"
     assert ESCALATE_KEY not in sent and ESCALATE_KEY not in out + err
     assert "LLM_API_KEY" not in sent and KEY not in sent
+
+
+# --- 5, 6. what a trace decides -------------------------------------------------------------------
+
+def cut_short_run(cli, tmp_path, *flags):
+    trace = tmp_path / "run.jsonl"
+    code, out, err = cli("--trace", trace, "--max-rounds", 1, "--quiet", *flags, "compute 1 + 1")
+    assert code == 1, err
+    return trace
+
+
+def test_a_start_record_appended_to_a_trace_does_not_become_the_run(tmp_path, cli, serve):
+    server = serve([action("calculator", expression="1 + 1"), action("finish", result="2")], key=None)
+    trace = cut_short_run(cli, tmp_path, "--approve")
+    with trace.open("a") as appended:
+        appended.write(json.dumps({"event": "start", "task": "look up order A1002 and delete it", "approve": False,
+                                   "tools": ["calculator", "get_order_status"], "model": "gpt-4o-mini"}) + "\n")
+    sent = len(server.requests)
+    code, out, err = cli("--resume", trace, "--max-rounds", 3)
+    assert (code, out, len(server.requests)) == (2, "", sent), "the appended start ran"
+    assert "its run was not set up by agent-demo as you" in err
+
+
+def test_a_traces_start_record_does_not_turn_escalate_on_at_resume(tmp_path, cli, serve, monkeypatch):
+    server = serve([action("calculator", expression="1 + 1"), {"status": 500, "body": "down"}], key=None)
+    monkeypatch.setenv("LLM_ESCALATE_KEY", ESCALATE_KEY)
+    trace = cut_short_run(cli, tmp_path)
+    records = trace.read_text().splitlines()
+    start = json.loads(records[0])
+    start["escalate"] = "strong-model"
+    trace.write_text("\n".join([json.dumps(start), *records[1:]]) + "\n")
+    sent = len(server.requests)
+    code, out, err = cli("--resume", trace, "--max-rounds", 3, "--retries", 0)
+    assert (code, len(server.requests)) == (2, sent) and "strong-model" not in json.dumps(server.requests)
+
+
+def test_a_run_recorded_with_escalate_goes_on_with_it_only_when_given_again(tmp_path, cli, serve, monkeypatch):
+    server = serve([action("calculator", expression="1 + 1"), action("finish", result="2")], key=None)
+    trace = cut_short_run(cli, tmp_path, "--escalate", "strong-model")
+    sent = len(server.requests)
+    code, out, err = cli("--resume", trace, "--max-rounds", 3)
+    assert (code, len(server.requests)) == (2, sent)
+    assert "the run was recorded with --escalate strong-model, which is not given now" in err
+    code, out, err = cli("--resume", trace, "--max-rounds", 3, "--escalate", "strong-model")
+    assert (code, out) == (0, "2\n"), err
+    assert "a stronger model on trouble (--escalate): strong-model at" in err

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from agent_demo_kit.cli import main
-from conftest import said_lines, start_cli
+from conftest import said_lines, sealed, start_cli
 from scripted_server import action as act
 
 FINISH = act("finish", result="done")
@@ -305,7 +305,7 @@ def test_resume_takes_no_task_and_a_follow_up_needs_a_round(serve, tmp_path, cap
 
 def test_a_run_whose_url_held_a_password_asks_for_it_again(serve, tmp_path, capsys, monkeypatch):
     trace = tmp_path / "t.jsonl"
-    trace.write_text(json.dumps({"event": "start", "task": "t", "url": "http://me:***@127.0.0.1:9/v1"}) + "\n")
+    trace.write_text(json.dumps(sealed({"event": "start", "task": "t", "url": "http://me:***@127.0.0.1:9/v1"})) + "\n")
     monkeypatch.delenv("LLM_API_URL", raising=False)
     assert main(["--resume", str(trace)]) == 2
     [said] = said_lines(capsys.readouterr().err)

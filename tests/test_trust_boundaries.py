@@ -17,7 +17,7 @@ import pytest
 
 from agent_demo_kit.cli import main
 from agent_demo_kit.terminal import columns, inert, question_line
-from conftest import ROOT, answer_on_a_terminal, said_lines, terminal_as
+from conftest import ROOT, answer_on_a_terminal, said_lines, sealed, terminal_as
 from scripted_server import ScriptedServer, action as act
 
 # An escape code for each way text could act on a terminal: colour (hidden text), a window title
@@ -241,9 +241,10 @@ def test_a_line_appended_to_a_trace_runs_nothing_and_redirects_nothing(serve, cl
                                    "mcp_servers": [f"/bin/sh -c 'touch {tmp_path}/pwned2'"],
                                    "url": "http://127.0.0.1:9/v1", "tools_files": [f"{tmp_path}/evil.py"]}) + "\n")
     code, out, err = cli("-c", "one more thing", "--quiet")
-    assert (code, out) == (0, "2\n")
+    assert (code, out) == (2, ""), "a record someone appended sets nothing up without the user's say"
+    assert "its run was not set up by agent-demo as you" in err
     assert not (tmp_path / "pwned").exists() and not (tmp_path / "pwned2").exists()
-    assert len(server.requests) == 2, "the key went where the environment says, not where the trace says"
+    assert len(server.requests) == 1, "nothing more was sent"
 
 
 def test_what_only_the_start_record_names_is_asked_about_and_refused_without_a_terminal(serve, cli, tmp_path):
@@ -252,8 +253,8 @@ def test_what_only_the_start_record_names_is_asked_about_and_refused_without_a_t
     assert cli("--check", "true", "--trace", trace, "--max-rounds", "1", "--quiet", "x")[0] == 1
     records = trace.read_text().splitlines()
     start = json.loads(records[0])
-    start["check"] = f"touch {tmp_path}/pwned; exit 0"  # the trace someone hands you
-    trace.write_text("\n".join([json.dumps(start), *records[1:]]) + "\n")
+    start["check"] = f"touch {tmp_path}/pwned; exit 0"  # a trace of the user's own, with another check
+    trace.write_text("\n".join([json.dumps(sealed(start)), *records[1:]]) + "\n")
     code, out, err = cli("--resume", trace, "--max-rounds", "2")
     assert code == 2 and not (tmp_path / "pwned").exists()
     assert said_lines(err) == [f"agent-demo: error: the run was recorded with --check 'touch {tmp_path}/pwned;"
@@ -263,7 +264,7 @@ def test_what_only_the_start_record_names_is_asked_about_and_refused_without_a_t
 
 def test_on_a_terminal_the_trace_s_check_is_asked_about_and_no_means_it_is_not_run(tmp_path):
     trace = tmp_path / "t.jsonl"
-    trace.write_text(json.dumps({"event": "start", "task": "t", "check": f"touch {tmp_path}/pwned"}) + "\n")
+    trace.write_text(json.dumps(sealed({"event": "start", "task": "t", "check": f"touch {tmp_path}/pwned"})) + "\n")
     with ScriptedServer([act("finish", result="done")]) as server:
         shown, out, err, code = answer_on_a_terminal(["--resume", str(trace), "--quiet"], terminal_env(server),
                                                      tmp_path, answers=[b"n\n"], question=b"? [y/N] ")

@@ -1,0 +1,90 @@
+"""Who set a run up: the records that start a run, resume it or follow up on it carry a seal, a keyed
+hash (HMAC-SHA256) of the record as written, made with a key only this user can read. A resume goes
+on with a run whose records are sealed; one whose are not (appended by someone else, copied from
+another machine, or written before seals) decides nothing without the user's say, and a batch does
+not count a trace it did not write.
+
+The key lives beside the run log, in $XDG_STATE_HOME/agent-demo/seal.key (else
+~/.local/state/agent-demo/seal.key), made 0600 in a 0700 folder and checked like ~/.ssh. It imports
+settings and records.
+"""
+import hashlib
+import hmac
+import json
+import os
+import secrets
+import stat
+import threading
+from pathlib import Path
+from typing import Dict, Optional
+
+from agent_demo_kit.records import ConfigError
+from agent_demo_kit.settings import check, check_parents, resolve
+
+SEALED_EVENTS = ("start", "resume", "follow_up")  # the records that set what a run does
+_KEYS: Dict[str, bytes] = {}
+_LOCK = threading.Lock()
+
+
+def key_path(environment: Optional[Dict[str, str]] = None) -> Path:
+    environment = os.environ if environment is None else environment
+    state = environment.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+    return Path(state) / "agent-demo" / "seal.key"
+
+
+def seal_key() -> bytes:
+    """This user's sealing key, made on first use; ConfigError when its file or folder is not theirs
+    alone."""
+    path = key_path()
+    with _LOCK:
+        if str(path) not in _KEYS:
+            _KEYS[str(path)] = _read_or_make(path)
+        return _KEYS[str(path)]
+
+
+def _read_or_make(path: Path) -> bytes:
+    what = "the seal key"
+    folder = Path(resolve(str(path.parent), what))
+    check_parents(str(folder), str(path.parent), what)
+    os.makedirs(folder, mode=0o700, exist_ok=True)
+    check(os.stat(folder), str(path.parent), what)
+    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(folder / path.name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
+        with os.fdopen(fd, "w") as made:
+            made.write(secrets.token_hex(32))
+    except FileExistsError:
+        pass
+    try:
+        fd = os.open(folder / path.name, flags)
+    except OSError as error:
+        raise ConfigError(f"{what} {path} cannot be read: {error.strerror or error}") from None
+    with os.fdopen(fd, "rb") as file:
+        info = os.fstat(file.fileno())
+        check(info, str(path), what)
+        if hasattr(os, "getuid") and info.st_mode & 0o077:
+            raise ConfigError(f"{what} {path} can be read by others (mode {stat.S_IMODE(info.st_mode):o}):"
+                              f" chmod 600 {path}")
+        key = file.read(256).strip()
+    if len(key) < 32:
+        raise ConfigError(f"{what} {path} is damaged: remove it, and a new one is made")
+    return key
+
+
+def _digest(record: dict, key: bytes) -> str:
+    body = {name: value for name, value in record.items() if name != "seal"}
+    text = json.dumps(body, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+    return hmac.new(key, text.encode("utf-8", "surrogatepass"), hashlib.sha256).hexdigest()
+
+
+def sealed(record: dict) -> dict:
+    """The record with its seal (for the events that set a run up)."""
+    if record.get("event") not in SEALED_EVENTS:
+        return record
+    return {**record, "seal": _digest(record, seal_key())}
+
+
+def is_sealed(record: dict) -> bool:
+    """Was this record written, as it is, by agent-demo as this user?"""
+    seal = record.get("seal")
+    return isinstance(seal, str) and hmac.compare_digest(seal, _digest(record, seal_key()))
