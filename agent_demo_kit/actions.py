@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Iterator, List, Optional, Tuple
 
 import prompts
-from agent_demo_kit.lenient_json import NotClosed, NotLenientJson, lenient_decode
+from agent_demo_kit.lenient_json import NotClosed, NotLenientJson, lenient_calls, lenient_decode
 from agent_demo_kit.records import Reply, printable, to_json
 from agent_demo_kit.settings import MAX_PARSED_CHARS
 
@@ -160,24 +160,29 @@ def as_actions(value: Any, known: Iterable[str] = ()) -> Optional[Tuple[List[dic
 
 
 # What a reply that tries to be an action looks like, readable or not: an object or a fenced block
-# first, a key actions have, or an object that names a known tool.
-_ACTION_KEY = re.compile(r"""[{,]\s*(["']?)(?:tool|args|arguments|actions|function|name)\1\s*:""")
+# first; a key only actions have, in an object; an object that names a known tool; a line that
+# calls one, or says `tool: ...` as YAML would.
+_ACTION_KEY = re.compile(r"""[{,]\s*(["']?)(?:tool|args|arguments|actions|function)\1\s*:""")
 _FENCED_OBJECT = re.compile(r"```[A-Za-z0-9_-]*\s*[\[{]")
+_YAML_ACTION = re.compile(r"^\s*(?:-\s*)?tool\s*:\s*\S", re.M)
 MAX_LENIENT_STARTS = 20  # places an almost-JSON action is looked for, in a reply with no JSON one
 
 
 def looks_like_action(text: str, known: Iterable[str] = ()) -> bool:
-    """Does text (a reply without its thoughts) try to be an action, whether or not it can be read?"""
+    """Does text (a reply without its thoughts) try to be an action, whether or not it can be read?
+    Words that hold JSON, or braces, that is no action (`{}`, `{"name": "Bob"}`) are words."""
     said = text.strip()
-    if said.startswith("{") or re.match(r"\[\s*\{", said) or _FENCED_OBJECT.search(said) or _JSON_START.search(said):
+    if said.startswith("{") or re.match(r"\[\s*\{", said) or said.startswith("```") and _FENCED_OBJECT.match(said) \
+            or _YAML_ACTION.search(said):
         return True
     brace = said.find("{")
-    if brace < 0:
-        return False
-    if _ACTION_KEY.search(said, brace):
+    if brace >= 0 and _ACTION_KEY.search(said, brace):
         return True
     names = "|".join(re.escape(name) for name in known)
-    return bool(names) and re.search(r"""\{[^{}]{0,200}?(["']?)\b(?:%s)\b\1\s*[:,}]""" % names, said) is not None
+    if not names:
+        return False
+    return re.search(r"""\{[^{}]{0,200}?(["']?)\b(?:%s)\b\1\s*[:,}]""" % names, said) is not None \
+        or re.search(r"^\s*\[?\s*(?:%s)\s*\(" % names, said, re.M) is not None
 
 
 def _lenient_actions(text: str, plain: List[Tuple[int, int]], spans: List[Tuple[int, int, Any]],
@@ -266,9 +271,13 @@ def parse_actions(text: str, known: Iterable[str] = ()) -> Parsed:
         action_spans.append((start, end))
     if not found:
         found, action_spans, reshaped = _lenient_actions(text, plain, spans, known)
+    said = "".join(text[start:end] for start, end in plain).strip()
     if not found:
-        said = _without("".join(text[start:end] for start, end in plain), []).strip()
-        attempted = saw_json or looks_like_action(said, known)
+        unfenced = re.sub(r"^```[A-Za-z0-9_-]*\s*\n?|\n?```\s*$", "", said)  # one fenced block
+        found = lenient_calls(unfenced, known) or []
+        reshaped = ["a Python call"] if found else reshaped
+    if not found:
+        attempted = saw_json and said.startswith(("{", "[", "```")) or looks_like_action(said, known)
         problem = "found JSON, but no action object with a string \"tool\"" if saw_json else \
             "it looks like an action but is not JSON that can be read: keys and texts go in double quotes" \
             if attempted else "no JSON object found"

@@ -131,7 +131,10 @@ def default_out(source: str, model: str) -> Path:
     """The folder a task file's results go to when --out is not given: beside it, named after it, a
     folder a model (FILE-results/MODEL), so that the same file run with two models just works."""
     folder = Path("batch-results") if source == "-" else Path(source).with_name(f"{Path(source).stem}-results")
-    return folder / (re.sub(r"[^A-Za-z0-9._-]+", "-", model.strip()).strip(".-") or "model")
+    name = model.strip()
+    safe = re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip(".-")[:80] or "model"
+    # A name a folder cannot hold as it is gets a hash of itself too: openai/gpt-4o and openai-gpt-4o differ.
+    return folder / (safe if safe == name else f"{safe}-{hashlib.sha256(name.encode()).hexdigest()[:8]}")
 
 
 def configuration(settings: Settings) -> dict:
@@ -379,6 +382,8 @@ class Batch:
                 stop_checks()  # a check in its own session would outlive the process
                 self.say("stopped at once: the tasks that were running have no end record; the same command"
                          " goes on with them")
+                if self.command:
+                    self.say(f"to go on: {self.command}")
                 sys.stderr.flush()
                 os._exit(stopped)
         return stopped
@@ -583,8 +588,8 @@ class Batch:
     def summary(self) -> dict:
         """The table of this run's tasks (those that did not run, as "pending": not done, not right), as
         summary.json holds it, with the configuration, the task file and the first failures."""
-        pending = len(self.tasks) - self.tally.tasks  # the rates are of every task of the file (or shard)
-        summary = self.tally.summary(pending, self.scored_tasks - self.tally.scored)
+        pending = len(self.tasks) - self.tally.runs  # the rates are of every task of the file (or shard)
+        summary = self.tally.summary(pending, self.scored_tasks - self.tally.scored, len(self.tasks) // self.tries)
         return {**summary, "config": self.config,
                 "tasks_file": None if self.source == "-" else os.path.abspath(self.source),
                 "failed_or_wrong": self.failed, "failures": self.failures[:FAILURES_SHOWN]}
@@ -612,8 +617,9 @@ class Batch:
                 print(f"agent-demo: {errors} task(s) ended in an error with no retries left; --retry-errors"
                       f" {self.retry_errors + 1} runs them once more", file=sys.stderr)
             if self.command and self.failed > errors and not self.stop.is_set():
-                print(f"agent-demo: to run the ones that did not finish or were wrong again: {self.command}"
-                      " --rerun-failed", file=sys.stderr)
+                again = self.command if self.rerun_failed else f"{self.command} --rerun-failed"
+                print(f"agent-demo: to run the ones that did not finish or were wrong again: {again}",
+                      file=sys.stderr)
             if self.elsewhere:
                 print(f"agent-demo: {self.elsewhere} task(s) were being run by another agent-demo process and"
                       " are left to it", file=sys.stderr)
@@ -730,5 +736,5 @@ def clock(seconds: float) -> str:
 def exit_code(summary: dict, needed: Optional[float]) -> int:
     """0 when every task succeeded (finished, and right when it expected an answer), or at least the
     --pass-rate share did; else 1."""
-    rate = summary["succeeded"] / summary["tasks"] if summary["tasks"] else 1.0
+    rate = summary["succeeded"] / summary["runs"] if summary["runs"] else 1.0
     return 0 if rate >= (1.0 if needed is None else needed) else 1

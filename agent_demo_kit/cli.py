@@ -24,8 +24,8 @@ from agent_demo_kit.records import (RUN_STATUSES, Compaction, ConfigError, Endpo
 from agent_demo_kit.settings import (DEFAULT_RETRY_ERRORS, HOSTED_PARALLEL, MODES, Environment, Settings, check_endpoint_settings, display_url, flag_name,
                                      load_settings, read_environment, secrets_of, setting_fields, shown_default,
                                      pass_rate, shard_of_n, user_config_file, whole_number)
-from agent_demo_kit.terminal import (Redactor, SafeStream, Screen, is_terminal, protected, stray_prints_to_stderr,
-                                     terminal_approver, terminal_confirm)
+from agent_demo_kit.terminal import (Redactor, SafeStream, Screen, inert, is_terminal, protected,
+                                     stray_prints_to_stderr, terminal_approver, terminal_confirm)
 from tools import REGISTRY
 
 HELP_START = """Run a task with a tool-calling LLM agent loop over any OpenAI-compatible endpoint.
@@ -556,13 +556,16 @@ def show_summary(args: argparse.Namespace, environment: Dict[str, str], answer: 
         print(f"agent-demo: the runs in {folder}", file=sys.stderr)
     if args.json:
         answer.write_json(summary)
-    elif "configurations" in summary:
-        print("\n".join(comparison.render_comparison(summary, args.markdown)), file=answer)
+        return 0
+    if "configurations" in summary:
+        shown = comparison.render_comparison(summary, args.markdown)
     else:
         shown = comparison.render_single(summary, args.markdown) if args.markdown else render(summary)
-        print("\n".join(shown + comparison.render_failures(summary.get("failures") or [])), file=answer)
-        if summary.get("failures") and summary.get("folders"):
-            print(f"agent-demo: to run them again: {comparison.rerun_command(summary)}", file=sys.stderr)
+        shown += comparison.render_failures(summary.get("failures") or [])
+    # For people, piped or not: answers, ids and model names from results files are shown escaped.
+    print(inert("\n".join(shown)), file=answer)
+    if "configurations" not in summary and summary.get("failures") and summary.get("folders"):
+        print(f"agent-demo: to run them again: {comparison.rerun_command(summary)}", file=sys.stderr)
     return 0
 
 

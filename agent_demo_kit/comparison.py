@@ -298,6 +298,9 @@ def rerun_command(summary: dict) -> str:
                        ("escalate", "--escalate")):
         if config.get(name) is not None and not (name == "mode" and config[name] == "json"):
             words += [flag, str(config[name])]
+    tries = (summary.get("repeats") or {}).get("tries")
+    if tries and tries > 1:
+        words += ["--repeat", str(tries)]
     return shlex.join(words + ["--rerun-failed"])
 
 

@@ -10,7 +10,7 @@ import io
 import math
 import re
 import tokenize
-from typing import Any, List, Optional, Tuple
+from typing import Any, Iterable, List, Optional, Tuple
 
 BARE_CONSTANTS = {"true": True, "false": False, "null": None, "True": True, "False": False, "None": None}
 MAX_LENIENT_CHARS = 20_000  # an almost-JSON object longer than this is not read
@@ -42,6 +42,32 @@ def lenient_decode(text: str, start: int) -> Tuple[Any, int, List[str]]:
                              and _quoted_with(source, node) == "'" for node in ast.walk(tree)):
         repairs.insert(0, "single quotes")
     return value, start + len(source), list(dict.fromkeys(repairs))
+
+
+def lenient_calls(text: str, known: Iterable[str]) -> Optional[List[dict]]:
+    """The actions a reply written as Python calls of known tools stands for (`calculator(expression=
+    "2 + 1")`, or a list of such calls, as some models write tool calls), with keyword arguments that
+    are literals; None for anything else."""
+    names = set(known)
+    said = text.strip()
+    if not names or len(said) > MAX_LENIENT_CHARS or not re.match(r"\[?\s*[A-Za-z_][\w.-]*\s*\(", said):
+        return None
+    try:
+        tree = ast.parse(said, mode="eval").body
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return None
+    calls = tree.elts if isinstance(tree, ast.List) else [tree]
+    actions = []
+    for call in calls:
+        if not isinstance(call, ast.Call) or not isinstance(call.func, ast.Name) or call.func.id not in names \
+                or call.args or any(keyword.arg is None for keyword in call.keywords):
+            return None
+        try:
+            actions.append({"tool": call.func.id, "args": {keyword.arg: _literal(keyword.value, [])
+                                                           for keyword in call.keywords}})
+        except NotLenientJson:
+            return None
+    return actions or None
 
 
 def _closing(text: str, start: int) -> int:

@@ -107,7 +107,7 @@ Price = Tuple[float, float, Optional[float]]  # dollars per million input, outpu
 def cost(models: Dict[str, dict], prices: Dict[str, Price]) -> Optional[float]:
     """What the tokens of a run cost in dollars, by each model's price (cached input at the cached
     price, else the input price); None when a model that was used has no price."""
-    total = 0.0
+    total = 0.0  # not rounded: micro-dollars a task add up to cents
     for name, used in models.items():
         if not isinstance(used, dict) or not number(used.get("rounds")) and not number(used.get("tokens")):
             continue
@@ -117,7 +117,7 @@ def cost(models: Dict[str, dict], prices: Dict[str, Price]) -> Optional[float]:
         prompt, completion = number(used.get("prompt")), number(used.get("completion"))
         hits = min(number(used.get("cached")), prompt)
         total += ((prompt - hits) * into + hits * (into if cached is None else cached) + completion * out) / 1e6
-    return round(total, 6)
+    return round(total, 12)
 
 
 def trace_records(path: str) -> List[dict]:
@@ -152,7 +152,7 @@ class Tally:
     """The figures of many runs added up, one run at a time, keeping numbers only."""
 
     def __init__(self, tries: int = 1) -> None:
-        self.tasks = 0
+        self.runs = 0  # a task's tries are a run each (--repeat)
         self.status_counts: Dict[str, int] = {}
         self.rounds, self.seconds = array("d"), array("d")
         self.tokens = {"total": 0, "prompt": 0, "completion": 0, "cached": 0}
@@ -167,16 +167,19 @@ class Tally:
         self.cost, self.costed = 0.0, 0  # dollars, and the runs whose cost is known
         self.tries = tries
         self.outcomes: Dict[str, List[bool]] = {}  # with repeats: each task's successes, try by try
+        self.scored_tasks: set = set()  # with repeats: the tasks (not tries) that had an expected answer
 
     def add(self, figures: dict) -> None:
         """One run's figures (a results.jsonl line, or run_figures of a trace)."""
-        self.tasks += 1
+        self.runs += 1
         status = str(figures.get("status"))
         self.in_words += status == "finished" and figures.get("answered_in_words") is True
         correct = figures.get("correct")
         if isinstance(correct, bool):
             self.scored += 1
             self.correct += correct
+            if self.tries > 1:
+                self.scored_tasks.add(str(figures.get("id")))
         self.succeeded += correct if isinstance(correct, bool) else status == "finished"
         if isinstance(figures.get("cost"), (int, float)) and not isinstance(figures.get("cost"), bool) \
                 and math.isfinite(figures["cost"]):
@@ -215,24 +218,29 @@ class Tally:
                 if isinstance(used.get("cost"), (int, float)) and not isinstance(used["cost"], bool):
                     total["cost"] = round(total.get("cost", 0.0) + number(used["cost"]), 6)
 
-    def summary(self, pending: int = 0, pending_scored: int = 0) -> dict:
-        """The table as data: what summary.json and --summary --json hold. pending: tasks not run (a
+    def summary(self, pending: int = 0, pending_scored: int = 0, tasks: Optional[int] = None) -> dict:
+        """The table as data: what summary.json and --summary --json hold. pending: runs not made (a
         stopped batch), pending_scored: how many of them have an expected answer; both count as not
-        done, and not right."""
-        tasks, finished = self.tasks + pending, self.status_counts.get("finished", 0)
+        done, and not right. tasks: how many tasks (with --repeat, fewer than runs). The accuracy's
+        interval is of the tasks, not of their tries, which are not independent."""
+        runs, finished = self.runs + pending, self.status_counts.get("finished", 0)
+        tasks = runs if self.tries == 1 else tasks if tasks is not None else len(self.outcomes)
         counts = {**self.status_counts, **({"pending": pending} if pending else {})}
         calls, scored = self.sums["tool_calls"], self.scored + pending_scored
+        accuracy = rate(self.correct, scored)
+        sampled = scored if self.tries == 1 else max(len(self.scored_tasks), round(scored / self.tries))
         return {
-            "tasks": tasks, "status_counts": dict(sorted(counts.items())),
-            "completion_rate": rate(finished, tasks), "succeeded": self.succeeded,
-            "answered_in_words": self.in_words, "completion_rate_by_finish": rate(finished - self.in_words, tasks),
-            "scored": scored, "correct": self.correct, "accuracy": rate(self.correct, scored),
-            "accuracy_interval": scoring.interval(self.correct, scored),
-            "cost": round(self.cost, 6) if self.costed else None,
-            **({"cost_unknown": self.tasks - self.costed} if self.costed and self.costed < self.tasks else {}),
+            "tasks": tasks, "runs": runs, "status_counts": dict(sorted(counts.items())),
+            "completion_rate": rate(finished, runs), "succeeded": self.succeeded,
+            "answered_in_words": self.in_words, "completion_rate_by_finish": rate(finished - self.in_words, runs),
+            "scored": scored, "correct": self.correct, "accuracy": accuracy,
+            "accuracy_interval": scoring.interval(accuracy * sampled, sampled) if accuracy is not None else None,
+            "cost": round(self.cost, 8) if self.costed else None,
+            "cost_per_run": round(self.cost / self.costed, 8) if self.costed else None,
+            **({"cost_unknown": self.runs - self.costed} if self.costed and self.costed < self.runs else {}),
             **({"repeats": scoring.repeats(list(self.outcomes.values()), self.tries)} if self.tries > 1 else {}),
             "check_pass_rate": rate(self.passed, self.checked), "checked": self.checked,
-            "rounds": {"total": int(sum(self.rounds)), "mean": round(sum(self.rounds) / self.tasks, 2) if self.tasks else 0,
+            "rounds": {"total": int(sum(self.rounds)), "mean": round(sum(self.rounds) / self.runs, 2) if self.runs else 0,
                        "p50": percentile(self.rounds, 0.5), "p95": percentile(self.rounds, 0.95)},
             "tokens": {**self.tokens, "cached_share": rate(self.tokens["cached"], self.tokens["prompt"])},
             "tool_calls": calls, "tool_errors": self.sums["tool_errors"],
@@ -264,7 +272,9 @@ def render(summary: dict) -> List[str]:
     rounds, tokens, seconds = summary["rounds"], summary["tokens"], summary["seconds"]
     in_words = summary.get("answered_in_words") or 0
     lines = [
-        f"tasks            {summary['tasks']}: {counts}",
+        f"tasks            {summary['tasks']}"
+        + (f" ({summary['runs']} runs)" if summary.get("runs", summary["tasks"]) != summary["tasks"] else "")
+        + f": {counts}",
         f"completion rate  {share(summary['completion_rate'])}"
         + (f" ({share(summary.get('completion_rate_by_finish'))} by a finish action; {in_words} answered in words)"
            if in_words else ""),
@@ -289,7 +299,7 @@ def render(summary: dict) -> List[str]:
         f"retries          {summary['retries']:,}; format errors {summary['format_errors']:,}",
         f"time per task    p50 {seconds['p50']:.3g} s, p95 {seconds['p95']:.3g} s",
         *([f"cost             {dollars(summary['cost'])}"
-           + (f", {dollars(summary['cost'] / summary['tasks'])} a task" if summary["tasks"] else "")
+           + (f", {dollars(summary['cost_per_run'])} a run" if summary.get("cost_per_run") is not None else "")
            + (f" ({summary['cost_unknown']} task(s) with no price for a model they used)"
               if summary.get("cost_unknown") else "")] if summary.get("cost") is not None else []),
         f"largest request  {summary['largest_request_chars']:,} chars"
@@ -306,8 +316,8 @@ def render(summary: dict) -> List[str]:
 
 
 def dollars(amount: float) -> str:
-    """An amount of dollars as people read it: cents, or more places for a small one."""
-    if amount >= 0.01 or amount == 0:
+    """An amount of dollars as people read it: cents from a dollar up, else three significant digits."""
+    if amount >= 1 or amount <= 0:
         return f"${amount:,.2f}"
-    return f"${amount:.6f}".rstrip("0") if amount >= 0.000001 else "less than $0.000001"
-
+    places = max(2, 2 - math.floor(math.log10(amount)))
+    return f"${amount:.{places}f}"

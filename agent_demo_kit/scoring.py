@@ -33,7 +33,8 @@ def expected_values(expected: Any) -> List[Any]:
     if not values:
         raise BadExpectation('"expected" is an empty list: nothing could be right')
     for value in values:
-        if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+        if isinstance(value, bool) or not isinstance(value, (str, int, float)) \
+                or isinstance(value, float) and not math.isfinite(value):
             raise BadExpectation(f'"expected" must be a text, a number or a list of them, got {json.dumps(value)}')
     return values
 

@@ -204,10 +204,16 @@ class Redactor:
 # format character (Unicode's Cf: bidi controls that reorder text, invisible ones that hide it, the
 # tag block), line and paragraph separators and lone surrogates; not the joiners U+200C and U+200D,
 # which Persian text and emoji need. (Cf as of Unicode 15.1; a test holds it to the running Python's.)
+# Besides, what shows nothing or changes the character before and could make text read other than it
+# is (the same the approval question escapes): the combining grapheme joiner, Hangul fillers,
+# Khmer's invisible vowels, the braille blank, Mongolian and other variation selectors, and
+# private-use characters, which a font may draw as anything.
 _ACTIVE = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\xad\u0600-\u0605\u061c\u06dd\u070f\u0890\u0891\u08e2"
                      "\u180e\u200b\u200e\u200f\u2028-\u202e\u2060-\u206f\ufeff\ufff9-\ufffb\U000110bd\U000110cd"
                      "\U00013430-\U0001343f\U0001bca0-\U0001bca3\U0001d173-\U0001d17a\U000e0000-\U000e007f"
-                     "\ud800-\udfff]|\r(?!\n)")
+                     "\ud800-\udfff"
+                     "\u034f\u115f\u1160\u3164\uffa0\u17b4\u17b5\u2800\u180b-\u180f\ufe00-\ufe0f\U000e0100-\U000e01ef"
+                     "\ue000-\uf8ff\U000f0000-\U000ffffd\U00100000-\U0010fffd]|\r(?!\n)")
 
 
 def inert(text: str) -> str:
@@ -571,20 +577,16 @@ class Status(Working):
 CONTROLLING_TERMINAL = "/dev/tty"
 QUESTION_LINES = 6  # the most one line of a question takes of the terminal: it stays whole on 80x24
 _WHITESPACE_RUN = re.compile(r"\s{5,}")
-# Characters that show nothing, or change the one before, and could make a question read other
-# than it runs: Hangul fillers, the combining grapheme joiner, Mongolian selectors, Khmer's
-# invisible vowels, variation selectors.
-_INVISIBLE = {0x115F, 0x1160, 0x3164, 0xFFA0, 0x034F, 0x17B4, 0x17B5, 0x2800, *range(0x180B, 0x1810),
-              *range(0xFE00, 0xFE10), *range(0xE0100, 0xE01F0)}
 MARKS_ON_ONE = 2  # combining marks shown on one character; more (stacked over the lines around) are escaped
 
 
 def _hidden(character: str) -> bool:
-    """Whether a question shows character as an escape: all but plain letters, marks, digits,
-    punctuation, symbols and the plain space (Unicode's C* and Z* categories, the invisibles; a
-    no-break space would make "rm\u00a0-rf" read as "rm -rf")."""
+    """Whether a question shows character as an escape: what the trace escapes (the one rule, _ACTIVE),
+    and, since a question's line is what runs, every other character but plain letters, marks,
+    digits, punctuation, symbols and the plain space (Unicode's C* and Z* categories: a no-break
+    space would make "rm\u00a0-rf" read as "rm -rf")."""
     category = unicodedata.category(character)
-    return category[0] == "C" or category[0] == "Z" and character != " " or ord(character) in _INVISIBLE
+    return _ACTIVE.match(character) is not None or category[0] == "C" or category[0] == "Z" and character != " "
 
 
 def visible(text: str) -> str:

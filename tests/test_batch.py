@@ -352,6 +352,7 @@ def test_a_second_ctrl_c_stops_at_once_and_sigterm_ends_like_the_first(tmp_path)
         _, err = process.communicate(timeout=30)
         assert process.returncode == 130 and time.monotonic() - stopped_at < 0.9, err
         assert "stopped at once" in err
+        assert err.splitlines()[-1].startswith(f"agent-demo: to go on: agent-demo --batch {tasks}"), err
         assert any('"event": "end"' not in trace.read_text() for trace in (out / "traces").iterdir()), \
             "a task whose request was in flight is cut short: no end record"
         script.delay = 0.2

@@ -130,3 +130,19 @@ def test_a_run_recorded_with_escalate_goes_on_with_it_only_when_given_again(tmp_
     code, out, err = cli("--resume", trace, "--max-rounds", 3, "--escalate", "strong-model")
     assert (code, out) == (0, "2\n"), err
     assert "a stronger model on trouble (--escalate): strong-model at" in err
+
+
+# --- 14. one escaping rule for everything shown ---------------------------------------------------
+
+HIDING = ["\u034f", "\u3164", "\u115f", "\u1160", "\uffa0", "\ufe0f", "\U000e0100", "\ue000"]
+
+
+def test_the_trace_escapes_what_the_approval_question_escapes_in_words_and_arguments(serve, cli):
+    said = "I will look it up" + "".join(HIDING)
+    serve([said + "\n" + action("get_order_status", order_id="A1002" + "".join(HIDING)),
+           action("finish", result="done")])
+    code, out, err = cli("--no-log", "look up order A1002")
+    assert code == 0
+    shown = [character for character in HIDING if character in err]
+    assert shown == [], f"raw on the trace: {[hex(ord(character)) for character in shown]}"
+    assert "\\u034f" in err and "\\ue000" in err

@@ -117,8 +117,7 @@ def test_a_later_action_with_bad_args_does_not_spoil_the_first():
 ], ids=["braces", "think-tags", "thinking-tags", "quote-braces", "bracket-braces"])
 def test_hostile_replies_are_format_errors_not_crashes(hostile):
     parsed = parse_actions(hostile)
-    assert parsed.actions == [] and parsed.words == ""
-    assert parsed.problem.startswith(("no JSON object found", "it looks like an action"))
+    assert parsed.actions == [] and parsed.problem.startswith(("no JSON object found", "it looks like an action"))
 
 
 def test_an_action_written_twice_in_one_reply_runs_once_and_both_copies_get_its_result():
@@ -146,3 +145,43 @@ def test_a_think_tag_inside_a_json_string_is_text_and_reaches_the_tool_unchanged
     reply = before + act("finish", result=text)
     assert parse_actions(reply).actions == [Action("finish", {"result": text})]
     assert strip_think(reply).strip() == act("finish", result=text), "the model's turn is re-sent as written"
+
+
+KNOWN = ["calculator", "get_order_status", "finish", "fail", "recall", "note"]
+
+
+@pytest.mark.parametrize("reply", [
+    "An empty object is written {} in JSON.",
+    'In Python write d = {"a": 1} and the answer is 1.',
+    "Use {'name': 'x'} as the config.",
+    'The JSON {"name": "Bob"} has a name field.',
+    "I used calculator(2+1) to get it.",
+    "Here is code:\n```python\nprint('hi')\n```\nThe answer is 42.",
+    "<think>maybe {'tool': 'calculator'}</think>The answer is 3.",
+])
+def test_words_that_hold_braces_or_code_but_no_attempted_action_stay_words_as_written(reply):
+    parsed = parse_actions(reply, KNOWN)
+    assert parsed.actions == [] and parsed.words == reply.split("</think>")[-1]
+
+
+@pytest.mark.parametrize("reply", [
+    "{bad json", "```json\n{bad json\n```", "{'tool': 'calculator', 'args': {'expression': '2 +",
+    "tool: finish\nargs:\n  result: 42", "Sure: {tool: calculator, args: {expression: 2 + 1}}",
+    '{"name": "calculator"', "calculator(expression=2 + 1)", '{"answer": 512}',
+])
+def test_a_reply_that_tries_to_be_an_action_and_cannot_be_read_is_never_words(reply):
+    parsed = parse_actions(reply, KNOWN)
+    assert parsed.actions == [] and parsed.words == "" and parsed.problem
+
+
+@pytest.mark.parametrize("reply, actions", [
+    ("calculator(expression='2+1')", [("calculator", {"expression": "2+1"})]),
+    ('[calculator(expression="2+1"), finish(result=3)]', [("calculator", {"expression": "2+1"}),
+                                                          ("finish", {"result": 3})]),
+    ("```python\nget_order_status(order_id='A1002')\n```", [("get_order_status", {"order_id": "A1002"})]),
+    ('{"calculator": {"expression": "1 + 1"}}', [("calculator", {"expression": "1 + 1"})]),
+    ("{'tool': 'finish', 'args': {'result': None, 'ok': True}}", [("finish", {"result": None, "ok": True})]),
+])
+def test_actions_written_as_python_calls_or_other_shapes_are_read(reply, actions):
+    parsed = parse_actions(reply, KNOWN)
+    assert [(action.tool, action.args) for action in parsed.actions] == actions and parsed.repaired

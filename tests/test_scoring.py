@@ -177,7 +177,9 @@ def test_repeats_give_each_try_a_trace_and_pass_at_1_and_pass_all(tmp_path, cli,
     summary = json.loads(out)
     folder = tmp_path / "tasks-results" / "gpt-4o-mini"
     assert len(list((folder / "traces").iterdir())) == 30
-    assert summary["tasks"] == 30 and summary["repeats"]["tasks"] == 10
+    assert (summary["tasks"], summary["runs"], summary["repeats"]["tasks"]) == (10, 30, 10)
+    assert summary["accuracy"] == round(17 / 30, 4)
+    assert summary["accuracy_interval"] == list(scoring.interval(17 / 30 * 10, 10)), "the interval of 10 tasks, not 30"
     assert summary["repeats"]["pass_at_1"] == round(17 / 30, 4)
     assert summary["repeats"]["pass_all"] == 0.5
     assert summary["repeats"]["per_try"] == [0.7, 0.5, 0.5]
@@ -227,7 +229,7 @@ def test_a_price_gives_the_cost_the_token_counts_imply(tmp_path, cli, monkeypatc
     lines = results_of(tmp_path / "tasks-results" / "gpt-4o-mini")
     assert [line["cost"] for line in lines.values()] == [pytest.approx(each)] * 3
     assert lines["t0"]["models"]["gpt-4o-mini"]["cost"] == pytest.approx(each)
-    assert "cost             $0.0096, $0.0032 a task" in err
+    assert "cost             $0.00960, $0.00320 a run" in err
 
     code, out, _ = cli("--price", "2,8", "--json", "--no-log", "q0")
     assert json.loads(out)["cost"] == pytest.approx((1000 * 2 + 200 * 8) / 1e6), "no cached price: the input price"
@@ -276,3 +278,32 @@ def test_with_escalate_each_model_is_priced_at_its_own_price(tmp_path, cli, monk
     assert printed["cost"] == pytest.approx(3 * (100 * 1 + 10 * 2) / 1e6 + (100 * 10 + 10 * 20) / 1e6)
     code, out, err = cli("-m", "small", "--escalate", "big", "--price", "1,2", "--json", "--no-log", "task")
     assert "cost" not in json.loads(out), "a model without a price: no cost rather than a wrong one"
+
+
+def test_the_side_by_side_table_shows_model_text_escaped_even_into_a_pipe(tmp_path, cli, monkeypatch):
+    path = tmp_path / "tasks.jsonl"
+    path.write_text(json.dumps({"id": "t\u202e1", "task": "q", "expected": "5"}) + "\n")
+    hostile = "\x1b[2J\x1b]0;pwned\x07 \x9b31m \u202eevil"
+    scripted_batch(tmp_path, monkeypatch, Answers({"small": {"q": hostile}, "big": {"q": "5"}}))
+    cli("--batch", path, "-m", "small", "-q")
+    cli("--batch", path, "-m", "big", "-q")
+    for flags in ((), ("--markdown",)):
+        code, out, err = cli("--summary", tmp_path / "tasks-results", *flags)
+        assert code == 0 and "\\x1b[2J" in out
+        assert not any(character in out for character in "\x1b\x07\x9b\u202e"), flags
+    code, out, err = cli("--summary", tmp_path / "tasks-results" / "small")
+    assert "t\\u202e1" in out and "\u202e" not in out
+
+
+@pytest.mark.parametrize("first, second", [("openai/gpt-4o", "openai-gpt-4o"), ("a:b", "a-b"), (".", "..")])
+def test_model_names_a_folder_cannot_hold_as_they_are_still_get_folders_of_their_own(first, second):
+    from agent_demo_kit.batch import default_out
+    assert default_out("tasks.jsonl", first) != default_out("tasks.jsonl", second)
+    assert default_out("tasks.jsonl", first).parent == Path("tasks-results")
+
+
+@pytest.mark.parametrize("expected", ["NaN", "1e999", "[]", "true", "{}", "[1, null]"])
+def test_an_expected_answer_that_nothing_could_match_is_refused_before_anything_is_sent(tmp_path, cli, expected):
+    (tmp_path / "tasks.jsonl").write_text('{"task": "q", "expected": %s}\n' % expected)
+    code, out, err = cli("--batch", tmp_path / "tasks.jsonl", "--url", "http://127.0.0.1:9/v1")
+    assert code == 2 and "line 1" in err
