@@ -28,7 +28,7 @@ from agent_demo_kit.records import (BudgetSpent, Call, CallerError, CheckFailed,
 from agent_demo_kit.metrics import cost
 from agent_demo_kit.settings import (OBEYED_ONLY_WHEN_GIVEN, CHECK_OUTPUT_LINES, CHECK_OUTPUT_SHOWN, LAST_WORDS_CHARS, LAST_WORDS_LINES,
                                      MATERIAL_SHOWN_CHARS, PAGE_MARGIN_CHARS, VALUE_SHOWN_CHARS,
-                                     Settings, display_url, keyword_name, load_settings, read_environment,
+                                     Environment, Settings, display_url, keyword_name, load_settings, read_environment,
                                      check_endpoint_settings, flag_name, recorded_differences, recorded_settings,
                                      secrets_of)
 from tools import (CONTROL_ACTIONS, FINISH, NOTE, RECALL, REGISTRY, Tool, ToolDefinitionError, call_tool,
@@ -535,7 +535,10 @@ def run(task: str, *, tools: Sequence[Callable] = (), approve: Optional[Approver
         raise ConfigError(f"approve must be a function that decides each call, got {approve!r}")
     if approve is not None:  # it decides about every call, as --approve asks about every call
         settings["approve"] = True
-    with prepare(task, given=settings, environment=read_environment(), named=keyword_name, functions=tools,
+    environment = read_environment()
+    for note in environment.notes:  # a ./.env passed by: said, as the command line says it
+        print(f"agent-demo: {note}", file=sys.stderr)
+    with prepare(task, given=settings, environment=environment, named=keyword_name, functions=tools,
                  material=material, trace=path, approver=approve and the_callers("approve", approve)) as job:
         job.agent.on_round = on_round and the_callers("on_round", on_round)
         outcome = job.run()
@@ -658,6 +661,7 @@ def prepare(task: str = "", *, given: Dict[str, Any], environment: Dict[str, str
             if trace is True:
                 run_store.prune(Path(path).parent)
         log.start_fields, log.start_notes = start_fields, notes
+        log.url_note = environment.where_requests_go(settings) if isinstance(environment, Environment) else ""
         agent = Agent(settings, client, registry, log, approver)
         agent.checks = checks
         for each in escalation.clients.values() if escalation else [client]:

@@ -32,7 +32,8 @@ from agent_demo_kit.comparison import (FAILURES_SHOWN, Key, config_differences, 
 from agent_demo_kit.records import ConfigError, EndpointError, Interrupted, RunResult, SigTerm, Terminated
 from agent_demo_kit.request_gate import RequestGate
 from agent_demo_kit.run_store import in_use, lock, open_private
-from agent_demo_kit.settings import HOSTED_PARALLEL, DEFAULT_RETRY_ERRORS, Settings, keyword_name, load_settings
+from agent_demo_kit.settings import (HOSTED_PARALLEL, DEFAULT_RETRY_ERRORS, Settings, display_url, keyword_name,
+                                     load_settings)
 from agent_demo_kit.terminal import is_terminal
 from tools import REGISTRY
 from tools import in_use as offered_tools
@@ -508,6 +509,10 @@ class Batch:
         goes_on = sum(not planned.fresh and planned.traced for planned in self.queue)
         print(f"agent-demo: batch of {total} task(s){where} into {self.out}/, {self.parallel} at a time ({why})",
               file=sys.stderr)
+        chosen = self.environment.where_requests_go(self.settings) if hasattr(self.environment, "where_requests_go") \
+            else ""
+        if chosen:
+            print(f"agent-demo: requests go to {display_url(self.settings.endpoint)}{chosen}", file=sys.stderr)
         if self.skipped or goes_on:
             print(f"agent-demo: {self.skipped} already ended, {goes_on} go on from their traces,"
                   f" {left - goes_on} start", file=sys.stderr, flush=True)

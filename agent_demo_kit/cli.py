@@ -292,6 +292,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         except OutputClosed:  # --help or --version into a reader that went away (| head): it took what it wanted
             return 0
         redactor.add(*secrets_of(environment, args.url))
+        for note in getattr(environment, "notes", []):  # a ./.env passed by
+            print(f"agent-demo: {note}", file=sys.stderr)
         if unreadable or args.runs or args.show is not None or args.config or args.summary is not None \
                 or args.batch is not None:
             try:

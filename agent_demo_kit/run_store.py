@@ -119,6 +119,7 @@ class RunLog(RunEvents):
         self.screen = screen
         self.start_fields: Dict[str, Any] = {}  # recorded with the start or resume (the MCP servers used)
         self.start_notes: List[str] = []  # said right after it
+        self.url_note = ""  # on the header line: where requests go was chosen by ./.env, the key not
         self.trace_file: Optional[SafeStream] = None
         self.path = trace_path
         self.written: Optional[List[dict]] = None  # when a list, each record written is added to it, as written
@@ -180,13 +181,13 @@ class RunLog(RunEvents):
 
     def start(self, task: str, model: str, url: str, kept: dict) -> None:
         """kept: the run's own settings (max_rounds, mode, ...), for --resume."""
-        self.say(f"task: {clip(task, TASK_SHOWN_CHARS)}\nmodel: {model} at {url} ({kept.get('mode')} mode)")
+        self.say(f"task: {clip(task, TASK_SHOWN_CHARS)}\nmodel: {model} at {url}{self.url_note} ({kept.get('mode')} mode)")
         self.record("start", task=task, model=model, url=url, **kept, **self.start_fields, ts=time.time())
         self._say_start_notes()
 
     def resume(self, task: str, model: str, url: str, done_rounds: int, kept: dict) -> None:
         self.say(f"resuming after round {done_rounds}: {clip(task, TASK_SHOWN_CHARS)}\nmodel: {model} at {url}"
-                 f" ({kept.get('mode')} mode)")
+                 f"{self.url_note} ({kept.get('mode')} mode)")
         self.record("resume", model=model, url=url, after_round=done_rounds, **kept, **self.start_fields,
                     ts=time.time())
         self._say_start_notes()
@@ -194,7 +195,7 @@ class RunLog(RunEvents):
     def follow_up(self, text: str, model: str, url: str, done_rounds: int, kept: dict) -> None:
         """--continue: the user's next turn after the run's last round, with the settings the run goes on with."""
         self.say(f"follow-up after round {done_rounds}: {clip(text, TASK_SHOWN_CHARS)}\nmodel: {model} at {url}"
-                 f" ({kept.get('mode')} mode)")
+                 f"{self.url_note} ({kept.get('mode')} mode)")
         self.record("follow_up", text=text, model=model, url=url, after_round=done_rounds, **kept,
                     **self.start_fields, ts=time.time())
         self._say_start_notes()

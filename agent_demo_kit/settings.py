@@ -485,14 +485,26 @@ def checked_folder(folder: Path, what: str = "the run log folder") -> Optional[P
 
 class Environment(dict):
     """The variables a run reads, each from where it was found first: the shell, ./.env, or the
-    user's own file (`origins`: variable -> "the shell", "./.env" or the user file's path)."""
+    user's own file (`origins`: variable -> "the shell", "./.env" or the user file's path); `notes`:
+    what was not read, and why (a ./.env someone else could have written)."""
 
-    def __init__(self, values: Dict[str, str], origins: Dict[str, str]):
+    def __init__(self, values: Dict[str, str], origins: Dict[str, str], notes: Optional[List[str]] = None):
         super().__init__(values)
         self.origins = origins
+        self.notes = notes or []
 
     def origin(self, variable: str) -> str:
         return self.origins.get(variable, "the shell")
+
+    def where_requests_go(self, settings: "Settings") -> str:
+        """Said on the header line when a setting that decides where the key goes came from ./.env while
+        the key came from elsewhere ("" otherwise)."""
+        sources = settings.sources
+        chosen = [name for name in ("url", "escalate_url") if self.origin(sources.get(name, "")) == "./.env"]
+        key_from = self.origin(sources.get("api_key", "")) if sources.get("api_key", "default") != "default" else None
+        if not chosen or key_from in (None, "./.env"):
+            return ""
+        return f" ({' and '.join(sources[name] for name in chosen)} from ./.env, the key from {key_from})"
 
 
 def user_config_file(environment: Optional[Dict[str, str]] = None) -> Path:
@@ -512,23 +524,60 @@ def user_config_file(environment: Optional[Dict[str, str]] = None) -> Path:
 
 def read_environment() -> Environment:
     """The shell's variables over ./.env over the user's own file (user_config_file): the first that
-    sets a variable wins. The user's file, which may hold a key, must be theirs and writable by nobody
-    else, as must its folder. A file that cannot be parsed is a ConfigError naming its line (and not
-    its text, which may hold a key)."""
+    sets a variable wins. The user's file, which may hold a key for every folder, must be theirs,
+    writable by nobody else and readable by nobody else, as ssh asks of a private key (ConfigError
+    otherwise); ./.env is read only when it and its folder are the user's and writable by nobody
+    else (otherwise it is passed by, and `notes` says why). A file that cannot be parsed is a
+    ConfigError naming its line (and not its text, which may hold a key)."""
     values: Dict[str, str] = {}
     origins: Dict[str, str] = {}
+    notes: List[str] = []
     user_file = user_config_file()
-    for path, origin in ((user_file, str(user_file)), (Path.cwd() / ".env", "./.env")):
-        if path == user_file and os.path.lexists(path):
-            check(os.stat(resolve(str(path.parent), "the settings folder")), str(path.parent), "the settings folder")
-            check(os.stat(resolve(str(path), "the settings file")), str(path), "the settings file")
-        if path.is_file():
+    if os.path.lexists(user_file):
+        check(os.stat(resolve(str(user_file.parent), "the settings folder")), str(user_file.parent),
+              "the settings folder")
+        info = os.stat(resolve(str(user_file), "the settings file"))
+        check(info, str(user_file), "the settings file")
+        if _CHECKED and stat.S_ISREG(info.st_mode) and info.st_mode & 0o044:
+            raise ConfigError(f"the settings file {user_file} can be read by {'others' if info.st_mode & 0o004 else 'its group'}"
+                              f" (mode {stat.S_IMODE(info.st_mode):o}): it may hold your key: chmod 600 {user_file}")
+    local = Path.cwd() / ".env"
+    why_not = _not_ours(local) if os.path.lexists(local) else None
+    if why_not:
+        notes.append(f"./.env not read: {why_not}; whoever can write it could choose where your key goes and"
+                     " what runs as you")
+    for path, origin in ((user_file, str(user_file)), (local, "./.env")):
+        if path.is_file() and not (path == local and why_not):
             found = _dotenv_values(path)
             values.update(found)
             origins.update(dict.fromkeys(found, origin))
     for name in os.environ:
         origins.pop(name, None)
-    return Environment({**values, **os.environ}, origins)
+    return Environment({**values, **os.environ}, origins, notes)
+
+
+def _not_ours(path: Path) -> Optional[str]:
+    """Why a file and its folder are not the user's alone (someone else's, or writable by others), or None."""
+    if not _CHECKED:
+        return None
+    folder = path.parent
+    for each, what in ((folder, "its folder"), (path, "it")):
+        try:
+            info = os.lstat(each) if each == path else os.stat(each)
+        except OSError as error:
+            return f"{what} cannot be looked at ({error.strerror or error})"
+        if stat.S_ISLNK(info.st_mode):
+            target = os.stat(each)
+            if not _trusted(info.st_uid) or not _trusted(target.st_uid):
+                return f"it is a link that is not yours to {os.readlink(each)}"
+            info = target
+        if not _trusted(info.st_uid):
+            return f"{what} belongs to {_owner(info.st_uid)}"
+        if info.st_mode & 0o022:
+            writers = "others" if info.st_mode & 0o002 else "its group"
+            fix = f"chmod go-w {'.' if each == folder else './.env'}"
+            return f"{what} is writable by {writers} (mode {stat.S_IMODE(info.st_mode):o}; {fix} if that is wrong)"
+    return None
 
 
 def _dotenv_values(path: Path) -> Dict[str, str]:
