@@ -16,6 +16,7 @@ import json
 import os
 import re
 import shutil
+import stat
 import sys
 import threading
 import time
@@ -32,8 +33,9 @@ from agent_demo_kit.comparison import (FAILURES_SHOWN, Key, config_differences, 
 from agent_demo_kit.records import ConfigError, EndpointError, Interrupted, RunResult, SigTerm, Terminated
 from agent_demo_kit.request_gate import RequestGate
 from agent_demo_kit.run_store import in_use, lock, open_private
-from agent_demo_kit.settings import (HOSTED_PARALLEL, DEFAULT_RETRY_ERRORS, Settings, display_url, keyword_name,
-                                     load_settings)
+from agent_demo_kit.seals import is_sealed
+from agent_demo_kit.settings import (HOSTED_PARALLEL, DEFAULT_RETRY_ERRORS, Settings, check, display_url, keyword_name,
+                                     load_settings, resolve)
 from agent_demo_kit.terminal import is_terminal
 from tools import REGISTRY
 from tools import in_use as offered_tools
@@ -253,6 +255,11 @@ class Batch:
             elif line is None or line.get("status") not in metrics.ENDED:
                 # The trace knows better: the task went on after its line, or ended just before a kill -9.
                 records = metrics.trace_records(str(self.trace(task)))
+                start = next((record for record in reversed(records) if record.get("event") == "start"), None)
+                if start is not None and not is_sealed(start):
+                    raise ConfigError(f"{self.trace(task)} was not written by agent-demo as you (its start record"
+                                      " carries no seal of yours): its figures and answer count for nothing; move it"
+                                      " away and the task runs again")
                 model = next((str(record.get("model")) for record in records if record.get("event") == "start"), None)
                 if model is not None and model != self.settings.model.strip():
                     self.refuse([f"model {model}, now {self.settings.model.strip()} (in {self.trace(task).name})"])
@@ -342,6 +349,7 @@ class Batch:
         except OSError as error:
             raise ConfigError(f"--out {self.out}: cannot make the output folder there: {error.strerror or error}") \
                 from None
+        check_output_folder(self.out)
         path = self.out / results_name(self.part, "results")
         self.results = open(open_private(str(path), "the results file"), "a", encoding="utf-8")
         if not lock(self.results):
@@ -662,6 +670,32 @@ class Batch:
                     results.seek(offset)
                     yield results.readline().rstrip(b"\n") + b"\n"
             write_private(path, lines())
+
+
+def check_output_folder(out: Path) -> None:
+    """The output folder, its traces and its results files are used only when they are yours and
+    writable by nobody else, with no links out (a link of yours on the way to the folder is
+    followed); ConfigError naming the first that is not, before anything is sent."""
+    what = "the output folder"
+    real = Path(resolve(str(out), what))
+    for folder in (real, real / "traces"):
+        info = os.lstat(folder)
+        if not stat.S_ISDIR(info.st_mode):
+            raise ConfigError(f"{what}: {folder} is {'a link' if stat.S_ISLNK(info.st_mode) else 'not a folder'};"
+                              " use a folder of your own")
+        check(info, str(folder), what)
+    ours = re.compile(r"(results|summary)(-\d+of\d+)?\.(jsonl|json)")
+    for folder, names in ((real, ours.fullmatch), (real / "traces", lambda name: name.endswith(".jsonl"))):
+        with os.scandir(folder) as entries:
+            for entry in entries:
+                if not names(entry.name):
+                    continue
+                info = entry.stat(follow_symlinks=False)
+                if not stat.S_ISREG(info.st_mode):
+                    kind = "a link" if stat.S_ISLNK(info.st_mode) else "not a plain file"
+                    raise ConfigError(f"{what}: {entry.path} is {kind}: a batch reads only files it wrote; move it"
+                                      " away")
+                check(info, entry.path, what)
 
 
 def iter_lines(file: Any) -> Iterator[Tuple[int, bytes]]:

@@ -198,3 +198,44 @@ def test_a_settings_file_others_can_read_is_refused_and_config_says_why(tmp_path
     assert code == 2 and "can be read by others (mode 644)" in err and "chmod 600" in err
     code, out, err = cli("--config")
     assert code == 0 and "problem: the settings file" in out and "can be read by others" in out
+
+
+# --- 3. result folders ------------------------------------------------------------------------------
+
+def planted_folder(tmp_path):
+    (tmp_path / "tasks.jsonl").write_text('{"id": "q1", "task": "What is 2+2?", "expected": "4"}\n')
+    folder = tmp_path / "tasks-results" / "gpt-4o-mini"
+    (folder / "traces").mkdir(parents=True, mode=0o700)
+    return folder
+
+
+def planted_trace(path, owner=None):
+    path.write_text(json.dumps({"event": "start", "task": "What is 2+2?", "model": "gpt-4o-mini"}) + "\n"
+                    + json.dumps({"event": "end", "status": "finished", "result": "4"}) + "\n")
+    if owner is not None:
+        os.chown(path, owner, owner)
+
+
+@pytest.mark.parametrize("how", ["another user's trace", "an unsealed trace of yours", "a link to a trace",
+                                 "another user's results file", "a results file others can write"])
+def test_a_result_folder_with_files_the_batch_did_not_write_stops_it_before_anything_is_sent(
+        tmp_path, cli, monkeypatch, how):
+    folder = planted_folder(tmp_path)
+    if how == "another user's trace":
+        planted_trace(folder / "traces" / "q1.jsonl", owner=NOBODY)
+    elif how == "an unsealed trace of yours":
+        planted_trace(folder / "traces" / "q1.jsonl")
+    elif how == "a link to a trace":
+        planted_trace(tmp_path / "elsewhere.jsonl")
+        (folder / "traces" / "q1.jsonl").symlink_to(tmp_path / "elsewhere.jsonl")
+    else:
+        (folder / "results-9of9.jsonl").write_text(json.dumps({"id": "q1", "status": "finished", "answer": "4",
+                                                               "correct": True}) + "\n")
+        if how == "another user's results file":
+            os.chown(folder / "results-9of9.jsonl", NOBODY, NOBODY)
+        else:
+            (folder / "results-9of9.jsonl").chmod(0o666)
+    server = batch_server(monkeypatch, finish_with("5"))
+    code, out, err = cli("--batch", tmp_path / "tasks.jsonl", "--rerun-failed")
+    assert (code, len(server.requests)) == (2, 0), err
+    assert "q1.jsonl" in err or "results-9of9.jsonl" in err
