@@ -18,6 +18,7 @@ from agent_demo import Agent, Job, prepare
 from agent_demo_kit import __version__, run_store
 from agent_demo_kit.actions import parse_actions
 from agent_demo_kit.conversation import truncate_result
+from agent_demo_kit.comparison import MOST_TRIES
 from agent_demo_kit.scoring import MATCHES
 from agent_demo_kit.records import (RUN_STATUSES, Compaction, ConfigError, EndpointError, Finished, GaveUp, Interrupted, OutputClosed,
                                     Reply, Round, RunResult, SigTerm, Terminated, ending_of, total_usage)
@@ -79,6 +80,17 @@ class Parser(argparse.ArgumentParser):
             with contextlib.suppress(OutputClosed):  # the usage error and its exit code stand
                 sys.stdout.write_json(json_object(RunResult(ConfigError(f"usage: {message}"))))
         self.exit(ConfigError.exit_code, f"agent-demo: error: {message} (see agent-demo --help)\n")  # one line, not the usage block
+
+
+def at_most(parse: Callable[[str], int], most: int) -> Callable[[str], int]:
+    """A whole number's check, with a most it may be."""
+    def checked(text: str) -> int:
+        value = parse(text)
+        if value > most:
+            raise ValueError(f"must be at most {most}, got {value}")
+        return value
+    checked.__name__ = parse.__name__
+    return checked
 
 
 def flag_type(parse: Callable[[str], Any]) -> Callable[[str], Any]:
@@ -181,7 +193,7 @@ def build_parser() -> Parser:
                        help="--batch: run the check commands task lines name (shown before the first request), as"
                             " you, beside --check: both must pass (without it they are not run: a task file is"
                             " data)")
-    batch.add_argument("--repeat", type=flag_type(whole_number(1)), metavar="K",
+    batch.add_argument("--repeat", type=flag_type(at_most(whole_number(1), MOST_TRIES)), metavar="K",
                        help="--batch: run each task K times, each with its own trace; the summary gives pass@1,"
                             " pass^K and the spread (default 1)")
     batch.add_argument("--summary", metavar="DIR", nargs="*",

@@ -10,6 +10,7 @@ It imports records, scoring and metrics.
 import json
 import os
 import shlex
+import stat
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Tuple
@@ -18,6 +19,7 @@ from agent_demo_kit import metrics, scoring
 from agent_demo_kit.records import ConfigError
 
 Key = Tuple[str, int]  # a task's id and which of its tries (--repeat)
+MOST_TRIES = 1000  # --repeat at most
 FAILURES_SHOWN = 20  # tasks listed at the end of a batch or a summary; --json has them all
 DIFFERENCES_SHOWN = 20
 ANSWER_SHOWN_CHARS = 60
@@ -27,7 +29,8 @@ SIGNIFICANCE = 0.05
 def result_key(line: dict) -> Key:
     """Which task and which of its tries a results line is about."""
     repeat = line.get("repeat")
-    return str(line.get("id")), repeat if isinstance(repeat, int) and not isinstance(repeat, bool) and repeat > 0 else 1
+    return str(line.get("id")), repeat if isinstance(repeat, int) and not isinstance(repeat, bool) \
+        and 0 < repeat <= MOST_TRIES else 1
 
 
 def ended_key(line: dict) -> float:
@@ -60,19 +63,34 @@ def read_results(folder: Path) -> Dict[Key, dict]:
     return latest
 
 
+MAX_LINE_BYTES = 1 << 20  # a results line longer than this is damaged: passed by
+
+
 def read_lines(path: Path) -> Iterator[dict]:
-    """The result lines of one results file (JSON objects with an id and a status)."""
+    """The result lines of one results file (JSON objects with an id and a status); lines that cannot be
+    read, or are longer than any line a batch writes, are passed by. ConfigError for what is not a
+    plain file (a link to /dev/zero, a FIFO): it would never end."""
     try:
-        with open(path, encoding="utf-8", errors="replace") as results:
-            for text in results:
-                try:
-                    line = json.loads(text)
-                except (ValueError, RecursionError):
-                    continue
-                if isinstance(line, dict) and isinstance(line.get("id"), str) and isinstance(line.get("status"), str):
-                    yield line
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
     except OSError as error:
         raise ConfigError(f"cannot read {path}: {error.strerror or error}") from None
+    with open(fd, "rb") as results:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ConfigError(f"{path} is not a plain file: results are read only from files")
+        while True:
+            text = results.readline(MAX_LINE_BYTES + 1)
+            if not text:
+                return
+            if len(text) > MAX_LINE_BYTES:  # the rest of it is passed by too
+                while text and not text.endswith(b"\n"):
+                    text = results.readline(MAX_LINE_BYTES)
+                continue
+            try:
+                line = json.loads(text.decode("utf-8", "replace"))
+            except (ValueError, RecursionError):
+                continue
+            if isinstance(line, dict) and isinstance(line.get("id"), str) and isinstance(line.get("status"), str):
+                yield line
 
 
 def config_differences(recorded: Any, current: dict) -> List[str]:

@@ -6,6 +6,8 @@ It imports records and scoring.
 """
 import json
 import math
+import os
+import stat
 from array import array
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -35,7 +37,7 @@ def run_figures(records: List[dict]) -> Optional[dict]:
     began = last = None
     for record in run:
         event, at = record.get("event"), record.get("ts")
-        if isinstance(at, (int, float)) and math.isfinite(at):
+        if number(at):  # a time a trace could hold
             if event in ("start", "resume", "follow_up"):
                 figures["seconds"] += segment(began, last)
                 began = at
@@ -123,7 +125,9 @@ def cost(models: Dict[str, dict], prices: Dict[str, Price]) -> Optional[float]:
 def trace_records(path: str) -> List[dict]:
     """The records of a trace file (lines that are not JSON objects left out); [] if it cannot be read."""
     try:
-        with open(path, "rb") as trace:
+        with open(os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)), "rb") as trace:
+            if not stat.S_ISREG(os.fstat(trace.fileno()).st_mode):  # /dev/zero or a FIFO would never end
+                return []
             lines = trace.read().split(b"\n")
     except OSError:
         return []
@@ -181,9 +185,8 @@ class Tally:
             if self.tries > 1:
                 self.scored_tasks.add(str(figures.get("id")))
         self.succeeded += correct if isinstance(correct, bool) else status == "finished"
-        if isinstance(figures.get("cost"), (int, float)) and not isinstance(figures.get("cost"), bool) \
-                and math.isfinite(figures["cost"]):
-            self.cost += figures["cost"]
+        if number(figures.get("cost")) or figures.get("cost") == 0 and not isinstance(figures.get("cost"), bool):
+            self.cost += number(figures["cost"])
             self.costed += 1
         if self.tries > 1:
             tries = self.outcomes.setdefault(str(figures.get("id")), [])
@@ -254,9 +257,15 @@ class Tally:
         }
 
 
+MOST_A_FIGURE = 1e15  # more rounds, tokens or seconds than any run has: a damaged file's number
+
+
 def number(value: Any) -> float:
-    """A figure as a number: 0 for anything that is not one."""
-    return value if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) else 0
+    """A figure as a number: 0 for anything that is not one (or not one a run could have)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or isinstance(value, float) \
+            and not math.isfinite(value):
+        return 0
+    return value if -MOST_A_FIGURE <= value <= MOST_A_FIGURE else 0  # an int of 400 digits is no float
 
 
 def rate(part: float, whole: float) -> Optional[float]:

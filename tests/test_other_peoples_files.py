@@ -239,3 +239,33 @@ def test_a_result_folder_with_files_the_batch_did_not_write_stops_it_before_anyt
     code, out, err = cli("--batch", tmp_path / "tasks.jsonl", "--rerun-failed")
     assert (code, len(server.requests)) == (2, 0), err
     assert "q1.jsonl" in err or "results-9of9.jsonl" in err
+
+
+# --- 8. damaged result files ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("damage", [
+    {"rounds": 1e308}, {"ended_at": 1e308}, {"ended_at": "not a time"}, {"repeat": 10 ** 18},
+    {"tokens": {"total": 10 ** 400}}, {"seconds": -1e308},
+])
+def test_a_huge_number_in_a_results_file_is_passed_by_not_a_traceback(tmp_path, cli, damage):
+    folder = tmp_path / "r"
+    folder.mkdir()
+    lines = [{"id": "a", "status": "finished", "rounds": 2, "ended_at": 5.0},
+             {"id": "b", "status": "failed", "rounds": 1, "ended_at": 6.0, **damage},
+             {"id": "c", "status": "finished", "rounds": 1e308, "ended_at": 7.0}]
+    (folder / "results.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    code, out, err = cli("--summary", folder, "--json")
+    assert code == 0 and json.loads(out)["tasks"] == 3, err
+
+
+@pytest.mark.parametrize("kind", ["a link to /dev/zero", "a FIFO"])
+def test_a_results_file_that_would_never_end_is_refused_in_one_line(tmp_path, cli, kind):
+    folder = tmp_path / "r"
+    folder.mkdir()
+    if kind == "a FIFO":
+        os.mkfifo(folder / "results.jsonl")
+    else:
+        (folder / "results.jsonl").symlink_to("/dev/zero")
+    code, out, err = cli("--summary", folder)
+    assert code == 2 and said_lines(err) == [f"agent-demo: error: {folder / 'results.jsonl'} is not a plain file:"
+                                             " results are read only from files"]
