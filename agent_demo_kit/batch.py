@@ -12,6 +12,7 @@ is resumed from them, and one that ended is not run again.
 """
 import collections
 import hashlib
+import io
 import json
 import os
 import re
@@ -63,17 +64,43 @@ class BatchTask(NamedTuple):
         return self.id, self.repeat
 
 
-def read_tasks(text: str, source: str, notes: Optional[List[str]] = None) -> List[BatchTask]:
-    """The tasks of a JSON Lines text: a JSON object a line ({"id", "task", "check", "expected"}; only
-    task is needed), or a line of plain text that is a task; blank lines are passed by. The id is the
-    line number when none is given. ConfigError naming the line for anything else, and for an id used twice.
-    notes, when given, gets a line about keys no task line knows (a typo such as "chek" is no check)."""
-    tasks: List[BatchTask] = []
+MAX_TASK_LINE_BYTES = 16 << 20  # a task line longer than this is no task someone wrote
+
+
+def text_lines(tasks: Any, source: str) -> Iterator[Tuple[int, str]]:
+    """The numbered lines of a task file (a binary stream, or text), split at "\\n" alone: a U+2028 in a
+    JSON string or a U+0085 in a line is part of it. ConfigError for a file that is not text (a NUL
+    byte, bytes that are not UTF-8) or a line past MAX_TASK_LINE_BYTES, read no further than that."""
+    stream = io.BytesIO(tasks.encode("utf-8", "surrogatepass")) if isinstance(tasks, str) else tasks
+    number = 0
+    while True:
+        raw = stream.readline(MAX_TASK_LINE_BYTES + 1)
+        if not raw:
+            return
+        number += 1
+        if b"\0" in raw:
+            raise ConfigError(f"{source} is not text (line {number} holds a NUL byte): give a JSON Lines file of tasks")
+        if len(raw) > MAX_TASK_LINE_BYTES:
+            raise ConfigError(f"{source} line {number} is longer than {MAX_TASK_LINE_BYTES >> 20} MB: not a task file")
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise ConfigError(f"{source} is not text (line {number} holds bytes that are not UTF-8): give a JSON"
+                              " Lines file of tasks") from None
+        yield number, (line[1:] if number == 1 and line.startswith("\ufeff") else line)  # an editor's byte order mark
+
+
+def read_tasks(tasks: Any, source: str, notes: Optional[List[str]] = None) -> List[BatchTask]:
+    """The tasks of a JSON Lines file (a binary stream, or text): a JSON object a line ({"id", "task",
+    "check", "expected", "match"}; only task is needed), or a line of plain text that is a task; blank
+    lines are passed by. The id is the line number when none is given. ConfigError naming the line
+    for anything else, for an id used twice and for a file that is not text. notes, when given, gets a
+    line about keys no task line knows (a typo such as "chek" is no check)."""
+    found: List[BatchTask] = []
     unknown: Dict[str, int] = {}
-    text = text[1:] if text.startswith("\ufeff") else text  # the byte order mark an editor may put first
-    seen: Dict[str, int] = {}
-    files: Dict[str, str] = {}
-    for number, raw in enumerate(text.splitlines(), 1):
+    seen: set = set()
+    files: set = set()  # the trace names taken, as a file system that ignores case sees them
+    for number, raw in text_lines(tasks, source):
         line = raw.strip()
         if not line:
             continue
@@ -101,24 +128,28 @@ def read_tasks(text: str, source: str, notes: Optional[List[str]] = None) -> Lis
                     scoring.check_expectation(expected, match)
             except scoring.BadExpectation as error:
                 raise ConfigError(f"{source} line {number}: {error}") from None
-            tasks.append(BatchTask(number, str(ident), task.strip(), item.get("check"), expected, match=match))
+            found.append(BatchTask(number, str(ident), task.strip(), item.get("check"), expected, match=match))
         else:
-            tasks.append(BatchTask(number, str(number), line))
-        ident = tasks[-1].id
+            found.append(BatchTask(number, str(number), line))
+        ident = found[-1].id
         if ident in seen:
-            raise ConfigError(f"{source} line {number}: the id {ident!r} is also line {seen[ident]}'s; each task"
+            earlier = next(task.line for task in found if task.id == ident)
+            raise ConfigError(f"{source} line {number}: the id {ident!r} is also line {earlier}'s; each task"
                               " needs its own")
-        seen[ident] = number
+        seen.add(ident)
         name = file_name(ident)
-        if name.lower() in files:  # two ids that differ only where a file name cannot
+        name = ident if name == ident else name  # one string kept, not two: a million tasks stay small
+        folded = name.lower()
+        if folded in files:  # two ids that differ only where a file name cannot
             name = f"{name}-{hashlib.sha256(ident.encode()).hexdigest()[:8]}"
-        files[name.lower()] = ident
-        tasks[-1] = tasks[-1]._replace(file=name)
+            folded = name.lower()
+        files.add(name if folded == name else folded)
+        found[-1] = found[-1]._replace(file=name)
     if unknown and notes is not None:
         listed = ", ".join(f"{key!r} (line {line})" for key, line in list(unknown.items())[:5])
         notes.append(f"{source}: keys a task line does not know are passed by: {listed}; a task line knows"
                      f" {', '.join(TASK_KEYS)}")
-    return tasks
+    return found
 
 
 def file_name(ident: str) -> str:
@@ -719,8 +750,7 @@ def run_batch(tasks: Any, out: Any, *, parallel: Optional[int] = None, retry_err
         raise ConfigError(f"match must be one of {', '.join(scoring.MATCHES)}, got {match!r}")
     if isinstance(repeat, bool) or not isinstance(repeat, int) or repeat < 1:
         raise ConfigError(f"repeat must be a whole number of at least 1, got {repeat!r}")
-    text = "".join(json.dumps(item if isinstance(item, dict) else {"task": item}, ensure_ascii=False) + "\n"
-                   for item in tasks)
+    text = "".join(json.dumps(item if isinstance(item, dict) else {"task": item}) + "\n" for item in tasks)
     batch = Batch(read_tasks(text, "tasks"), Path(out), settings, read_environment(), parallel=parallel,
                   retry_errors=retry_errors, rerun_failed=rerun_failed, part=shard, quiet=True, match=match,
                   repeat=repeat)

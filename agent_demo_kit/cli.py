@@ -531,15 +531,18 @@ def list_runs(args: argparse.Namespace, environment: Dict[str, str], answer: Saf
 def run_batch(args: argparse.Namespace, environment: Dict[str, str], answer: SafeStream) -> int:
     """--batch FILE: every task of the file (or of its --shard), into --out; the summary with --json."""
     from agent_demo_kit.batch import Batch, read_tasks
-    if args.batch == "-":
-        text = read_stdin()
-    else:
-        try:
-            text = Path(args.batch).read_text(encoding="utf-8", errors="replace")
-        except OSError as error:
-            raise ConfigError(f"--batch: cannot read {args.batch}: {error.strerror or error}") from None
     source, notes = "stdin" if args.batch == "-" else args.batch, []
-    tasks = read_tasks(text, source, notes)
+    try:  # read a line at a time: a file that is not text is refused before it is all in memory
+        stream = sys.stdin.buffer if args.batch == "-" else open(args.batch, "rb")
+    except OSError as error:
+        raise ConfigError(f"--batch: cannot read {args.batch}: {error.strerror or error}") from None
+    try:
+        tasks = read_tasks(stream, source, notes)
+    except OSError as error:
+        raise ConfigError(f"--batch: cannot read {args.batch}: {error.strerror or error}") from None
+    finally:
+        if args.batch != "-":
+            stream.close()
     if not tasks:
         raise ConfigError(f"--batch: {source} holds no task")
     batch = Batch(tasks, Path(args.out) if args.out else None, given_settings(args), environment,

@@ -1,5 +1,6 @@
 """Other people's files are data: a task file, ./.env, a result folder and a trace decide nothing the
 user did not allow. A test a finding of the third adversarial pass, each named after it."""
+import io
 import json
 import os
 import stat
@@ -269,3 +270,31 @@ def test_a_results_file_that_would_never_end_is_refused_in_one_line(tmp_path, cl
     code, out, err = cli("--summary", folder)
     assert code == 2 and said_lines(err) == [f"agent-demo: error: {folder / 'results.jsonl'} is not a plain file:"
                                              " results are read only from files"]
+
+
+# --- 9. task files -----------------------------------------------------------------------------------
+
+def test_a_task_file_splits_at_newlines_alone(tmp_path):
+    from agent_demo_kit.batch import read_tasks
+    text = json.dumps({"id": "a", "task": "one\u2028still one"}, ensure_ascii=False) + "\nplain\u0085still plain\n"
+    tasks = read_tasks(io.BytesIO(text.encode("utf-8")), "tasks")
+    assert [(task.id, task.task) for task in tasks] == [("a", "one\u2028still one"), ("2", "plain\u0085still plain")]
+
+
+@pytest.mark.parametrize("content, said", [
+    (b"\x7fELF\x02\x01\x01\x00\x00\x00binary\n" * 50, "is not text (line 1 holds a NUL byte)"),
+    (b"task one\n\xff\xfe\xfdtask two\n", "is not text (line 2 holds bytes that are not UTF-8)"),
+])
+def test_a_task_file_that_is_not_text_is_refused_before_anything_is_sent(tmp_path, cli, content, said):
+    (tmp_path / "tasks.jsonl").write_bytes(content)
+    code, out, err = cli("--batch", tmp_path / "tasks.jsonl", "--url", "http://127.0.0.1:9/v1")
+    assert code == 2 and said in err
+
+
+def test_dev_zero_on_stdin_is_refused_without_reading_it_all(tmp_path):
+    import subprocess
+    from conftest import start_cli
+    with open("/dev/zero", "rb") as zeros:
+        process = start_cli("--batch", "-", "--url", "http://127.0.0.1:9/v1", stdin=zeros, cwd=tmp_path)
+        out, err = process.communicate(timeout=60)
+    assert process.returncode == 2 and "stdin is not text" in err
