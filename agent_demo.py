@@ -634,6 +634,11 @@ def prepare(task: str = "", *, given: Dict[str, Any], environment: Dict[str, str
         form = RequestForm.resumed(settings, start, any(record.mode == settings.mode for record in history)) \
             if start is not None else RequestForm.asked_for(settings)
         client = closing.enter_context(contextlib.closing(ModelClient(settings, form=form, session=session)))
+        url_note = environment.where_requests_go(settings) if isinstance(environment, Environment) else ""
+        if resume is None:  # said before any request: a local server's window is asked before the start is recorded
+            first_lines = run_store.RunLog(screen, None, redactor)
+            first_lines.url_note = url_note
+            first_lines.header(first_lines.redact(task), settings.model, display_url(settings.endpoint), form.mode)
         escalation = None
         if settings.escalate:  # the stronger model: its own endpoint and key, or the first model's
             stronger = settings.stronger()  # checked with the first model's endpoint settings
@@ -661,7 +666,7 @@ def prepare(task: str = "", *, given: Dict[str, Any], environment: Dict[str, str
             if trace is True:
                 run_store.prune(Path(path).parent)
         log.start_fields, log.start_notes = start_fields, notes
-        log.url_note = environment.where_requests_go(settings) if isinstance(environment, Environment) else ""
+        log.url_note, log.header_said = url_note, resume is None
         agent = Agent(settings, client, registry, log, approver)
         agent.checks = checks
         for each in escalation.clients.values() if escalation else [client]:

@@ -564,14 +564,38 @@ def ask_window(session: requests.Session, settings: Settings) -> Optional[int]:
     asks = [("GET", f"{root}/props", None), ("GET", f"{base}/models", None),
             ("POST", f"{root}/api/show", {"model": settings.model})]
     for method, url, body in asks:
-        try:
-            response = session.request(method, url, json=body, timeout=quick)
-            found = window_in(response.json(), settings.model) if response.ok else None
-        except (requests.RequestException, ValueError):
+        try:  # each ask ends by its deadline, whatever the server sends meanwhile (keep-alives, forever)
+            response = session.request(method, url, json=body, timeout=quick, stream=True)
+            try:  # read whole, so that the connection goes back to the pool
+                text = _within(_pieces(response), time.monotonic() + quick, WINDOW_BODY_BYTES)
+            except BaseException:
+                response.close()
+                raise
+            found = window_in(parse_body(text.decode("utf-8", "replace")), settings.model) \
+                if response.ok and text else None
+        except (requests.RequestException, urllib3.exceptions.HTTPError, OSError, ValueError, _TooLong):
             continue
         if found:
             return found
     return None
+
+
+WINDOW_BODY_BYTES = 1 << 20  # a server's answer about its model is smaller than this
+
+
+class _TooLong(Exception):
+    """A body that did not end by its deadline, or within its size."""
+
+
+def _within(pieces: Iterator[bytes], deadline: float, most_bytes: int) -> bytes:
+    """A whole body that ends by the deadline and within most_bytes; _TooLong otherwise."""
+    kept, size = [], 0
+    for piece in pieces:
+        size += len(piece)
+        if size > most_bytes or time.monotonic() > deadline:
+            raise _TooLong()
+        kept.append(piece)
+    return b"".join(kept)
 
 
 def window_in(body: Any, model: str) -> Optional[int]:

@@ -120,6 +120,7 @@ class RunLog(RunEvents):
         self.start_fields: Dict[str, Any] = {}  # recorded with the start or resume (the MCP servers used)
         self.start_notes: List[str] = []  # said right after it
         self.url_note = ""  # on the header line: where requests go was chosen by ./.env, the key not
+        self.header_said = False
         self.trace_file: Optional[SafeStream] = None
         self.path = trace_path
         self.written: Optional[List[dict]] = None  # when a list, each record written is added to it, as written
@@ -179,9 +180,16 @@ class RunLog(RunEvents):
                 self.close()  # nothing more can be recorded; the end is still shown
                 raise TraceWriteError(f"cannot write the trace file: {error.strerror or error}") from None
 
+    def header(self, task: str, model: str, url: str, mode: str) -> None:
+        """The run's first lines, said before any request is made (a local server's window is asked
+        before the start is recorded); start() does not say them again."""
+        self.say(f"task: {clip(task, TASK_SHOWN_CHARS)}\nmodel: {model} at {url}{self.url_note} ({mode} mode)")
+        self.header_said = True
+
     def start(self, task: str, model: str, url: str, kept: dict) -> None:
         """kept: the run's own settings (max_rounds, mode, ...), for --resume."""
-        self.say(f"task: {clip(task, TASK_SHOWN_CHARS)}\nmodel: {model} at {url}{self.url_note} ({kept.get('mode')} mode)")
+        if not self.header_said:
+            self.header(task, model, url, str(kept.get("mode")))
         self.record("start", task=task, model=model, url=url, **kept, **self.start_fields, ts=time.time())
         self._say_start_notes()
 

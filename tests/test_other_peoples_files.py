@@ -298,3 +298,69 @@ def test_dev_zero_on_stdin_is_refused_without_reading_it_all(tmp_path):
         process = start_cli("--batch", "-", "--url", "http://127.0.0.1:9/v1", stdin=zeros, cwd=tmp_path)
         out, err = process.communicate(timeout=60)
     assert process.returncode == 2 and "stdin is not text" in err
+
+
+# --- 7. a local server's window probe ----------------------------------------------------------------
+
+class KeepAliveShow:
+    """A local server whose /api/show sends keep-alives forever; chat completions finish at once."""
+
+    def __init__(self):
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+        from scripted_server import completion
+        self.stop = threading.Event()
+        stop = self.stop
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args):
+                pass
+
+            def do_GET(self):
+                self.send_response(404)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def do_POST(self):
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                if self.path.endswith("/chat/completions"):
+                    body = json.dumps(completion(action("finish", result="done"))).encode()
+                    self.send_response(200)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(body)))
+                    self.end_headers()
+                    self.wfile.write(body)
+                    return
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Transfer-Encoding", "chunked")
+                self.end_headers()
+                try:
+                    while not stop.wait(0.05):
+                        self.wfile.write(b"1\r\n \r\n")
+                        self.wfile.flush()
+                except OSError:
+                    return
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.stop.set()
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def test_a_local_servers_window_probe_that_never_ends_has_a_deadline_and_the_header_comes_first(tmp_path):
+    from conftest import start_cli
+    server = KeepAliveShow()
+    try:
+        process = start_cli("--no-log", "--max-rounds", 2, "task", env={"LLM_API_URL": server.url}, cwd=tmp_path)
+        out, err = process.communicate(timeout=30)
+    finally:
+        server.close()
+    assert (process.returncode, out) == (0, "done\n"), err
+    assert err.startswith("task: task\nmodel: gpt-4o-mini at ")
