@@ -99,8 +99,8 @@ class _Enough(Exception):
 
 
 class Stalled(EndpointError):
-    """A stream that sent nothing but keep-alives for --timeout: not tried again, since it would only
-    hold the run as long again."""
+    """A reply that did not end by --reply-deadline (keep-alives, or pieces, kept coming): not tried
+    again, since it would only hold the run as long again."""
 
 
 class StreamedReply:
@@ -112,7 +112,6 @@ class StreamedReply:
                  max_calls: Optional[int] = None):
         self.on_text, self.max_chars, self.max_calls = on_text, max_chars, max_calls
         self.size = 0
-        self.progressed_at = time.monotonic()  # when the last piece that was more than a keep-alive came
         self.unread: Optional[str] = None
         self.content: List[str] = []
         self.reasoning: List[str] = []
@@ -128,20 +127,17 @@ class StreamedReply:
         if not isinstance(chunk, dict):
             return
         if chunk.get("error"):
-            self.progressed_at = time.monotonic()
             error = chunk["error"]
             message = error.get("message") if isinstance(error, dict) else error
             raise EndpointError(f"the endpoint reported an error mid-reply: {_one_line(str(message))}")
         if isinstance(chunk.get("usage"), dict):
             self.usage = chunk["usage"]
-            self.progressed_at = time.monotonic()
         choices = chunk.get("choices")
         if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
             return
         choice = choices[0]
         if isinstance(choice.get("finish_reason"), str):
             self.finish_reason = choice["finish_reason"]
-            self.progressed_at = time.monotonic()
         delta = choice.get("delta") if isinstance(choice.get("delta"), dict) else choice.get("message")
         if not isinstance(delta, dict):
             return
@@ -181,9 +177,7 @@ class StreamedReply:
             self.arguments.pop(index, None)
 
     def _counted(self, piece: str) -> str:
-        """A piece of text that came: progress, and within max_chars, else the reply is cut here."""
-        if piece:
-            self.progressed_at = time.monotonic()
+        """A piece of text that came, within max_chars, else the reply is cut here."""
         self.size += len(piece)
         if self.max_chars is not None and self.size > self.max_chars:
             self.unread = f"all after its first {self.max_chars:,} characters"
@@ -201,17 +195,19 @@ class StreamedReply:
                      reasoning="".join(self.reasoning), unread=self.unread)
 
 
-def read_stream(chunks: Iterator[bytes], on_text: Optional[TextListener] = None, silence: Optional[float] = None,
-                max_chars: Optional[int] = None, max_calls: Optional[int] = None) -> Reply:
+def read_stream(chunks: Iterator[bytes], on_text: Optional[TextListener] = None, deadline: Optional[float] = None,
+                max_chars: Optional[int] = None, max_calls: Optional[int] = None, allowed: float = 0.0) -> Reply:
     """Read an event stream into a Reply, up to its end or a limit (see StreamedReply); EndpointError
-    if it ends before the reply is complete, or if for `silence` seconds nothing but keep-alives came
-    (comments, empty pieces): a server that only says it is there is no reply arriving."""
+    if it ends before the reply is complete, Stalled if it has not ended by `deadline` (time.monotonic;
+    `allowed`: the seconds it stands for, to say): keep-alives and pieces alike keep a reply alive
+    until then, and silence is the socket's --timeout."""
     reply, done = StreamedReply(on_text, max_chars, max_calls), False
 
     def watched() -> Iterator[bytes]:
         for chunk in chunks:
-            if silence is not None and time.monotonic() - reply.progressed_at > silence:
-                raise Stalled(f"the reply stopped arriving: nothing but keep-alives came within {silence:g} s")
+            if deadline is not None and time.monotonic() > deadline:
+                raise Stalled(f"the reply did not end within --reply-deadline {allowed:g} s (its server kept"
+                              " sending, keep-alives or pieces): cut off")
             yield chunk
     max_line = None if max_chars is None else max_chars * REPLY_BYTES_A_CHAR
     try:
@@ -508,7 +504,7 @@ class ModelClient:
     def attempt(self, body: dict) -> Reply:
         """One POST and its whole reply; AttemptFailed if the server stays silent for --timeout (no first
         byte, or no next piece): a slow model that keeps writing is never cut off."""
-        timeout = self.settings.timeout
+        timeout, asked_at = self.settings.timeout, time.monotonic()
         try:  # the read timeout is the longest wait for the next bytes, not for the whole reply
             response = self.session.post(self.url, json=body, stream=True, timeout=(min(CONNECT_SECONDS, timeout), timeout))
         except requests.RequestException as error:
@@ -519,17 +515,19 @@ class ModelClient:
             "Content-Type", "")
         pieces = _pieces(response)
         most_chars = max(body.get(self.form.reply_cap_field) or self.window(), MIN_LIMIT_TOKENS) * REPLY_CHARS_A_TOKEN
+        allowed = self.settings.reply_deadline
         try:
             if streamed:
-                reply = read_stream(pieces, self.on_text, timeout, most_chars, self.settings.max_calls)
+                reply = read_stream(pieces, self.on_text, asked_at + allowed, most_chars, self.settings.max_calls,
+                                    allowed)
                 if reply.unread:  # a limit was reached: the rest may never end
                     response.close()
                 else:
                     for _ in pieces:  # what follows [DONE], so the connection goes back to the pool
                         pass
             else:
-                text = _bounded(pieces, most_chars * REPLY_BYTES_A_CHAR).decode(response.encoding or "utf-8",
-                                                                                  "replace")
+                text = _bounded(pieces, most_chars * REPLY_BYTES_A_CHAR, asked_at + allowed, allowed).decode(
+                    response.encoding or "utf-8", "replace")
         except (requests.RequestException, urllib3.exceptions.HTTPError, OSError) as error:
             response.close()
             if "timed out" in str(error).lower():
@@ -623,11 +621,15 @@ def refuses_options(status: Optional[int], said: str, mode_worked: bool) -> bool
     return bool(status and status >= 500 and names_them)
 
 
-def _bounded(pieces: Iterator[bytes], most_bytes: int) -> bytes:
-    """A whole body, or AttemptFailed once it passes most_bytes: no reply is that long."""
+def _bounded(pieces: Iterator[bytes], most_bytes: int, deadline: float, allowed: float) -> bytes:
+    """A whole body, or AttemptFailed once it passes most_bytes (no reply is that long), Stalled once
+    it has not ended by the deadline."""
     kept: List[bytes] = []
     size = 0
     for piece in pieces:
+        if time.monotonic() > deadline:
+            raise Stalled(f"the reply did not end within --reply-deadline {allowed:g} s (its server kept sending):"
+                          " cut off")
         size += len(piece)
         if size > most_bytes:
             raise AttemptFailed(f"the reply was longer than {most_bytes:,} bytes, more than any reply within the cap;"

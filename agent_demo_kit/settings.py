@@ -211,8 +211,13 @@ class Settings:
                             " then on); a resume keeps it on", "--approve", shown="off")
     yes: bool = setting(False, "run every call without asking, even tools marked as having side effects",
                         "--yes", resume=False, shown="off")
-    timeout: float = setting(30.0, "the longest silence from the endpoint: no first byte, or no next piece of a"
-                             " reply (keep-alives and empty pieces are silence)", "--timeout", ("AGENT_TIMEOUT",), seconds, metavar="SECONDS")
+    timeout: float = setting(30.0, "the longest silence from the endpoint: no byte at all, before the reply or"
+                             " within it (a keep-alive is a byte: it keeps a reply alive, up to --reply-deadline)",
+                             "--timeout", ("AGENT_TIMEOUT",), seconds, metavar="SECONDS")
+    reply_deadline: float = setting(1800.0, "the longest one reply may take, from the request to its last piece,"
+                                    " keep-alives and all: a local server reading a long prompt is waited for, an"
+                                    " endless stream is not", "--reply-deadline", ("AGENT_REPLY_DEADLINE",), seconds,
+                                    metavar="SECONDS")
     retries: int = setting(3, "retries on 429, 5xx, dropped connections and timeouts", "--retries",
                            ("AGENT_RETRIES",), whole_number(0), metavar="N")
     max_retry_wait: float = setting(30.0, "the longest wait before a retry, in seconds",

@@ -153,8 +153,8 @@ def hostile_figures() -> None:
     with Stopwatch() as parsing:
         json.loads(line[len(b"data: "):])
     print(f"  one 32 MB event line        {reading.cpu:.2f} s CPU ({reading.cpu / parsing.cpu:.1f}x json.loads of it)")
-    watch, outcome = hostile_run({"content": "Thinking", "keep_alive": 0.5}, "--timeout", "2")
-    print(f"  keep-alives every 0.5 s     ended after {watch.wall:.1f} s with --timeout 2, status {outcome['status']}")
+    watch, outcome = hostile_run({"content": "Thinking", "keep_alive": 0.5}, "--timeout", "2", "--reply-deadline", "2")
+    print(f"  keep-alives every 0.5 s     ended after {watch.wall:.1f} s with --reply-deadline 2, status {outcome['status']}")
 
 
 def two_rounds(body: dict, latency: float = 0.0) -> dict:

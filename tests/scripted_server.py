@@ -10,7 +10,8 @@ A canned reply is either a string (the assistant's content) or a dict:
    "refuse_stream": true to answer a streaming request with a 400, "no_stream": true to answer it
    with a plain JSON body, "piece_delay": seconds between the events of a streamed reply,
    "keep_alive": seconds between the comments (and empty pieces) a streamed reply sends forever
-   after its content, "endless": true to stream its content again and again, never ending; for
+   after its content, "pings": how many ": ping" comments come before it, "ping_every" seconds apart
+   (as llama-cpp-python's server sends while it reads a long prompt), "endless": true to stream its content again and again, never ending; for
    ENDLESS_SECONDS, so that a reader that does not stop fails its test instead of hanging it}
 A request with "stream": true gets its reply as server-sent events, a few characters an event
 (but "short", "gzip" and "trickle" are about a plain body: those replies come as one, as from a
@@ -233,6 +234,13 @@ class ScriptedServer:
             return json.dumps({"object": "chat.completion.chunk",
                                "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
         handler.wfile.write(b"5\r\n: hi\n\r\n")  # a comment line, which readers skip
+        try:
+            for _ in range(spec.get("pings", 0)):  # as llama-cpp-python's server says it is reading the prompt
+                time.sleep(spec.get("ping_every", 0.1))
+                handler.wfile.write(b"8\r\n: ping\n\n\r\n")
+                handler.wfile.flush()
+        except OSError:
+            return
         content = spec.get("content") or ""
         size = 7 if len(content) < 500 else 250 if len(content) < 5000 else 4000  # long replies in bigger pieces
         until = time.monotonic() + ENDLESS_SECONDS

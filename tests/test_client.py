@@ -335,12 +335,17 @@ def test_a_404_from_a_url_without_v1_says_to_try_it(url, hint):
 
 # --- bounded by the reply, not only by silence ----------------------------------------------------
 
-def test_a_stream_of_keep_alives_and_empty_pieces_ends_within_about_the_timeout(serve, capsys):
-    serve([{"content": "Thinking", "keep_alive": 0.1}], key=None)
-    started = time.monotonic()
-    assert main(["--timeout", "0.5", "x"]) == 3  # the default retries: a stalled stream is not sent again
-    assert time.monotonic() - started < 2.5, "not held for ever, nor once per retry"
-    assert "the reply stopped arriving: nothing but keep-alives came within 0.5 s" in capsys.readouterr().err
+def test_a_stream_of_keep_alives_ends_at_the_reply_deadline_and_is_not_sent_again(serve, capsys):
+    server = serve([{"content": "Thinking", "keep_alive": 0.1}], key=None)
+    assert main(["--timeout", "0.5", "--reply-deadline", "1", "x"]) == 3  # the default retries: not sent again
+    assert len(server.requests) == 1, "not held for ever, nor once per retry"
+    assert "the reply did not end within --reply-deadline 1 s (its server kept sending" in capsys.readouterr().err
+
+
+def test_keep_alives_while_a_local_server_reads_a_long_prompt_keep_the_reply_alive_past_the_timeout(serve, capsys):
+    server = serve([{"content": act("finish", result="done"), "pings": 8, "ping_every": 0.15}], key=None)
+    assert main(["--timeout", "0.5", "x"]) == 0, capsys.readouterr().err
+    assert len(server.requests) == 1
 
 
 def test_an_endless_reply_is_cut_past_its_cap_and_read_as_cut_off(serve, capsys):
