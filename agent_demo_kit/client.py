@@ -450,24 +450,23 @@ class ModelClient:
         return retry
 
     def waits_its_turn(self, failure: AttemptFailed, sent: Tuple[int, int], absorbed: int) -> bool:
-        """A 429 under a batch's shared limit, for a request sent while more than one was allowed: the
-        limit shrinks, and the request waits (Retry-After, else a short backoff) and goes again without
-        spending a --retries. False for anything else, and past MOST_ABSORBED such 429s."""
-        if self.gate is None or failure.status != 429 or absorbed >= MOST_ABSORBED:
+        """A 429 in a batch, whose tasks share a limit on requests in flight: the limit is lowered (once a
+        wave) and the request waits, Retry-After or a wait that doubles up to a rate limit's usual
+        window (twice AGENT_MAX_RETRY_WAIT: a minute), and goes again without spending a --retries, so a
+        proxy's rate limit costs a wait, never a task. False for anything else, a 429 that says the quota
+        is spent, and past MOST_ABSORBED such 429s in a row."""
+        if self.gate is None or failure.status != 429 or absorbed >= MOST_ABSORBED or quota_spent(failure.said):
             return False
         header = getattr(failure.response, "headers", {}).get("Retry-After")
         try:
             retry_after = Retry().parse_retry_after(header) if header else None
         except InvalidHeader:
             retry_after = None
-        if retry_after is not None:
-            retry_after = min(retry_after, self.settings.max_retry_wait)
-        if not self.gate.too_many(sent, retry_after):
-            return False
-        wait = min(self.settings.max_retry_wait, self.settings.backoff_factor * 2 ** min(absorbed, 6) / 4) \
-            if retry_after is None else retry_after
-        self.trace.retry(f"HTTP 429 with {sent[1]} requests allowed in flight (now {self.gate.limit})", 0,
-                         self.settings.retries, wait)
+        window = 2 * self.settings.max_retry_wait
+        self.gate.too_many(sent, None if retry_after is None else min(retry_after, window))
+        wait = min(window, self.settings.backoff_factor * 2 ** absorbed if retry_after is None else retry_after)
+        self.trace.retry(f"HTTP 429 with {sent[1]} request(s) allowed in flight (now {self.gate.limit}): a rate"
+                         " limit, waited out", 0, self.settings.retries, wait)
         self.gate.sleep(wait)
         return True
 
@@ -611,6 +610,11 @@ def window_in(body: Any, model: str) -> Optional[int]:
         found += [value for key, value in body["model_info"].items() if key.endswith(".context_length")]
     return next((value for value in found if isinstance(value, int) and not isinstance(value, bool)
                  and MIN_WINDOW_TOKENS <= value <= MOST_TOKENS_A_ROUND), None)
+
+
+def quota_spent(said: str) -> bool:
+    """Does a 429 say the account's quota is spent (OpenAI's insufficient_quota), which no wait mends?"""
+    return re.search(r"insufficient_quota|exceeded your current quota|billing", said, re.I) is not None
 
 
 def refuses_options(status: Optional[int], said: str, mode_worked: bool) -> bool:

@@ -364,3 +364,31 @@ def test_a_local_servers_window_probe_that_never_ends_has_a_deadline_and_the_hea
         server.close()
     assert (process.returncode, out) == (0, "done\n"), err
     assert err.startswith("task: task\nmodel: gpt-4o-mini at ")
+
+
+# --- 13. a rate limit costs a wait, never a task -------------------------------------------------------
+
+def test_429s_without_retry_after_at_a_limit_of_one_cost_a_wait_never_a_task(tmp_path, cli, monkeypatch):
+    (tmp_path / "tasks.jsonl").write_text("".join(json.dumps({"id": f"t{n}", "task": f"q{n}"}) + "\n"
+                                                  for n in range(3)))
+    seen = {}
+
+    def limited(body):  # LiteLLM's "No deployments available": 429, no Retry-After, five times a task
+        task = body["messages"][1]["content"]
+        seen[task] = seen.get(task, 0) + 1
+        if seen[task] <= 5:
+            return {"status": 429, "body": {"error": {"message": "No deployments available for selected model"}}}
+        return action("finish", result="ok")
+    batch_server(monkeypatch, limited)
+    monkeypatch.setenv("AGENT_RETRIES", "1")
+    code, out, err = cli("--batch", tmp_path / "tasks.jsonl", "--parallel", 1, "--json")
+    assert (code, json.loads(out)["status_counts"]) == (0, {"finished": 3}), err
+
+
+def test_a_429_that_says_the_quota_is_spent_is_not_waited_out(tmp_path, cli, monkeypatch):
+    (tmp_path / "tasks.jsonl").write_text('{"id": "t0", "task": "q0"}\n')
+    server = batch_server(monkeypatch, lambda body: {"status": 429, "body": {"error": {
+        "message": "You exceeded your current quota", "type": "insufficient_quota"}}})
+    monkeypatch.setenv("AGENT_RETRIES", "1")
+    code, out, err = cli("--batch", tmp_path / "tasks.jsonl", "--parallel", 1, "--json", "--retry-errors", 0)
+    assert code == 1 and len(server.requests) == 2, "one try and one retry"
