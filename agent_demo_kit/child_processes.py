@@ -189,6 +189,7 @@ def _show_prints(read_end: int, shown_on: Any, secrets: List[str], shown: _Shown
     decoder = codecs.getincrementaldecoder("utf-8")("replace")
     stream = SafeStream(shown_on or open(os.devnull, "w"), Redactor(*secrets), if_broken="drop", inert=True)
     held = b""  # the end of a chunk that may be the start of a mark
+    ended_line = True  # what was shown so far ends with a newline
     with open(read_end, "rb", buffering=0) as prints:
         while True:
             chunk = prints.read(1 << 16)
@@ -197,10 +198,19 @@ def _show_prints(read_end: int, shown_on: Any, secrets: List[str], shown: _Shown
                          if _SHOWN_MARK.startswith(rest[-size:])), 0) if chunk else 0
             held = rest[len(rest) - keep:] if keep else b""
             for part in parts:
-                stream.write(decoder.decode(part))
+                text = decoder.decode(part)
+                stream.write(text)
+                if text:
+                    ended_line = text.endswith("\n")
+                if not ended_line:  # an answer's prints without a last newline: the trace goes on a line of its own
+                    stream.write("\n")
+                    ended_line = True
                 stream.flush()
                 shown.one_more()
-            stream.write(decoder.decode(rest[:len(rest) - keep], final=not chunk))
+            text = decoder.decode(rest[:len(rest) - keep], final=not chunk)
+            stream.write(text)
+            if text:
+                ended_line = text.endswith("\n")
             stream.flush()
             if not chunk:
                 break

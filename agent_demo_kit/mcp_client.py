@@ -548,7 +548,8 @@ class McpTools:
 
     def _name_tools(self, taken: set) -> Dict[str, Tool]:
         """Each server's tools under names endpoints take; a name that is taken, or that two tools have,
-        gets the server's name in front (said in self.notes), so no tool hides another."""
+        gets the server's name in front (said in self.notes), so no tool hides another; a tool whose
+        name clashes even so is left out, and said (a server, a URL one above all, ends no run by its names)."""
         wanted = [(server, entry, safe_name(entry["name"])) for server in self._servers for entry in server.listing]
         counts = collections.Counter(name for _, _, name in wanted)
         tools: Dict[str, Tool] = {}
@@ -558,9 +559,10 @@ class McpTools:
                 self.notes.append(f"MCP server {server.spec.name}: its tool {inert(entry['name'])} is called"
                                   f" {renamed} here, since another tool is named {name}")
                 name = renamed
-            if name in taken or name in tools:
-                raise McpError(f"MCP server {server.spec.name}: its tool {inert(entry['name'])} clashes with"
-                               f" another tool named {name}")
+            if name in taken or name in tools:  # even with its server's name in front: this one is left out
+                self.notes.append(f"MCP server {server.spec.name}: its tool {inert(entry['name'])} is left out,"
+                                  f" since another tool is named {name} even with the server's name in front")
+                continue
             tools[name] = self._tool(server, entry, name)
             server.names[name] = entry["name"]
         return tools

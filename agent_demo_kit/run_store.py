@@ -719,10 +719,15 @@ def find_run(name: str, environment: Dict[str, str], flag: str) -> str:
 def latest_to_follow_up(environment: Dict[str, str]) -> str:
     """The most recent run with a round to follow up on, finished or not, that no run is writing (--continue)."""
     folder = log_dir(environment)
+    passed_by: List[str] = []
     for path in run_files(folder):
         summary = summarize(path)
         if summary and summary.rounds and not in_use(path):
+            if passed_by:  # said: a newer run the user may have meant is not the one followed up on
+                print(f"agent-demo: following up on {run_id(path)}, not on the newer {', '.join(passed_by)}",
+                      file=sys.stderr)
             return str(path)
+        passed_by.append(f"{run_id(path)} ({'still running' if summary and summary.rounds else 'no round yet'})")
     raise ConfigError(f"--continue: no run with a round to follow up on in {folder}; name one: --continue RUN")
 
 

@@ -392,3 +392,42 @@ def test_a_429_that_says_the_quota_is_spent_is_not_waited_out(tmp_path, cli, mon
     monkeypatch.setenv("AGENT_RETRIES", "1")
     code, out, err = cli("--batch", tmp_path / "tasks.jsonl", "--parallel", 1, "--json", "--retry-errors", 0)
     assert code == 1 and len(server.requests) == 2, "one try and one retry"
+
+
+# --- 11. three small ones ------------------------------------------------------------------------------
+
+def test_continue_says_when_it_passes_by_a_newer_run_with_no_round(serve, cli):
+    serve([action("finish", result="first"), {"status": 400, "body": {"error": {"message": "bad request"}}},
+           action("finish", result="again")])
+    assert cli("one")[0] == 0
+    assert cli("--retries", 0, "two")[0] == 3  # a newer run, with no round to follow up on
+    code, out, err = cli("-c", "and then?")
+    assert (code, out) == (0, "again\n"), err
+    assert "agent-demo: following up on " in err and "not on the newer" in err and "(no round yet)" in err
+
+
+PARTIAL_PRINTS = '''def shout(text: str) -> str:
+    """Say it loud."""
+    print("no newline at the end", end="")
+    return text.upper()
+'''
+
+
+def test_a_tools_prints_without_a_last_newline_are_not_glued_to_the_next_trace_line(tmp_path, serve, cli):
+    (tmp_path / "loud.py").write_text(PARTIAL_PRINTS)
+    serve([action("shout", text="hi"), action("finish", result="HI")])
+    code, out, err = cli("--tools-file", tmp_path / "loud.py", "--no-log", "shout hi")
+    assert code == 0, err
+    assert "no newline at the end\n" in err and "no newline at the endresult" not in err
+
+
+def test_an_mcp_tool_whose_name_clashes_even_with_its_server_name_in_front_is_left_out_with_a_note():
+    from types import SimpleNamespace
+    from agent_demo_kit.mcp_client import McpTools
+    servers = McpTools()
+    server = SimpleNamespace(spec=SimpleNamespace(name="web", url="http://127.0.0.1:9/mcp"),
+                             listing=[{"name": "calculator"}, {"name": "echo"}], names={})
+    servers._servers = [server]
+    named = servers._name_tools({"calculator", "web_calculator", "finish"})  # web_calculator: a renamed tool of ours
+    assert set(named) == {"echo"}
+    assert any("its tool calculator is left out" in note for note in servers.notes)
