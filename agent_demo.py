@@ -21,10 +21,11 @@ from agent_demo_kit.actions import Action, Parsed, native_calls, parse_reply, sa
 from agent_demo_kit.child_processes import Check, checks_for, run_check
 from agent_demo_kit.conversation import Conversation, recall_rounds, shorten_args, truncate_result
 from agent_demo_kit.escalation import Escalation
-from agent_demo_kit.records import (BudgetSpent, Call, CallerError, CheckFailed, ConfigError, EndpointError, Finished,
-                                    GaveUp, InternalError, Interrupted, Reply, RoundLimit, Round, RunEnded, RunEvents,
-                                    RunResult, SigTerm, Stuck, Terminated, add_usage, answer_text, count_usage,
-                                    failure, impossible_counts, is_count, json_size, success, to_json, total_usage)
+from agent_demo_kit.records import (Call, Reply, Round, RunEvents, add_usage, answer_text, count_usage, failure,
+                                    impossible_counts, is_count, json_size, success, to_json, total_usage)
+from agent_demo_kit.endings import (BudgetSpent, CallerError, CheckFailed, ConfigError, EndpointError, Finished,
+                                    GaveUp, InternalError, Interrupted, RoundLimit, RunEnded, RunResult, SigTerm,
+                                    Stuck, Terminated)
 from agent_demo_kit.metrics import cost
 from agent_demo_kit.settings import (OBEYED_ONLY_WHEN_GIVEN, CHECK_OUTPUT_LINES, CHECK_OUTPUT_SHOWN, LAST_WORDS_CHARS, LAST_WORDS_LINES,
                                      MATERIAL_SHOWN_CHARS, PAGE_MARGIN_CHARS, VALUE_SHOWN_CHARS,

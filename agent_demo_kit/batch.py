@@ -31,7 +31,7 @@ from agent_demo import prepare
 from agent_demo_kit import metrics, scoring
 from agent_demo_kit.comparison import (FAILURES_SHOWN, Key, config_differences, failures, read_results,
                                        render_failures, result_key, success)
-from agent_demo_kit.records import ConfigError, EndpointError, Interrupted, RunResult, SigTerm, Terminated
+from agent_demo_kit.endings import ENDED, ConfigError, EndpointError, Interrupted, RunResult, SigTerm, Terminated
 from agent_demo_kit.request_gate import RequestGate
 from agent_demo_kit.run_store import in_use, lock, open_private
 from agent_demo_kit.seals import is_sealed
@@ -283,7 +283,7 @@ class Batch:
             has_trace = f"{task.file}.jsonl" in traced
             if not has_trace:  # its record is gone (or never was): it runs, from the start
                 line = None
-            elif line is None or line.get("status") not in metrics.ENDED:
+            elif line is None or line.get("status") not in ENDED:
                 # The trace knows better: the task went on after its line, or ended just before a kill -9.
                 records = metrics.trace_records(str(self.trace(task)))
                 start = next((record for record in reversed(records) if record.get("event") == "start"), None)
@@ -297,7 +297,7 @@ class Batch:
                 from_trace = self.line(task, metrics.run_figures(records))
                 if from_trace and not started_as(records, task.task):
                     from_trace["task_hash"] = "changed"
-                elif from_trace and from_trace["status"] in metrics.ENDED:
+                elif from_trace and from_trace["status"] in ENDED:
                     self.write(from_trace)
                 line = from_trace or line
             if line is not None and line.get("task_hash") not in (None, task_hash(task.task)):
@@ -305,15 +305,15 @@ class Batch:
                 self.queue.append(Planned(task, fresh=True, traced=has_trace))
                 continue
             status = line.get("status") if line else None
-            if line is not None and status in metrics.ENDED:
+            if line is not None and status in ENDED:
                 line = self.rescored(line, task)
             again = self.rerun_failed and line is not None and (status != "finished" or line.get("correct") is False)
-            if status in metrics.ENDED and not again \
+            if status in ENDED and not again \
                     or status == "error" and metrics.number(line.get("errors")) > self.retry_errors:
                 self.count(line)
                 self.skipped += 1
             else:
-                self.queue.append(Planned(task, fresh=status in metrics.ENDED, traced=has_trace))
+                self.queue.append(Planned(task, fresh=status in ENDED, traced=has_trace))
 
     def refuse(self, differences: List[str]) -> None:
         """Stop before anything is sent: the folder's results come from another configuration."""
@@ -483,7 +483,7 @@ class Batch:
             if in_use(trace):
                 return None, False
             figures = metrics.run_figures(metrics.trace_records(str(trace))) if not planned.fresh else None
-            if figures and figures["status"] in metrics.ENDED:  # ended by another process since the plan
+            if figures and figures["status"] in ENDED:  # ended by another process since the plan
                 return self.line(task, figures), False
         resume = not planned.fresh and planned.traced and has_start(trace)
         # A task file is data: its line's check runs only when the user said so, beside --check.

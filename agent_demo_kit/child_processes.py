@@ -35,7 +35,7 @@ import threading
 import time
 from typing import Any, Dict, Iterable, List, NamedTuple, Optional, Set, Tuple
 
-from agent_demo_kit.records import ConfigError, Interrupted
+from agent_demo_kit.endings import ConfigError, Interrupted
 from agent_demo_kit.settings import CHECK_OUTPUT_CHARS, CHECK_VARIABLE_CHARS, SNIPPET_CHARS
 from prompts import clip, clipped
 from tools import Converted, Tool, ToolDefinitionError, ToolError, as_json, clash_message, registry_of

@@ -20,8 +20,9 @@ from agent_demo_kit.actions import parse_actions
 from agent_demo_kit.conversation import truncate_result
 from agent_demo_kit.comparison import MOST_TRIES
 from agent_demo_kit.scoring import MATCHES
-from agent_demo_kit.records import (RUN_STATUSES, Compaction, ConfigError, EndpointError, Finished, GaveUp, Interrupted, OutputClosed,
-                                    Reply, Round, RunResult, SigTerm, Terminated, ending_of, total_usage)
+from agent_demo_kit.records import Compaction, Reply, Round, total_usage
+from agent_demo_kit.endings import (RUN_STATUSES, ConfigError, EndpointError, Finished, GaveUp, Interrupted,
+                                    OutputClosed, RunResult, SigTerm, Terminated, ending_of)
 from agent_demo_kit.settings import (DEFAULT_RETRY_ERRORS, HOSTED_PARALLEL, MODES, Environment, Settings, check_endpoint_settings, display_url, flag_name,
                                      load_settings, read_environment, secrets_of, setting_fields, shown_default,
                                      pass_rate, shard_of_n, user_config_file, whole_number)

@@ -28,7 +28,8 @@ from urllib3.exceptions import InvalidHeader, MaxRetryError
 from urllib3.util.retry import Retry
 
 import prompts
-from agent_demo_kit.records import MOST_TOKENS_A_ROUND, EndpointError, Reply, RunEvents, json_size, to_json
+from agent_demo_kit.records import MOST_TOKENS_A_ROUND, Reply, RunEvents, json_size, to_json
+from agent_demo_kit.endings import EndpointError
 from agent_demo_kit.request_gate import MOST_ABSORBED, RequestGate
 from agent_demo_kit.settings import (CHARS_A_TOKEN, DEFAULT_WINDOW_TOKENS, MESSAGE_CHARS, MIN_LIMIT_TOKENS,
                                      REPLY_BYTES_A_CHAR, REPLY_CHARS_A_TOKEN, SERVER_TEXT_SCANNED, SNIPPET_CHARS,

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 from agent_demo_kit import metrics, scoring
-from agent_demo_kit.records import ConfigError
+from agent_demo_kit.endings import ConfigError
 
 Key = Tuple[str, int]  # a task's id and which of its tries (--repeat)
 MOST_TRIES = 1000  # --repeat at most

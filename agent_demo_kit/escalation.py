@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from typing import Any, Dict, List, Optional
 
 import prompts
-from agent_demo_kit.records import CheckFailed, EndpointError, Round, RunEnded, Stuck, to_json
+from agent_demo_kit.records import Round, to_json
+from agent_demo_kit.endings import CheckFailed, EndpointError, RunEnded, Stuck
 from agent_demo_kit.settings import LAST_WORDS_CHARS, Settings
 
 # The first model's endpoint failures that the stronger model may get past: not found, overloaded,

@@ -15,7 +15,6 @@ from agent_demo_kit import scoring
 from agent_demo_kit.records import is_count
 
 CONTROL_TOOLS = ("finish", "fail", "recall", "note")  # answered by the loop: not tool calls
-ENDED = ("finished", "failed", "max_rounds", "budget", "stuck")  # the work's own outcomes: a batch does not redo them
 
 
 def run_figures(records: List[dict]) -> Optional[dict]:

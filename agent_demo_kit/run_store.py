@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, ContextManager, Dict, List, Optional
 
-from agent_demo_kit.records import (RESUMABLE, is_count, Call, Compaction, ConfigError, Reply, Round, RunEvents, RunResult,
-                                    Working, to_json)
+from agent_demo_kit.records import is_count, Call, Compaction, Reply, Round, RunEvents, Working, to_json
+from agent_demo_kit.endings import RESUMABLE, ConfigError, RunResult
 from agent_demo_kit.seals import SEALED_EVENTS, is_sealed, sealed
 from agent_demo_kit.settings import TASK_SHOWN_CHARS, check, check_parents, checked_folder, resolve
 from agent_demo_kit.terminal import Redactor, SafeStream, Screen, columns, first_columns

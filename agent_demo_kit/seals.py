@@ -18,7 +18,7 @@ import threading
 from pathlib import Path
 from typing import Dict, Optional
 
-from agent_demo_kit.records import ConfigError
+from agent_demo_kit.endings import ConfigError
 from agent_demo_kit.settings import check, check_parents, resolve
 
 SEALED_EVENTS = ("start", "resume", "follow_up")  # the records that set what a run does

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple
 from urllib.parse import unquote, urlsplit, urlunsplit
 
-from agent_demo_kit.records import ConfigError
+from agent_demo_kit.endings import ConfigError
 
 MODES = ("json", "schema", "tools")
 # Hosted endpoints that always need a key: without one, fail before any request.

@@ -10,7 +10,8 @@ from agent_demo_kit.cli import main
 from conftest import terminal_as
 from scripted_server import action as act
 from agent_demo_kit.terminal import Screen, Status
-from agent_demo_kit.records import EndpointError, Reply
+from agent_demo_kit.records import Reply
+from agent_demo_kit.endings import EndpointError
 from agent_demo_kit.terminal import Redactor
 from agent_demo_kit.client import events, read_stream
 

@@ -8,7 +8,7 @@ from agent_demo_kit.client import RequestForm
 from agent_demo_kit.records import Call, Round
 from agent_demo_kit.run_store import TraceWriteError
 from agent_demo_kit.records import Reply
-from agent_demo_kit.records import EndpointError
+from agent_demo_kit.endings import EndpointError
 from agent_demo_kit.settings import Settings
 from agent_demo_kit.run_store import RunLog
 from scripted_model import run

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from agent_demo_kit.cli import build_parser, environment_help
-from agent_demo_kit.records import ConfigError
+from agent_demo_kit.endings import ConfigError
 from agent_demo_kit.settings import Settings, load_settings, setting_fields, shown_default
 
 ROOT = Path(__file__).resolve().parent.parent
