@@ -27,11 +27,12 @@ from agent_demo_kit.endings import (BudgetSpent, CallerError, CheckFailed, Confi
                                     GaveUp, InternalError, Interrupted, RoundLimit, RunEnded, RunResult, SigTerm,
                                     Stuck, Terminated)
 from agent_demo_kit.metrics import cost
-from agent_demo_kit.settings import (OBEYED_ONLY_WHEN_GIVEN, CHECK_OUTPUT_LINES, CHECK_OUTPUT_SHOWN, LAST_WORDS_CHARS, LAST_WORDS_LINES,
-                                     MATERIAL_SHOWN_CHARS, PAGE_MARGIN_CHARS, VALUE_SHOWN_CHARS,
-                                     Environment, Settings, display_url, keyword_name, load_settings, read_environment,
-                                     check_endpoint_settings, flag_name, recorded_differences, recorded_settings,
-                                     secrets_of)
+from agent_demo_kit.settings import (OBEYED_ONLY_WHEN_GIVEN, CHECK_OUTPUT_LINES, CHECK_OUTPUT_SHOWN,
+                                     LAST_WORDS_CHARS, LAST_WORDS_LINES, MATERIAL_SHOWN_CHARS, PAGE_MARGIN_CHARS,
+                                     VALUE_SHOWN_CHARS, Settings, keyword_name, load_settings,
+                                     check_endpoint_settings, flag_name, recorded_differences, recorded_settings)
+from agent_demo_kit.environment import Environment, read_environment
+from agent_demo_kit.urls import display_url, secrets_of
 from tools import (CONTROL_ACTIONS, FINISH, NOTE, RECALL, REGISTRY, Tool, ToolDefinitionError, call_tool,
                    check_args, clash_message, describe, in_use, material_reader)
 from prompts import ENDINGS  # may only come last in a reply

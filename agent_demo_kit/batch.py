@@ -33,10 +33,11 @@ from agent_demo_kit.comparison import (FAILURES_SHOWN, Key, config_differences, 
                                        render_failures, result_key, success)
 from agent_demo_kit.endings import ENDED, ConfigError, EndpointError, Interrupted, RunResult, SigTerm, Terminated
 from agent_demo_kit.request_gate import RequestGate
-from agent_demo_kit.run_store import in_use, lock, open_private
+from agent_demo_kit.run_store import in_use, lock
+from agent_demo_kit.private_files import open_private, require_ours, resolve
 from agent_demo_kit.seals import is_sealed
-from agent_demo_kit.settings import (HOSTED_PARALLEL, DEFAULT_RETRY_ERRORS, Settings, check, display_url, keyword_name,
-                                     load_settings, resolve)
+from agent_demo_kit.settings import HOSTED_PARALLEL, DEFAULT_RETRY_ERRORS, Settings, keyword_name, load_settings
+from agent_demo_kit.urls import display_url
 from agent_demo_kit.terminal import is_terminal
 from tools import REGISTRY
 from tools import in_use as offered_tools
@@ -714,7 +715,7 @@ def check_output_folder(out: Path) -> None:
         if not stat.S_ISDIR(info.st_mode):
             raise ConfigError(f"{what}: {folder} is {'a link' if stat.S_ISLNK(info.st_mode) else 'not a folder'};"
                               " use a folder of your own")
-        check(info, str(folder), what)
+        require_ours(info, str(folder), what)
     ours = re.compile(r"(results|summary)(-\d+of\d+)?\.(jsonl|json)")
     for folder, names in ((real, ours.fullmatch), (real / "traces", lambda name: name.endswith(".jsonl"))):
         with os.scandir(folder) as entries:
@@ -726,7 +727,7 @@ def check_output_folder(out: Path) -> None:
                     kind = "a link" if stat.S_ISLNK(info.st_mode) else "not a plain file"
                     raise ConfigError(f"{what}: {entry.path} is {kind}: a batch reads only files it wrote; move it"
                                       " away")
-                check(info, entry.path, what)
+                require_ours(info, entry.path, what)
 
 
 def iter_lines(file: Any) -> Iterator[Tuple[int, bytes]]:
@@ -745,7 +746,7 @@ def run_batch(tasks: Any, out: Any, *, parallel: Optional[int] = None, retry_err
     command line does (the same folder again goes on where it stopped), quietly; the summary.
     settings: the command line's settings by their long names, as for agent_demo.run. ConfigError as
     agent_demo.run raises it."""
-    from agent_demo_kit.settings import read_environment
+    from agent_demo_kit.environment import read_environment
     if match is not None and match not in scoring.MATCHES:
         raise ConfigError(f"match must be one of {', '.join(scoring.MATCHES)}, got {match!r}")
     if isinstance(repeat, bool) or not isinstance(repeat, int) or repeat < 1:

@@ -23,9 +23,12 @@ from agent_demo_kit.scoring import MATCHES
 from agent_demo_kit.records import Compaction, Reply, Round, total_usage
 from agent_demo_kit.endings import (RUN_STATUSES, ConfigError, EndpointError, Finished, GaveUp, Interrupted,
                                     OutputClosed, RunResult, SigTerm, Terminated, ending_of)
-from agent_demo_kit.settings import (DEFAULT_RETRY_ERRORS, HOSTED_PARALLEL, MODES, Environment, Settings, check_endpoint_settings, display_url, flag_name,
-                                     load_settings, read_environment, secrets_of, setting_fields, shown_default,
-                                     pass_rate, shard_of_n, user_config_file, whole_number)
+from agent_demo_kit.settings import (DEFAULT_RETRY_ERRORS, HOSTED_PARALLEL, MODES, Settings, check_endpoint_settings,
+                                     flag_name, load_settings, setting_fields, shown_default, pass_rate, shard_of_n,
+                                     whole_number)
+from agent_demo_kit.environment import Environment, read_environment, user_config_file
+from agent_demo_kit.private_files import checked_folder
+from agent_demo_kit.urls import display_url, secrets_of
 from agent_demo_kit.terminal import (Redactor, SafeStream, Screen, inert, is_terminal, protected,
                                      stray_prints_to_stderr, terminal_approver, terminal_confirm)
 from tools import REGISTRY
@@ -517,7 +520,7 @@ def list_runs(args: argparse.Namespace, environment: Dict[str, str], answer: Saf
     """--runs: the recent runs in the run log folder, newest first, a line a run, as wide as the terminal
     (80 columns into a pipe or a file); with --json, a list of objects."""
     folder = run_store.log_dir(environment)
-    run_store.checked_folder(folder)
+    checked_folder(folder)
     runs = run_store.recent_runs(folder, args.count or 20, args.status)
     ids = run_store.short_ids(runs, run_store.run_files(folder))
     if args.json:
@@ -569,7 +572,7 @@ def show_summary(args: argparse.Namespace, environment: Dict[str, str], answer: 
         summary = comparison.summarize(args.summary)
     else:
         folder = run_store.log_dir(environment)
-        run_store.checked_folder(folder)
+        checked_folder(folder)
         summary = summarize_runs(run_store.run_files(folder))
         print(f"agent-demo: the runs in {folder}", file=sys.stderr)
     if args.json:

@@ -33,7 +33,8 @@ from agent_demo_kit.endings import EndpointError
 from agent_demo_kit.request_gate import MOST_ABSORBED, RequestGate
 from agent_demo_kit.settings import (CHARS_A_TOKEN, DEFAULT_WINDOW_TOKENS, MESSAGE_CHARS, MIN_LIMIT_TOKENS,
                                      REPLY_BYTES_A_CHAR, REPLY_CHARS_A_TOKEN, SERVER_TEXT_SCANNED, SNIPPET_CHARS,
-                                     Settings, display_url)
+                                     Settings)
+from agent_demo_kit.urls import base_path, base_url, display_url, server_root
 
 TextListener = Callable[[str], None]  # gets each piece of a streamed reply as it arrives
 
@@ -555,9 +556,7 @@ def ask_window(session: requests.Session, settings: Settings) -> Optional[int]:
     """The context window a local server says its model has, in tokens, or None: llama.cpp's /props
     (n_ctx), vLLM's /v1/models (max_model_len), Ollama's /api/show (num_ctx, else the model's
     context_length). Each is asked briefly; one that does not answer is passed by."""
-    parts = urlsplit(settings.endpoint)
-    root = urlunsplit(parts._replace(path="", query=""))
-    base = urlunsplit(parts._replace(path=parts.path[:-len("/chat/completions")], query=""))
+    root, base = server_root(settings.endpoint), base_url(settings.endpoint)
     quick = min(WINDOW_ASK_SECONDS, settings.timeout)
     asks = [("GET", f"{root}/props", None), ("GET", f"{base}/models", None),
             ("POST", f"{root}/api/show", {"model": settings.model})]
@@ -770,9 +769,7 @@ def describe_http_error(status: int, text: str, settings: Settings, retried: boo
 def with_v1(url: str) -> str:
     """A base URL with /v1 where the path has none: http://localhost:11434 -> http://localhost:11434/v1."""
     parts = urlsplit(url.strip())
-    path = parts.path.rstrip("/")
-    path = path[:-len("/chat/completions")] if path.endswith("/chat/completions") else path
-    return urlunsplit(parts._replace(path=path + "/v1"))
+    return urlunsplit(parts._replace(path=base_path(parts.path) + "/v1"))
 
 
 def reply_from_body(text: str) -> Reply:

@@ -29,7 +29,8 @@ from typing import IO, Any, ContextManager, Dict, List, Optional
 from agent_demo_kit.records import is_count, Call, Compaction, Reply, Round, RunEvents, Working, to_json
 from agent_demo_kit.endings import RESUMABLE, ConfigError, RunResult
 from agent_demo_kit.seals import SEALED_EVENTS, is_sealed, sealed
-from agent_demo_kit.settings import TASK_SHOWN_CHARS, check, check_parents, checked_folder, resolve
+from agent_demo_kit.private_files import checked_folder, open_private, private_folder
+from agent_demo_kit.settings import TASK_SHOWN_CHARS
 from agent_demo_kit.terminal import Redactor, SafeStream, Screen, columns, first_columns
 from prompts import MATERIAL_HEADER, clip
 
@@ -40,66 +41,6 @@ except ImportError:  # Windows: runs are not locked
 
 
 # --- private files -------------------------------------------------------------------
-
-_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
-
-
-def private_folder(folder: Path, what: str = "the run log folder") -> Path:
-    """The folder, made 0700 with every missing parent (whatever the umask) and checked, with its
-    parents. A mode is set on the folder opened, never by its name, which could be swapped meanwhile."""
-    real = Path(resolve(str(folder), what))
-    check_parents(str(real), str(folder), what)
-    check_parents(os.path.abspath(folder), str(folder), what)  # and where a symlink on the way stands
-    missing = []
-    while not os.path.lexists(real) and real != real.parent:
-        missing.append(real)
-        real = real.parent
-    for part in reversed(missing):
-        try:
-            os.mkdir(part, 0o700)
-        except FileExistsError:  # another run made it meanwhile: checked below like any other
-            continue
-        _make_private(part, folder, what)  # a umask of 0o277 or so would leave it unusable
-    target = real if not missing else missing[0]
-    info = os.stat(target)
-    if not stat.S_ISDIR(info.st_mode):
-        raise ConfigError(f"{what} {folder} is not a folder")
-    check(info, str(folder), what)
-    return target
-
-
-def _make_private(made: Path, folder: Path, what: str) -> None:
-    """Mode 0700 on the folder just made, through a descriptor of it: whatever is at that name by
-    now (a symlink to a file of yours, swapped in) is not what gets the mode."""
-    try:
-        fd = os.open(made, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | _NOFOLLOW)
-    except OSError as error:
-        raise ConfigError(f"{what} {folder}: {made} changed while it was being made ({error.strerror})") from None
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
-            raise ConfigError(f"{what} {folder}: {made} changed while it was being made")
-        os.fchmod(fd, 0o700)
-    finally:
-        os.close(fd)
-
-
-def open_private(path: str, what: str = "the trace file") -> int:
-    """A file descriptor to read and append: a new file is created 0600 (never through a symlink);
-    an existing one is opened without following a symlink and checked once open."""
-    real = resolve(path, what)
-    flags = os.O_RDWR | os.O_APPEND | _NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
-    try:
-        fd = os.open(real, flags | os.O_CREAT | os.O_EXCL, 0o600)
-        os.fchmod(fd, 0o600)  # whatever the umask: 0o277 would leave it unwritable to a later resume
-    except FileExistsError:
-        fd = os.open(real, flags)
-    try:
-        check(os.fstat(fd), path, what)
-    except ConfigError:
-        os.close(fd)
-        raise
-    return fd
 
 
 # --- writing ------------------------------------------------------------------------------

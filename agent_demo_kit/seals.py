@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Dict, Optional
 
 from agent_demo_kit.endings import ConfigError
-from agent_demo_kit.settings import check, check_parents, resolve
+from agent_demo_kit.private_files import check_parents, require_ours, resolve
 
 SEALED_EVENTS = ("start", "resume", "follow_up")  # the records that set what a run does
 _KEYS: Dict[str, bytes] = {}
@@ -47,7 +47,7 @@ def _read_or_make(path: Path) -> bytes:
     folder = Path(resolve(str(path.parent), what))
     check_parents(str(folder), str(path.parent), what)
     os.makedirs(folder, mode=0o700, exist_ok=True)
-    check(os.stat(folder), str(path.parent), what)
+    require_ours(os.stat(folder), str(path.parent), what)
     flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
     try:
         fd = os.open(folder / path.name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
@@ -61,7 +61,7 @@ def _read_or_make(path: Path) -> bytes:
         raise ConfigError(f"{what} {path} cannot be read: {error.strerror or error}") from None
     with os.fdopen(fd, "rb") as file:
         info = os.fstat(file.fileno())
-        check(info, str(path), what)
+        require_ours(info, str(path), what)
         if hasattr(os, "getuid") and info.st_mode & 0o077:
             raise ConfigError(f"{what} {path} can be read by others (mode {stat.S_IMODE(info.st_mode):o}):"
                               f" chmod 600 {path}")

@@ -1,20 +1,18 @@
 """Settings: what a run needs to know, each defined once (its default, flag, variables, check and
-help), loaded from what the caller gave (flags, or `agent_demo.run` keywords), the environment and
-./.env, checked once, and never changed after. Also the endpoint's URL, the secrets that must
-never be shown, and every size limit on text, by name."""
+help), loaded from what the caller gave (flags, or `agent_demo.run` keywords) and the environment
+(environment.py), checked once, and never changed after; and every size limit on text, by name.
+
+It imports endings and urls."""
 import copy
-import io
 import math
 import os
 import re
-import stat
-import sys
 from dataclasses import dataclass, field, fields, replace
-from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple
-from urllib.parse import unquote, urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 from agent_demo_kit.endings import ConfigError
+from agent_demo_kit.urls import chat_completions_url, display_url
 
 MODES = ("json", "schema", "tools")
 # Hosted endpoints that always need a key: without one, fail before any request.
@@ -325,279 +323,11 @@ def keyword_name(name: str) -> str:
 
 # --- the endpoint --------------------------------------------------------------------------------
 
-def chat_completions_url(url: str) -> str:
-    """Accept a full chat-completions URL or a base URL such as https://host/v1; the query is kept."""
-    parts = urlsplit(url.strip())
-    path = parts.path.rstrip("/")
-    if not path.endswith("/chat/completions"):
-        path += "/chat/completions"
-    return urlunsplit(parts._replace(path=path))
-
-
-# Query parameters known to carry nothing secret, shown as they are; every other value in a URL's
-# query is shown and recorded as ***, since a credential may go by any name (?code=, ?sig=, ?jwt=).
-_PLAIN_PARAMETERS = {"api-version", "api_version", "version", "v", "model", "deployment", "deployment-id",
-                     "format", "stream", "timeout", "region", "location", "lang", "locale", "beta"}
-
-
-def _hidden_query(query: str) -> "tuple[str, List[str]]":
-    """The query with each value but the plain ones as ***, and those values as written."""
-    fields_shown, secrets = [], []
-    for field_text in re.split(r"([&;])", query):
-        name, equals, value = field_text.partition("=")
-        if equals and value and unquote(name).strip().lower() not in _PLAIN_PARAMETERS:
-            secrets.append(value)
-            field_text = f"{name}=***"
-        fields_shown.append(field_text)
-    return "".join(fields_shown), secrets
-
-
-def display_url(url: str) -> str:
-    """A URL as it may be shown and recorded: its password and query values (but plain ones) become ***."""
-    try:
-        parts = urlsplit(url)
-        password = parts.password
-    except ValueError:  # not even a URL: hide whatever stands before an @, and every query value
-        return re.sub(r"=[^&#]+", "=***", re.sub(r"(://[^/@]*:)[^/@]*@", r"\1***@", url))
-    if password is not None:
-        host = parts.netloc.rpartition("@")[2]
-        parts = parts._replace(netloc=f"{parts.username}:***@{host}")
-    return urlunsplit(parts._replace(query=_hidden_query(parts.query)[0]))
-
-
-def secrets_of(environment: Dict[str, str], *urls: Optional[str]) -> List[str]:
-    """What must never be shown: the keys, and each URL's password and query values (but plain ones),
-    as written and as sent (a short query value such as ?page=1 is hidden in the URL, not everywhere)."""
-    found = [(environment.get(name) or "").strip() for name in ("LLM_API_KEY", "OPENAI_API_KEY", "LLM_ESCALATE_KEY")]
-    for url in (*urls, *(environment.get(name) for name in ("LLM_API_URL", "OPENAI_BASE_URL", "LLM_ESCALATE_URL"))):
-        try:
-            parts = urlsplit((url or "").strip())
-            password = parts.password
-        except ValueError:
-            continue
-        query_secrets = [value for value in _hidden_query(parts.query)[1] if len(unquote(value)) >= 8]
-        for secret in ([password] if password else []) + query_secrets:
-            found += [secret, unquote(secret)]
-    return [secret for secret in found if secret]
-
 
 # --- files that are the user's alone: checked the way ssh checks ~/.ssh ------------------------------
 
-_CHECKED = hasattr(os, "getuid")  # ownership and modes mean nothing on Windows
-_MAX_LINKS = 40  # what the kernel follows before it gives up (ELOOP)
-
-
-def _trusted(uid: int) -> bool:
-    return uid in (os.getuid(), 0)
-
-
-def _owner(uid: int) -> str:
-    try:
-        import pwd
-        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
-    except (ImportError, KeyError):
-        return f"uid {uid}"
-
-
-def resolve(path: str, what: str) -> str:
-    """The path with every symlink on the way followed, each one checked to be the user's or root's."""
-    if not _CHECKED:
-        return os.path.abspath(path)
-    pending = list(Path(os.path.join(os.getcwd(), path)).parts[1:])
-    real, hops = os.sep, 0
-    while pending:
-        part = pending.pop(0)
-        if part == "..":
-            real = os.path.dirname(real)
-            continue
-        candidate = os.path.join(real, part)
-        try:
-            info = os.lstat(candidate)
-        except OSError:  # not there (yet): the rest is made by us, or fails when opened
-            return os.path.join(candidate, *pending)
-        if not stat.S_ISLNK(info.st_mode):
-            real = candidate
-            continue
-        if not _trusted(info.st_uid):
-            raise ConfigError(f"{what} {path} is reached through {candidate}, a symlink owned by"
-                              f" {_owner(info.st_uid)}, not by you: use a path of your own")
-        hops += 1
-        if hops > _MAX_LINKS:
-            raise ConfigError(f"{what} {path}: too many levels of symlinks")
-        target = Path(os.readlink(candidate))
-        if target.is_absolute():
-            real = os.sep
-        pending[:0] = list(target.parts[1:] if target.is_absolute() else target.parts)
-    return real
-
-
-def check(info: os.stat_result, path: str, what: str) -> None:
-    """A folder or a regular file must be ours (or root's) and writable by nobody else; devices
-    such as /dev/null are let through (nobody can plant a record in them)."""
-    if not _CHECKED or not (stat.S_ISDIR(info.st_mode) or stat.S_ISREG(info.st_mode)):
-        return
-    if not _trusted(info.st_uid):
-        raise ConfigError(f"{what} {path} belongs to {_owner(info.st_uid)}, not to you: use one of your own"
-                          " (taking it over would make someone else's file yours to obey)")
-    if info.st_mode & 0o022:
-        private = "700" if stat.S_ISDIR(info.st_mode) else "600"
-        raise ConfigError(f"{what} {path} is writable by {'others' if info.st_mode & 0o002 else 'its group'}"
-                          f" (mode {stat.S_IMODE(info.st_mode):o}): chmod {private} {path}")
-
-
-def check_parents(real: str, shown: str, what: str) -> None:
-    """The folders above `real` (a path with its symlinks resolved) as ssh's StrictModes checks a home
-    folder's: each one yours or root's, and writable by nobody else unless sticky (as /tmp is), so
-    that nobody else can swap what is inside for their own. Given the path as written too, it checks
-    the folders the symlinks on the way stand in: one of yours in a shared folder can be swapped."""
-    if not _CHECKED:
-        return
-    parent = os.path.dirname(real)
-    while True:
-        try:
-            info = os.stat(parent)
-        except OSError:  # not made yet: made by us, privately
-            info = None
-        if info is not None and not stat.S_ISDIR(info.st_mode):  # a file: nothing can be made in it
-            info = None
-        if info is not None and not _trusted(info.st_uid):
-            raise ConfigError(f"{what} {shown} is inside {parent}, which belongs to {_owner(info.st_uid)}: whoever"
-                              " owns it can put a folder of theirs in its place; use a folder of your own")
-        if info is not None and info.st_mode & 0o022 and not info.st_mode & stat.S_ISVTX:
-            writers = "others" if info.st_mode & 0o002 else "its group"
-            raise ConfigError(f"{what} {shown} is inside {parent}, which is writable by {writers} (mode"
-                              f" {stat.S_IMODE(info.st_mode):o}): they can put a folder of theirs in its place;"
-                              " use a folder whose parents only you can change")
-        if parent == os.path.dirname(parent):
-            return
-        parent = os.path.dirname(parent)
-
-
-def checked_folder(folder: Path, what: str = "the run log folder") -> Optional[Path]:
-    """The folder, checked with its parents, if it exists; None if it does not."""
-    real = resolve(str(folder), what)
-    check_parents(real, str(folder), what)
-    check_parents(os.path.abspath(folder), str(folder), what)  # and where a symlink on the way stands
-    try:
-        info = os.stat(real)
-    except FileNotFoundError:
-        return None
-    check(info, str(folder), what)
-    return Path(real)
-
 
 # --- loading -------------------------------------------------------------------------------------
-
-class Environment(dict):
-    """The variables a run reads, each from where it was found first: the shell, ./.env, or the
-    user's own file (`origins`: variable -> "the shell", "./.env" or the user file's path); `notes`:
-    what was not read, and why (a ./.env someone else could have written)."""
-
-    def __init__(self, values: Dict[str, str], origins: Dict[str, str], notes: Optional[List[str]] = None):
-        super().__init__(values)
-        self.origins = origins
-        self.notes = notes or []
-
-    def origin(self, variable: str) -> str:
-        return self.origins.get(variable, "the shell")
-
-    def where_requests_go(self, settings: "Settings") -> str:
-        """Said on the header line when a setting that decides where the key goes came from ./.env while
-        the key came from elsewhere ("" otherwise)."""
-        sources = settings.sources
-        chosen = [name for name in ("url", "escalate_url") if self.origin(sources.get(name, "")) == "./.env"]
-        key_from = self.origin(sources.get("api_key", "")) if sources.get("api_key", "default") != "default" else None
-        if not chosen or key_from in (None, "./.env"):
-            return ""
-        return f" ({' and '.join(sources[name] for name in chosen)} from ./.env, the key from {key_from})"
-
-
-def user_config_file(environment: Optional[Dict[str, str]] = None) -> Path:
-    """The user's own settings: $XDG_CONFIG_HOME/agent-demo/.env, else the platform's config folder
-    (~/.config on Linux, ~/Library/Application Support on macOS, %APPDATA% on Windows)."""
-    environment = os.environ if environment is None else environment
-    if environment.get("XDG_CONFIG_HOME"):
-        folder = Path(environment["XDG_CONFIG_HOME"])
-    elif sys.platform == "darwin":
-        folder = Path.home() / "Library" / "Application Support"
-    elif os.name == "nt" and environment.get("APPDATA"):
-        folder = Path(environment["APPDATA"])
-    else:
-        folder = Path.home() / ".config"
-    return folder / "agent-demo" / ".env"
-
-
-def read_environment() -> Environment:
-    """The shell's variables over ./.env over the user's own file (user_config_file): the first that
-    sets a variable wins. The user's file, which may hold a key for every folder, must be theirs,
-    writable by nobody else and readable by nobody else, as ssh asks of a private key (ConfigError
-    otherwise); ./.env is read only when it and its folder are the user's and writable by nobody
-    else (otherwise it is passed by, and `notes` says why). A file that cannot be parsed is a
-    ConfigError naming its line (and not its text, which may hold a key)."""
-    values: Dict[str, str] = {}
-    origins: Dict[str, str] = {}
-    notes: List[str] = []
-    user_file = user_config_file()
-    if os.path.lexists(user_file):
-        check(os.stat(resolve(str(user_file.parent), "the settings folder")), str(user_file.parent),
-              "the settings folder")
-        info = os.stat(resolve(str(user_file), "the settings file"))
-        check(info, str(user_file), "the settings file")
-        if _CHECKED and stat.S_ISREG(info.st_mode) and info.st_mode & 0o044:
-            raise ConfigError(f"the settings file {user_file} can be read by {'others' if info.st_mode & 0o004 else 'its group'}"
-                              f" (mode {stat.S_IMODE(info.st_mode):o}): it may hold your key: chmod 600 {user_file}")
-    local = Path.cwd() / ".env"
-    why_not = _not_ours(local) if os.path.lexists(local) else None
-    if why_not:
-        notes.append(f"./.env not read: {why_not}; whoever can write it could choose where your key goes and"
-                     " what runs as you")
-    for path, origin in ((user_file, str(user_file)), (local, "./.env")):
-        if path.is_file() and not (path == local and why_not):
-            found = _dotenv_values(path)
-            values.update(found)
-            origins.update(dict.fromkeys(found, origin))
-    for name in os.environ:
-        origins.pop(name, None)
-    return Environment({**values, **os.environ}, origins, notes)
-
-
-def _not_ours(path: Path) -> Optional[str]:
-    """Why a file and its folder are not the user's alone (someone else's, or writable by others), or None."""
-    if not _CHECKED:
-        return None
-    folder = path.parent
-    for each, what in ((folder, "its folder"), (path, "it")):
-        try:
-            info = os.lstat(each) if each == path else os.stat(each)
-        except OSError as error:
-            return f"{what} cannot be looked at ({error.strerror or error})"
-        if stat.S_ISLNK(info.st_mode):
-            target = os.stat(each)
-            if not _trusted(info.st_uid) or not _trusted(target.st_uid):
-                return f"it is a link that is not yours to {os.readlink(each)}"
-            info = target
-        if not _trusted(info.st_uid):
-            return f"{what} belongs to {_owner(info.st_uid)}"
-        if info.st_mode & 0o022:
-            writers = "others" if info.st_mode & 0o002 else "its group"
-            fix = f"chmod go-w {'.' if each == folder else './.env'}"
-            return f"{what} is writable by {writers} (mode {stat.S_IMODE(info.st_mode):o}; {fix} if that is wrong)"
-    return None
-
-
-def _dotenv_values(path: Path) -> Dict[str, str]:
-    """The variables a .env file sets; ConfigError naming the line python-dotenv cannot parse."""
-    from dotenv import dotenv_values  # only when there is a .env to read
-    from dotenv.parser import parse_stream
-    try:
-        text = path.read_text(encoding="utf-8-sig")  # an editor's byte-order mark is not a name
-    except (OSError, UnicodeDecodeError) as error:
-        raise ConfigError(f"cannot read {path}: {error}") from None
-    broken = next((binding for binding in parse_stream(io.StringIO(text)) if binding.error), None)
-    if broken:
-        shown = path.name if path.parent == Path.cwd() else str(path)
-        raise ConfigError(f"cannot parse {shown} line {broken.original.line}: check for an unbalanced quote")
-    return {name: value for name, value in dotenv_values(stream=io.StringIO(text)).items() if value is not None}
 
 
 def load_settings(given: Dict[str, Any], environment: Dict[str, str], recorded: Optional[dict] = None,

@@ -11,7 +11,7 @@ import pytest
 from agent_demo_kit.cli import main
 from conftest import KEY, run_cli as run_to_end, said_lines, signal_once, start_cli
 from scripted_server import ScriptedServer, action as act
-from agent_demo_kit.settings import chat_completions_url
+from agent_demo_kit.urls import chat_completions_url
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -1,0 +1,82 @@
+"""The endpoint's URL, worked out once: the chat-completions URL requests go to and the base URL a
+server's other paths hang from, both from what the user gave (a base URL or the full one, a query
+kept); how a URL is shown and recorded (no password, no secret query value); and the secrets that
+must never be shown.
+
+It imports nothing of agent-demo's.
+"""
+import re
+from typing import Dict, List, Optional
+from urllib.parse import unquote, urlsplit, urlunsplit
+
+CHAT_PATH = "/chat/completions"
+
+
+def chat_completions_url(url: str) -> str:
+    """Accept a full chat-completions URL or a base URL such as https://host/v1; the query is kept."""
+    parts = urlsplit(url.strip())
+    return urlunsplit(parts._replace(path=base_path(parts.path) + CHAT_PATH))
+
+
+def base_url(url: str, query: bool = False) -> str:
+    """The base URL a server's other paths hang from (https://host/v1), without the query unless asked."""
+    parts = urlsplit(url.strip())
+    return urlunsplit(parts._replace(path=base_path(parts.path), query=parts.query if query else ""))
+
+
+def server_root(url: str) -> str:
+    """The server itself: scheme and host, no path (where llama.cpp's /props and Ollama's /api/show are)."""
+    return urlunsplit(urlsplit(url.strip())._replace(path="", query=""))
+
+
+def base_path(path: str) -> str:
+    """A URL's path without /chat/completions and the slash at its end: the one place it is taken off."""
+    path = path.rstrip("/")
+    return path[:-len(CHAT_PATH)] if path.endswith(CHAT_PATH) else path
+
+
+# Query parameters known to carry nothing secret, shown as they are; every other value in a URL's
+# query is shown and recorded as ***, since a credential may go by any name (?code=, ?sig=, ?jwt=).
+_PLAIN_PARAMETERS = {"api-version", "api_version", "version", "v", "model", "deployment", "deployment-id",
+                     "format", "stream", "timeout", "region", "location", "lang", "locale", "beta"}
+
+
+def _hidden_query(query: str) -> "tuple[str, List[str]]":
+    """The query with each value but the plain ones as ***, and those values as written."""
+    fields_shown, secrets = [], []
+    for field_text in re.split(r"([&;])", query):
+        name, equals, value = field_text.partition("=")
+        if equals and value and unquote(name).strip().lower() not in _PLAIN_PARAMETERS:
+            secrets.append(value)
+            field_text = f"{name}=***"
+        fields_shown.append(field_text)
+    return "".join(fields_shown), secrets
+
+
+def display_url(url: str) -> str:
+    """A URL as it may be shown and recorded: its password and query values (but plain ones) become ***."""
+    try:
+        parts = urlsplit(url)
+        password = parts.password
+    except ValueError:  # not even a URL: hide whatever stands before an @, and every query value
+        return re.sub(r"=[^&#]+", "=***", re.sub(r"(://[^/@]*:)[^/@]*@", r"\1***@", url))
+    if password is not None:
+        host = parts.netloc.rpartition("@")[2]
+        parts = parts._replace(netloc=f"{parts.username}:***@{host}")
+    return urlunsplit(parts._replace(query=_hidden_query(parts.query)[0]))
+
+
+def secrets_of(environment: Dict[str, str], *urls: Optional[str]) -> List[str]:
+    """What must never be shown: the keys, and each URL's password and query values (but plain ones),
+    as written and as sent (a short query value such as ?page=1 is hidden in the URL, not everywhere)."""
+    found = [(environment.get(name) or "").strip() for name in ("LLM_API_KEY", "OPENAI_API_KEY", "LLM_ESCALATE_KEY")]
+    for url in (*urls, *(environment.get(name) for name in ("LLM_API_URL", "OPENAI_BASE_URL", "LLM_ESCALATE_URL"))):
+        try:
+            parts = urlsplit((url or "").strip())
+            password = parts.password
+        except ValueError:
+            continue
+        query_secrets = [value for value in _hidden_query(parts.query)[1] if len(unquote(value)) >= 8]
+        for secret in ([password] if password else []) + query_secrets:
+            found += [secret, unquote(secret)]
+    return [secret for secret in found if secret]
