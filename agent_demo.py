@@ -26,7 +26,7 @@ from agent_demo_kit.records import (Call, Reply, Round, RunEvents, add_usage, an
 from agent_demo_kit.endings import (BudgetSpent, CallerError, CheckFailed, ConfigError, EndpointError, Finished,
                                     GaveUp, InternalError, Interrupted, RoundLimit, RunEnded, RunResult, SigTerm,
                                     Stuck, Terminated)
-from agent_demo_kit.metrics import cost
+from agent_demo_kit.scoring import cost
 from agent_demo_kit.settings import (OBEYED_ONLY_WHEN_GIVEN, CHECK_OUTPUT_LINES, CHECK_OUTPUT_SHOWN,
                                      LAST_WORDS_CHARS, LAST_WORDS_LINES, MATERIAL_SHOWN_CHARS, PAGE_MARGIN_CHARS,
                                      VALUE_SHOWN_CHARS, Settings, keyword_name, load_settings,
@@ -597,7 +597,7 @@ def prepare(task: str = "", *, given: Dict[str, Any], environment: Dict[str, str
     the requests.Session to send on (a batch worker reuses its own; None: one of the run's own);
     a task line's own check (its command and how to name it), which the user said to run beside --check.
     ConfigError if it cannot start; what it opened is closed then."""
-    from agent_demo_kit import run_store
+    from agent_demo_kit import run_log, trace_file
     from agent_demo_kit.client import ModelClient, RequestForm
     from agent_demo_kit.terminal import Redactor
     closing = contextlib.ExitStack()
@@ -608,8 +608,8 @@ def prepare(task: str = "", *, given: Dict[str, Any], environment: Dict[str, str
         history: List[Round] = []
         unfinished: List[Call] = []
         if resume is not None:  # locked before it is read, and shown before its tools files are imported
-            log = closing.enter_context(contextlib.closing(run_store.RunLog(screen, resume, redactor)))
-            recorded = run_store.read_run(log, resume, continuing=follow_up is not None)
+            log = closing.enter_context(contextlib.closing(trace_file.RunLog(screen, resume, redactor)))
+            recorded = trace_file.read_run(log, resume, continuing=follow_up is not None)
             start, history, unfinished = recorded.start, recorded.rounds, recorded.unfinished
             if not recorded.sealed:
                 take_up_unsealed(resume, start, confirm, log)
@@ -638,7 +638,7 @@ def prepare(task: str = "", *, given: Dict[str, Any], environment: Dict[str, str
         client = closing.enter_context(contextlib.closing(ModelClient(settings, form=form, session=session)))
         url_note = environment.where_requests_go(settings) if isinstance(environment, Environment) else ""
         if resume is None:  # said before any request: a local server's window is asked before the start is recorded
-            first_lines = run_store.RunLog(screen, None, redactor)
+            first_lines = trace_file.RunLog(screen, None, redactor)
             first_lines.url_note = url_note
             first_lines.header(first_lines.redact(task), settings.model, display_url(settings.endpoint), form.mode)
         escalation = None
@@ -663,10 +663,10 @@ def prepare(task: str = "", *, given: Dict[str, Any], environment: Dict[str, str
         Conversation(task, settings, registry, client).check_fits()  # before a new run's trace is made:
         checks = checks_for(settings.check, settings.named("check"), task_check)
         if resume is None:
-            path = run_store.new_log_file(environment) if trace is True else trace and os.fspath(trace)
-            log = closing.enter_context(contextlib.closing(run_store.RunLog(screen, path, redactor)))
+            path = run_log.new_log_file(environment) if trace is True else trace and os.fspath(trace)
+            log = closing.enter_context(contextlib.closing(trace_file.RunLog(screen, path, redactor)))
             if trace is True:
-                run_store.prune(Path(path).parent)
+                run_log.prune(Path(path).parent)
         log.start_fields, log.start_notes = start_fields, notes
         log.url_note, log.header_said = url_note, resume is None
         agent = Agent(settings, client, registry, log, approver)

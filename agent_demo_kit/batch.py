@@ -12,7 +12,6 @@ is resumed from them, and one that ended is not run again.
 """
 import collections
 import hashlib
-import io
 import json
 import os
 import re
@@ -29,135 +28,24 @@ from urllib.parse import urlsplit
 import prompts
 from agent_demo import prepare
 from agent_demo_kit import metrics, scoring
-from agent_demo_kit.comparison import (FAILURES_SHOWN, Key, config_differences, failures, read_results,
-                                       render_failures, result_key, success)
+from agent_demo_kit.comparison import (FAILURES_SHOWN, config_differences, failures, read_results, render_failures,
+                                       result_key, success)
 from agent_demo_kit.endings import ENDED, ConfigError, EndpointError, Interrupted, RunResult, SigTerm, Terminated
-from agent_demo_kit.request_gate import RequestGate
-from agent_demo_kit.run_store import in_use, lock
 from agent_demo_kit.private_files import open_private, require_ours, resolve
-from agent_demo_kit.seals import is_sealed
+from agent_demo_kit.records import number
+from agent_demo_kit.request_gate import RequestGate
+from agent_demo_kit.scoring import cost
+from agent_demo_kit.task_file import BatchTask, Key, read_tasks, task_hash
+from agent_demo_kit.trace_file import has_start, in_use, last_run, lock, read_records, sealed_start, started_as
 from agent_demo_kit.settings import HOSTED_PARALLEL, DEFAULT_RETRY_ERRORS, Settings, keyword_name, load_settings
 from agent_demo_kit.urls import display_url
 from agent_demo_kit.terminal import is_terminal
 from tools import REGISTRY
 from tools import in_use as offered_tools
 
-TASK_KEYS = ("id", "task", "check", "expected", "match")
 LIVE_EVERY = 0.5  # seconds between redraws of the live line
 DOWN_AFTER = 3  # tasks in a row without a connection to the endpoint that stop the batch
 FREED_WITHIN = 5.0  # seconds a task's trace may stay locked after its last run ended, before it is taken up
-
-
-class BatchTask(NamedTuple):
-    """One line of the task file (a tuple: ten thousand of them stay small)."""
-
-    line: int
-    id: str
-    task: str
-    check: Optional[str] = None
-    expected: Any = None  # a text, a number, or a list of them (any one is right); None: nothing to score
-    file: str = ""  # its trace's name in traces/, made from the id (and the try)
-    match: Optional[str] = None  # how the answer is scored against expected (None: the default)
-    repeat: int = 1  # which try of the task (--repeat)
-
-    @property
-    def key(self) -> Key:
-        return self.id, self.repeat
-
-
-MAX_TASK_LINE_BYTES = 16 << 20  # a task line longer than this is no task someone wrote
-
-
-def text_lines(tasks: Any, source: str) -> Iterator[Tuple[int, str]]:
-    """The numbered lines of a task file (a binary stream, or text), split at "\\n" alone: a U+2028 in a
-    JSON string or a U+0085 in a line is part of it. ConfigError for a file that is not text (a NUL
-    byte, bytes that are not UTF-8) or a line past MAX_TASK_LINE_BYTES, read no further than that."""
-    stream = io.BytesIO(tasks.encode("utf-8", "surrogatepass")) if isinstance(tasks, str) else tasks
-    number = 0
-    while True:
-        raw = stream.readline(MAX_TASK_LINE_BYTES + 1)
-        if not raw:
-            return
-        number += 1
-        if b"\0" in raw:
-            raise ConfigError(f"{source} is not text (line {number} holds a NUL byte): give a JSON Lines file of tasks")
-        if len(raw) > MAX_TASK_LINE_BYTES:
-            raise ConfigError(f"{source} line {number} is longer than {MAX_TASK_LINE_BYTES >> 20} MB: not a task file")
-        try:
-            line = raw.decode("utf-8")
-        except UnicodeDecodeError:
-            raise ConfigError(f"{source} is not text (line {number} holds bytes that are not UTF-8): give a JSON"
-                              " Lines file of tasks") from None
-        yield number, (line[1:] if number == 1 and line.startswith("\ufeff") else line)  # an editor's byte order mark
-
-
-def read_tasks(tasks: Any, source: str, notes: Optional[List[str]] = None) -> List[BatchTask]:
-    """The tasks of a JSON Lines file (a binary stream, or text): a JSON object a line ({"id", "task",
-    "check", "expected", "match"}; only task is needed), or a line of plain text that is a task; blank
-    lines are passed by. The id is the line number when none is given. ConfigError naming the line
-    for anything else, for an id used twice and for a file that is not text. notes, when given, gets a
-    line about keys no task line knows (a typo such as "chek" is no check)."""
-    found: List[BatchTask] = []
-    unknown: Dict[str, int] = {}
-    seen: set = set()
-    files: set = set()  # the trace names taken, as a file system that ignores case sees them
-    for number, raw in text_lines(tasks, source):
-        line = raw.strip()
-        if not line:
-            continue
-        if line.startswith("{"):
-            try:
-                item = json.loads(line)
-            except ValueError as error:
-                raise ConfigError(f"{source} line {number}: not a JSON object ({error})") from None
-            task = item.get("task")
-            if not isinstance(task, str) or not task.strip():
-                raise ConfigError(f'{source} line {number}: "task" must be a text that is not empty')
-            if item.get("check") is not None and (not isinstance(item["check"], str) or not item["check"].strip()):
-                raise ConfigError(f'{source} line {number}: "check" must be a command line (a text that is not empty)')
-            ident = item.get("id", number)
-            if not isinstance(ident, (str, int)) or isinstance(ident, bool) or str(ident).strip() == "" \
-                    or re.search(r"[\x00-\x1f\x7f]", str(ident)):
-                raise ConfigError(f'{source} line {number}: "id" must be a whole number or a text of one line')
-            for key in item.keys() - set(TASK_KEYS):
-                unknown.setdefault(key, number)
-            expected, match = item.get("expected"), item.get("match")
-            if match is not None and match not in scoring.MATCHES:
-                raise ConfigError(f'{source} line {number}: "match" must be one of {", ".join(scoring.MATCHES)}')
-            try:
-                if expected is not None:
-                    scoring.check_expectation(expected, match)
-            except scoring.BadExpectation as error:
-                raise ConfigError(f"{source} line {number}: {error}") from None
-            found.append(BatchTask(number, str(ident), task.strip(), item.get("check"), expected, match=match))
-        else:
-            found.append(BatchTask(number, str(number), line))
-        ident = found[-1].id
-        if ident in seen:
-            earlier = next(task.line for task in found if task.id == ident)
-            raise ConfigError(f"{source} line {number}: the id {ident!r} is also line {earlier}'s; each task"
-                              " needs its own")
-        seen.add(ident)
-        name = file_name(ident)
-        name = ident if name == ident else name  # one string kept, not two: a million tasks stay small
-        folded = name.lower()
-        if folded in files:  # two ids that differ only where a file name cannot
-            name = f"{name}-{hashlib.sha256(ident.encode()).hexdigest()[:8]}"
-            folded = name.lower()
-        files.add(name if folded == name else folded)
-        found[-1] = found[-1]._replace(file=name)
-    if unknown and notes is not None:
-        listed = ", ".join(f"{key!r} (line {line})" for key, line in list(unknown.items())[:5])
-        notes.append(f"{source}: keys a task line does not know are passed by: {listed}; a task line knows"
-                     f" {', '.join(TASK_KEYS)}")
-    return found
-
-
-def file_name(ident: str) -> str:
-    """A file name for a task's id: its letters, digits, '.', '_' and '-' (others become '_'); an id
-    that had others gets a hash of itself too, so two ids never share a name."""
-    safe = re.sub(r"[^A-Za-z0-9._-]+", "_", ident).strip("._")[:64] or "task"
-    return safe if safe == ident else f"{safe}-{hashlib.sha256(ident.encode()).hexdigest()[:8]}"
 
 
 # --- the output folder -------------------------------------------------------------------------
@@ -198,7 +86,7 @@ def summarize_runs(traces: List[Path]) -> dict:
     """--summary without a folder: the table of these runs (the run log folder's)."""
     tally = metrics.Tally()
     for path in traces:
-        figures = metrics.run_figures(metrics.trace_records(str(path)))
+        figures = metrics.run_figures(read_records(str(path)))
         if figures:
             tally.add(figures)
     return tally.summary()
@@ -286,13 +174,12 @@ class Batch:
                 line = None
             elif line is None or line.get("status") not in ENDED:
                 # The trace knows better: the task went on after its line, or ended just before a kill -9.
-                records = metrics.trace_records(str(self.trace(task)))
-                start = next((record for record in reversed(records) if record.get("event") == "start"), None)
-                if start is not None and not is_sealed(start):
+                records = read_records(str(self.trace(task)))
+                if not sealed_start(records):
                     raise ConfigError(f"{self.trace(task)} was not written by agent-demo as you (its start record"
                                       " carries no seal of yours): its figures and answer count for nothing; move it"
                                       " away and the task runs again")
-                model = next((str(record.get("model")) for record in records if record.get("event") == "start"), None)
+                model = str(last_run(records)[0].get("model")) if last_run(records) else None
                 if model is not None and model != self.settings.model.strip():
                     self.refuse([f"model {model}, now {self.settings.model.strip()} (in {self.trace(task).name})"])
                 from_trace = self.line(task, metrics.run_figures(records))
@@ -310,7 +197,7 @@ class Batch:
                 line = self.rescored(line, task)
             again = self.rerun_failed and line is not None and (status != "finished" or line.get("correct") is False)
             if status in ENDED and not again \
-                    or status == "error" and metrics.number(line.get("errors")) > self.retry_errors:
+                    or status == "error" and number(line.get("errors")) > self.retry_errors:
                 self.count(line)
                 self.skipped += 1
             else:
@@ -347,10 +234,10 @@ class Batch:
                     line.get("status") == "finished" and scoring.score(line.get("answer"), task.expected, match))
         models = line.get("models") if isinstance(line.get("models"), dict) else {}
         if self.prices:
-            line["cost"] = metrics.cost(models, self.prices)
+            line["cost"] = cost(models, self.prices)
             for name, used in models.items():
                 if isinstance(used, dict) and name in self.prices:
-                    used["cost"] = metrics.cost({name: used}, self.prices)
+                    used["cost"] = cost({name: used}, self.prices)
         return line
 
     def rescored(self, line: dict, task: BatchTask) -> dict:
@@ -461,8 +348,8 @@ class Batch:
                     self.elsewhere += 1
                     continue
                 self.write(line)
-                if may_pass and metrics.number(line.get("errors")) <= self.retry_errors and not self.stop.is_set() \
-                        and metrics.number(line.get("attempts")) <= self.retry_errors + DOWN_AFTER:
+                if may_pass and number(line.get("errors")) <= self.retry_errors and not self.stop.is_set() \
+                        and number(line.get("attempts")) <= self.retry_errors + DOWN_AFTER:
                     self.queue.append(Planned(planned.task, fresh=False, traced=True))
                     self.waiting[planned.task.key] = line  # counted with it if the batch stops before its turn
                     continue
@@ -483,7 +370,7 @@ class Batch:
             free_within(trace, FREED_WITHIN)
             if in_use(trace):
                 return None, False
-            figures = metrics.run_figures(metrics.trace_records(str(trace))) if not planned.fresh else None
+            figures = metrics.run_figures(read_records(str(trace))) if not planned.fresh else None
             if figures and figures["status"] in ENDED:  # ended by another process since the plan
                 return self.line(task, figures), False
         resume = not planned.fresh and planned.traced and has_start(trace)
@@ -515,9 +402,9 @@ class Batch:
                                " command goes on once the key is right" if outcome.key_refused else
                                f"{outcome.error}: no more tasks start; the same command goes on once the endpoint"
                                " answers")
-        figures = metrics.run_figures(written if written else metrics.trace_records(str(trace)))
+        figures = metrics.run_figures(written if written else read_records(str(trace)))
         if figures is None or figures["status"] != outcome.status:  # ended before its trace could say so
-            figures = {**(figures or metrics.run_figures([{"event": "start"}])), "status": outcome.status,
+            figures = {**(figures or metrics.no_figures()), "status": outcome.status,
                        "error": outcome.error, "errors": (figures or {}).get("errors", 0) + (outcome.status == "error")}
         may_pass = outcome.status == "error" and not isinstance(outcome.ending, ConfigError) and not self.stop.is_set()
         return self.line(task, figures), may_pass
@@ -764,26 +651,6 @@ def free_within(trace: Path, seconds: float) -> None:
     deadline = time.monotonic() + seconds
     while in_use(trace) and time.monotonic() < deadline:
         time.sleep(0.02)
-
-
-def task_hash(text: str) -> str:
-    """A short fingerprint of a task's text: a rerun knows a task whose text changed under the same id."""
-    return hashlib.sha256(text.encode("utf-8", "replace")).hexdigest()[:16]
-
-
-def started_as(records: List[dict], text: str) -> bool:
-    """Did the last run in these trace records start with this task (or with it, the key taken out)?"""
-    start = next((record for record in reversed(records) if record.get("event") == "start"), None)
-    return start is None or start.get("task") == text or "[redacted]" in str(start.get("task"))
-
-
-def has_start(trace: Path) -> bool:
-    """Does a trace file hold a run's start (so that the run can be taken up)?"""
-    try:
-        with open(trace, "rb") as file:
-            return any(line.startswith(b'{"event": "start"') for line in file)
-    except OSError:
-        return False
 
 
 def write_private(path: Path, pieces: Iterable[bytes]) -> None:

@@ -15,7 +15,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import prompts
 from agent_demo import Agent, Job, prepare
-from agent_demo_kit import __version__, run_store
+from agent_demo_kit import __version__, run_log, trace_file
 from agent_demo_kit.actions import parse_actions
 from agent_demo_kit.conversation import truncate_result
 from agent_demo_kit.comparison import MOST_TRIES
@@ -224,7 +224,7 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
     parser.json_output = "--json" in (sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
     words, args.material = " ".join(args.task).strip(), ""
-    if args.continue_run and not words and not run_store.looks_like_a_run(args.continue_run):
+    if args.continue_run and not words and not run_log.looks_like_a_run(args.continue_run):
         words, args.continue_run = args.continue_run.strip(), ""  # --continue "follow-up" alone
     if args.continue_run is not None and args.resume is not None:
         parser.error("--continue and --resume cannot go together: a follow-up starts from where the run stands")
@@ -386,7 +386,7 @@ def run_path(args: argparse.Namespace, environment: Dict[str, str]) -> str:
     if args.task and not continuing:
         raise ConfigError("--resume continues the task recorded in the trace; give no task with it")
     named = (args.continue_run if continuing else args.resume) or args.trace  # the run in --trace FILE
-    path = run_store.pick_run(named or "", environment, flag)
+    path = run_log.pick_run(named or "", environment, flag)
     if args.trace and os.path.abspath(args.trace) != os.path.abspath(path) or continuing and args.no_log:
         raise ConfigError(f"{flag} appends to the run's own trace file; --trace cannot name another one,"
                           " nor --no-log keep none")
@@ -455,7 +455,7 @@ def say_material(outcome: RunResult) -> None:
 def json_object(outcome: RunResult) -> dict:
     """The --json object: the outcome, and the run's id and trace file (null when nothing was recorded)."""
     path = outcome.trace
-    return {**outcome.to_json(), "run_id": run_store.run_id(Path(path)) if path else None,
+    return {**outcome.to_json(), "run_id": run_log.run_id(Path(path)) if path else None,
             "trace": os.path.abspath(path) if path else None}
 
 
@@ -512,29 +512,30 @@ def run_name(path: str, args: argparse.Namespace) -> str:
     if named:
         return shlex.quote(named)
     folder = Path(path).parent
-    return run_store.short_ids([run_store.RunSummary(Path(path), 0, "", 0, None, "")],
-                               run_store.run_files(folder)).get(Path(path), run_store.run_id(Path(path)))
+    return run_log.short_ids([run_log.RunSummary(Path(path), 0, "", 0, None, "")],
+                               run_log.run_files(folder)).get(Path(path), run_log.run_id(Path(path)))
 
 
 def list_runs(args: argparse.Namespace, environment: Dict[str, str], answer: SafeStream) -> int:
     """--runs: the recent runs in the run log folder, newest first, a line a run, as wide as the terminal
     (80 columns into a pipe or a file); with --json, a list of objects."""
-    folder = run_store.log_dir(environment)
+    folder = run_log.log_dir(environment)
     checked_folder(folder)
-    runs = run_store.recent_runs(folder, args.count or 20, args.status)
-    ids = run_store.short_ids(runs, run_store.run_files(folder))
+    runs = run_log.recent_runs(folder, args.count or 20, args.status)
+    ids = run_log.short_ids(runs, run_log.run_files(folder))
     if args.json:
         answer.write_json([run.to_json(ids[run.path]) for run in runs])
         return 0
     width = shutil.get_terminal_size().columns if is_terminal(sys.stdout) else 80
-    print(run_store.render_runs(runs, folder, ids, width) if runs or not args.status
+    print(run_log.render_runs(runs, folder, ids, width) if runs or not args.status
           else f"no runs that ended {args.status} in {folder}")
     return 0
 
 
 def run_batch(args: argparse.Namespace, environment: Dict[str, str], answer: SafeStream) -> int:
     """--batch FILE: every task of the file (or of its --shard), into --out; the summary with --json."""
-    from agent_demo_kit.batch import Batch, read_tasks
+    from agent_demo_kit.batch import Batch
+    from agent_demo_kit.task_file import read_tasks
     source, notes = "stdin" if args.batch == "-" else args.batch, []
     try:  # read a line at a time: a file that is not text is refused before it is all in memory
         stream = sys.stdin.buffer if args.batch == "-" else open(args.batch, "rb")
@@ -571,9 +572,9 @@ def show_summary(args: argparse.Namespace, environment: Dict[str, str], answer: 
     if args.summary:
         summary = comparison.summarize(args.summary)
     else:
-        folder = run_store.log_dir(environment)
+        folder = run_log.log_dir(environment)
         checked_folder(folder)
-        summary = summarize_runs(run_store.run_files(folder))
+        summary = summarize_runs(run_log.run_files(folder))
         print(f"agent-demo: the runs in {folder}", file=sys.stderr)
     if args.json:
         answer.write_json(summary)
@@ -593,12 +594,12 @@ def show_summary(args: argparse.Namespace, environment: Dict[str, str], answer: 
 def show_run(args: argparse.Namespace, environment: Dict[str, str], answer: SafeStream, redactor: Redactor) -> int:
     """--show RUN: the run as its live trace showed it (on stderr) and its answer (on stdout); with --json,
     its summary: the --json object of the run."""
-    path = run_store.pick_run(args.show, environment, "--show")
+    path = run_log.pick_run(args.show, environment, "--show")
     try:
-        records = run_store.last_run_records(path)
+        records = trace_file.last_run_records(path)
     except OSError as error:
         raise ConfigError(f"--show: cannot read {path}: {error.strerror or error}") from None
-    outcome = replay(records, run_store.RunLog(screen(args, environment, redactor)))
+    outcome = replay(records, trace_file.RunLog(screen(args, environment, redactor)))
     outcome.trace = path
     say_material(outcome)
     if args.json:
@@ -615,35 +616,35 @@ def replay(records: List[dict], log: Any) -> RunResult:
     when it has no end record)."""
     kept, rounds, end = dict(records[0]), [], None
     for record in records:
-        event = record.get("event")
+        event = trace_file.event_of(record)
         try:
-            if event in ("start", "resume", "follow_up"):
+            if event in trace_file.SETS_UP:
                 kept.update(record)
                 task, model, url = str(kept.get("task")), str(record.get("model")), str(record.get("url"))
-                if event == "start":
+                if event == trace_file.START:
                     log.start(task, model, url, kept)
-                elif event == "resume":
+                elif event == trace_file.RESUME:
                     log.resume(task, model, url, record.get("after_round"), kept)
                 else:
                     log.follow_up(str(record.get("text")), model, url, record.get("after_round"), kept)
-            elif event == "round":
+            elif event == trace_file.ROUND:
                 rounds.append(Round.from_line(record))
                 show_round(rounds[-1], kept, log)
-            elif event == "note":
+            elif event == trace_file.NOTE:
                 log.note(str(record.get("text")))
-            elif event == "retry":
+            elif event == trace_file.RETRY:
                 log.retry(str(record.get("cause")), record["attempt"], record["retries"], record["wait"])
-            elif event == "setting":
+            elif event == trace_file.SETTING:
                 log.setting(str(record.get("name")), record.get("value"), str(record.get("text")))
-            elif event == "fallback":
+            elif event == trace_file.FALLBACK:
                 log.fallback(str(record.get("from_mode")), str(record.get("to_mode")), str(record.get("error")),
                              record.get("from_variant"), record.get("to_variant"))
-            elif event == "compaction":
+            elif event == trace_file.COMPACTION:
                 log.compaction(Compaction.from_line(record))
-            elif event == "escalation":
+            elif event == trace_file.ESCALATION:
                 log.escalation(record["after_round"], str(record.get("from_model")), str(record.get("to_model")),
                                str(record.get("trigger")), str(record.get("reason")), str(record.get("notice")))
-            elif event == "end":
+            elif event == trace_file.END:
                 end = record
         except (KeyError, TypeError, ValueError):  # a record this version cannot show: left out
             continue

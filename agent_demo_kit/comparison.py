@@ -13,12 +13,13 @@ import shlex
 import stat
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Optional
 
 from agent_demo_kit import metrics, scoring
 from agent_demo_kit.endings import ConfigError
+from agent_demo_kit.records import number
+from agent_demo_kit.task_file import Key
 
-Key = Tuple[str, int]  # a task's id and which of its tries (--repeat)
 MOST_TRIES = 1000  # --repeat at most
 FAILURES_SHOWN = 20  # tasks listed at the end of a batch or a summary; --json has them all
 DIFFERENCES_SHOWN = 20
@@ -42,7 +43,7 @@ def ended_key(line: dict) -> float:
             return datetime.fromisoformat(value).timestamp()
         except (ValueError, OverflowError, OSError):
             return 0.0
-    return float(metrics.number(value))
+    return float(number(value))
 
 
 def success(line: dict) -> bool:

@@ -4,17 +4,23 @@ numbers only so that it stays small however many runs it counts.
 
 It imports records and scoring.
 """
-import json
 import math
-import os
-import stat
 from array import array
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional
 
-from agent_demo_kit import scoring
-from agent_demo_kit.records import is_count
+from agent_demo_kit import scoring, trace_file
+from agent_demo_kit.records import is_count, number
 
 CONTROL_TOOLS = ("finish", "fail", "recall", "note")  # answered by the loop: not tool calls
+
+
+def no_figures() -> Dict[str, Any]:
+    """The figures of a run that has none yet."""
+    return {"status": "unfinished", "answer": None, "answered_in_words": False, "error": None, "summary": "",
+            "rounds": 0, "tokens": {"total": 0, "prompt": 0, "completion": 0, "cached": 0}, "tool_calls": 0,
+            "tool_errors": 0, "retries": 0, "format_errors": 0, "checks": {"runs": 0, "passed": 0}, "seconds": 0.0,
+            "largest_request_chars": 0, "attempts": 0, "errors": 0, "escalations": 0, "models": {},
+            "max_context": None}
 
 
 def run_figures(records: List[dict]) -> Optional[dict]:
@@ -22,38 +28,33 @@ def run_figures(records: List[dict]) -> Optional[dict]:
     no start record: status ("unfinished" when cut short), answer, rounds, tokens, tool calls and
     errors, retries, format errors, checks, seconds, the largest request, attempts and errors
     (how often it was started or resumed, and ended in an error), and rounds and tokens per model."""
-    starts = [index for index, record in enumerate(records) if record.get("event") == "start"]
-    if not starts:
+    run = trace_file.last_run(records)
+    if not run:
         return None
-    run = records[starts[-1]:]
-    figures: Dict[str, Any] = {
-        "status": "unfinished", "answer": None, "answered_in_words": False, "error": None, "summary": "", "rounds": 0,
-        "tokens": {"total": 0, "prompt": 0, "completion": 0, "cached": 0}, "tool_calls": 0, "tool_errors": 0,
-        "retries": 0, "format_errors": 0, "checks": {"runs": 0, "passed": 0}, "seconds": 0.0,
-        "largest_request_chars": 0, "attempts": 0, "errors": 0, "escalations": 0, "models": {},
-        "max_context": run[0].get("max_context") if is_count(run[0].get("max_context")) else None}
+    figures = no_figures()
+    figures["max_context"] = run[0].get("max_context") if is_count(run[0].get("max_context")) else None
     model = str(run[0].get("model"))
     began = last = None
     for record in run:
-        event, at = record.get("event"), record.get("ts")
+        event, at = trace_file.event_of(record), record.get("ts")
         if number(at):  # a time a trace could hold
-            if event in ("start", "resume", "follow_up"):
+            if event in trace_file.SETS_UP:
                 figures["seconds"] += segment(began, last)
                 began = at
             last = at
-        if event in ("start", "resume", "follow_up"):
+        if event in trace_file.SETS_UP:
             figures["attempts"] += 1
             figures["status"] = "unfinished"
             model = str(record.get("model", model))
-        elif event == "round" and isinstance(record.get("round"), int):
+        elif event == trace_file.ROUND and isinstance(record.get("round"), int):
             count_round(figures, record, str(record.get("model") or model))
             figures["status"] = "unfinished"
-        elif event == "retry":
+        elif event == trace_file.RETRY:
             figures["retries"] += 1
-        elif event == "escalation" and record.get("to_model"):
+        elif event == trace_file.ESCALATION and record.get("to_model"):
             model = str(record["to_model"])
             figures["escalations"] += record.get("trigger") != "calm"
-        elif event == "end":
+        elif event == trace_file.END:
             status = str(record.get("status"))
             figures["status"] = status
             # an error counts against --retry-errors unless no request got an answer: a refused key, no connection
@@ -100,45 +101,6 @@ def count_round(figures: dict, record: dict, model: str) -> None:
         if call.get("tool") not in CONTROL_TOOLS and not call.get("format_error"):
             figures["tool_calls"] += 1
             figures["tool_errors"] += result.get("ok") is not True
-
-
-Price = Tuple[float, float, Optional[float]]  # dollars per million input, output and cached input tokens
-
-
-def cost(models: Dict[str, dict], prices: Dict[str, Price]) -> Optional[float]:
-    """What the tokens of a run cost in dollars, by each model's price (cached input at the cached
-    price, else the input price); None when a model that was used has no price."""
-    total = 0.0  # not rounded: micro-dollars a task add up to cents
-    for name, used in models.items():
-        if not isinstance(used, dict) or not number(used.get("rounds")) and not number(used.get("tokens")):
-            continue
-        if name not in prices:
-            return None
-        into, out, cached = prices[name]
-        prompt, completion = number(used.get("prompt")), number(used.get("completion"))
-        hits = min(number(used.get("cached")), prompt)
-        total += ((prompt - hits) * into + hits * (into if cached is None else cached) + completion * out) / 1e6
-    return round(total, 12)
-
-
-def trace_records(path: str) -> List[dict]:
-    """The records of a trace file (lines that are not JSON objects left out); [] if it cannot be read."""
-    try:
-        with open(os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)), "rb") as trace:
-            if not stat.S_ISREG(os.fstat(trace.fileno()).st_mode):  # /dev/zero or a FIFO would never end
-                return []
-            lines = trace.read().split(b"\n")
-    except OSError:
-        return []
-    records = []
-    for line in lines:
-        try:
-            record = json.loads(line.decode("utf-8", "replace")) if line.strip() else None
-        except (ValueError, RecursionError):
-            continue
-        if isinstance(record, dict):
-            records.append(record)
-    return records
 
 
 # --- across runs -------------------------------------------------------------------------------
@@ -254,17 +216,6 @@ class Tally:
             "largest_request_chars": self.largest_request, "max_context": self.max_context,
             "models": self.models, "escalated": self.escalated, "finished_after_escalating": self.rescued,
         }
-
-
-MOST_A_FIGURE = 1e15  # more rounds, tokens or seconds than any run has: a damaged file's number
-
-
-def number(value: Any) -> float:
-    """A figure as a number: 0 for anything that is not one (or not one a run could have)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or isinstance(value, float) \
-            and not math.isfinite(value):
-        return 0
-    return value if -MOST_A_FIGURE <= value <= MOST_A_FIGURE else 0  # an int of 400 digits is no float
 
 
 def rate(part: float, whole: float) -> Optional[float]:

@@ -6,6 +6,7 @@ This is the bottom layer: it imports nothing of agent-demo's, and everything els
 """
 import contextlib
 import json
+import math
 from dataclasses import dataclass, field
 from typing import Any, ContextManager, Dict, List, Optional
 
@@ -337,3 +338,14 @@ class RunEvents:
 
     def end(self, outcome: Any) -> None:  # an endings.RunResult
         """The run ended."""
+
+
+MOST_A_FIGURE = 1e15  # more rounds, tokens or seconds than any run has: a damaged file's number
+
+
+def number(value: Any) -> float:
+    """A figure as a number: 0 for anything that is not one (or not one a run could have)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or isinstance(value, float) \
+            and not math.isfinite(value):
+        return 0
+    return value if -MOST_A_FIGURE <= value <= MOST_A_FIGURE else 0  # an int of 400 digits is no float

@@ -6,7 +6,7 @@ not count a trace it did not write.
 
 The key lives beside the run log, in $XDG_STATE_HOME/agent-demo/seal.key (else
 ~/.local/state/agent-demo/seal.key), made 0600 in a 0700 folder and checked like ~/.ssh. It imports
-settings and records.
+private_files and endings.
 """
 import hashlib
 import hmac
@@ -21,7 +21,6 @@ from typing import Dict, Optional
 from agent_demo_kit.endings import ConfigError
 from agent_demo_kit.private_files import check_parents, require_ours, resolve
 
-SEALED_EVENTS = ("start", "resume", "follow_up")  # the records that set what a run does
 _KEYS: Dict[str, bytes] = {}
 _LOCK = threading.Lock()
 
@@ -78,9 +77,7 @@ def _digest(record: dict, key: bytes) -> str:
 
 
 def sealed(record: dict) -> dict:
-    """The record with its seal (for the events that set a run up)."""
-    if record.get("event") not in SEALED_EVENTS:
-        return record
+    """The record with its seal (trace_file.py seals the records that set a run up)."""
     return {**record, "seal": _digest(record, seal_key())}
 
 

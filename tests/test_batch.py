@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from agent_demo_kit.batch import file_name, read_tasks
+from agent_demo_kit.task_file import file_name, read_tasks
 from agent_demo_kit.endings import ConfigError
 from conftest import KEY, run_cli, start_cli
 from scripted_server import ScriptedServer, action

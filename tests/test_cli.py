@@ -286,8 +286,7 @@ def test_every_module_is_installed_with_the_command():
 
 @pytest.mark.parametrize("as_module", [False, True], ids=["python agent_demo.py", "python -m agent_demo"])
 def test_it_runs_from_a_folder_with_its_own_settings_records_client_and_cli(tmp_path, as_module):
-    for name in ("settings", "records", "client", "cli", "actions", "conversation", "terminal", "run_store",
-                 "child_processes", "mcp_client", "runs", "output", "endings"):
+    for name in {path.stem for path in (ROOT / "agent_demo_kit").glob("*.py")} | {"runs", "output", "setup"}:
         (tmp_path / f"{name}.py").write_text(f"raise ImportError('the folder\\'s own {name}.py was imported')\n")
     with ScriptedServer([act("calculator", expression="2 + 3"), act("finish", result=5)]) as server:
         process = start_cli("--no-log", "add", as_module=as_module, cwd=tmp_path, env={"LLM_API_URL": server.url})

@@ -14,7 +14,7 @@ from agent_demo_kit.cli import main
 import prompts
 from agent_demo_kit.records import Call, Round
 from agent_demo_kit.settings import Settings
-from agent_demo_kit.run_store import RunLog
+from agent_demo_kit.trace_file import RunLog
 from scripted_model import run
 from agent_demo_kit.client import AttemptFailed, ModelClient, Reply, RequestForm
 from conftest import run_cli, start_cli

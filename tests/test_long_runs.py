@@ -7,7 +7,7 @@ import pytest
 
 from agent_demo_kit.cli import main
 from agent_demo_kit.settings import Settings
-from agent_demo_kit.run_store import RunLog
+from agent_demo_kit.trace_file import RunLog
 from scripted_model import run
 from agent_demo_kit.records import json_size as request_size
 from scripted_model import ScriptedModel

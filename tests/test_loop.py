@@ -6,11 +6,11 @@ import prompts
 from agent_demo import Agent
 from agent_demo_kit.client import RequestForm
 from agent_demo_kit.records import Call, Round
-from agent_demo_kit.run_store import TraceWriteError
+from agent_demo_kit.trace_file import TraceWriteError
 from agent_demo_kit.records import Reply
 from agent_demo_kit.endings import EndpointError
 from agent_demo_kit.settings import Settings
-from agent_demo_kit.run_store import RunLog
+from agent_demo_kit.trace_file import RunLog
 from scripted_model import run
 from scripted_model import ScriptedModel as Scripted
 from tools import CONTROL_ACTIONS, REGISTRY, describe, tool

@@ -14,7 +14,7 @@ import prompts
 from agent_demo_kit.cli import main
 from agent_demo_kit.child_processes import run_check
 from agent_demo_kit.settings import Settings
-from agent_demo_kit.run_store import RunLog
+from agent_demo_kit.trace_file import RunLog
 from agent_demo_kit.terminal import Screen
 from benchmark import prefix_figures
 from conftest import KEY, said_lines, start_cli

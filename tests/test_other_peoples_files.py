@@ -3,8 +3,6 @@ user did not allow. A test a finding of the third adversarial pass, each named a
 import io
 import json
 import os
-import stat
-from pathlib import Path
 
 import pytest
 
@@ -275,7 +273,7 @@ def test_a_results_file_that_would_never_end_is_refused_in_one_line(tmp_path, cl
 # --- 9. task files -----------------------------------------------------------------------------------
 
 def test_a_task_file_splits_at_newlines_alone(tmp_path):
-    from agent_demo_kit.batch import read_tasks
+    from agent_demo_kit.task_file import read_tasks
     text = json.dumps({"id": "a", "task": "one\u2028still one"}, ensure_ascii=False) + "\nplain\u0085still plain\n"
     tasks = read_tasks(io.BytesIO(text.encode("utf-8")), "tasks")
     assert [(task.id, task.task) for task in tasks] == [("a", "one\u2028still one"), ("2", "plain\u0085still plain")]
@@ -292,7 +290,6 @@ def test_a_task_file_that_is_not_text_is_refused_before_anything_is_sent(tmp_pat
 
 
 def test_dev_zero_on_stdin_is_refused_without_reading_it_all(tmp_path):
-    import subprocess
     from conftest import start_cli
     with open("/dev/zero", "rb") as zeros:
         process = start_cli("--batch", "-", "--url", "http://127.0.0.1:9/v1", stdin=zeros, cwd=tmp_path)

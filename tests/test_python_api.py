@@ -130,9 +130,10 @@ def test_material_is_what_the_task_is_about(serve):
     assert "a\nb\nc" in server.sent_messages(0)[1]["content"]
 
 
-def test_importing_it_loads_neither_mcp_nor_the_terminal_nor_the_run_store():
+def test_importing_it_loads_neither_mcp_nor_the_terminal_nor_the_trace_files():
     code = ("import sys, agent_demo; print(sorted(m for m in sys.modules if m.startswith(('mcp', 'requests'))"
-            " or m in ('agent_demo_kit.terminal', 'agent_demo_kit.run_store', 'agent_demo_kit.cli')));"
+            " or m in ('agent_demo_kit.terminal', 'agent_demo_kit.trace_file', 'agent_demo_kit.run_log',"
+            " 'agent_demo_kit.cli')));"
             " import agent_demo_kit.mcp_client; print('mcp' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True).stdout
     assert out == "[]\nFalse\n", "nor the MCP SDK when its module is imported, until a server is named"

@@ -10,7 +10,7 @@ import pytest
 
 from agent_demo_kit.cli import main
 from agent_demo_kit.settings import Settings
-from agent_demo_kit.run_store import RunLog
+from agent_demo_kit.trace_file import RunLog
 from scripted_model import run
 from scripted_model import ScriptedModel
 from conftest import answer_on_a_terminal, child_environment, run_cli, start_cli
