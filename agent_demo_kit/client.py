@@ -1,25 +1,18 @@
-"""The endpoint: one session to the chat-completions URL, one loop that decides after each
-attempt whether to retry, to change the request's form, or to give up, and the reading of
-what comes back into one Reply, from a plain JSON body or from server-sent events.
-
-Servers differ: CRLF or LF line ends, comments and `event:` lines, a `data:` field split over
-several lines, a usage chunk with no choices, `[DONE]` or just the end of the stream, tool-call
-arguments in pieces. All of it is folded into the same Reply a plain request gives.
+"""The endpoint: one session to the chat-completions URL and one loop that decides after each
+attempt whether to retry, to change the request's form, or to give up. What comes back is read
+into a Reply by replies.py; what went wrong is worded by endpoint_errors.py.
 
 The client owns what it negotiated with the endpoint (`RequestForm`): the mode that
 works, schema mode's response_format variant, the reply cap's field name, streaming.
 It builds every request body from it, and the trace records each change, so a resume starts there.
 """
 import contextlib
-import html
 import ipaddress
-import json
-import math
 import re
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 import requests
 import requests.auth
@@ -28,214 +21,22 @@ from urllib3.exceptions import InvalidHeader, MaxRetryError
 from urllib3.util.retry import Retry
 
 import prompts
-from agent_demo_kit.records import MOST_TOKENS_A_ROUND, Reply, RunEvents, json_size, to_json
+from agent_demo_kit.records import MOST_TOKENS_A_ROUND, Reply, RunEvents, json_size
 from agent_demo_kit.endings import EndpointError
 from agent_demo_kit.request_gate import MOST_ABSORBED, RequestGate
-from agent_demo_kit.settings import (CHARS_A_TOKEN, DEFAULT_WINDOW_TOKENS, MESSAGE_CHARS, MIN_LIMIT_TOKENS,
-                                     REPLY_BYTES_A_CHAR, REPLY_CHARS_A_TOKEN, SERVER_TEXT_SCANNED, SNIPPET_CHARS,
-                                     Settings)
-from agent_demo_kit.urls import base_path, base_url, display_url, server_root
+from agent_demo_kit.settings import (CHARS_A_TOKEN, CONNECT_SECONDS, DEFAULT_WINDOW_TOKENS, MIN_LIMIT_TOKENS,
+                                     REPLY_BYTES_A_CHAR, REPLY_CHARS_A_TOKEN, Settings)
+from agent_demo_kit.endpoint_errors import RETRY_STATUSES, describe_http_error, describe_network_error, parse_body
+from agent_demo_kit.replies import AttemptFailed, Stalled, TextListener, bounded, pieces_of, read_stream, reply_from_body
+from agent_demo_kit.urls import base_url, server_root
 
-TextListener = Callable[[str], None]  # gets each piece of a streamed reply as it arrives
 
 
 # --- reading a reply --------------------------------------------------------------------------
 
-def parse_body(text: str) -> Any:
-    """A body's JSON, made safe to print and to send back: NaN and Infinity become null, and
-    lone surrogates (from \\ud800-style escapes) become "?". ValueError if it is not JSON."""
-    try:
-        body = _DECODER.decode(text)
-    except RecursionError:
-        raise ValueError("nested too deeply") from None
-    if not _SURROGATE_ESCAPE.search(text):  # the usual case, each piece of a stream: nothing to mend
-        return body
-    return json.loads(json.dumps(body, ensure_ascii=False).encode("utf-8", "replace").decode("utf-8"))
-
-
-_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
-_DECODER = json.JSONDecoder(parse_constant=lambda name: None,
-                            parse_float=lambda number: float(number) if math.isfinite(float(number)) else None)
-
-
-class _LineTooLong(Exception):
-    """An event's line is longer than any reply within the cap could make it."""
-
-
-def events(chunks: Iterator[bytes], max_line: Optional[int] = None) -> Iterator[str]:
-    """The data of each server-sent event, in order (comments and other fields skipped). A line that
-    comes in many pieces is joined once, when it ends: the work stays linear in its length, and the
-    memory too, since a line longer than max_line bytes is not kept (_LineTooLong)."""
-    started: List[bytes] = []  # the pieces of a line not ended yet
-    started_size = 0
-    data: List[str] = []
-    for chunk in chunks:
-        if b"\n" not in chunk:
-            started.append(chunk)
-            started_size += len(chunk)
-            if max_line is not None and started_size > max_line:
-                raise _LineTooLong
-            continue
-        *lines, rest = chunk.split(b"\n")
-        lines[0] = b"".join([*started, lines[0]])
-        started, started_size = [rest], len(rest)
-        if max_line is not None and max(started_size, len(lines[0])) > max_line:
-            raise _LineTooLong
-        for raw in lines:
-            line = raw.rstrip(b"\r").decode("utf-8", errors="replace")
-            if not line:  # a blank line ends an event
-                if data:
-                    yield "\n".join(data)
-                data = []
-            elif line.startswith("data:"):
-                data.append(line[5:][1:] if line[5:6] == " " else line[5:])
-    tail = b"".join(started).rstrip(b"\r").decode("utf-8", errors="replace")
-    if tail.startswith("data:"):
-        data.append(tail[5:].lstrip(" "))
-    if data:  # a stream that ended without its last blank line
-        yield "\n".join(data)
-
-
-class _Enough(Exception):
-    """A streamed reply has reached a limit: the rest is not read."""
-
-
-class Stalled(EndpointError):
-    """A reply that did not end by --reply-deadline (keep-alives, or pieces, kept coming): not tried
-    again, since it would only hold the run as long again."""
-
-
-class StreamedReply:
-    """The pieces of a streamed reply, put back together, within limits: at most `max_chars` of
-    text (the content, the reasoning and the calls together; past them it is cut, as at the length
-    limit) and `max_calls` calls (the ones after are not read)."""
-
-    def __init__(self, on_text: Optional[TextListener] = None, max_chars: Optional[int] = None,
-                 max_calls: Optional[int] = None):
-        self.on_text, self.max_chars, self.max_calls = on_text, max_chars, max_calls
-        self.size = 0
-        self.unread: Optional[str] = None
-        self.content: List[str] = []
-        self.reasoning: List[str] = []
-        self.tool_calls: Dict[int, dict] = {}
-        self.arguments: Dict[int, List[str]] = {}  # each call's pieces, joined once at the end
-        self.last_index: Optional[int] = None
-        self.finish_reason: Optional[str] = None
-        self.usage: Optional[dict] = None
-        self.model: Any = None
-
-    def add(self, chunk: Any) -> None:
-        """Fold one chunk (a parsed event) into the reply."""
-        if not isinstance(chunk, dict):
-            return
-        if chunk.get("error"):
-            error = chunk["error"]
-            message = error.get("message") if isinstance(error, dict) else error
-            raise EndpointError(f"the endpoint reported an error mid-reply: {_one_line(str(message))}")
-        if isinstance(chunk.get("usage"), dict):
-            self.usage = chunk["usage"]
-        choices = chunk.get("choices")
-        if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
-            return
-        choice = choices[0]
-        if isinstance(choice.get("finish_reason"), str):
-            self.finish_reason = choice["finish_reason"]
-        delta = choice.get("delta") if isinstance(choice.get("delta"), dict) else choice.get("message")
-        if not isinstance(delta, dict):
-            return
-        for name, pieces in (("reasoning_content", self.reasoning), ("content", self.content)):
-            piece = delta.get(name)
-            if isinstance(piece, str) and piece:
-                pieces.append(self._counted(piece))
-                if self.on_text:
-                    self.on_text(piece)
-        for position, call in enumerate(delta.get("tool_calls") or []):
-            if isinstance(call, dict):
-                self._add_call(call, position)
-
-    def _add_call(self, call: dict, position: int) -> None:
-        index = call.get("index")
-        last = self.last_index
-        if not isinstance(index, int):  # some servers send no index: a new id starts a new call
-            fresh = last is None or call.get("id") and call.get("id") != self.tool_calls[last]["id"]
-            index = (position if last is None else last + 1) if fresh else last
-        if self.max_calls is not None and index not in self.tool_calls and len(self.tool_calls) > self.max_calls:
-            self.unread = f"its calls after the first {len(self.tool_calls):,}"  # one more than run, to say so
-            self.finish_reason = self.finish_reason or "tool_calls"
-            raise _Enough
-        self.last_index = index if last is None else max(last, index)
-        known = self.tool_calls.setdefault(index, {"id": None, "type": "function",
-                                                    "function": {"name": "", "arguments": ""}})
-        if call.get("id"):
-            known["id"] = call["id"]
-        function = call.get("function") if isinstance(call.get("function"), dict) else {}
-        if isinstance(function.get("name"), str):
-            known["function"]["name"] += self._counted(function["name"])
-        arguments = function.get("arguments")
-        if isinstance(arguments, str):
-            self.arguments.setdefault(index, []).append(self._counted(arguments))
-        elif arguments is not None:  # a server that sends the arguments whole, as an object
-            known["function"]["arguments"] = arguments
-            self.arguments.pop(index, None)
-
-    def _counted(self, piece: str) -> str:
-        """A piece of text that came, within max_chars, else the reply is cut here."""
-        self.size += len(piece)
-        if self.max_chars is not None and self.size > self.max_chars:
-            self.unread = f"all after its first {self.max_chars:,} characters"
-            self.finish_reason = "length"
-            raise _Enough
-        return piece
-
-    def reply(self) -> Reply:
-        """The same Reply a plain request would have given."""
-        for index, pieces in self.arguments.items():
-            self.tool_calls[index]["function"]["arguments"] = "".join(pieces)
-        calls = [self.tool_calls[index] for index in sorted(self.tool_calls)]
-        return Reply(content="".join(self.content), usage=self.usage, finish_reason=self.finish_reason,
-                     tool_calls=[{**call, "id": call["id"] or f"call_{n}"} for n, call in enumerate(calls, 1)],
-                     reasoning="".join(self.reasoning), unread=self.unread)
-
-
-def read_stream(chunks: Iterator[bytes], on_text: Optional[TextListener] = None, deadline: Optional[float] = None,
-                max_chars: Optional[int] = None, max_calls: Optional[int] = None, allowed: float = 0.0) -> Reply:
-    """Read an event stream into a Reply, up to its end or a limit (see StreamedReply); EndpointError
-    if it ends before the reply is complete, Stalled if it has not ended by `deadline` (time.monotonic;
-    `allowed`: the seconds it stands for, to say): keep-alives and pieces alike keep a reply alive
-    until then, and silence is the socket's --timeout."""
-    reply, done = StreamedReply(on_text, max_chars, max_calls), False
-
-    def watched() -> Iterator[bytes]:
-        for chunk in chunks:
-            if deadline is not None and time.monotonic() > deadline:
-                raise Stalled(f"the reply did not end within --reply-deadline {allowed:g} s (its server kept"
-                              " sending, keep-alives or pieces): cut off")
-            yield chunk
-    max_line = None if max_chars is None else max_chars * REPLY_BYTES_A_CHAR
-    try:
-        for data in events(watched(), max_line):
-            if data.strip() == "[DONE]":
-                done = True
-                break
-            try:
-                chunk = parse_body(data)
-            except ValueError:
-                continue  # a line of some other dialect: the next events still count
-            reply.add(chunk)
-    except _Enough:
-        done = True
-    except _LineTooLong:
-        reply.unread, reply.finish_reason, done = f"an event of more than {max_line:,} bytes and all after it", \
-            "length", True
-    if not done and reply.finish_reason is None:  # neither [DONE] nor a finish_reason: it was cut off
-        raise EndpointError("the reply stopped arriving: the stream ended before the reply was complete")
-    return reply.reply()
-
 
 # --- asking ---------------------------------------------------------------------------------
 
-RETRY_STATUSES = (429, 500, 502, 503, 504)
-CONNECT_SECONDS = 10.0  # the longest wait for a connection (less when --timeout is shorter)
 WINDOW_ASK_SECONDS = 2.0  # the longest wait for a local server to say its model's window
 MIN_WINDOW_TOKENS = 256  # a window said smaller than this is not taken for one
 MIN_REPLY_TOKENS = 128  # the smallest reply a request leaves room for
@@ -292,19 +93,6 @@ class BearerAuth(requests.auth.AuthBase):
     def __call__(self, request: requests.PreparedRequest) -> requests.PreparedRequest:
         request.headers["Authorization"] = f"Bearer {self.key}"
         return request
-
-
-class AttemptFailed(Exception):
-    """One attempt did not bring a reply: an HTTP error (status, the server's words, the
-    response) or no usable answer at all (a network error, a reply cut off)."""
-
-    def __init__(self, message: str, status: Optional[int] = None, text: str = "", response: Any = None,
-                 unanswered: bool = False, unreachable: bool = False):
-        super().__init__(message)
-        self.status, self.text, self.response = status, text, response
-        self.unanswered = unanswered  # the server took the request and said nothing within --timeout
-        self.unreachable = unreachable  # no connection at all: a wrong URL, or a server that is down
-        self.said = server_message(text) if status else ""
 
 
 Request = Callable[[], List[dict]]  # builds the messages for the current form
@@ -514,7 +302,7 @@ class ModelClient:
                                 unreachable=said.startswith("cannot reach")) from None
         streamed = body.get("stream") and response.ok and "text/event-stream" in response.headers.get(
             "Content-Type", "")
-        pieces = _pieces(response)
+        pieces = pieces_of(response)
         most_chars = max(body.get(self.form.reply_cap_field) or self.window(), MIN_LIMIT_TOKENS) * REPLY_CHARS_A_TOKEN
         allowed = self.settings.reply_deadline
         try:
@@ -527,7 +315,7 @@ class ModelClient:
                     for _ in pieces:  # what follows [DONE], so the connection goes back to the pool
                         pass
             else:
-                text = _bounded(pieces, most_chars * REPLY_BYTES_A_CHAR, asked_at + allowed, allowed).decode(
+                text = bounded(pieces, most_chars * REPLY_BYTES_A_CHAR, asked_at + allowed, allowed).decode(
                     response.encoding or "utf-8", "replace")
         except (requests.RequestException, urllib3.exceptions.HTTPError, OSError) as error:
             response.close()
@@ -564,7 +352,7 @@ def ask_window(session: requests.Session, settings: Settings) -> Optional[int]:
         try:  # each ask ends by its deadline, whatever the server sends meanwhile (keep-alives, forever)
             response = session.request(method, url, json=body, timeout=quick, stream=True)
             try:  # read whole, so that the connection goes back to the pool
-                text = _within(_pieces(response), time.monotonic() + quick, WINDOW_BODY_BYTES)
+                text = _within(pieces_of(response), time.monotonic() + quick, WINDOW_BODY_BYTES)
             except BaseException:
                 response.close()
                 raise
@@ -625,30 +413,6 @@ def refuses_options(status: Optional[int], said: str, mode_worked: bool) -> bool
     return bool(status and status >= 500 and names_them)
 
 
-def _bounded(pieces: Iterator[bytes], most_bytes: int, deadline: float, allowed: float) -> bytes:
-    """A whole body, or AttemptFailed once it passes most_bytes (no reply is that long), Stalled once
-    it has not ended by the deadline."""
-    kept: List[bytes] = []
-    size = 0
-    for piece in pieces:
-        if time.monotonic() > deadline:
-            raise Stalled(f"the reply did not end within --reply-deadline {allowed:g} s (its server kept sending):"
-                          " cut off")
-        size += len(piece)
-        if size > most_bytes:
-            raise AttemptFailed(f"the reply was longer than {most_bytes:,} bytes, more than any reply within the cap;"
-                                " it was not read")
-        kept.append(piece)
-    return b"".join(kept)
-
-
-def _pieces(response: requests.Response) -> Iterator[bytes]:
-    """The body as it arrives, each piece as soon as it does (the socket's read timeout is --timeout)."""
-    read_some = getattr(response.raw, "read1", None)  # what has arrived, without waiting for a full buffer
-    return (iter(lambda: read_some(65536, decode_content=True), b"") if read_some
-            else response.iter_content(1024))  # urllib3 1.x has no read1
-
-
 def is_local(url: str) -> bool:
     """Is the endpoint on this machine or this network (a server the user runs, busy with one request at a time)?"""
     host = (urlsplit(url).hostname or "").lower()
@@ -660,144 +424,4 @@ def is_local(url: str) -> bool:
         return False
     return address.is_loopback or address.is_private or address.is_link_local
 
-
-def describe_network_error(error: Exception, settings: Settings, url: str) -> str:
-    """What happened, in words: no connection, no reply in time, or a reply that stopped arriving."""
-    text = str(error)  # the number of retries is added once they are spent
-    shown = display_url(url)
-    if isinstance(error, (requests.ReadTimeout, requests.exceptions.ConnectionError)) and "Read timed out" in text:
-        return f"no reply within {settings.timeout:g} s from {shown}: the server is busy or still generating"
-    if isinstance(error, requests.ConnectTimeout):
-        return f"cannot reach {shown}: no connection within {min(CONNECT_SECONDS, settings.timeout):g} s"
-    if isinstance(error, requests.exceptions.ChunkedEncodingError):
-        return f"the reply stopped arriving from {shown}: the connection broke mid-reply"
-    if "RemoteDisconnected" in text or "Connection aborted" in text:
-        return f"the server closed the connection without replying ({shown})"
-    if "Connection refused" in text:
-        return f"cannot reach {shown}: connection refused"
-    if "Name or service not known" in text or "NameResolution" in text or "nodename nor servname" in text:
-        return f"cannot reach {shown}: host name not found"
-    if isinstance(error, requests.ConnectionError):
-        without_reprs = prompts.clip(re.sub(r"<[^>]*>:?\s*", "", text), SNIPPET_CHARS)
-        return f"cannot reach {shown}: {without_reprs}"
-    return f"request to {shown} failed: {type(error).__name__}"
-
-
-def server_message(text: str) -> str:
-    """The endpoint's own words about an error, however it shapes them, in one clean line."""
-    try:
-        body = parse_body(text)
-    except ValueError:
-        body = None
-    if isinstance(body, dict):
-        error = body.get("error", body.get("message", body.get("detail")))
-        if isinstance(error, dict):
-            error = error.get("message") or error
-        if isinstance(error, list) and error and all(isinstance(item, dict) and "msg" in item for item in error):
-            error = "; ".join(_field_message(item.get("loc"), item["msg"]) for item in error)  # FastAPI's 422
-        if error:
-            text = error if isinstance(error, str) else to_json(error)
-            return _one_line(without_internals(text))
-    if _HTML.match(text):  # a proxy's or a framework's error page: its title, else its first words
-        page = _CODE.sub(" ", text[:SERVER_TEXT_SCANNED])
-        title = _TITLE.search(page)
-        words = " ".join(html.unescape(_TAG.sub(" ", title[1] if title else page)).split())
-        return prompts.clip(words, SNIPPET_CHARS) or "(an empty HTML page)"
-    return _one_line(without_internals(text)) or "(empty body)"
-
-
-_HTML = re.compile(r"\s*(<!doctype html|<html|<head|<body|<title|<h1)", re.I)
-_TITLE = re.compile(r"<title[^>]*>(.*?)</title>", re.I | re.S)
-_TAG = re.compile(r"<[^>]*>")
-_CODE = re.compile(r"<(script|style)\b.*?</\1\s*>", re.I | re.S)
-
-
-# pydantic's errors as Python reprs: {'type': ..., 'loc': ('body', 'response_format', 'type'), 'msg': "...", ...}
-_PYDANTIC_ERROR = re.compile(r"""'loc':\s*\(([^)]{0,300})\),\s*"""
-                             r"""'msg':\s*('(?:[^'\\]|\\.){0,500}'|"(?:[^"\\]|\\.){0,500}")""")
-_FILE_LINE = re.compile(r'File "[^"]*", line \d+(?:, in [^\s,]+)?')
-_PATH = re.compile(r"(?<![\w:/.])/(?:[\w.@+-]+/)+([\w.@+-]+\.[A-Za-z0-9]+)\b")  # not a URL's path
-
-
-def _field_message(loc: Any, message: Any) -> str:
-    """One validation error as "field.path: message" ("body", where FastAPI found it, left out)."""
-    parts = [str(part) for part in loc] if isinstance(loc, (list, tuple)) else []
-    if parts[:1] == ["body"]:
-        parts = parts[1:]
-    return f"{'.'.join(parts)}: {message}" if parts else str(message)
-
-
-def without_internals(text: str) -> str:
-    """A server's message without its framework's internals: pydantic's error dumps become
-    "field: message", a traceback its last line, a file path the file's name."""
-    text = text[:SERVER_TEXT_SCANNED]  # the line shown is much shorter; a huge body is not worth scanning
-    found = _PYDANTIC_ERROR.findall(text)
-    if found:
-        return "; ".join(_field_message([a or b for a, b in re.findall(r"'([^']*)'|(\d+)", loc)],
-                                        message[1:-1].replace("\\'", "'")) for loc, message in found)
-    if "Traceback (most recent call last)" in text:
-        text = [line for line in text.splitlines() if line.strip()][-1]
-    return _PATH.sub(r"\1", _FILE_LINE.sub("", text))
-
-
-def _one_line(text: str) -> str:
-    """A server's words fit for a one-line error: whitespace folded, long text cut."""
-    return prompts.clip(" ".join(text.split()), MESSAGE_CHARS)
-
-
-def _given(settings: Settings, name: str, variable: str) -> str:
-    """The flag or variable the user gave a setting with, to say what to check; else its usual variable."""
-    source = settings.sources.get(name, "default")
-    return variable if source in ("default", "the resumed run") else source
-
-
-def describe_http_error(status: int, text: str, settings: Settings, retried: bool = True) -> str:
-    """Name the failed status, what the user can do, and what the server said."""
-    message = server_message(text)
-    if status in (401, 403):
-        return f"authentication failed (HTTP {status}): {message} - check {_given(settings, 'api_key', 'LLM_API_KEY')}"
-    if status == 404:
-        said = (f"not found (HTTP 404): {message} - check {_given(settings, 'model', 'LLM_MODEL')} ({settings.model})"
-                f" and {_given(settings, 'url', 'LLM_API_URL')}")
-        return said + (f"; its path has no /v1, which most servers want (Ollama's among them): try"
-                       f" {display_url(with_v1(settings.url))}" if "/v1" not in urlsplit(settings.endpoint).path else "")
-    if status in RETRY_STATUSES and retried:
-        return f"HTTP {status} after {settings.retries} retries: {message}"
-    return f"request rejected (HTTP {status}): {message}"
-
-
-def with_v1(url: str) -> str:
-    """A base URL with /v1 where the path has none: http://localhost:11434 -> http://localhost:11434/v1."""
-    parts = urlsplit(url.strip())
-    return urlunsplit(parts._replace(path=base_path(parts.path) + "/v1"))
-
-
-def reply_from_body(text: str) -> Reply:
-    """Pull the message out of a chat-completions body, or say why it is unusable."""
-    try:
-        body = parse_body(text)
-    except ValueError:
-        if _HTML.match(text):  # a proxy's login page, say
-            raise EndpointError(f"the endpoint's reply is an HTML page, not JSON: {server_message(text)}") from None
-        snippet = prompts.clip(" ".join(text.split()), SNIPPET_CHARS)
-        raise EndpointError(f"the endpoint's reply is not JSON: {snippet or '(empty body)'}") from None
-    choices = body.get("choices") if isinstance(body, dict) else None
-    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
-        detail = f": {server_message(text)}" if isinstance(body, dict) and "error" in body else ""
-        raise EndpointError(f"the endpoint's reply has no choices{detail}")
-    message = choices[0].get("message")
-    if not isinstance(message, dict):
-        raise EndpointError("the endpoint's reply has no message in its first choice")
-    content = message.get("content")
-    if isinstance(content, list):  # some servers send content as a list of parts
-        content = "".join(part["text"] for part in content if isinstance(part, dict) and isinstance(part.get("text"), str))
-    raw_calls = message.get("tool_calls") or []
-    if not isinstance(raw_calls, list):
-        raise EndpointError("the endpoint's reply has tool_calls that are not a list")
-    usage, finish_reason, reasoning = body.get("usage"), choices[0].get("finish_reason"), message.get("reasoning_content")
-    return Reply(content=content if isinstance(content, str) else "",
-                 tool_calls=[call for call in raw_calls if isinstance(call, dict)],
-                 usage=usage if isinstance(usage, dict) else None,
-                 finish_reason=finish_reason if isinstance(finish_reason, str) else None,
-                 reasoning=reasoning if isinstance(reasoning, str) else "")
 

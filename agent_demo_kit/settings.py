@@ -498,3 +498,6 @@ def recorded_settings(settings: Settings) -> dict:
     if kept.get("escalate_url"):  # recorded as shown: without a password
         kept["escalate_url"] = display_url(kept["escalate_url"])
     return kept
+
+
+CONNECT_SECONDS = 10.0  # the longest wait for a connection (less when --timeout is shorter)

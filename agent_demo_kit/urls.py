@@ -80,3 +80,9 @@ def secrets_of(environment: Dict[str, str], *urls: Optional[str]) -> List[str]:
         for secret in ([password] if password else []) + query_secrets:
             found += [secret, unquote(secret)]
     return [secret for secret in found if secret]
+
+
+def with_v1(url: str) -> str:
+    """A base URL with /v1 where the path has none: http://localhost:11434 -> http://localhost:11434/v1."""
+    parts = urlsplit(url.strip())
+    return urlunsplit(parts._replace(path=base_path(parts.path) + "/v1"))

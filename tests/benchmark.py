@@ -135,7 +135,7 @@ def hostile_run(reply: dict, *flags: str) -> tuple:
 
 def hostile_figures() -> None:
     """What a hostile endpoint costs: many calls in one reply, one huge event line, endless keep-alives."""
-    from agent_demo_kit.client import read_stream
+    from agent_demo_kit.replies import read_stream
     calls = [{"id": f"c{n}", "type": "function", "function": {"name": "calculator",
                                                              "arguments": json.dumps({"expression": f"{n} + 1"})}}
              for n in range(100_000)]

@@ -7,7 +7,8 @@ import copy
 from typing import Any, List, Optional, Sequence
 
 from agent_demo import Agent
-from agent_demo_kit.client import ModelClient, Reply, RequestForm
+from agent_demo_kit.client import ModelClient, RequestForm
+from agent_demo_kit.records import Reply
 from agent_demo_kit.settings import Settings
 from tools import REGISTRY
 

@@ -6,7 +6,9 @@ import requests
 import responses
 
 from agent_demo_kit.cli import main
-from agent_demo_kit.client import ModelClient, read_stream, server_message
+from agent_demo_kit.client import ModelClient
+from agent_demo_kit.endpoint_errors import server_message
+from agent_demo_kit.replies import read_stream
 from agent_demo_kit.endings import EndpointError
 from agent_demo_kit.settings import MIN_LIMIT_TOKENS, REPLY_CHARS_A_TOKEN, Settings
 from scripted_server import ScriptedServer, action as act

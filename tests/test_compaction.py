@@ -16,7 +16,9 @@ from agent_demo_kit.records import Call, Round
 from agent_demo_kit.settings import Settings
 from agent_demo_kit.trace_file import RunLog
 from scripted_model import run
-from agent_demo_kit.client import AttemptFailed, ModelClient, Reply, RequestForm
+from agent_demo_kit.client import ModelClient, RequestForm
+from agent_demo_kit.records import Reply
+from agent_demo_kit.replies import AttemptFailed
 from conftest import run_cli, start_cli
 from scripted_model import ScriptedModel
 from scripted_server import ScriptedServer, action as act

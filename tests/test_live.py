@@ -13,7 +13,7 @@ from agent_demo_kit.terminal import Screen, Status
 from agent_demo_kit.records import Reply
 from agent_demo_kit.endings import EndpointError
 from agent_demo_kit.terminal import Redactor
-from agent_demo_kit.client import events, read_stream
+from agent_demo_kit.replies import events, read_stream
 
 ROOT = Path(__file__).resolve().parent.parent
 THINK = "<think>First I add 2 and 2.\n" + "Then I check it carefully. " * 60 + "</think>\n"
