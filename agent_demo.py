@@ -1,69 +1,78 @@
 """agent-demo: a minimal agent loop over an OpenAI-compatible chat-completions endpoint.
 
 `Agent.run` is the loop: ask the model, parse its actions, execute them, feed the results
-back, until an ending (agent_demo_kit/records.py) is raised where it is detected and caught
+back, until an ending (agent_demo_kit/endings.py) is raised where it is detected and caught
 once, in `run`. `agent_demo.run(task, ...)` is the one entrance: the command line
-(agent_demo_kit/cli.py) and Python callers both prepare their run with `prepare` and run this
-same agent. Which module owns what: README, "Layout".
+(agent_demo_kit/cli.py), a batch and Python callers all set their run up with `prepare`
+(agent_demo_kit/setup.py) and run this same agent. Which module owns what: README, "Layout".
 """
-import contextlib
 import json
 import os
-import shlex
 import sys
-from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from agent_demo_kit import __version__  # noqa: F401  (agent_demo.__version__; first: it checks prompts and tools)
 import prompts
-from agent_demo_kit.actions import Action, Parsed, native_calls, parse_reply, said_besides_actions
+from agent_demo_kit.actions import Action, Parsed, native_calls, parse_reply
 from agent_demo_kit.child_processes import Check, checks_for, run_check
 from agent_demo_kit.conversation import Conversation, recall_rounds, shorten_args, truncate_result
-from agent_demo_kit.escalation import Escalation
-from agent_demo_kit.records import (Call, Reply, Round, RunEvents, add_usage, answer_text, count_usage, failure,
-                                    impossible_counts, is_count, json_size, success, to_json, total_usage)
 from agent_demo_kit.endings import (BudgetSpent, CallerError, CheckFailed, ConfigError, EndpointError, Finished,
                                     GaveUp, InternalError, Interrupted, RoundLimit, RunEnded, RunResult, SigTerm,
                                     Stuck, Terminated)
+from agent_demo_kit.environment import read_environment
+from agent_demo_kit import outcome
+from agent_demo_kit.escalation import Escalation
+from agent_demo_kit.records import (Call, Reply, Round, RunEvents, add_usage, answer_text, count_usage, failure,
+                                    impossible_counts, json_size, success, to_json, total_usage)
 from agent_demo_kit.scoring import cost
-from agent_demo_kit.settings import (OBEYED_ONLY_WHEN_GIVEN, CHECK_OUTPUT_LINES, CHECK_OUTPUT_SHOWN,
-                                     LAST_WORDS_CHARS, LAST_WORDS_LINES, MATERIAL_SHOWN_CHARS, PAGE_MARGIN_CHARS,
-                                     VALUE_SHOWN_CHARS, Settings, keyword_name, load_settings,
-                                     check_endpoint_settings, flag_name, recorded_differences, recorded_settings)
-from agent_demo_kit.environment import Environment, read_environment
-from agent_demo_kit.urls import display_url, secrets_of
-from tools import (CONTROL_ACTIONS, FINISH, NOTE, RECALL, REGISTRY, Tool, ToolDefinitionError, call_tool,
-                   check_args, clash_message, describe, in_use, material_reader)
+from agent_demo_kit.settings import VALUE_SHOWN_CHARS, Settings, keyword_name, recorded_settings
+from agent_demo_kit.setup import Approver, Job, prepare
+from agent_demo_kit.urls import display_url
+from tools import CONTROL_ACTIONS, FINISH, NOTE, RECALL, REGISTRY, Tool, call_tool, check_args, in_use
 from prompts import ENDINGS  # may only come last in a reply
 
 __all__ = ["run", "prepare", "Agent", "RunResult", "Round", "Call", "ConfigError", "Settings"]
 
 FORMAT_ERRORS_BEFORE_STUCK = 3
-Approver = Callable[[dict], bool]  # decides about one call ({"tool", "args", ...}); True runs it
 
 
 class Agent:
-    """One run: its settings, the model client, the tools, who approves calls, and the trace."""
+    """One run: its settings, the model client, the tools, who approves calls, and the trace, all
+    given when it is made (agent_demo_kit/setup.py makes them); nothing outside sets them after."""
 
     def __init__(self, settings: Settings, client: Any, registry: Dict[str, Tool] = REGISTRY,
-                 trace: Optional[RunEvents] = None, approver: Optional[Approver] = None):
-        self.settings, self.client, self.registry = settings, client, registry
+                 trace: Optional[RunEvents] = None, approver: Optional[Approver] = None, *,
+                 checks: Optional[List[Check]] = None, escalation: Optional[Escalation] = None,
+                 round_limit: Optional[int] = None, material: Optional[Tuple[str, int]] = None,
+                 task_notices: Sequence[str] = (), on_round: Optional[Callable[[Round], None]] = None,
+                 stop: Any = None, expected: Optional[str] = None):
+        """checks: --check and a task line's own, known to start (None: --check's, started when the
+        run begins); escalation: the two models with --escalate, the one in charge answers; round_limit:
+        a bare --resume after a round limit; material: what was piped in and read a page at a time, and
+        how much of it was shown; task_notices: what a model that took over before round 1 was told;
+        on_round: told of each round as it completes; stop: a threading.Event, once set the run ends as
+        interrupted before its next round (a batch told to stop); expected: a batch task's answer, for
+        the check (AGENT_EXPECTED)."""
+        self.settings, self.registry, self.approver = settings, registry, approver
+        self.escalation = escalation
+        self.client = escalation.client if escalation else client
         self.trace = trace or RunEvents()
-        self.approver = approver
-        self.on_round: Optional[Callable[[Round], None]] = None  # told of each round as it completes
+        self.checks, self.on_round, self.stop, self.expected = checks, on_round, stop, expected
+        self.material, self.task_notices = material, list(task_notices)
         self.watchdog = Watchdog()
-        self.checks: Optional[List[Check]] = None  # --check (and a task line's own), once known to start
         self.usage: dict = {}
         self.task = ""  # as the user gave it (the conversation's may say more)
         self.uncertain: Dict[str, int] = {}  # tools with a call started before a crash -> the round redone
-        self.round_limit, self.token_limit = settings.max_rounds, settings.max_tokens  # a follow-up's are its own
-        self.material: Optional[Tuple[str, int]] = None  # material read a page at a time, and how much was shown
-        self.expected: Optional[str] = None  # what the task's answer should be, for --check (AGENT_EXPECTED)
-        self.stop: Optional[Any] = None  # a threading.Event: once set, the run ends as interrupted before its next round
-        self.escalation: Optional[Escalation] = None  # --escalate: the two models, and which is in charge
-        self.task_notices: List[str] = []  # what another model that took over before the first round was told
-        self.conversation = Conversation("", settings, registry, client, self.trace.compaction)
+        self.round_limit = round_limit or settings.max_rounds  # a follow-up's are its own
+        self.token_limit = settings.max_tokens
+        self.conversation = Conversation("", settings, registry, self.client, self.trace.compaction)
+
+    @classmethod
+    def for_job(cls, job: Job, **given: Any) -> "Agent":
+        """The agent for a run made ready by `prepare`; given: on_round, stop, expected."""
+        return cls(job.settings, job.client, job.registry, job.trace, job.approver, checks=job.checks,
+                   escalation=job.escalation, round_limit=job.round_limit, material=job.material,
+                   task_notices=job.task_notices, **given)
 
     def run(self, task: str, history: Sequence[Round] = (), unfinished: Sequence[Call] = (),
             follow_up: Optional[str] = None, resumed: bool = False) -> RunResult:
@@ -132,21 +141,12 @@ class Agent:
             raise ending
 
     def hand_over(self, takeover: Any) -> None:
-        """The other model takes the run over: the same conversation, built again for it, with the notice
-        that says why after the last round (or with the task, before the first), and a record of it."""
-        escalation, rounds = self.escalation, self.conversation.rounds
-        before = self.client.settings.model
-        notice = self.trace.redact(escalation.switch(takeover, rounds))  # it quotes the model and the check
-        self.client = escalation.client
-        self.conversation.hand_to(self.client)
-        self.watchdog.format_errors_in_a_row = 0  # the model that takes over gets its own tries
-        if rounds:
-            rounds[-1].notice = notice if rounds[-1].notice is None else f"{rounds[-1].notice}\n\n{notice}"
-        else:
+        """The other model takes the run over (escalation.py says how); it gets its own tries."""
+        notice = self.escalation.hand_over(takeover, self.conversation, self.trace)
+        self.client = self.escalation.client
+        self.watchdog.format_errors_in_a_row = 0
+        if not self.conversation.rounds:  # told with the task, before the first round
             self.task_notices.append(notice)
-            self.conversation.task += f"\n\n{notice}"
-        self.trace.escalation(len(rounds), before, self.client.settings.model, takeover.trigger, takeover.reason,
-                              notice)
 
     # --- the phases of a round ---------------------------------------------------------------
 
@@ -393,84 +393,23 @@ class Agent:
         """The outcome, recorded as the run's last event. It is data a caller keeps: no key in it
         (an endpoint's error may quote it, a model may repeat it)."""
         rounds, redact = self.conversation.rounds, self.trace.redact_values
-        last_words = "" if isinstance(ending, (Finished, GaveUp)) else few_lines(next(
-            (said for said in (said_besides_actions(record.model_output) for record in reversed(rounds)) if said), ""),
-            LAST_WORDS_LINES, LAST_WORDS_CHARS)
-        ending.args, ending.result = tuple(redact(list(ending.args))), redact(ending.result)
-        outcome = RunResult(ending, rounds=len(rounds), usage=self.usage,
-                            calls=redact([{"round": record.number, "tool": call.tool, "args": call.args,
-                                           "result": call.result} for record in rounds for call in record.calls]),
-                            progress=redact(self.progress(ending, last_words)), last_words=redact(last_words),
-                            checks=redact([{"round": record.number, **call.check} for record in rounds
-                                           for call in record.calls if call.check]),
-                            trace=getattr(self.trace, "path", None), material=self.material_read(),
-                            models=self.models_used(), answered_in_words=isinstance(ending, Finished)
-                            and ending.call is not None and ending.call.note == prompts.ANSWERED_IN_WORDS,
-                            cost=cost(self.tokens_by_model(), self.settings.prices()) if self.settings.price else None)
-        self.trace.end(outcome)
-        return outcome
-
-    def models_used(self) -> Optional[Dict[str, dict]]:
-        """With --escalate: each model's rounds and tokens (a round of a model that does not say is the first's)."""
-        if self.escalation is None:
-            return None
-        return {name: {"rounds": used["rounds"], "tokens": used["tokens"]} for name, used in self.tokens_by_model().items()}
-
-    def tokens_by_model(self) -> Dict[str, dict]:
-        """Each model's rounds and tokens (total, prompt, completion, cached), as metrics counts them."""
-        used: Dict[str, dict] = {}
+        words = outcome.last_words(ending, rounds)
         first = self.escalation.model("first") if self.escalation else self.client.settings.model
-        for record in self.conversation.rounds:
-            model = used.setdefault(record.model or first, {"rounds": 0, "tokens": 0, "prompt": 0, "completion": 0,
-                                                            "cached": 0})
-            model["rounds"] += 1
-            for name, key in (("tokens", "total_tokens"), ("prompt", "prompt_tokens"),
-                              ("completion", "completion_tokens"), ("cached", "cached_tokens")):
-                model[name] += record.usage[key] if is_count(record.usage.get(key)) else 0
-        return used
-
-    def material_read(self) -> Optional[dict]:
-        """How much of the material piped in (read a page at a time) the model saw: the part shown with
-        the task and every page read_material gave, each counted once."""
-        if self.material is None:
-            return None
-        material, shown = self.material
-        spans = [(0, shown)] + [(call.result["data"]["offset"], call.result["data"]["offset"]
-                                 + len(call.result["data"]["text"]))
-                                for record in self.conversation.rounds for call in record.calls
-                                if call.tool == "read_material" and call.result.get("ok")
-                                and isinstance(call.result.get("data"), dict)
-                                and isinstance(call.result["data"].get("text"), str)]
-        read, reached = 0, 0
-        for start, end in sorted(spans):
-            read += max(0, end - max(start, reached))
-            reached = max(reached, end)
-        return {"chars": len(material), "bytes": len(material.encode("utf-8", "replace")), "read_chars": read}
-
-    def progress(self, ending: RunEnded, last_words: str) -> List[str]:
-        """The lines said after the outcome of a run that did not finish: the last answer the check
-        rejected and what the check said of it, or the model's last words."""
-        if isinstance(ending, CheckFailed):
-            answer = answer_text(ending.call.args.get("result")) if isinstance(ending.call.args, dict) else ""
-            return ["the last answer:", *indented(answer, LAST_WORDS_LINES, LAST_WORDS_CHARS),
-                    "the check said:", *(indented(ending.result, CHECK_OUTPUT_LINES, CHECK_OUTPUT_SHOWN)
-                                         or ["  (nothing)"])]
-        if last_words:
-            return ["the model last said:", *(f"  {line}" for line in last_words.splitlines())]
-        return []
-
-
-def indented(text: str, lines: int, chars: int) -> List[str]:
-    """text's first `lines` lines, `chars` characters in all, each indented, for the lines after an outcome."""
-    kept = few_lines(text, lines, chars).splitlines()
-    return [f"  {line}" for line in kept]
-
-
-def few_lines(text: str, lines: int, chars: int) -> str:
-    """text's first `lines` lines, cut to `chars` characters in all, and how many lines were left out."""
-    every = text.strip().splitlines()
-    kept = prompts.clip("\n".join(every[:lines]), chars)
-    return kept + (f"\n... ({len(every) - lines} more lines)" if len(every) > lines else "")
+        ending.args, ending.result = tuple(redact(list(ending.args))), redact(ending.result)
+        result = RunResult(ending, rounds=len(rounds), usage=self.usage,
+                           calls=redact([{"round": record.number, "tool": call.tool, "args": call.args,
+                                          "result": call.result} for record in rounds for call in record.calls]),
+                           progress=redact(outcome.progress(ending, words)), last_words=redact(words),
+                           checks=redact([{"round": record.number, **call.check} for record in rounds
+                                          for call in record.calls if call.check]),
+                           trace=getattr(self.trace, "path", None),
+                           material=outcome.material_read(self.material, rounds),
+                           models=outcome.used_by_model(rounds, first) if self.escalation else None,
+                           answered_in_words=outcome.answered_in_words(ending),
+                           cost=cost(outcome.tokens_by_model(rounds, first), self.settings.prices())
+                           if self.settings.price else None)
+        self.trace.end(result)
+        return result
 
 
 # --- the watchdog -----------------------------------------------------------------------
@@ -542,11 +481,17 @@ def run(task: str, *, tools: Sequence[Callable] = (), approve: Optional[Approver
         print(f"agent-demo: {note}", file=sys.stderr)
     with prepare(task, given=settings, environment=environment, named=keyword_name, functions=tools,
                  material=material, trace=path, approver=approve and the_callers("approve", approve)) as job:
-        job.agent.on_round = on_round and the_callers("on_round", on_round)
-        outcome = job.run()
-    if isinstance(outcome.ending, ConfigError) and not outcome.rounds:  # found before anything was sent
-        raise outcome.ending
-    return outcome
+        result, _ = run_job(job, on_round=on_round and the_callers("on_round", on_round))
+    if isinstance(result.ending, ConfigError) and not result.rounds:  # found before anything was sent
+        raise result.ending
+    return result
+
+
+def run_job(job: Job, **given: Any) -> Tuple[RunResult, Agent]:
+    """Run a job made ready by `prepare` to its end (given: what Agent.for_job takes); its outcome,
+    and the agent that ran it."""
+    agent = Agent.for_job(job, **given)
+    return agent.run(job.task, job.history, job.unfinished, job.follow_up, job.resumed), agent
 
 
 def the_callers(name: str, function: Callable) -> Callable:
@@ -557,240 +502,6 @@ def the_callers(name: str, function: Callable) -> Callable:
         except Exception as error:
             raise CallerError(f"the {name} function raised") from error
     return call
-
-
-@dataclass
-class Job:
-    """A run made ready: its agent (settings, client, tools, trace, approver) and task, the rounds
-    already done when it is taken up again; closing it ends what it opened or started (the trace,
-    the endpoint's session, the tools worker, the MCP servers)."""
-
-    agent: Agent
-    task: str
-    history: List[Round] = field(default_factory=list)
-    unfinished: List[Call] = field(default_factory=list)  # side-effecting calls started before a crash
-    follow_up: Optional[str] = None  # the user's next turn after the run's last round (--continue)
-    closing: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
-    resumed: bool = False  # a run taken up from its trace
-
-    def run(self) -> RunResult:
-        return self.agent.run(self.task, self.history, self.unfinished, self.follow_up, self.resumed)
-
-    def __enter__(self) -> "Job":
-        return self
-
-    def __exit__(self, *exc_info: Any) -> None:
-        self.closing.close()
-
-
-def prepare(task: str = "", *, given: Dict[str, Any], environment: Dict[str, str],
-            named: Callable[[str], str] = keyword_name, functions: Sequence[Callable] = (), material: str = "",
-            trace: Union[str, "os.PathLike[str]", bool, None] = None, resume: Optional[str] = None,
-            follow_up: Optional[str] = None, screen: Any = None, redactor: Any = None,
-            approver: Optional[Approver] = None, confirm: Optional[Callable[[str], bool]] = None,
-            session: Any = None, task_check: Optional[Tuple[str, str]] = None) -> Job:
-    """A run made ready from what a caller gave: settings by name (`given`, named for messages by
-    `named`), tool functions, the task and its material, where to record it (a path, True for the
-    run log folder, None), or the trace of a run to take up again (`resume`, with the user's
-    `follow_up` for --continue); the screen that shows it, the redactor every output goes through,
-    and who confirms using what only the trace names (`confirm`, a y/N question; None: nobody can);
-    the requests.Session to send on (a batch worker reuses its own; None: one of the run's own);
-    a task line's own check (its command and how to name it), which the user said to run beside --check.
-    ConfigError if it cannot start; what it opened is closed then."""
-    from agent_demo_kit import run_log, trace_file
-    from agent_demo_kit.client import ModelClient, RequestForm
-    from agent_demo_kit.terminal import Redactor
-    closing = contextlib.ExitStack()
-    try:
-        redactor = redactor or Redactor(*secrets_of(environment, given.get("url")))
-        start: Optional[dict] = None
-        recorded: Optional[Any] = None
-        history: List[Round] = []
-        unfinished: List[Call] = []
-        if resume is not None:  # locked before it is read, and shown before its tools files are imported
-            log = closing.enter_context(contextlib.closing(trace_file.RunLog(screen, resume, redactor)))
-            recorded = trace_file.read_run(log, resume, continuing=follow_up is not None)
-            start, history, unfinished = recorded.start, recorded.rounds, recorded.unfinished
-            if not recorded.sealed:
-                take_up_unsealed(resume, start, confirm, log)
-            if "***" in str(start.get("url")) and not any(
-                    (given.get("url"), environment.get("LLM_API_URL"), environment.get("OPENAI_BASE_URL"))):
-                raise ConfigError("the run's URL held a password, which is not recorded: give it again with --url"
-                                  " or LLM_API_URL")
-            settings = load_settings(given, environment, own_settings(start, follow_up is not None), named,
-                                     check_endpoint=False)
-            log.say(f"{'following up on' if follow_up is not None else 'resuming'} {resume}\n  requests go to"
-                    f" {display_url(settings.endpoint)}\n  tools files: {', '.join(settings.tools_files) or 'none'}"
-                    + (f"\n  a stronger model on trouble (--escalate): {settings.escalate} at"
-                       f" {display_url(settings.stronger().endpoint)}" if settings.escalate else ""))
-            settings = settle_differences(settings, start, confirm, log)
-            check_endpoint_settings(settings)
-            task = start["task"]
-        else:
-            settings = load_settings(given, environment, named=named)
-        redactor.add(*secrets_of({"LLM_API_KEY": settings.api_key or "", "LLM_ESCALATE_KEY": settings.escalate_key
-                                  or ""}, settings.url, settings.escalate_url))  # a key= given too, before any child
-        # Whole, before it is shown a page at a time: a page's edge must not split a key into parts too short to catch.
-        material = redactor(material, placeholders=False) if material else material
-        registry, start_fields, notes = tool_registry(settings, functions, redactor.secrets, closing, start)
-        form = RequestForm.resumed(settings, start, any(record.mode == settings.mode for record in history)) \
-            if start is not None else RequestForm.asked_for(settings)
-        client = closing.enter_context(contextlib.closing(ModelClient(settings, form=form, session=session)))
-        url_note = environment.where_requests_go(settings) if isinstance(environment, Environment) else ""
-        if resume is None:  # said before any request: a local server's window is asked before the start is recorded
-            first_lines = trace_file.RunLog(screen, None, redactor)
-            first_lines.url_note = url_note
-            first_lines.header(first_lines.redact(task), settings.model, display_url(settings.endpoint), form.mode)
-        escalation = None
-        if settings.escalate:  # the stronger model: its own endpoint and key, or the first model's
-            stronger = settings.stronger()  # checked with the first model's endpoint settings
-            redactor.add(*secrets_of({"LLM_ESCALATE_KEY": stronger.api_key or ""}, stronger.url))
-            second = closing.enter_context(contextlib.closing(ModelClient(stronger)))
-            escalation = Escalation(settings, client, second)
-            if recorded is not None:
-                escalation.restore(recorded.escalations, history)
-        piped = start.get("material") if start is not None and isinstance(start.get("material"), str) else None
-        if piped is not None:  # read a page at a time, as before
-            registry["read_material"] = material_reader(piped, settings.max_result_chars - PAGE_MARGIN_CHARS)
-        if material and follow_up is not None:  # piped beside a follow-up: what the follow-up is about
-            follow_up = with_material(follow_up, material, registry, start_fields, settings, lambda text: Conversation(
-                f"{task}\n\n{text}", settings, registry, client).fits())
-            piped = start_fields.get("material", piped)
-        elif material and resume is None:
-            task = with_material(task, material, registry, start_fields, settings,
-                                 lambda text: Conversation(text, settings, registry, client).fits())
-            piped = start_fields.get("material")
-        Conversation(task, settings, registry, client).check_fits()  # before a new run's trace is made:
-        checks = checks_for(settings.check, settings.named("check"), task_check)
-        if resume is None:
-            path = run_log.new_log_file(environment) if trace is True else trace and os.fspath(trace)
-            log = closing.enter_context(contextlib.closing(trace_file.RunLog(screen, path, redactor)))
-            if trace is True:
-                run_log.prune(Path(path).parent)
-        log.start_fields, log.start_notes = start_fields, notes
-        log.url_note, log.header_said = url_note, resume is None
-        agent = Agent(settings, client, registry, log, approver)
-        agent.checks = checks
-        for each in escalation.clients.values() if escalation else [client]:
-            each.trace = log
-        if escalation:
-            agent.escalation, agent.client = escalation, escalation.client
-            agent.conversation.hand_to(agent.client)
-            agent.task_notices = list(recorded.task_notices) if recorded is not None else []
-        if piped is not None:  # paged: the outcome says how much of it the model read
-            agent.material = (piped, start_fields.get("material_shown", (start or {}).get("material_shown", 0)))
-        if resume is not None and recorded.status == "max_rounds" and given.get("max_rounds") is None:
-            more = recorded.first_limit or settings.max_rounds  # the run's own --max-rounds, not the total so far
-            agent.round_limit = len(history) + more  # a bare --resume: another --max-rounds of rounds
-        return Job(agent, task, history, unfinished, follow_up, closing, resumed=resume is not None)
-    except BaseException:
-        closing.close()
-        raise
-
-
-def take_up_unsealed(path: str, start: dict, confirm: Optional[Callable[[str], bool]], log: Any) -> None:
-    """A run whose records agent-demo did not seal as this user (appended by someone else, copied from
-    elsewhere, changed, or written before seals) goes on only when the user says so on the terminal;
-    with nobody to ask, ConfigError."""
-    why = (f"{path}: its run was not set up by agent-demo as you (a record that sets it up carries no seal"
-           " of yours: written elsewhere, changed, or by a version before 0.6)")
-    if confirm is None:
-        raise ConfigError(f"{why}; a trace decides nothing on its own: resume it on a terminal to be asked, or"
-                          " run the task again")
-    log.say(f"  {why}\n  its task: {prompts.clip(str(start.get('task')), VALUE_SHOWN_CHARS * 3)}")
-    if not confirm("take it up anyway, its task and settings as written there? [y/N] "):
-        raise ConfigError(f"{path}: not taken up")
-
-
-def own_settings(start: dict, continuing: bool) -> dict:
-    """The recorded settings a run takes up again: all but what starts a process, loads a file or
-    chooses where requests go (asked about apart), and a follow-up's limits, which are its own."""
-    return {name: value for name, value in start.items() if name not in OBEYED_ONLY_WHEN_GIVEN
-            and not (continuing and name in ("max_rounds", "max_tokens"))}
-
-
-def settle_differences(settings: Settings, start: dict, confirm: Optional[Callable[[str], bool]], log: Any) -> Settings:
-    """The settings a resumed run goes on with. What the trace recorded that starts a process, loads a
-    file or chooses where requests go is used only when this command line gives the same, or the user
-    says so on the terminal (default no); with nobody to ask, ConfigError naming the flags to give."""
-    differ = recorded_differences(start, settings)
-    if not differ:
-        return settings
-    flags = " ".join(f"{flag_name(name)} {shlex.quote(value)}" for name, values in differ.items()
-                     for value in (values if isinstance(values, list) else [values]))
-    if confirm is None:
-        raise ConfigError(f"the run was recorded with {flags}, which is not given now: a trace decides no such"
-                          " thing on its own; give them again to use them, or others")
-    log.say(f"  the trace also names {flags}")
-    if not confirm(f"use {flags} as the trace names them? [y/N] "):
-        log.say("  not used: the run goes on with this command line's")
-        return settings
-    sources = {**settings.sources, **dict.fromkeys(differ, "the resumed run")}
-    return replace(settings, **{name: os.path.abspath(value) if name == "mcp_config" else
-                                [os.path.abspath(path) for path in value] if name == "tools_files" else value
-                                for name, value in differ.items()}, sources=sources)
-
-
-def tool_registry(settings: Settings, functions: Sequence[Callable], secrets: List[str],
-                  closing: contextlib.ExitStack, start: Optional[dict]) -> Tuple[Dict[str, Tool], dict, List[str]]:
-    """The tools a run offers besides finish, fail, recall and note: the built-in ones, the caller's
-    functions, each --tools-file's (run by a worker process) and each MCP server's, cut down to
-    --tools (or, on a resume, to the tools the run had); with what the start record keeps of them
-    and the notes to say once it is written. ConfigError if a function or a file gives no usable
-    tool, a name clashes, a server does not start, or --tools names a tool that does not exist.
-    What they start is stopped when `closing` closes."""
-    registry = dict(REGISTRY)
-    for function in functions:
-        try:
-            described = describe(function)
-        except ToolDefinitionError as error:
-            raise ConfigError(f"tools: {error}") from None
-        if described.name in in_use(registry):
-            raise ConfigError(f"tools: {clash_message(described.name)}")
-        registry[described.name] = described
-    start_fields: dict = {}
-    notes: List[str] = []
-    if settings.tools_files:
-        from agent_demo_kit.child_processes import load_tools_files
-        registry.update(load_tools_files(settings.tools_files, settings.tool_timeout, secrets, in_use(registry),
-                                         closing, settings.named("tools_files")))
-    if settings.mcp_servers or settings.mcp_config:
-        from agent_demo_kit.mcp_client import McpError, McpTools, parse_server_specs
-        servers = closing.enter_context(McpTools())
-        try:
-            specs = parse_server_specs(settings.mcp_servers, settings.mcp_config, settings.named("mcp_servers"),
-                                       settings.named("mcp_config"))
-            registry.update(servers.start(specs, settings.tool_timeout, taken_names=in_use(registry),
-                                          stderr=sys.stderr))
-        except McpError as error:
-            raise ConfigError(str(error)) from None
-        start_fields["mcp"] = servers.describe()
-        notes += servers.notes + (servers.changes_since(start.get("mcp")) if start is not None else [])
-    if settings.tool_names is not None:
-        unknown = [name for name in settings.tool_names if name not in in_use(registry)]
-        if unknown:
-            raise ConfigError(f"{settings.named('tool_names')}: unknown tool {', '.join(unknown)}"
-                              f" (available: {', '.join(in_use(registry))})")
-        registry = {name: tool for name, tool in registry.items() if name in settings.tool_names}
-    elif start is not None and isinstance(start.get("tools"), list):
-        registry = {name: tool for name, tool in registry.items() if name in start["tools"]}
-    return registry, start_fields, notes
-
-
-def with_material(task: str, material: str, registry: Dict[str, Tool], start_fields: dict, settings: Settings,
-                  fits: Callable[[str], bool]) -> str:
-    """The task with the material piped in: whole when the requests it starts still leave room for
-    rounds (`fits`), else its first MATERIAL_SHOWN_CHARS, with read_material among the tools to read
-    the rest (and the material, and how much was shown, recorded for a resume). Material of any size
-    never makes a request too big; what is shown does not grow with the budget, so the budget check's
-    advice holds."""
-    whole = prompts.render_task_with_material(task, material)
-    if fits(whole):
-        return whole
-    registry["read_material"] = material_reader(material, settings.max_result_chars - PAGE_MARGIN_CHARS)
-    start_fields["material"], start_fields["material_shown"] = material, prompts.material_shown(
-        material, MATERIAL_SHOWN_CHARS)
-    return prompts.render_task_with_material(task, material, shown_chars=MATERIAL_SHOWN_CHARS)
 
 
 if __name__ == "__main__":

@@ -26,7 +26,7 @@ from typing import Any, Callable, Deque, Dict, Iterable, Iterator, List, NamedTu
 from urllib.parse import urlsplit
 
 import prompts
-from agent_demo import prepare
+from agent_demo import prepare, run_job
 from agent_demo_kit import metrics, scoring
 from agent_demo_kit.comparison import (FAILURES_SHOWN, config_differences, failures, read_results, render_failures,
                                        result_key, success)
@@ -45,6 +45,7 @@ from tools import in_use as offered_tools
 
 LIVE_EVERY = 0.5  # seconds between redraws of the live line
 DOWN_AFTER = 3  # tasks in a row without a connection to the endpoint that stop the batch
+BUSY_TURNS = 3  # turns a task whose trace stays locked gets, before it is left to whoever holds it
 FREED_WITHIN = 5.0  # seconds a task's trace may stay locked after its last run ended, before it is taken up
 
 
@@ -100,6 +101,7 @@ class Planned(NamedTuple):
     task: BatchTask
     fresh: bool
     traced: bool = False  # its trace holds a run's start
+    busy: int = 0  # times its trace was found locked when its turn came
 
 
 class Batch:
@@ -344,6 +346,9 @@ class Batch:
                 planned = self.queue.popleft()
             line, may_pass = self.run_one(planned, session)
             with self.lock:
+                if line is None and planned.busy < BUSY_TURNS:  # locked a while longer: its turn comes again
+                    self.queue.append(planned._replace(busy=planned.busy + 1))
+                    continue
                 if line is None:  # another agent-demo process is running it: its line is that one's to write
                     self.elsewhere += 1
                     continue
@@ -381,13 +386,9 @@ class Batch:
         try:
             with prepare(task.task, given=self.given, environment=self.environment, named=self.named,
                          trace=None if resume else str(trace), resume=str(trace) if resume else None,
-                         session=session, task_check=own_check) as job:
-                job.agent.stop = self.stop
-                job.agent.expected = None if task.expected is None else scoring.expected_text(task.expected)
-                for client in job.agent.escalation.clients.values() if job.agent.escalation else [job.agent.client]:
-                    client.gate = self.gate  # one limit on requests in flight (a stronger model's too)
-                job.agent.trace.written = written
-                outcome = job.run()
+                         session=session, task_check=own_check, gate=self.gate, written=written) as job:
+                outcome, _ = run_job(job, stop=self.stop,
+                                     expected=None if task.expected is None else scoring.expected_text(task.expected))
         except ConfigError as error:  # this task's own check cannot start, its trace cannot be taken up, ...
             outcome = RunResult(error)
         except Exception as error:  # a bug of ours: this task ends in an error, the others go on

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import prompts
-from agent_demo import Agent, Job, prepare
+from agent_demo import Agent, Job, prepare, run_job
 from agent_demo_kit import __version__, run_log, trace_file
 from agent_demo_kit.actions import parse_actions
 from agent_demo_kit.conversation import truncate_result
@@ -350,7 +350,7 @@ def start(args: argparse.Namespace, environment: Dict[str, str],
         except SigTerm:
             return RunResult(Terminated("terminated by SIGTERM")), None
         with job, stray_prints_to_stderr():  # closed whatever happens: the trace, the tools worker, MCP
-            return job.run(), job.agent
+            return run_job(job)
 
 
 def prepare_job(args: argparse.Namespace, environment: Dict[str, str], redactor: Redactor) -> Job:

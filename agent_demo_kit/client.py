@@ -102,8 +102,9 @@ class ModelClient:
     """Sends the conversation to the endpoint over one session."""
 
     def __init__(self, settings: Settings, trace: Optional[RunEvents] = None, form: Optional[RequestForm] = None,
-                 session: Optional[requests.Session] = None):
+                 session: Optional[requests.Session] = None, gate: Optional[RequestGate] = None):
         self.settings, self.trace = settings, trace or RunEvents()
+        self.gate = gate  # a batch's one limit on requests in flight, shared by its tasks (and their stronger models)
         self.form = form or RequestForm.asked_for(settings)
         self.url = settings.endpoint
         self.on_text: Optional[TextListener] = None  # shown each piece of a streamed reply
@@ -122,7 +123,6 @@ class ModelClient:
         self.learned_window: Optional[int] = None  # the model's window in tokens, once asked
         self.window_said = False  # the server said it (else it is DEFAULT_WINDOW_TOKENS)
         self.cap_shrunk = False  # the reply cap was shrunk to fit, and the trace said so
-        self.gate: Optional[RequestGate] = None  # the limit on requests in flight a batch's tasks share
 
     def body(self, messages: List[dict], tools: Dict[str, Any]) -> dict:
         """The request body, exactly as sent, in the current form, offering `tools` (every tool in use):
@@ -334,6 +334,10 @@ class ModelClient:
         if response.status_code >= 400:
             raise AttemptFailed(f"HTTP {response.status_code}", response.status_code, text, response)
         return reply_from_body(text)
+
+    def record_to(self, trace: RunEvents) -> None:
+        """Report what happens (retries, a changed form) to the run's trace, once it is made."""
+        self.trace = trace
 
     def close(self) -> None:
         if self.own_session:

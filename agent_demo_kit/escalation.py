@@ -105,6 +105,20 @@ class Escalation:
         return Takeover("endpoint", f"its endpoint failed: {' '.join(str(error).split())}",
                         told=f"its endpoint failed{f' (HTTP {status})' if status else ' (no usable answer)'}")
 
+    def hand_over(self, takeover: Takeover, conversation: Any, trace: Any) -> str:
+        """The other model takes the run over: the same conversation, built again for it, with the notice
+        that says why after the last round (or with the task, before the first), and a record of it in
+        the trace; the notice, redacted (it quotes the model and the check)."""
+        rounds, before = conversation.rounds, self.client.settings.model
+        notice = trace.redact(self.switch(takeover, rounds))
+        conversation.hand_to(self.client)
+        if rounds:
+            rounds[-1].notice = notice if rounds[-1].notice is None else f"{rounds[-1].notice}\n\n{notice}"
+        else:
+            conversation.task += f"\n\n{notice}"
+        trace.escalation(len(rounds), before, self.client.settings.model, takeover.trigger, takeover.reason, notice)
+        return notice
+
     def switch(self, takeover: Takeover, rounds: List[Round]) -> str:
         """Hand the run over as takeover says; the notice the model that takes over is given."""
         before = self.in_charge

@@ -173,16 +173,17 @@ class RunLog(RunEvents):
     the key and its forms never reach either, nor the model (`redact`)."""
 
     def __init__(self, screen: Optional[Screen] = None, trace_path: Optional[str] = None,
-                 redactor: Optional[Redactor] = None):
+                 redactor: Optional[Redactor] = None, url_note: str = "", header_said: bool = False,
+                 written: Optional[List[dict]] = None):
         self.redactor = redactor or Redactor()
         self.screen = screen
         self.start_fields: Dict[str, Any] = {}  # recorded with the start or resume (the MCP servers used)
         self.start_notes: List[str] = []  # said right after it
-        self.url_note = ""  # on the header line: where requests go was chosen by ./.env, the key not
-        self.header_said = False
+        self.url_note = url_note  # on the header line: where requests go was chosen by ./.env, the key not
+        self.header_said = header_said  # the run's first lines were said before any request (header())
         self.trace_file: Optional[SafeStream] = None
         self.path = trace_path
-        self.written: Optional[List[dict]] = None  # when a list, each record written is added to it, as written
+        self.written = written  # when a list, each record written is added to it, as written
         if trace_path:  # a new file is readable only by the user: it holds the task and every result
             try:
                 raw = open(open_private(trace_path), "a", encoding="utf-8")
@@ -196,6 +197,12 @@ class RunLog(RunEvents):
                 raw.write("\n")  # end a line torn by a crash; readers skip it
                 raw.flush()
             self.trace_file = SafeStream(raw, self.redactor)
+
+    def recording(self, start_fields: Dict[str, Any], notes: List[str], url_note: str) -> None:
+        """What the start (or resume) record keeps besides the settings (the MCP servers used), the
+        notes said right after it, and what the header line says of where requests go: known once the
+        run's tools have started, after a resumed run's file was opened to be read."""
+        self.start_fields, self.start_notes, self.url_note = start_fields, notes, url_note
 
     def redact(self, text: str) -> str:
         return self.redactor(text, placeholders=False)  # a short placeholder key may be a number in the data

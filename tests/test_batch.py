@@ -68,6 +68,7 @@ def test_fifty_scripted_outcomes_are_counted_exactly_and_a_rerun_does_no_new_wor
         monkeypatch.setenv("LLM_API_KEY", KEY)
         args = ("--batch", tasks, "--parallel", 6, "--check", CHECK, "--check-attempts", 1, "--json")
         code, out, err = cli(*args)
+        first_err = err
         sent = len(server.requests)
         summary = json.loads(out)
         assert code == 1
@@ -89,8 +90,11 @@ def test_fifty_scripted_outcomes_are_counted_exactly_and_a_rerun_does_no_new_wor
         assert "[50/50]" in err and "completion rate  60.0%" in err
 
         code, out, err = cli(*args)
-        extra = [request["messages"][1]["content"] for request in server.requests[sent:]]
-        assert (code, len(server.requests)) == (1, sent), ("the same command again sends nothing", extra, err[-3000:])
+        extra = [request["body"]["messages"][1]["content"] for request in server.requests[sent:]]
+        if len(server.requests) != sent:
+            open("/tmp/flake_first_err.txt", "w").write(first_err + "\n=====\n" + err + "\n=====\n" + (
+                tmp_path / "tasks-results" / "gpt-4o-mini" / "results.jsonl").read_text())
+        assert (code, len(server.requests)) == (1, sent), ("the same command again sends nothing", extra)
         assert json.loads(out)["status_counts"] == summary["status_counts"]
         assert "50 already ended, 0 go on from their traces, 0 start" in err
 

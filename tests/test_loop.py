@@ -183,8 +183,7 @@ def test_a_check_that_can_no_longer_start_mid_run_is_a_configuration_error(tmp_p
     check.chmod(0o755)
     model = ScriptedModel(act("finish", result="1"), act("finish", result="2"))
     model.settings = settings = Settings(check=str(check))
-    agent = Agent(settings, model)
-    agent.on_round = lambda record: check.unlink()  # gone after the first rejection
+    agent = Agent(settings, model, on_round=lambda record: check.unlink())  # gone after the first rejection
     outcome = agent.run("x")
     assert (outcome.status, outcome.exit_code) == ("error", 2)
     assert outcome.error.startswith("--check cannot start: ")

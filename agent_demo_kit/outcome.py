@@ -1,0 +1,94 @@
+"""What a run's outcome says besides its status, made from its rounds: the model's last words, the
+lines said after the outcome, how much of the material piped in the model read, and each model's
+rounds and tokens (what the cost is counted from).
+
+It imports prompts, records, endings and settings.
+"""
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import prompts
+from agent_demo_kit.actions import said_besides_actions
+from agent_demo_kit.endings import CheckFailed, Finished, GaveUp, RunEnded
+from agent_demo_kit.records import Round, answer_text, is_count
+from agent_demo_kit.settings import CHECK_OUTPUT_LINES, CHECK_OUTPUT_SHOWN, LAST_WORDS_CHARS, LAST_WORDS_LINES
+
+
+def last_words(ending: RunEnded, rounds: Sequence[Round]) -> str:
+    """What the model last said besides its actions, when the run ended without an answer ("" else)."""
+    if isinstance(ending, (Finished, GaveUp)):
+        return ""
+    said = next((said for said in (said_besides_actions(record.model_output) for record in reversed(rounds)) if said),
+                "")
+    return few_lines(said, LAST_WORDS_LINES, LAST_WORDS_CHARS)
+
+
+def progress(ending: RunEnded, words: str) -> List[str]:
+    """The lines said after the outcome of a run that did not finish: the last answer the check
+    rejected and what the check said of it, or the model's last words."""
+    if isinstance(ending, CheckFailed):
+        answer = answer_text(ending.call.args.get("result")) if isinstance(ending.call.args, dict) else ""
+        return ["the last answer:", *indented(answer, LAST_WORDS_LINES, LAST_WORDS_CHARS),
+                "the check said:", *(indented(ending.result, CHECK_OUTPUT_LINES, CHECK_OUTPUT_SHOWN)
+                                     or ["  (nothing)"])]
+    if words:
+        return ["the model last said:", *(f"  {line}" for line in words.splitlines())]
+    return []
+
+
+def indented(text: str, lines: int, chars: int) -> List[str]:
+    """text's first `lines` lines, `chars` characters in all, each indented, for the lines after an outcome."""
+    kept = few_lines(text, lines, chars).splitlines()
+    return [f"  {line}" for line in kept]
+
+
+def few_lines(text: str, lines: int, chars: int) -> str:
+    """text's first `lines` lines, cut to `chars` characters in all, and how many lines were left out."""
+    every = text.strip().splitlines()
+    kept = prompts.clip("\n".join(every[:lines]), chars)
+    return kept + (f"\n... ({len(every) - lines} more lines)" if len(every) > lines else "")
+
+
+def tokens_by_model(rounds: Sequence[Round], first: str) -> Dict[str, dict]:
+    """Each model's rounds and tokens (total, prompt, completion, cached), as metrics counts them; a
+    round of a model that does not say is the first's."""
+    used: Dict[str, dict] = {}
+    for record in rounds:
+        model = used.setdefault(record.model or first, {"rounds": 0, "tokens": 0, "prompt": 0, "completion": 0,
+                                                        "cached": 0})
+        model["rounds"] += 1
+        for name, key in (("tokens", "total_tokens"), ("prompt", "prompt_tokens"),
+                          ("completion", "completion_tokens"), ("cached", "cached_tokens")):
+            model[name] += record.usage[key] if is_count(record.usage.get(key)) else 0
+    return used
+
+
+def material_read(material: Optional[Tuple[str, int]], rounds: Sequence[Round]) -> Optional[dict]:
+    """How much of the material piped in (read a page at a time) the model saw: the part shown with
+    the task and every page read_material gave, each counted once."""
+    if material is None:
+        return None
+    text, shown = material
+    spans = [(0, shown)] + [(call.result["data"]["offset"], call.result["data"]["offset"]
+                             + len(call.result["data"]["text"]))
+                            for record in rounds for call in record.calls
+                            if call.tool == "read_material" and call.result.get("ok")
+                            and isinstance(call.result.get("data"), dict)
+                            and isinstance(call.result["data"].get("text"), str)
+                            and isinstance(call.result["data"].get("offset"), int)]
+    read, reached = 0, 0
+    for start, end in sorted(spans):
+        read += max(0, end - max(start, reached))
+        reached = max(reached, end)
+    return {"chars": len(text), "bytes": len(text.encode("utf-8", "replace")), "read_chars": read}
+
+
+def answered_in_words(ending: RunEnded) -> bool:
+    """Did the run finish with a reply of words rather than a finish action?"""
+    return isinstance(ending, Finished) and ending.call is not None and ending.call.note == prompts.ANSWERED_IN_WORDS
+
+
+def used_by_model(rounds: Sequence[Round], first: str) -> Dict[str, dict]:
+    """Each model's rounds and tokens, as --json shows them with --escalate."""
+    return {name: {"rounds": used["rounds"], "tokens": used["tokens"]}
+            for name, used in tokens_by_model(rounds, first).items()}
+

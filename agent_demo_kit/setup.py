@@ -1,0 +1,274 @@
+"""Setting a run up: from what a caller gave (settings by name, tool functions, the task and what was
+piped in, or the trace of a run to take up again), the parts the loop runs with: settings, the
+model client (and the stronger model's, with --escalate), the tools, the trace, who approves
+calls, the checks; made once, whole, and handed to `agent_demo.Agent`. What it opened or started
+is closed with the Job.
+
+It imports prompts, tools, records, endings, settings, environment, urls, the client, escalation,
+conversation, terminal, trace_file, run_log, checks and the tool sources.
+"""
+import contextlib
+import os
+import shlex
+import sys
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
+
+import prompts
+from agent_demo_kit.child_processes import Check, checks_for
+from agent_demo_kit.conversation import Conversation
+from agent_demo_kit.endings import ConfigError
+from agent_demo_kit.environment import Environment
+from agent_demo_kit.escalation import Escalation
+from agent_demo_kit.records import Call, Round
+from agent_demo_kit.settings import (MATERIAL_SHOWN_CHARS, OBEYED_ONLY_WHEN_GIVEN, PAGE_MARGIN_CHARS, VALUE_SHOWN_CHARS,
+                                     Settings, check_endpoint_settings, flag_name, keyword_name, load_settings,
+                                     recorded_differences)
+from agent_demo_kit.urls import display_url, secrets_of
+from tools import REGISTRY, Tool, ToolDefinitionError, clash_message, describe, in_use, material_reader
+
+
+Approver = Callable[[dict], bool]  # decides about one call ({"tool", "args", ...}); True runs it
+
+
+@dataclass
+class Job:
+    """A run made ready: the parts the loop runs with (settings, the model client, the tools, the
+    trace, who approves calls, the checks, the two models with --escalate), the task, and when it
+    is taken up again the rounds already done; closing it ends what it opened or started (the
+    trace, the endpoint's session, the tools worker, the MCP servers)."""
+
+    settings: Settings
+    client: Any
+    registry: Dict[str, Tool]
+    trace: Any
+    task: str
+    approver: Optional[Approver] = None
+    checks: List[Check] = field(default_factory=list)
+    escalation: Optional[Escalation] = None
+    history: List[Round] = field(default_factory=list)
+    unfinished: List[Call] = field(default_factory=list)  # side-effecting calls started before a crash
+    follow_up: Optional[str] = None  # the user's next turn after the run's last round (--continue)
+    resumed: bool = False  # a run taken up from its trace
+    round_limit: Optional[int] = None  # a bare --resume after a round limit: another --max-rounds of rounds
+    material: Optional[Tuple[str, int]] = None  # material read a page at a time, and how much was shown
+    task_notices: List[str] = field(default_factory=list)  # what a model that took over before round 1 was told
+    closing: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
+
+    def __enter__(self) -> "Job":
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.closing.close()
+
+
+def prepare(task: str = "", *, given: Dict[str, Any], environment: Dict[str, str],
+            named: Callable[[str], str] = keyword_name, functions: Sequence[Callable] = (), material: str = "",
+            trace: Union[str, "os.PathLike[str]", bool, None] = None, resume: Optional[str] = None,
+            follow_up: Optional[str] = None, screen: Any = None, redactor: Any = None,
+            approver: Optional[Approver] = None, confirm: Optional[Callable[[str], bool]] = None,
+            session: Any = None, task_check: Optional[Tuple[str, str]] = None, gate: Any = None,
+            written: Optional[List[dict]] = None) -> Job:
+    """A run made ready from what a caller gave: settings by name (`given`, named for messages by
+    `named`), tool functions, the task and its material, where to record it (a path, True for the
+    run log folder, None), or the trace of a run to take up again (`resume`, with the user's
+    `follow_up` for --continue); the screen that shows it, the redactor every output goes through,
+    and who confirms using what only the trace names (`confirm`, a y/N question; None: nobody can);
+    the requests.Session to send on (a batch worker reuses its own; None: one of the run's own);
+    a task line's own check (its command and how to name it), which the user said to run beside
+    --check; a batch's shared limit on requests in flight (`gate`) and a list to keep each record
+    written in (`written`). ConfigError if it cannot start; what it opened is closed then."""
+    from agent_demo_kit import run_log, trace_file
+    from agent_demo_kit.client import ModelClient, RequestForm
+    from agent_demo_kit.terminal import Redactor
+    closing = contextlib.ExitStack()
+    try:
+        redactor = redactor or Redactor(*secrets_of(environment, given.get("url")))
+        start: Optional[dict] = None
+        recorded: Optional[Any] = None
+        history: List[Round] = []
+        unfinished: List[Call] = []
+        if resume is not None:  # locked before it is read, and shown before its tools files are imported
+            log = closing.enter_context(contextlib.closing(trace_file.RunLog(screen, resume, redactor,
+                                                                             written=written)))
+            recorded = trace_file.read_run(log, resume, continuing=follow_up is not None)
+            start, history, unfinished = recorded.start, recorded.rounds, recorded.unfinished
+            if not recorded.sealed:
+                take_up_unsealed(resume, start, confirm, log)
+            if "***" in str(start.get("url")) and not any(
+                    (given.get("url"), environment.get("LLM_API_URL"), environment.get("OPENAI_BASE_URL"))):
+                raise ConfigError("the run's URL held a password, which is not recorded: give it again with --url"
+                                  " or LLM_API_URL")
+            settings = load_settings(given, environment, own_settings(start, follow_up is not None), named,
+                                     check_endpoint=False)
+            log.say(f"{'following up on' if follow_up is not None else 'resuming'} {resume}\n  requests go to"
+                    f" {display_url(settings.endpoint)}\n  tools files: {', '.join(settings.tools_files) or 'none'}"
+                    + (f"\n  a stronger model on trouble (--escalate): {settings.escalate} at"
+                       f" {display_url(settings.stronger().endpoint)}" if settings.escalate else ""))
+            settings = settle_differences(settings, start, confirm, log)
+            check_endpoint_settings(settings)
+            task = start["task"]
+        else:
+            settings = load_settings(given, environment, named=named)
+        redactor.add(*secrets_of({"LLM_API_KEY": settings.api_key or "", "LLM_ESCALATE_KEY": settings.escalate_key
+                                  or ""}, settings.url, settings.escalate_url))  # a key= given too, before any child
+        # Whole, before it is shown a page at a time: a page's edge must not split a key into parts too short to catch.
+        material = redactor(material, placeholders=False) if material else material
+        registry, start_fields, notes = tool_registry(settings, functions, redactor.secrets, closing, start)
+        form = RequestForm.resumed(settings, start, any(record.mode == settings.mode for record in history)) \
+            if start is not None else RequestForm.asked_for(settings)
+        client = closing.enter_context(contextlib.closing(ModelClient(settings, form=form, session=session,
+                                                                      gate=gate)))
+        url_note = environment.where_requests_go(settings) if isinstance(environment, Environment) else ""
+        if resume is None:  # said before any request: a local server's window is asked before the start is recorded
+            trace_file.RunLog(screen, None, redactor, url_note=url_note).header(
+                redactor(task, placeholders=False), settings.model, display_url(settings.endpoint), form.mode)
+        escalation = None
+        if settings.escalate:  # the stronger model: its own endpoint and key, or the first model's
+            stronger = settings.stronger()  # checked with the first model's endpoint settings
+            redactor.add(*secrets_of({"LLM_ESCALATE_KEY": stronger.api_key or ""}, stronger.url))
+            second = closing.enter_context(contextlib.closing(ModelClient(stronger, gate=gate)))
+            escalation = Escalation(settings, client, second)
+            if recorded is not None:
+                escalation.restore(recorded.escalations, history)
+        piped = start.get("material") if start is not None and isinstance(start.get("material"), str) else None
+        if piped is not None:  # read a page at a time, as before
+            registry["read_material"] = material_reader(piped, settings.max_result_chars - PAGE_MARGIN_CHARS)
+        if material and follow_up is not None:  # piped beside a follow-up: what the follow-up is about
+            follow_up = with_material(follow_up, material, registry, start_fields, settings, lambda text: Conversation(
+                f"{task}\n\n{text}", settings, registry, client).fits())
+            piped = start_fields.get("material", piped)
+        elif material and resume is None:
+            task = with_material(task, material, registry, start_fields, settings,
+                                 lambda text: Conversation(text, settings, registry, client).fits())
+            piped = start_fields.get("material")
+        Conversation(task, settings, registry, client).check_fits()  # before a new run's trace is made:
+        checks = checks_for(settings.check, settings.named("check"), task_check)
+        if resume is None:
+            path = run_log.new_log_file(environment) if trace is True else trace and os.fspath(trace)
+            log = closing.enter_context(contextlib.closing(trace_file.RunLog(
+                screen, path, redactor, url_note=url_note, header_said=True, written=written)))
+            if trace is True:
+                run_log.prune(Path(path).parent)
+        log.recording(start_fields, notes, url_note)
+        for each in escalation.clients.values() if escalation else [client]:
+            each.record_to(log)
+        round_limit = None
+        if resume is not None and recorded.status == "max_rounds" and given.get("max_rounds") is None:
+            more = recorded.first_limit or settings.max_rounds  # the run's own --max-rounds, not the total so far
+            round_limit = len(history) + more  # a bare --resume: another --max-rounds of rounds
+        shown = start_fields.get("material_shown", (start or {}).get("material_shown", 0))
+        return Job(settings, client, registry, log, task, approver, checks, escalation, history, unfinished,
+                   follow_up, resumed=resume is not None, round_limit=round_limit,
+                   material=(piped, shown) if piped is not None else None,  # paged: the outcome says how much was read
+                   task_notices=list(recorded.task_notices) if recorded is not None and escalation else [],
+                   closing=closing)
+    except BaseException:
+        closing.close()
+        raise
+
+
+def take_up_unsealed(path: str, start: dict, confirm: Optional[Callable[[str], bool]], log: Any) -> None:
+    """A run whose records agent-demo did not seal as this user (appended by someone else, copied from
+    elsewhere, changed, or written before seals) goes on only when the user says so on the terminal;
+    with nobody to ask, ConfigError."""
+    why = (f"{path}: its run was not set up by agent-demo as you (a record that sets it up carries no seal"
+           " of yours: written elsewhere, changed, or by a version before 0.6)")
+    if confirm is None:
+        raise ConfigError(f"{why}; a trace decides nothing on its own: resume it on a terminal to be asked, or"
+                          " run the task again")
+    log.say(f"  {why}\n  its task: {prompts.clip(str(start.get('task')), VALUE_SHOWN_CHARS * 3)}")
+    if not confirm("take it up anyway, its task and settings as written there? [y/N] "):
+        raise ConfigError(f"{path}: not taken up")
+
+
+def own_settings(start: dict, continuing: bool) -> dict:
+    """The recorded settings a run takes up again: all but what starts a process, loads a file or
+    chooses where requests go (asked about apart), and a follow-up's limits, which are its own."""
+    return {name: value for name, value in start.items() if name not in OBEYED_ONLY_WHEN_GIVEN
+            and not (continuing and name in ("max_rounds", "max_tokens"))}
+
+
+def settle_differences(settings: Settings, start: dict, confirm: Optional[Callable[[str], bool]], log: Any) -> Settings:
+    """The settings a resumed run goes on with. What the trace recorded that starts a process, loads a
+    file or chooses where requests go is used only when this command line gives the same, or the user
+    says so on the terminal (default no); with nobody to ask, ConfigError naming the flags to give."""
+    differ = recorded_differences(start, settings)
+    if not differ:
+        return settings
+    flags = " ".join(f"{flag_name(name)} {shlex.quote(value)}" for name, values in differ.items()
+                     for value in (values if isinstance(values, list) else [values]))
+    if confirm is None:
+        raise ConfigError(f"the run was recorded with {flags}, which is not given now: a trace decides no such"
+                          " thing on its own; give them again to use them, or others")
+    log.say(f"  the trace also names {flags}")
+    if not confirm(f"use {flags} as the trace names them? [y/N] "):
+        log.say("  not used: the run goes on with this command line's")
+        return settings
+    sources = {**settings.sources, **dict.fromkeys(differ, "the resumed run")}
+    return replace(settings, **{name: os.path.abspath(value) if name == "mcp_config" else
+                                [os.path.abspath(path) for path in value] if name == "tools_files" else value
+                                for name, value in differ.items()}, sources=sources)
+
+
+def tool_registry(settings: Settings, functions: Sequence[Callable], secrets: List[str],
+                  closing: contextlib.ExitStack, start: Optional[dict]) -> Tuple[Dict[str, Tool], dict, List[str]]:
+    """The tools a run offers besides finish, fail, recall and note: the built-in ones, the caller's
+    functions, each --tools-file's (run by a worker process) and each MCP server's, cut down to
+    --tools (or, on a resume, to the tools the run had); with what the start record keeps of them
+    and the notes to say once it is written. ConfigError if a function or a file gives no usable
+    tool, a name clashes, a server does not start, or --tools names a tool that does not exist.
+    What they start is stopped when `closing` closes."""
+    registry = dict(REGISTRY)
+    for function in functions:
+        try:
+            described = describe(function)
+        except ToolDefinitionError as error:
+            raise ConfigError(f"tools: {error}") from None
+        if described.name in in_use(registry):
+            raise ConfigError(f"tools: {clash_message(described.name)}")
+        registry[described.name] = described
+    start_fields: dict = {}
+    notes: List[str] = []
+    if settings.tools_files:
+        from agent_demo_kit.child_processes import load_tools_files
+        registry.update(load_tools_files(settings.tools_files, settings.tool_timeout, secrets, in_use(registry),
+                                         closing, settings.named("tools_files")))
+    if settings.mcp_servers or settings.mcp_config:
+        from agent_demo_kit.mcp_client import McpError, McpTools, parse_server_specs
+        servers = closing.enter_context(McpTools())
+        try:
+            specs = parse_server_specs(settings.mcp_servers, settings.mcp_config, settings.named("mcp_servers"),
+                                       settings.named("mcp_config"))
+            registry.update(servers.start(specs, settings.tool_timeout, taken_names=in_use(registry),
+                                          stderr=sys.stderr))
+        except McpError as error:
+            raise ConfigError(str(error)) from None
+        start_fields["mcp"] = servers.describe()
+        notes += servers.notes + (servers.changes_since(start.get("mcp")) if start is not None else [])
+    if settings.tool_names is not None:
+        unknown = [name for name in settings.tool_names if name not in in_use(registry)]
+        if unknown:
+            raise ConfigError(f"{settings.named('tool_names')}: unknown tool {', '.join(unknown)}"
+                              f" (available: {', '.join(in_use(registry))})")
+        registry = {name: tool for name, tool in registry.items() if name in settings.tool_names}
+    elif start is not None and isinstance(start.get("tools"), list):
+        registry = {name: tool for name, tool in registry.items() if name in start["tools"]}
+    return registry, start_fields, notes
+
+
+def with_material(task: str, material: str, registry: Dict[str, Tool], start_fields: dict, settings: Settings,
+                  fits: Callable[[str], bool]) -> str:
+    """The task with the material piped in: whole when the requests it starts still leave room for
+    rounds (`fits`), else its first MATERIAL_SHOWN_CHARS, with read_material among the tools to read
+    the rest (and the material, and how much was shown, recorded for a resume). Material of any size
+    never makes a request too big; what is shown does not grow with the budget, so the budget check's
+    advice holds."""
+    whole = prompts.render_task_with_material(task, material)
+    if fits(whole):
+        return whole
+    registry["read_material"] = material_reader(material, settings.max_result_chars - PAGE_MARGIN_CHARS)
+    start_fields["material"], start_fields["material_shown"] = material, prompts.material_shown(
+        material, MATERIAL_SHOWN_CHARS)
+    return prompts.render_task_with_material(task, material, shown_chars=MATERIAL_SHOWN_CHARS)
