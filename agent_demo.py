@@ -122,8 +122,11 @@ class Agent:
         parsed = self.read(reply)
         self.trace.reply(number, self.round_limit, reply, parsed.prose, usage, estimated)
         calls, ending = self.execute(parsed, number)
-        record = Round(number, reply.content, calls, self.feed_back(parsed, calls), mode, reply.latency_ms,
-                       usage, estimated, problem=parsed.problem, tool_calls=native_calls(parsed, mode),
+        # What is sent back, to this endpoint or to another model's, holds no key the model repeated.
+        redact, redact_values = self.trace.redact, self.trace.redact_values
+        record = Round(number, redact(reply.content), calls, redact_values(self.feed_back(parsed, calls)), mode,
+                       reply.latency_ms, usage, estimated, problem=parsed.problem,
+                       tool_calls=redact_values(native_calls(parsed, mode)),
                        request_chars=self.conversation.size,
                        model=self.client.settings.model if self.escalation else None)
         self.conversation.rounds.append(record)

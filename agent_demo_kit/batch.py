@@ -28,7 +28,7 @@ from urllib.parse import urlsplit
 import prompts
 from agent_demo import prepare, run_job
 from agent_demo_kit import metrics, scoring
-from agent_demo_kit.comparison import (FAILURES_SHOWN, config_differences, failures, read_results, render_failures,
+from agent_demo_kit.comparison import (FAILURES_SHOWN, OUTPUT_FILES, config_differences, failures, read_results, render_failures,
                                        result_key, success)
 from agent_demo_kit.endings import ENDED, ConfigError, EndpointError, Interrupted, RunResult, SigTerm, Terminated
 from agent_demo_kit.private_files import open_private, require_ours, resolve
@@ -36,7 +36,8 @@ from agent_demo_kit.records import number
 from agent_demo_kit.request_gate import RequestGate
 from agent_demo_kit.scoring import cost
 from agent_demo_kit.task_file import BatchTask, Key, read_tasks, task_hash
-from agent_demo_kit.trace_file import has_start, in_use, last_run, lock, read_records, sealed_start, started_as
+from agent_demo_kit.seals import is_sealed, sealed
+from agent_demo_kit.trace_file import has_start, in_use, last_run, lock, read_records, sealed_run, started_as
 from agent_demo_kit.settings import HOSTED_PARALLEL, DEFAULT_RETRY_ERRORS, Settings, keyword_name, load_settings
 from agent_demo_kit.urls import display_url
 from agent_demo_kit.terminal import is_terminal
@@ -164,7 +165,9 @@ class Batch:
         (--rerun-failed: one that did not finish, or was wrong, starts again); one that ended in an
         error goes on while it has errors left (--retry-errors); any other goes on from its trace, or
         starts. ConfigError, before anything is sent, when the folder holds another configuration's."""
-        known = read_results(self.out)
+        # Only the lines this batch wrote count: a line someone put in (an archive that came with its
+        # results, say) carries no seal of the user's, and its task's trace decides instead.
+        known = {key: line for key, line in read_results(self.out).items() if is_sealed(line)}
         for line in known.values():
             if isinstance(line.get("config"), dict) and line["config"] != self.config:
                 self.refuse(config_differences(line["config"], self.config))
@@ -177,10 +180,10 @@ class Batch:
             elif line is None or line.get("status") not in ENDED:
                 # The trace knows better: the task went on after its line, or ended just before a kill -9.
                 records = read_records(str(self.trace(task)))
-                if not sealed_start(records):
-                    raise ConfigError(f"{self.trace(task)} was not written by agent-demo as you (its start record"
-                                      " carries no seal of yours): its figures and answer count for nothing; move it"
-                                      " away and the task runs again")
+                if not sealed_run(self.trace(task)):
+                    raise ConfigError(f"{self.trace(task)} was not written by agent-demo as you (a record that set its"
+                                      " run up carries no seal of yours for its place there): its figures and answer"
+                                      " count for nothing; move it away and the task runs again")
                 model = str(last_run(records)[0].get("model")) if last_run(records) else None
                 if model is not None and model != self.settings.model.strip():
                     self.refuse([f"model {model}, now {self.settings.model.strip()} (in {self.trace(task).name})"])
@@ -216,7 +219,7 @@ class Batch:
 
     def write(self, line: dict) -> None:
         """Add a line to the results file, at once (a kill -9 loses nothing written)."""
-        self.results.write(json.dumps(line, ensure_ascii=False) + "\n")
+        self.results.write(json.dumps(sealed(line), ensure_ascii=False) + "\n")  # the user's own, and said so
         self.results.flush()
 
     def line(self, task: BatchTask, figures: Optional[dict]) -> Optional[dict]:
@@ -469,11 +472,9 @@ class Batch:
             return
         print(f"agent-demo: --task-checks: these commands from {self.source} run as you on the answers of their"
               " tasks" + (", beside --check" if self.settings.check is not None else "") + ":", file=sys.stderr)
-        for command, lines in list(named.items())[:20]:
+        for command, lines in named.items():  # every one: what runs as the user is never left unsaid
             shown = ", ".join(map(str, lines[:5])) + (f" and {len(lines) - 5} more" if len(lines) > 5 else "")
             print(f"  line {shown}: {command}", file=sys.stderr)
-        if len(named) > 20:
-            print(f"  ... and {len(named) - 20} more commands", file=sys.stderr)
         sys.stderr.flush()
 
     def say_task(self, line: dict) -> None:
@@ -604,8 +605,7 @@ def check_output_folder(out: Path) -> None:
             raise ConfigError(f"{what}: {folder} is {'a link' if stat.S_ISLNK(info.st_mode) else 'not a folder'};"
                               " use a folder of your own")
         require_ours(info, str(folder), what)
-    ours = re.compile(r"(results|summary)(-\d+of\d+)?\.(jsonl|json)")
-    for folder, names in ((real, ours.fullmatch), (real / "traces", lambda name: name.endswith(".jsonl"))):
+    for folder, names in ((real, OUTPUT_FILES.fullmatch), (real / "traces", lambda name: name.endswith(".jsonl"))):
         with os.scandir(folder) as entries:
             for entry in entries:
                 if not names(entry.name):

@@ -9,6 +9,7 @@ It imports records, scoring and metrics.
 """
 import json
 import os
+import re
 import shlex
 import stat
 from datetime import datetime
@@ -19,6 +20,7 @@ from agent_demo_kit import metrics, scoring
 from agent_demo_kit.endings import ConfigError
 from agent_demo_kit.records import number
 from agent_demo_kit.task_file import Key
+from agent_demo_kit.terminal import inert
 
 MOST_TRIES = 1000  # --repeat at most
 FAILURES_SHOWN = 20  # tasks listed at the end of a batch or a summary; --json has them all
@@ -51,11 +53,24 @@ def success(line: dict) -> bool:
     return line["correct"] if isinstance(line.get("correct"), bool) else line.get("status") == "finished"
 
 
+# The files a batch writes in its output folder: results.jsonl and summary.json, or a shard's own.
+OUTPUT_FILES = re.compile(r"(results|summary)(-\d+of\d+)?\.(jsonl|json)")
+
+
+def results_files(folder: Path) -> List[Path]:
+    """A folder's results files, shards' too: results.jsonl, results-0of4.jsonl, ... (no other name)."""
+    try:
+        return sorted(path for path in folder.iterdir()
+                      if OUTPUT_FILES.fullmatch(path.name) and path.name.startswith("results") and path.suffix == ".jsonl")
+    except OSError:
+        return []
+
+
 def read_results(folder: Path) -> Dict[Key, dict]:
-    """The latest line for each task and try in every results*.jsonl of a folder (shards included).
+    """The latest line for each task and try in a folder's results files (shards included).
     Lines that cannot be read are passed by."""
     latest: Dict[Key, dict] = {}
-    for path in sorted(folder.glob("results*.jsonl")):
+    for path in results_files(folder):
         for line in read_lines(path):
             key = result_key(line)
             known = latest.get(key)
@@ -139,8 +154,8 @@ def folders_of(names: List[str]) -> List[Path]:
         folder = Path(name)
         if not folder.is_dir():
             raise ConfigError(f"--summary: {name} is not a folder of batch results")
-        inside = [folder] if any(folder.glob("results*.jsonl")) else sorted(
-            sub for sub in folder.iterdir() if sub.is_dir() and any(sub.glob("results*.jsonl")))
+        inside = [folder] if results_files(folder) else sorted(
+            sub for sub in folder.iterdir() if sub.is_dir() and results_files(sub))
         if not inside:
             raise ConfigError(f"--summary: {name} holds no results*.jsonl with results in it")
         found += [sub for sub in inside if sub not in found]
@@ -361,7 +376,9 @@ def run_cell(run: Optional[dict]) -> str:
 
 
 def table(header: List[str], body: List[List[str]], markdown: bool) -> List[str]:
-    """Rows as aligned text, or as a Markdown table (| escaped)."""
+    """Rows as aligned text, or as a Markdown table (| escaped); what came from outside shown inert,
+    before the columns are measured."""
+    header, body = [inert(str(cell)) for cell in header], [[inert(str(cell)) for cell in row] for row in body]
     if markdown:
         escape = lambda text: str(text).replace("|", "\\|")  # noqa: E731
         return [f"| {' | '.join(map(escape, header))} |", f"|{'---|' * len(header)}",

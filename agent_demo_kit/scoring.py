@@ -6,10 +6,15 @@ punctuation do not count, and a numeric expectation is compared with the answer'
 ("The result is 1,536." matches 1536). `exact`, `includes`, `number` and `regex` say otherwise.
 It imports only records.
 """
+import atexit
 import json
 import math
 import re
+import select
 import statistics
+import subprocess
+import sys
+import threading
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from agent_demo_kit.records import answer_text, number
@@ -70,13 +75,63 @@ def matches(answer: str, expected: Any, match: Optional[str]) -> bool:
     if match == "includes":
         return normalized(wanted) in normalized(answer)
     if match == "regex":
-        return re.search(wanted, answer) is not None
+        return REGEX.search(wanted, answer)
     number = as_number(expected)
     if match == "number" or number is not None:
         final = final_number(answer)
         return number is not None and final is not None and math.isclose(final, number, rel_tol=RELATIVE_TOLERANCE,
                                                                           abs_tol=1e-12)
     return normalized(answer) == normalized(wanted)
+
+
+class RegexJudge:
+    """re.search of a pattern a task file gave, with a time limit: a pattern such as ^(a|a)+$ takes
+    exponential time on some answers, and Python's re holds the interpreter meanwhile (no Ctrl-C, no
+    other task). So the search runs in a child process of its own, started once and reused; one that
+    takes longer than REGEX_SECONDS is stopped, and the answer counts as not matching."""
+
+    def __init__(self) -> None:
+        self.process: Optional[subprocess.Popen] = None
+        self.lock = threading.Lock()
+
+    def search(self, pattern: str, text: str) -> bool:
+        with self.lock:
+            for _ in range(2):  # a child that died meanwhile (Ctrl-C reaches it too) is started again once
+                try:
+                    return self._ask(pattern, text)
+                except (OSError, ValueError):
+                    self.close()
+            return False
+
+    def _ask(self, pattern: str, text: str) -> bool:
+        if self.process is None or self.process.poll() is not None:
+            self.process = subprocess.Popen([sys.executable, "-c", _SEARCHER], stdin=subprocess.PIPE,
+                                            stdout=subprocess.PIPE, start_new_session=False)
+        self.process.stdin.write(json.dumps([pattern, text]).encode() + b"\n")
+        self.process.stdin.flush()
+        ready, _, _ = select.select([self.process.stdout], [], [], REGEX_SECONDS)
+        if not ready:  # out of time: stopped, and not a match
+            self.close()
+            return False
+        said = self.process.stdout.readline()
+        if not said:
+            raise ValueError("the searcher ended")
+        return said.strip() == b"1"
+
+    def close(self) -> None:
+        if self.process is not None:
+            self.process.kill()
+            self.process.wait()
+            for pipe in (self.process.stdin, self.process.stdout):
+                pipe.close()
+            self.process = None
+
+
+REGEX_SECONDS = 2.0  # the longest one regex search of an answer may take
+_SEARCHER = ("import json, re, sys\nfor line in sys.stdin:\n    pattern, text = json.loads(line)\n"
+             "    sys.stdout.write('1\\n' if re.search(pattern, text) else '0\\n')\n    sys.stdout.flush()\n")
+REGEX = RegexJudge()
+atexit.register(REGEX.close)
 
 
 def normalized(text: str) -> str:

@@ -16,6 +16,7 @@ import contextlib
 import json
 import os
 import re
+import secrets
 import stat
 import sys
 import time
@@ -134,10 +135,17 @@ def started_as(records: List[dict], text: str) -> bool:
     return start is None or start.get("task") == text or "[redacted]" in str(start.get("task"))
 
 
-def sealed_start(records: List[dict]) -> bool:
-    """Does the last run in these records start with a record of the user's own (its seal)?"""
-    start = next((record for record in reversed(records) if event_of(record) == START), None)
-    return start is None or is_sealed(start)
+def sealed_run(path: Path) -> bool:
+    """Is the last run in a trace file set up by records of the user's own, each where it was written
+    (or is there no run in it)? A batch counts no trace it did not write."""
+    try:
+        data = Path(path).read_bytes()
+    except OSError:
+        return False
+    try:
+        return load_trace(data, str(path), ended_too=True).sealed
+    except ValueError as error:  # no start record: nothing it could count
+        return "holds no start record" in str(error)
 
 
 def lock(trace: IO) -> bool:
@@ -184,6 +192,7 @@ class RunLog(RunEvents):
         self.trace_file: Optional[SafeStream] = None
         self.path = trace_path
         self.written = written  # when a list, each record written is added to it, as written
+        self.run_id: Optional[str] = None  # the run's id in its file, which its sealed records name
         if trace_path:  # a new file is readable only by the user: it holds the task and every result
             try:
                 raw = open(open_private(trace_path), "a", encoding="utf-8")
@@ -235,8 +244,11 @@ class RunLog(RunEvents):
     def record(self, event: str, **fields: Any) -> None:
         if self.trace_file:
             record = {_EVENT: event, **fields}
-            if event in SETS_UP:  # sealed as written: its strings redacted
-                record = sealed(self.redactor.values(record))
+            if event in SETS_UP:  # sealed as written, where it is written, for its run: its strings redacted
+                if event == START:
+                    self.run_id = secrets.token_hex(8)
+                at = os.fstat(self.trace_file.fileno()).st_size  # every record before it is flushed
+                record = sealed(self.redactor.values({**record, "run": self.run_id, "at": at}))
             try:  # its strings redacted, not its text: every line parses, whatever the key
                 self.trace_file.write_json(record)
                 self.trace_file.flush()  # a crash loses at most the round in flight
@@ -405,7 +417,11 @@ def load_trace(data: bytes, name: str, ended_too: bool = False) -> RecordedRun:
     a run that finished or failed can, with a follow-up). A line torn by a crash is skipped when it
     ends the file or a resume followed it; any other line that cannot be read or does not fit
     refuses the whole trace, naming the line."""
-    lines = [(number, record_of(line)) for number, line in enumerate(data.split(b"\n"), 1) if line.strip()]
+    lines, offsets, offset = [], {}, 0  # offsets: where each line starts, which a sealed record names
+    for number, line in enumerate(data.split(b"\n"), 1):
+        offsets[number], offset = offset, offset + len(line) + 1
+        if line.strip():
+            lines.append((number, record_of(line)))
     starts = [index for index, (_, record) in enumerate(lines) if record and event_of(record) == START]
     if not starts or not isinstance(lines[starts[-1]][1].get("task"), str):
         raise ValueError(f"{name} is not an agent-demo trace (it holds no start record)")
@@ -481,18 +497,26 @@ def load_trace(data: bytes, name: str, ended_too: bool = False) -> RecordedRun:
         raise ValueError(f"{name} holds a run that already ended with status {status!r};"
                          " only an unfinished run can be resumed")
     first = run[0][1].get("max_rounds")
-    ours = all(is_sealed(record) for _, record in run if record and event_of(record) in SETS_UP)
+    ours = all(sealed_here(record, offsets[number], start.get("run")) for number, record in run
+               if record and event_of(record) in SETS_UP)
     return RecordedRun(start, rounds, started, status, first if isinstance(first, int) and first > 0 else None,
                        escalations, task_notices, ours)
 
 
+def sealed_here(record: dict, offset: int, run: Any) -> bool:
+    """Was this record written, as it is, by agent-demo as this user, at this place in this file, for
+    this run (a sealed record copied from another trace, or to another place in this one, is not)?"""
+    return is_sealed(record) and record.get("at") == offset and isinstance(run, str) and record.get("run") == run
+
+
 def read_run(log: RunLog, path: str, continuing: bool) -> RecordedRun:
-    """What a trace brings back, read through the file `log` has locked; ConfigError if the run
-    cannot go on (continuing: a follow-up, which a finished run takes too)."""
+    """What a trace brings back, read through the file `log` has locked (which goes on recording this
+    run); ConfigError if the run cannot go on (continuing: a follow-up, which a finished run takes too)."""
     try:
         recorded = load_trace(log.recorded(), path, ended_too=continuing)
     except ValueError as error:
         raise ConfigError(str(error)) from None
+    log.run_id = recorded.start.get("run") if isinstance(recorded.start.get("run"), str) else None
     if continuing and not recorded.rounds:
         raise ConfigError(f"--continue: {path} holds no round to follow up on; run the task again")
     return recorded

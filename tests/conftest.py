@@ -98,11 +98,12 @@ def cli(capsys, monkeypatch):
     return run
 
 
-def sealed(record):
-    """A record as agent-demo writes it for this test's user: a start, resume or follow-up record
-    carries its seal (what a hand-made trace needs to be taken up without a question)."""
+def sealed(record, at=0):
+    """A record as agent-demo writes it for this test's user, at byte `at` of its file: a start,
+    resume or follow-up record names its run and its place and carries its seal (what a hand-made
+    trace needs to be taken up without a question)."""
     from agent_demo_kit.seals import sealed as with_seal
-    return with_seal(record)
+    return with_seal({"run": "0123456789abcdef", **record, "at": at})
 
 
 def said_lines(err):

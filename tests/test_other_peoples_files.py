@@ -428,3 +428,76 @@ def test_an_mcp_tool_whose_name_clashes_even_with_its_server_name_in_front_is_le
     named = servers._name_tools({"calculator", "web_calculator", "finish"})  # web_calculator: a renamed tool of ours
     assert set(named) == {"echo"}
     assert any("its tool calculator is left out" in note for note in servers.notes)
+
+
+# --- after a second look --------------------------------------------------------------------------------
+
+def test_a_results_line_the_batch_did_not_write_counts_for_nothing(tmp_path, cli, monkeypatch):
+    folder = planted_folder(tmp_path)
+    (folder / "traces" / "q1.jsonl").write_text("")
+    (folder / "results.jsonl").write_text(json.dumps({"id": "q1", "status": "finished", "answer": "4"}) + "\n")
+    server = batch_server(monkeypatch, finish_with("wrong answer 7"))
+    code, out, err = cli("--batch", tmp_path / "tasks.jsonl", "--json")
+    assert code == 1 and len(server.requests) == 1, "the task ran: the planted line counted for nothing"
+    assert json.loads(out)["correct"] == 0
+
+
+@pytest.mark.parametrize("name", ["results-extra.jsonl", "results.old.jsonl"])
+def test_a_results_file_under_another_name_is_not_read(tmp_path, cli, monkeypatch, name):
+    folder = planted_folder(tmp_path)
+    batch_server(monkeypatch, finish_with("wrong answer 7"))
+    assert cli("--batch", tmp_path / "tasks.jsonl", "-q")[0] == 1
+    (folder / name).write_text(json.dumps({"id": "q1", "status": "finished", "answer": "4",
+                                           "ended_at": "2099-01-01T00:00:00+00:00"}) + "\n")
+    os.chown(folder / name, NOBODY, NOBODY)
+    code, out, err = cli("--batch", tmp_path / "tasks.jsonl", "--json")
+    assert code == 1 and json.loads(out)["correct"] == 0
+    code, out, err = cli("--summary", folder, "--json")
+    assert json.loads(out)["correct"] == 0
+
+
+def test_task_checks_shows_every_command_it_runs(tmp_path, cli, monkeypatch):
+    lines = [json.dumps({"task": f"t{n}", "check": f"true benign {n}"}) for n in range(25)]
+    (tmp_path / "tasks.jsonl").write_text("\n".join(lines) + "\n")
+    batch_server(monkeypatch, finish_with("ok"))
+    code, out, err = cli("--batch", tmp_path / "tasks.jsonl", "--task-checks", "-q")
+    assert code == 0 and all(f": true benign {n}" in err for n in range(25))
+
+
+def test_the_first_models_key_said_by_the_model_reaches_no_other_endpoint(cli, serve, monkeypatch):
+    first = serve([f"Thinking about {KEY}. " + action("calculator", expression=f"{KEY}+1"),
+                   action("finish", result="x")])
+    second = ScriptedServer([action("finish", result="strong done")]).__enter__()
+    monkeypatch.setenv("LLM_ESCALATE_KEY", ESCALATE_KEY)
+    try:
+        code, out, err = cli("--escalate", "big", "--escalate-url", second.url, "--no-log", "--check",
+                             'test "$AGENT_ANSWER" = "strong done"', "hi")
+    finally:
+        second.__exit__(None, None, None)
+    assert (code, out) == (0, "strong done\n"), err
+    assert second.requests and KEY not in json.dumps([request["body"] for request in second.requests])
+    assert KEY not in json.dumps([request["body"] for request in first.requests[1:]])
+
+
+@pytest.mark.parametrize("copied", ["a follow-up", "a start"])
+def test_a_sealed_record_copied_from_another_trace_sets_nothing_up(tmp_path, cli, serve, copied):
+    serve([action("calculator", expression="1 + 1")], key=None)
+    first, second = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    assert cli("--trace", first, "--max-rounds", 1, "-q", "task A")[0] == 1
+    assert cli("--trace", first, "-c", "FOLLOWUP-A", "--max-rounds", 1, "-q")[0] == 1
+    assert cli("--trace", second, "--max-rounds", 1, "-q", "task B")[0] == 1
+    records = first.read_text().splitlines()
+    line = next(line for line in records if '"event": "follow_up"' in line) if copied == "a follow-up" \
+        else records[0]
+    with second.open("a") as appended:
+        appended.write(line + "\n")
+    code, out, err = cli("--resume", second, "--max-rounds", 3)
+    assert code == 2 and "its run was not set up by agent-demo as you" in err
+
+
+def test_a_task_files_regex_that_takes_for_ever_costs_its_task_not_the_batch(tmp_path, cli, monkeypatch):
+    (tmp_path / "tasks.jsonl").write_text(json.dumps({"id": "r", "task": "say a", "expected": "^(a|a)+$",
+                                                      "match": "regex"}) + "\n")
+    batch_server(monkeypatch, finish_with("a" * 40 + "!"))
+    code, out, err = cli("--batch", tmp_path / "tasks.jsonl", "--json")
+    assert code == 1 and json.loads(out)["correct"] == 0
