@@ -14,7 +14,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 from agent_demo_kit import __version__  # noqa: F401  (agent_demo.__version__; first: it checks prompts and tools)
 import prompts
 from agent_demo_kit.actions import Action, Parsed, native_calls, parse_reply
-from agent_demo_kit.child_processes import Check, checks_for, run_check
+from agent_demo_kit.checks import Check, checks_for, run_check
 from agent_demo_kit.conversation import Conversation, recall_rounds, shorten_args, truncate_result
 from agent_demo_kit.endings import (BudgetSpent, CallerError, CheckFailed, ConfigError, EndpointError, Finished,
                                     GaveUp, InternalError, Interrupted, RoundLimit, RunEnded, RunResult, SigTerm,
@@ -25,7 +25,8 @@ from agent_demo_kit.escalation import Escalation
 from agent_demo_kit.records import (Call, Reply, Round, RunEvents, add_usage, answer_text, count_usage, failure,
                                     impossible_counts, json_size, success, to_json, total_usage)
 from agent_demo_kit.scoring import cost
-from agent_demo_kit.settings import VALUE_SHOWN_CHARS, Settings, keyword_name, recorded_settings
+from agent_demo_kit.settings import Settings, keyword_name, recorded_settings
+from agent_demo_kit.limits import VALUE_SHOWN_CHARS
 from agent_demo_kit.setup import Approver, Job, prepare
 from agent_demo_kit.urls import display_url
 from tools import CONTROL_ACTIONS, FINISH, NOTE, RECALL, REGISTRY, Tool, call_tool, check_args, in_use

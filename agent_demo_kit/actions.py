@@ -13,7 +13,7 @@ from typing import Any, Iterable, Iterator, List, Optional, Tuple
 import prompts
 from agent_demo_kit.lenient_json import NotClosed, NotLenientJson, lenient_calls, lenient_decode
 from agent_demo_kit.records import Reply, printable, to_json
-from agent_demo_kit.settings import MAX_PARSED_CHARS
+from agent_demo_kit.limits import MAX_PARSED_CHARS
 
 _THINK_TAG = re.compile(r"<(/?)(think|thinking)>", re.I)
 

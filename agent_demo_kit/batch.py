@@ -37,7 +37,8 @@ from agent_demo_kit.request_gate import RequestGate
 from agent_demo_kit.scoring import cost
 from agent_demo_kit.task_file import BatchTask, Key, read_tasks, task_hash
 from agent_demo_kit.seals import is_sealed, sealed
-from agent_demo_kit.trace_file import has_start, in_use, last_run, lock, read_records, sealed_run, started_as
+from agent_demo_kit.trace_file import has_start, last_run, read_records, sealed_run, started_as
+from agent_demo_kit.private_files import in_use, lock
 from agent_demo_kit.settings import HOSTED_PARALLEL, DEFAULT_RETRY_ERRORS, Settings, keyword_name, load_settings
 from agent_demo_kit.urls import display_url
 from agent_demo_kit.terminal import is_terminal
@@ -311,7 +312,7 @@ class Batch:
             try:
                 self.wait_for_workers()
             except (KeyboardInterrupt, SigTerm):
-                from agent_demo_kit.child_processes import stop_checks
+                from agent_demo_kit.checks import stop_checks
                 stop_checks()  # a check in its own session would outlive the process
                 self.say("stopped at once: the tasks that were running have no end record; the same command"
                          " goes on with them")

@@ -24,8 +24,9 @@ import prompts
 from agent_demo_kit.records import MOST_TOKENS_A_ROUND, Reply, RunEvents, json_size
 from agent_demo_kit.endings import EndpointError
 from agent_demo_kit.request_gate import MOST_ABSORBED, RequestGate
-from agent_demo_kit.settings import (CHARS_A_TOKEN, CONNECT_SECONDS, DEFAULT_WINDOW_TOKENS, MIN_LIMIT_TOKENS,
-                                     REPLY_BYTES_A_CHAR, REPLY_CHARS_A_TOKEN, Settings)
+from agent_demo_kit.settings import Settings
+from agent_demo_kit.limits import (CHARS_A_TOKEN, CONNECT_SECONDS, DEFAULT_WINDOW_TOKENS, MIN_LIMIT_TOKENS,
+                                   REPLY_BYTES_A_CHAR, REPLY_CHARS_A_TOKEN)
 from agent_demo_kit.endpoint_errors import RETRY_STATUSES, describe_http_error, describe_network_error, parse_body
 from agent_demo_kit.replies import AttemptFailed, Stalled, TextListener, bounded, pieces_of, read_stream, reply_from_body
 from agent_demo_kit.urls import base_url, server_root

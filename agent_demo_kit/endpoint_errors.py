@@ -15,7 +15,8 @@ import requests
 
 import prompts
 from agent_demo_kit.records import to_json
-from agent_demo_kit.settings import CONNECT_SECONDS, MESSAGE_CHARS, SERVER_TEXT_SCANNED, SNIPPET_CHARS, Settings
+from agent_demo_kit.settings import Settings
+from agent_demo_kit.limits import CONNECT_SECONDS, MESSAGE_CHARS, SERVER_TEXT_SCANNED, SNIPPET_CHARS
 from agent_demo_kit.urls import display_url, with_v1
 
 

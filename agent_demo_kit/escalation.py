@@ -14,7 +14,8 @@ from typing import Any, Dict, List, Optional
 import prompts
 from agent_demo_kit.records import Round, to_json
 from agent_demo_kit.endings import CheckFailed, EndpointError, RunEnded, Stuck
-from agent_demo_kit.settings import LAST_WORDS_CHARS, Settings
+from agent_demo_kit.settings import Settings
+from agent_demo_kit.limits import LAST_WORDS_CHARS
 
 # The first model's endpoint failures that the stronger model may get past: not found, overloaded,
 # down or silent. A refused key or a request the endpoint rejects would only fail again.

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterable, List, Optional, TextIO, Tuple
 from urllib.parse import unquote, urlsplit
 
-from agent_demo_kit.settings import FUNCTION_NAME_CHARS, MESSAGE_CHARS
+from agent_demo_kit.limits import FUNCTION_NAME_CHARS, MESSAGE_CHARS
 from agent_demo_kit.urls import display_url
 from agent_demo_kit.terminal import inert
 from prompts import clip

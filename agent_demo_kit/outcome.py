@@ -10,7 +10,7 @@ import prompts
 from agent_demo_kit.actions import said_besides_actions
 from agent_demo_kit.endings import CheckFailed, Finished, GaveUp, RunEnded
 from agent_demo_kit.records import Round, answer_text, is_count
-from agent_demo_kit.settings import CHECK_OUTPUT_LINES, CHECK_OUTPUT_SHOWN, LAST_WORDS_CHARS, LAST_WORDS_LINES
+from agent_demo_kit.limits import CHECK_OUTPUT_LINES, CHECK_OUTPUT_SHOWN, LAST_WORDS_CHARS, LAST_WORDS_LINES
 
 
 def last_words(ending: RunEnded, rounds: Sequence[Round]) -> str:

@@ -8,7 +8,12 @@ It imports endings.
 import os
 import stat
 from pathlib import Path
-from typing import Optional
+from typing import IO, Optional
+
+try:
+    import fcntl
+except ImportError:  # Windows: files are not locked
+    fcntl = None  # type: ignore
 
 from agent_demo_kit.endings import ConfigError
 
@@ -201,3 +206,24 @@ def not_yours(path: Path) -> Optional[str]:
             fix = f"chmod go-w {'.' if each == folder else './.env'}"
             return f"{what} is writable by {writers} (mode {stat.S_IMODE(info.st_mode):o}; {fix} if that is wrong)"
     return None
+
+
+def lock(trace: IO) -> bool:
+    """Mark an open trace file as in use by this run, for as long as it stays open (on systems
+    with flock); False if another run holds it."""
+    if fcntl is None:
+        return True
+    try:
+        fcntl.flock(trace.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except OSError:
+        return False
+
+
+def in_use(path: Path) -> bool:
+    """Is a run still writing this file?"""
+    try:
+        with open(os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))) as trace:
+            return not lock(trace)
+    except OSError:
+        return False

@@ -2,13 +2,15 @@
 compactions, the token counts, and what a run reports as it goes (RunEvents). Each record says
 how it is written to a trace file and read back. How a run ends is endings.py's.
 
-This is the bottom layer: it imports nothing of agent-demo's, and everything else may import it.
+It imports only limits: everything else may import it.
 """
 import contextlib
 import json
 import math
 from dataclasses import dataclass, field
 from typing import Any, ContextManager, Dict, List, Optional
+
+from agent_demo_kit.limits import ESTIMATED_CHARS_A_TOKEN
 
 
 # --- JSON as records and requests hold it -----------------------------------------------------
@@ -199,7 +201,6 @@ class Round:
 
 MOST_TOKENS_A_ROUND = 10_000_000  # more than any model's context holds: a count above it is not a count
 COUNTS = ("prompt_tokens", "completion_tokens", "total_tokens")
-CHARACTERS_A_TOKEN = 4  # what an estimate assumes when the endpoint gives no counts that can be true
 
 
 def is_count(value: Any) -> bool:
@@ -225,7 +226,7 @@ def cached_tokens(usage: dict) -> Optional[int]:
 
 def count_usage(reply: Reply, request_chars: int) -> tuple:
     """The round's token counts and whether they are estimated: the endpoint's when they can be
-    true, else about CHARACTERS_A_TOKEN characters a token, so no reply can give back the budget it spent."""
+    true, else about ESTIMATED_CHARS_A_TOKEN characters a token, so no reply can give back the budget it spent."""
     usage = reply.usage or {}
     prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
     cached = cached_tokens(usage)
@@ -236,9 +237,9 @@ def count_usage(reply: Reply, request_chars: int) -> tuple:
             return usage, False
         if is_count(prompt) and is_count(completion):
             return {**usage, "total_tokens": prompt + completion}, False
-    prompt = request_chars // CHARACTERS_A_TOKEN
+    prompt = request_chars // ESTIMATED_CHARS_A_TOKEN
     written = len(reply.content) + (len(to_json(reply.tool_calls)) if reply.tool_calls else 0)
-    completion = written // CHARACTERS_A_TOKEN
+    completion = written // ESTIMATED_CHARS_A_TOKEN
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}, True
 
 

@@ -16,7 +16,7 @@ import prompts
 from agent_demo_kit.endings import EndpointError
 from agent_demo_kit.endpoint_errors import HTML_PAGE, one_line, parse_body, server_message
 from agent_demo_kit.records import Reply
-from agent_demo_kit.settings import REPLY_BYTES_A_CHAR, SNIPPET_CHARS
+from agent_demo_kit.limits import REPLY_BYTES_A_CHAR, SNIPPET_CHARS
 
 TextListener = Callable[[str], None]  # gets each piece of a streamed reply as it arrives
 

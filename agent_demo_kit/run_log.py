@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 from agent_demo_kit.endings import RESUMABLE, ConfigError
-from agent_demo_kit.private_files import checked_folder, private_folder
+from agent_demo_kit.private_files import checked_folder, in_use, private_folder
 from agent_demo_kit.records import is_count, to_json
 from agent_demo_kit.terminal import columns, first_columns
 from agent_demo_kit import trace_file
@@ -141,7 +141,7 @@ def latest_unfinished(folder: Path) -> Optional[Path]:
     """The most recent run that can go on, or None."""
     for path in run_files(folder):
         summary = summarize(path)
-        if summary and summary.resumable and not trace_file.in_use(path):
+        if summary and summary.resumable and not in_use(path):
             return path
     return None
 
@@ -251,7 +251,7 @@ def latest_to_follow_up(environment: Dict[str, str]) -> str:
     passed_by: List[str] = []
     for path in run_files(folder):
         summary = summarize(path)
-        if summary and summary.rounds and not trace_file.in_use(path):
+        if summary and summary.rounds and not in_use(path):
             if passed_by:  # said: a newer run the user may have meant is not the one followed up on
                 print(f"agent-demo: following up on {run_id(path)}, not on the newer {', '.join(passed_by)}",
                       file=sys.stderr)

@@ -16,15 +16,15 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import prompts
-from agent_demo_kit.child_processes import Check, checks_for
+from agent_demo_kit.checks import Check, checks_for
 from agent_demo_kit.conversation import Conversation
 from agent_demo_kit.endings import ConfigError
 from agent_demo_kit.environment import Environment
 from agent_demo_kit.escalation import Escalation
 from agent_demo_kit.records import Call, Round
-from agent_demo_kit.settings import (MATERIAL_SHOWN_CHARS, OBEYED_ONLY_WHEN_GIVEN, PAGE_MARGIN_CHARS, VALUE_SHOWN_CHARS,
-                                     Settings, check_endpoint_settings, flag_name, keyword_name, load_settings,
-                                     recorded_differences)
+from agent_demo_kit.settings import (OBEYED_ONLY_WHEN_GIVEN, Settings, check_endpoint_settings, flag_name,
+                                     keyword_name, load_settings, recorded_differences)
+from agent_demo_kit.limits import MATERIAL_SHOWN_CHARS, PAGE_MARGIN_CHARS, VALUE_SHOWN_CHARS
 from agent_demo_kit.urls import display_url, secrets_of
 from tools import REGISTRY, Tool, ToolDefinitionError, clash_message, describe, in_use, material_reader
 
@@ -232,7 +232,7 @@ def tool_registry(settings: Settings, functions: Sequence[Callable], secrets: Li
     start_fields: dict = {}
     notes: List[str] = []
     if settings.tools_files:
-        from agent_demo_kit.child_processes import load_tools_files
+        from agent_demo_kit.tools_worker import load_tools_files
         registry.update(load_tools_files(settings.tools_files, settings.tool_timeout, secrets, in_use(registry),
                                          closing, settings.named("tools_files")))
     if settings.mcp_servers or settings.mcp_config:

@@ -26,8 +26,8 @@ from urllib.parse import quote, quote_plus
 from agent_demo_kit.actions import think_pieces
 from agent_demo_kit.records import Working, answer_text, printable, to_json
 from agent_demo_kit.endings import OutputClosed
-from agent_demo_kit.settings import (CHECK_LINE_CHARS, LAST_WORDS_CHARS, STATUS_KEPT_CHARS, STATUS_SHOWN_CHARS,
-                                     THOUGHT_SHOWN_CHARS)
+from agent_demo_kit.limits import (CHECK_LINE_CHARS, LAST_WORDS_CHARS, STATUS_KEPT_CHARS, STATUS_SHOWN_CHARS,
+                                   THOUGHT_SHOWN_CHARS)
 from prompts import ENDINGS, TRUNCATED, clip
 
 

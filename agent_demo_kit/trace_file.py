@@ -22,20 +22,16 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, ContextManager, Dict, List, Optional
+from typing import Any, ContextManager, Dict, List, Optional
 
 from agent_demo_kit.records import Call, Compaction, Reply, Round, RunEvents, Working, to_json
 from agent_demo_kit.endings import RESUMABLE, ConfigError, RunResult
 from agent_demo_kit.seals import is_sealed, sealed
-from agent_demo_kit.private_files import open_private
-from agent_demo_kit.settings import TASK_SHOWN_CHARS
+from agent_demo_kit.private_files import lock, open_private
+from agent_demo_kit.limits import TASK_SHOWN_CHARS
 from agent_demo_kit.terminal import Redactor, SafeStream, Screen
 from prompts import clip
 
-try:
-    import fcntl
-except ImportError:  # Windows: runs are not locked
-    fcntl = None
 
 
 # --- the events --------------------------------------------------------------------------------
@@ -146,27 +142,6 @@ def sealed_run(path: Path) -> bool:
         return load_trace(data, str(path), ended_too=True).sealed
     except ValueError as error:  # no start record: nothing it could count
         return "holds no start record" in str(error)
-
-
-def lock(trace: IO) -> bool:
-    """Mark an open trace file as in use by this run, for as long as it stays open (on systems
-    with flock); False if another run holds it."""
-    if fcntl is None:
-        return True
-    try:
-        fcntl.flock(trace.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        return True
-    except OSError:
-        return False
-
-
-def in_use(path: Path) -> bool:
-    """Is a run still writing this file?"""
-    try:
-        with open(os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))) as trace:
-            return not lock(trace)
-    except OSError:
-        return False
 
 
 # --- writing ------------------------------------------------------------------------------

@@ -10,7 +10,8 @@ from agent_demo_kit.client import ModelClient
 from agent_demo_kit.endpoint_errors import server_message
 from agent_demo_kit.replies import read_stream
 from agent_demo_kit.endings import EndpointError
-from agent_demo_kit.settings import MIN_LIMIT_TOKENS, REPLY_CHARS_A_TOKEN, Settings
+from agent_demo_kit.settings import Settings
+from agent_demo_kit.limits import MIN_LIMIT_TOKENS, REPLY_CHARS_A_TOKEN
 from scripted_server import ScriptedServer, action as act
 
 URL = "https://llm.example.test/v1/chat/completions"

@@ -12,7 +12,7 @@ import pytest
 
 import prompts
 from agent_demo_kit.cli import main
-from agent_demo_kit.child_processes import run_check
+from agent_demo_kit.checks import run_check
 from agent_demo_kit.settings import Settings
 from agent_demo_kit.trace_file import RunLog
 from agent_demo_kit.terminal import Screen
@@ -207,7 +207,7 @@ def test_a_check_is_over_when_its_own_process_exits_whatever_it_left_holding_the
 FLOOD = r"""
 import json, re, sys
 sys.path[0] = sys.argv[1]
-from agent_demo_kit.child_processes import run_check
+from agent_demo_kit.checks import run_check
 command = "yes 123456789 | head -c 200000000; echo; echo the end"
 output = run_check(["/bin/sh", "-c", command], command, "", "", timeout=60)["output"]
 # This process's own peak (ru_maxrss would count the parent's, from before the fork and exec)

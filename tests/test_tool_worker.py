@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from agent_demo_kit.cli import main
-from agent_demo_kit.trace_file import in_use
+from agent_demo_kit.private_files import in_use
 from agent_demo_kit.settings import Settings
 from conftest import KEY, said_lines
 from scripted_model import ScriptedModel, run

@@ -47,7 +47,7 @@ def append_line(n: int) -> str:
 
 
 def cost(calls: int) -> None:
-    from agent_demo_kit.child_processes import ToolWorker
+    from agent_demo_kit.tools_worker import ToolWorker
     from tools import REGISTRY, call_tool
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "shout.py"
