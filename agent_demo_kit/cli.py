@@ -29,8 +29,9 @@ from agent_demo_kit.settings import (DEFAULT_RETRY_ERRORS, HOSTED_PARALLEL, MODE
 from agent_demo_kit.environment import Environment, read_environment, user_config_file
 from agent_demo_kit.private_files import checked_folder
 from agent_demo_kit.urls import display_url, secrets_of
-from agent_demo_kit.terminal import (Redactor, SafeStream, Screen, inert, is_terminal, protected,
-                                     stray_prints_to_stderr, terminal_approver, terminal_confirm)
+from agent_demo_kit.terminal import SafeStream, Screen, inert, is_terminal, protected, stray_prints_to_stderr
+from agent_demo_kit.approval import terminal_approver, terminal_confirm
+from agent_demo_kit.redaction import Redactor
 from tools import REGISTRY
 
 HELP_START = """Run a task with a tool-calling LLM agent loop over any OpenAI-compatible endpoint.

@@ -81,7 +81,7 @@ def prepare(task: str = "", *, given: Dict[str, Any], environment: Dict[str, str
     written in (`written`). ConfigError if it cannot start; what it opened is closed then."""
     from agent_demo_kit import run_log, trace_file
     from agent_demo_kit.client import ModelClient, RequestForm
-    from agent_demo_kit.terminal import Redactor
+    from agent_demo_kit.redaction import Redactor
     closing = contextlib.ExitStack()
     try:
         redactor = redactor or Redactor(*secrets_of(environment, given.get("url")))

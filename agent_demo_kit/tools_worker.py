@@ -174,7 +174,8 @@ def _show_prints(read_end: int, shown_on: Any, secrets: List[str], shown: _Shown
     """Copy what the worker, its tools and their children print to `shown_on` (stderr) as it comes,
     through the writer model text goes through: redacted and inert, whatever bytes they wrote; each
     mark the worker writes after an answer's prints is counted in `shown` once they are out."""
-    from agent_demo_kit.terminal import Redactor, SafeStream
+    from agent_demo_kit.terminal import SafeStream
+    from agent_demo_kit.redaction import Redactor
     decoder = codecs.getincrementaldecoder("utf-8")("replace")
     stream = SafeStream(shown_on or open(os.devnull, "w"), Redactor(*secrets), if_broken="drop", inert=True)
     held = b""  # the end of a chunk that may be the start of a mark
@@ -258,7 +259,8 @@ def serve(fd: int) -> None:
 
 def prints_to_stderr(secrets: List[str]) -> Any:
     """A tool's prints go to stderr, without the key: stdout and stderr are both the pipe agent-demo shows them from."""
-    from agent_demo_kit.terminal import Redactor, SafeStream  # the worker needs them only here
+    from agent_demo_kit.terminal import SafeStream  # the worker needs them only here
+    from agent_demo_kit.redaction import Redactor
     stream = sys.__stderr__ or open(os.devnull, "w")  # None when stderr is closed (2>&-)
     sys.stdout = sys.stderr = SafeStream(stream, Redactor(*secrets), if_broken="drop")
     return sys.stdout

@@ -29,7 +29,8 @@ from agent_demo_kit.endings import RESUMABLE, ConfigError, RunResult
 from agent_demo_kit.seals import is_sealed, sealed
 from agent_demo_kit.private_files import lock, open_private
 from agent_demo_kit.limits import TASK_SHOWN_CHARS
-from agent_demo_kit.terminal import Redactor, SafeStream, Screen
+from agent_demo_kit.terminal import SafeStream, Screen
+from agent_demo_kit.redaction import Redactor
 from prompts import clip
 
 

@@ -12,7 +12,7 @@ from scripted_server import action as act
 from agent_demo_kit.terminal import Screen, Status
 from agent_demo_kit.records import Reply
 from agent_demo_kit.endings import EndpointError
-from agent_demo_kit.terminal import Redactor
+from agent_demo_kit.redaction import Redactor
 from agent_demo_kit.replies import events, read_stream
 
 ROOT = Path(__file__).resolve().parent.parent

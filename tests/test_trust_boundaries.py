@@ -16,7 +16,8 @@ import unicodedata
 import pytest
 
 from agent_demo_kit.cli import main
-from agent_demo_kit.terminal import columns, inert, question_line
+from agent_demo_kit.terminal import columns, inert
+from agent_demo_kit.approval import question_line
 from conftest import ROOT, answer_on_a_terminal, said_lines, sealed, terminal_as
 from scripted_server import ScriptedServer, action as act
 

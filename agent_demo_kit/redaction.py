@@ -1,0 +1,188 @@
+"""The secrets that must never be shown or sent back, and the forms they take: the key, a password
+or a secret query value in the URL, each also JSON- and URL-escaped, base64, cut short at a
+truncation, or split over lines, becomes [redacted], in text and in JSON data alike.
+
+It imports records and prompts.
+"""
+import base64
+import json
+import re
+from typing import Any, Callable, List, Optional
+from urllib.parse import quote, quote_plus
+
+from prompts import TRUNCATED
+
+
+REDACTED = "[redacted]"
+
+
+# A key shorter than this is a placeholder ("5", "none"): redacted in text for people only where
+# it stands as a whole token, so the result 1536 does not become 1[redacted]36; never in data
+# (JSON, what goes to the model).
+MIN_SECRET_CHARS = 8
+
+
+# A cut (a message or a result shortened to a length) can leave a long secret's first or last
+# characters: this many of them, or more, are redacted too.
+FRAGMENT_CHARS = 12
+
+
+# Beside the marker prompts.clip leaves, even this few of a secret's characters are redacted:
+# a cut is where a secret is most likely to be left in part.
+FRAGMENT_AT_A_CUT = 4
+
+
+_CUT = re.compile(re.escape(f" ...{TRUNCATED}... ").replace(re.escape("{count}"), r"\d+"))
+
+
+_URL_SAFE = str.maketrans("+/", "-_")
+
+
+def _json_text(value: Any, indent: Optional[int] = None) -> Optional[str]:
+    """value as JSON text, anything else in it as its str() (as values() takes it); None if it cannot be."""
+    try:
+        return json.dumps(value, ensure_ascii=False, indent=indent, default=str)
+    except (TypeError, ValueError, RecursionError):
+        return None
+
+
+def _forms(secret: str) -> List[str]:
+    """The ways a secret is written: as is, JSON- and URL-escaped, and, when it is long enough to be
+    a real one, in base64 (standard and URL-safe, alone or inside Basic auth's "user:key")."""
+    forms = {secret, json.dumps(secret)[1:-1], quote(secret, safe=""), quote_plus(secret)}
+    if len(secret) >= MIN_SECRET_CHARS:
+        raw = secret.encode("utf-8", "replace")
+        whole = base64.b64encode(raw).decode()
+        forms |= {whole, whole.translate(_URL_SAFE)}
+        for shift in range(3):  # after "user:" the key's bytes start at any offset modulo 3
+            shifted = base64.b64encode(b"\0" * shift + raw).decode()
+            core = shifted[-(-8 * shift // 6):8 * (shift + len(raw)) // 6]  # made of the key's bits alone
+            forms |= {core, core.translate(_URL_SAFE)}
+    return sorted(forms, key=len, reverse=True)
+
+
+def _pattern(form: str, wrapped: bool = False) -> str:
+    """A form as a regular expression in which a percent escape matches in either case (%2b, %2B);
+    wrapped: and a line may break anywhere in it (base64 -w 12, fold -w 8)."""
+    pieces = [f"(?i:{piece})" if len(piece) == 3 else re.escape(piece)
+              for piece in re.findall(r"%[0-9A-F]{2}|.", form, re.DOTALL)]
+    return (r"(?:\r?\n)?" if wrapped else "").join(pieces)
+
+
+class Redactor:
+    """Replaces each secret (the keys, a password in the URL), and the forms it takes inside JSON,
+    URLs and base64, with [redacted]."""
+
+    def __init__(self, *secrets: Optional[str]):
+        self.secrets: List[str] = []
+        self.forms: List[str] = []  # of every secret: what a stream holds back
+        self.long_forms: List[str] = []  # of the real secrets: what a cut may leave in part
+        self.pattern: Optional["re.Pattern"] = None
+        self.secret_pattern: Optional["re.Pattern"] = None  # the real secrets alone, no placeholder
+        self.longest = 0
+        self.add(*secrets)
+
+    def add(self, *secrets: Optional[str]) -> None:
+        """Redact these too (a URL password known only once the flags are read)."""
+        self.secrets += [secret for secret in secrets if secret and secret not in self.secrets]
+        real, placeholders = [], []
+        self.forms, self.long_forms = [], []
+        for secret in self.secrets:
+            forms = _forms(secret)
+            long = len(secret) >= MIN_SECRET_CHARS
+            either = "|".join(_pattern(form, wrapped=long) for form in forms)
+            self.forms += forms
+            if long:
+                self.long_forms += forms
+                real.append(either)
+            else:
+                placeholders.append(rf"(?<![A-Za-z0-9])(?:{either})(?![A-Za-z0-9])")
+        self.secret_pattern = re.compile("|".join(f"(?:{p})" for p in real)) if real else None
+        # Each form is written in JSON as it is: a form in any string of a value is in its JSON text too.
+        self.json_plain = all(json.dumps(form, ensure_ascii=False)[1:-1] == form for form in self.forms)
+        every = real + placeholders
+        self.pattern = re.compile("|".join(f"(?:{p})" for p in every)) if every else None
+        self.longest = max(map(len, self.forms), default=0)
+
+    def __call__(self, text: str, placeholders: bool = True) -> str:
+        """text without the secrets; placeholders=False leaves the short placeholder keys in it."""
+        pattern = self.pattern if placeholders else self.secret_pattern
+        if not pattern:
+            return text
+        return self._fragments(pattern.sub(REDACTED, text))
+
+    def values(self, value: Any) -> Any:
+        """value (what JSON holds, data) with each of its strings redacted, never its numbers or its
+        structure. A placeholder key stays: in data the key 5 cannot be told from the number 5, even
+        inside a string (a result fed back as JSON text), and it is no secret. A value whose JSON
+        text holds nothing to redact is given back as it is (not a copy)."""
+        return value if self.nothing_in(value) else self._values(value)
+
+    def dumps(self, value: Any, indent: Optional[int] = None) -> str:
+        """value's JSON text (non-ASCII kept) with its strings redacted."""
+        text = _json_text(value, indent) if self.json_plain else None
+        if text is not None and self(text, placeholders=False) == text:
+            return text
+        return json.dumps(self._values(value), ensure_ascii=False, indent=indent)
+
+    def nothing_in(self, value: Any) -> bool:
+        """Is there surely nothing to redact in this value? Its JSON text is searched once, which is
+        enough when every form of the secrets is written in JSON as it is."""
+        if isinstance(value, str) or value is None or isinstance(value, (bool, int, float)) or not self.json_plain:
+            return False
+        text = _json_text(value)
+        return text is not None and self(text, placeholders=False) == text
+
+    def _values(self, value: Any) -> Any:
+        if isinstance(value, str):
+            return self(value, placeholders=False)
+        if isinstance(value, dict):
+            return {self(key, placeholders=False) if isinstance(key, str) else key: self._values(item)
+                    for key, item in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [self._values(item) for item in value]
+        if value is None or isinstance(value, (bool, int, float)):
+            return value
+        return self(str(value), placeholders=False)  # what json.dumps(default=str) would write
+
+    def _fragments(self, text: str) -> str:
+        """A long secret's beginning or end left by a cut (a server message or a result shortened to a
+        length): FRAGMENT_CHARS or more of its first or last characters anywhere, and
+        FRAGMENT_AT_A_CUT or more beside the marker prompts.clip leaves."""
+        for form in self.long_forms:
+            if len(form) <= FRAGMENT_CHARS:
+                continue
+            head, tail = form[:FRAGMENT_CHARS], form[-FRAGMENT_CHARS:]
+            for seed, forward in ((head, True), (tail, False)):
+                start = text.find(seed)
+                while start != -1:
+                    if forward:  # as much of the secret as follows its first characters
+                        end = start + FRAGMENT_CHARS
+                        while end < len(text) and end - start < len(form) and text[end] == form[end - start]:
+                            end += 1
+                    else:  # as much of the secret as comes before its last characters
+                        end, start = start + FRAGMENT_CHARS, start
+                        while start > 0 and end - start < len(form) and text[start - 1] == form[-(end - start) - 1]:
+                            start -= 1
+                    text = text[:start] + REDACTED + text[end:]
+                    start = text.find(seed, start + len(REDACTED))
+        for cut in reversed(list(_CUT.finditer(text)) if self.long_forms else []):
+            head = self._left(lambda part: text.endswith(part, 0, cut.start()), first=True)
+            tail = self._left(lambda part: text.startswith(part, cut.end()), first=False)
+            text = (text[:cut.start() - head] + (REDACTED if head else "") + cut.group()
+                    + (REDACTED if tail else "") + text[cut.end() + tail:])
+        return text
+
+    def _left(self, found: Callable[[str], bool], first: bool) -> int:
+        """The most characters of a secret's beginning (first) or end that `found` sees, FRAGMENT_AT_A_CUT
+        at least; else 0."""
+        return max((size for form in self.long_forms for size in range(FRAGMENT_AT_A_CUT, len(form))
+                    if found(form[:size] if first else form[-size:])), default=0)
+
+    def unsafe_tail(self, text: str) -> int:
+        """How many characters at the end of text could be the start of a secret still being written."""
+        for size in range(min(len(text), self.longest - 1), 0, -1):
+            tail = text[-size:]
+            if any(form.startswith(tail) for form in self.forms):
+                return size
+        return 0
