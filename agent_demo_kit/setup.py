@@ -236,7 +236,8 @@ def tool_registry(settings: Settings, functions: Sequence[Callable], secrets: Li
         registry.update(load_tools_files(settings.tools_files, settings.tool_timeout, secrets, in_use(registry),
                                          closing, settings.named("tools_files")))
     if settings.mcp_servers or settings.mcp_config:
-        from agent_demo_kit.mcp_client import McpError, McpTools, parse_server_specs
+        from agent_demo_kit.mcp_client import McpTools
+        from agent_demo_kit.mcp_schemas import McpError, parse_server_specs
         servers = closing.enter_context(McpTools())
         try:
             specs = parse_server_specs(settings.mcp_servers, settings.mcp_config, settings.named("mcp_servers"),

@@ -26,8 +26,8 @@ import jsonschema  # noqa: E402  (the mcp SDK depends on it)
 import prompts  # noqa: E402
 import tools  # noqa: E402
 from agent_demo_kit.mcp_client import DESTRUCTIVE, McpTools  # noqa: E402
-from agent_demo_kit.mcp_client import McpError, parse_server_specs  # noqa: E402
-from agent_demo_kit.mcp_client import parameters_of as _parameters, simplify_schema  # noqa: E402
+from agent_demo_kit.mcp_schemas import McpError, parse_server_specs
+from agent_demo_kit.mcp_schemas import parameters_of as _parameters, simplify_schema
 from agent_demo_kit.cli import main  # noqa: E402
 from conftest import ROOT, said_lines  # noqa: E402
 from scripted_server import action as act  # noqa: E402
@@ -456,6 +456,7 @@ def test_an_empty_command_and_an_unreadable_config_are_one_clear_error(tmp_path)
 
 
 def test_a_schema_jsonschema_cannot_use_leaves_the_arguments_to_the_server():
-    from agent_demo_kit.mcp_client import argument_checker, placeholder
+    from agent_demo_kit.mcp_client import placeholder
+    from agent_demo_kit.mcp_schemas import argument_checker
     assert argument_checker({"type": "no-such-type"})({"anything": 1}) is None
     assert placeholder({"enum": ["b", "a"]}) == "b" and placeholder({"anyOf": [{"type": "integer"}]}) == 1

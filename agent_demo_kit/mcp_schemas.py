@@ -1,0 +1,315 @@
+"""What MCP servers and their tools look like to the loop, before any server runs: the servers a
+user names (--mcp, --mcp-config) and their short names, each tool's input schema made safe for
+every mode (grammar engines compile it) with its arguments checked against the server's own
+schema, and a tool's result read as data.
+
+It imports limits, prompts and tools.
+"""
+import copy
+import json
+import os
+import re
+import shlex
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
+from urllib.parse import unquote, urlsplit
+
+from agent_demo_kit.limits import FUNCTION_NAME_CHARS, MESSAGE_CHARS
+from prompts import clip
+from tools import ANY_JSON, ToolError
+
+INSTALL_HINT = "MCP servers need the mcp package: pip install 'agent-demo[mcp]' (Python 3.10 or later)"
+
+
+class McpError(Exception):
+    """A server cannot be used: a bad --mcp or --mcp-config, or a server that does not start."""
+
+
+@dataclass(frozen=True)
+class ServerSpec:
+    """One server: a command run over stdio, or a streamable-HTTP URL."""
+
+    name: str
+    command: Tuple[str, ...] = ()
+    env: Dict[str, str] = field(default_factory=dict)
+    url: Optional[str] = None
+
+    def shown(self) -> str:
+        """The server as the user gave it, for messages."""
+        return self.url or shlex.join(self.command)
+
+
+def parse_server_specs(mcp_args: Iterable[str], config_path: Optional[str] = None, named: str = "--mcp",
+                       config_named: str = "--mcp-config") -> List[ServerSpec]:
+    """The servers of each --mcp SERVER, then of a --mcp-config file, each with a name of its own;
+    McpError says in one line what is wrong."""
+    specs = []
+    for argument in mcp_args:
+        if re.match(r"https?://", argument, re.IGNORECASE):
+            specs.append(ServerSpec(_url_name(argument), url=argument))
+            continue
+        try:
+            command = shlex.split(argument)
+        except ValueError as error:
+            raise McpError(f"{named} {argument}: {error}") from None
+        if not command:
+            raise McpError(f"{named}: the server command is empty")
+        specs.append(ServerSpec(_command_name(command), command=tuple(command)))
+    named: List[ServerSpec] = []
+    for spec in specs + (_read_config(config_path, config_named) if config_path else []):
+        name, number = safe_name(spec.name), 1  # the name goes in front of clashing tools: one per server
+        while any(earlier.name == name for earlier in named):
+            number += 1
+            name = f"{safe_name(spec.name)}_{number}"
+        named.append(ServerSpec(name, spec.command, spec.env, spec.url))
+    return named
+
+
+def _read_config(path: str, named: str) -> List[ServerSpec]:
+    where = f"{named} {path}"
+    try:
+        with open(path, encoding="utf-8") as file:
+            config = json.load(file)
+    except FileNotFoundError:
+        raise McpError(f"{where}: no such file") from None
+    except OSError as error:
+        raise McpError(f"{where}: cannot read it ({error.strerror})") from None
+    except ValueError as error:
+        raise McpError(f"{where}: not valid JSON ({error})") from None
+    servers = config.get("mcpServers") if isinstance(config, dict) else None
+    if not isinstance(servers, dict):
+        raise McpError(f'{where}: expected {{"mcpServers": {{"NAME": {{"command": ...}} or {{"url": ...}}}}}}')
+    specs = []
+    for name, entry in servers.items():
+        entry = entry if isinstance(entry, dict) else {}
+        command, args, env, url = entry.get("command"), entry.get("args", []), entry.get("env", {}), entry.get("url")
+        if url is not None and not re.match(r"https?://", str(url), re.IGNORECASE):
+            raise McpError(f'{where}: server {name}: "url" must be an http:// or https:// URL')
+        if url is not None:
+            specs.append(ServerSpec(name, url=url))
+        elif not (isinstance(command, str) and command.strip()):
+            raise McpError(f'{where}: server {name} has neither "command" nor "url"')
+        elif not (isinstance(args, list) and all(isinstance(arg, str) for arg in args)):
+            raise McpError(f'{where}: server {name}: "args" must be a list of strings')
+        elif not (isinstance(env, dict) and all(isinstance(value, str) for value in env.values())):
+            raise McpError(f'{where}: server {name}: "env" must map names to strings')
+        else:
+            specs.append(ServerSpec(name, command=(command, *args), env=dict(env)))
+    return specs
+
+
+_LAUNCHERS = {"python", "python3", "py", "node", "npx", "uv", "uvx", "run", "pipx", "bun", "bunx", "deno",
+              "docker", "podman", "sh", "bash"}
+
+
+def _command_name(command: List[str]) -> str:
+    """What a command runs (its module, script or package): "time" for python -m mcp_server_time."""
+    if "-m" in command[:-1]:
+        runs = command[command.index("-m") + 1]
+    else:
+        runs = next((word for word in command if not word.startswith("-") and _stem(word) not in _LAUNCHERS),
+                    command[0])
+    return _without_filler(_stem(runs))
+
+
+def _url_name(url: str) -> str:
+    """The host: "deepwiki" for https://mcp.deepwiki.com/mcp, "local_8000" for http://127.0.0.1:8000."""
+    parts = urlsplit(url)
+    if re.fullmatch(r"[0-9.]+|localhost|::1", parts.hostname or ""):
+        return f"local_{parts.port}" if parts.port else "local"
+    return _without_filler(".".join((parts.hostname or "http").split(".")[:-1]))
+
+
+def _stem(path: str) -> str:
+    return os.path.splitext(os.path.basename(path.rstrip("/")))[0].lower()
+
+
+def _without_filler(text: str) -> str:
+    words = [word for word in re.split(r"[^a-zA-Z0-9]+", text) if word and word.lower() not in ("mcp", "server", "www")]
+    return "_".join(words) or "mcp"
+
+
+def safe_name(name: str) -> str:
+    """name as endpoints take a function name: ^[a-zA-Z0-9_-]{1,64}$."""
+    return re.sub(r"[^a-zA-Z0-9_-]", "_", name)[:FUNCTION_NAME_CHARS] or "mcp"
+
+
+_TYPES = ("string", "integer", "number", "boolean", "object", "array", "null")
+
+
+MAX_SCHEMA_DEPTH = 12  # a schema nested deeper (or recursive) takes any value below this
+
+
+_KEPT = {"integer": ("minimum", "maximum"), "number": ("minimum", "maximum"),
+         "string": ("minLength", "maxLength"), "array": ("minItems", "maxItems")}  # grammar engines take these
+
+
+def simplify_schema(schema: Any, root: Any = None, seen: frozenset = frozenset(), depth: int = 0) -> dict:
+    """A schema grammar engines compile that takes at least what `schema` takes: every value typed
+    (untyped: tools.ANY_JSON), $ref and allOf resolved, oneOf as anyOf, what they reject dropped
+    (not, if/then, patternProperties, format, unanchored patterns, ...)."""
+    flat, seen = _flatten(schema, schema if root is None else root, seen)
+    root = schema if root is None else root
+    simple: Dict[str, Any] = {"description": flat["description"]} if isinstance(flat.get("description"), str) else {}
+    branches, kind = flat.get("anyOf") or flat.get("oneOf"), flat.get("type")
+    if isinstance(branches, list) and branches and kind is None and depth < MAX_SCHEMA_DEPTH:
+        return {"anyOf": [simplify_schema(branch, root, seen, depth + 1) for branch in branches], **simple}
+    if isinstance(kind, list) and len([name for name in kind if name in _TYPES]) > 1 and depth < MAX_SCHEMA_DEPTH:
+        flat = {key: value for key, value in flat.items() if key != "description"}
+        return {"anyOf": [simplify_schema({**flat, "type": name}, root, seen, depth + 1)
+                          for name in kind if name in _TYPES], **simple}
+    kind = next((name for name in kind if name in _TYPES), None) if isinstance(kind, list) else kind
+    values = [flat["const"]] if "const" in flat else flat.get("enum") if isinstance(flat.get("enum"), list) else None
+    kind = kind if kind in _TYPES else _implied_type(flat, values)
+    simple.update({"enum": values} if values else {})
+    if kind is None or depth >= MAX_SCHEMA_DEPTH:  # deeper than that: any value
+        return {**copy.deepcopy(ANY_JSON), **simple}
+    simple["type"] = kind
+    simple.update((key, flat[key]) for key in _KEPT.get(kind, ())
+                  if isinstance(flat.get(key), (int, float)) and not isinstance(flat[key], bool))
+    if kind == "string" and _anchored_pattern(flat.get("pattern")):
+        simple["pattern"] = flat["pattern"]
+    if kind == "array" and isinstance(flat.get("items"), dict):
+        simple["items"] = simplify_schema(flat["items"], root, seen, depth + 1)
+    properties = flat.get("properties") if kind == "object" and isinstance(flat.get("properties"), dict) else {}
+    if properties:
+        simple["properties"] = {name: simplify_schema(value, root, seen, depth + 1)
+                                for name, value in properties.items()}
+        simple["required"] = [name for name in flat.get("required") or [] if name in properties]
+    extra = flat.get("additionalProperties") if kind == "object" else None
+    if isinstance(extra, dict):
+        simple["additionalProperties"] = simplify_schema(extra, root, seen, depth + 1)
+    elif extra is False and "patternProperties" not in flat:  # with it, the dropped patterns allowed more
+        simple["additionalProperties"] = False
+    return simple
+
+
+def _flatten(schema: Any, root: Any, seen: frozenset) -> Tuple[dict, frozenset]:
+    """schema with its $ref followed and its allOf merged in; a $ref met again on the way is any value."""
+    if not isinstance(schema, dict):
+        return {}, seen
+    ref = schema.get("$ref")
+    if isinstance(ref, str):
+        target = _pointer(root, ref) if ref not in seen else None
+        found, seen = _flatten(target, root, seen | {ref})
+        schema = {**found, **{key: value for key, value in schema.items() if key != "$ref"}}
+    if isinstance(schema.get("allOf"), list):
+        merged = {key: value for key, value in schema.items() if key != "allOf"}
+        for part in schema["allOf"]:
+            part, _ = _flatten(part, root, seen)
+            if isinstance(part.get("properties"), dict):
+                merged["properties"] = {**part["properties"], **merged.get("properties", {})}
+            if isinstance(part.get("required"), list):
+                merged["required"] = [*merged.get("required", []), *part["required"]]
+            for key, value in part.items():
+                merged.setdefault(key, value)
+        schema = merged
+    return schema, seen
+
+
+def _pointer(root: Any, ref: str) -> Any:
+    """What a local reference ("#/$defs/Point") points to in the schema, or None."""
+    node = root if ref.startswith("#") else None
+    for part in ref[1:].split("/")[1:]:
+        part = unquote(part).replace("~1", "/").replace("~0", "~")
+        if isinstance(node, list):
+            node = node[int(part)] if part.isdigit() and int(part) < len(node) else None
+        else:
+            node = node.get(part) if isinstance(node, dict) else None
+    return node
+
+
+def _implied_type(schema: dict, values: Optional[list]) -> Optional[str]:
+    """The type a schema without one implies by its values or keywords, or None."""
+    if values:
+        kinds = {"boolean" if isinstance(value, bool) else {int: "integer", float: "number", str: "string",
+                 list: "array", dict: "object"}.get(type(value), "null") for value in values}
+        kinds = {"number"} if kinds == {"integer", "number"} else kinds
+        return kinds.pop() if len(kinds) == 1 else None
+    if "properties" in schema or "additionalProperties" in schema:
+        return "object"
+    return "array" if "items" in schema else None
+
+
+def _anchored_pattern(pattern: Any) -> bool:
+    """Grammar engines take a pattern anchored at both ends; tools.check_args, one Python compiles."""
+    try:
+        return isinstance(pattern, str) and pattern[:1] == "^" and pattern[-1:] == "$" and bool(re.compile(pattern))
+    except re.error:
+        return False
+
+
+def parameters_of(schema: Any) -> Tuple[Dict[str, dict], List[str]]:
+    """A tool's parameters and required names from its inputSchema, each typed and described."""
+    top, _ = _flatten(schema, schema, frozenset())
+    properties = dict(top["properties"]) if isinstance(top.get("properties"), dict) else {}
+    for branch in top.get("anyOf") or top.get("oneOf") or []:  # alternative argument sets: any of their names
+        branch, _ = _flatten(branch, schema, frozenset())
+        properties.update((name, value) for name, value in (branch.get("properties") or {}).items()
+                          if name not in properties)
+    required = list(dict.fromkeys(name for name in top.get("required") or [] if isinstance(name, str)))
+    parameters = {}
+    for name in [*properties, *(name for name in required if name not in properties)]:
+        original, _ = _flatten(properties.get(name), schema, frozenset())
+        text = original.get("description") or original.get("title") or name.replace("_", " ")
+        noted = f" (format: {original['format']})" if isinstance(original.get("format"), str) else ""
+        parameters[name] = {**simplify_schema(properties.get(name), schema),
+                            "description": " ".join(str(text).split()) + noted}
+    return parameters, required
+
+
+def argument_checker(schema: Any) -> Callable[[dict], Optional[str]]:
+    """What the server's own schema says is wrong with a call's args, in a line the model can act on,
+    or None; a schema jsonschema cannot use is left to the server to judge."""
+    import jsonschema
+    try:
+        validator_class = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+        validator_class.check_schema(schema)
+        validator = validator_class(schema)
+    except Exception:
+        return lambda args: None
+
+    def problem(args: dict) -> Optional[str]:
+        try:
+            error = jsonschema.exceptions.best_match(validator.iter_errors(args))
+        except Exception:  # a $ref it cannot follow
+            return None
+        if error is None:
+            return None
+        where = "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in error.absolute_path)
+        message = clip(error.message, MESSAGE_CHARS)
+        return f"{where.lstrip('.')}: {message}" if where else message
+    return problem
+
+
+def result_data(result: dict) -> Any:
+    """A tools/call result as a tool's data: structuredContent, else the content as text; an isError
+    result raises ToolError with its message."""
+    parts = [_content_text(block) for block in result.get("content") or [] if isinstance(block, dict)]
+    if result.get("isError"):
+        raise ToolError("\n".join(parts) or "the tool failed without saying why")
+    if result.get("structuredContent") is not None:
+        return result["structuredContent"]
+    return "\n".join(parts) if parts else None
+
+
+def _content_text(block: dict) -> str:
+    """One content block as text; images, audio and binary resources as a short description."""
+    kind = block.get("type")
+    resource = block.get("resource") if isinstance(block.get("resource"), dict) else {}
+    if kind == "text":
+        return str(block.get("text", ""))
+    if kind in ("image", "audio"):
+        return f"[{kind} {block.get('mimeType', '')}, {_decoded_size(block.get('data'))} bytes, not shown]"
+    if kind == "resource_link":
+        return f"[resource link: {block.get('uri')}]"
+    if kind == "resource" and "text" in resource:
+        return str(resource["text"])
+    if kind == "resource":
+        return (f"[resource {resource.get('uri')}: {resource.get('mimeType', 'binary')},"
+                f" {_decoded_size(resource.get('blob'))} bytes, not shown]")
+    return f"[{kind} content, not shown]"
+
+
+def _decoded_size(base64_text: Any) -> int:
+    return len(base64_text.rstrip("=")) * 3 // 4 if isinstance(base64_text, str) else 0
