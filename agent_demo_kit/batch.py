@@ -11,39 +11,31 @@ nothing that a rerun needs lives only in this process: after kill -9, a task wit
 is resumed from them, and one that ended is not run again.
 """
 import collections
-import hashlib
 import json
 import os
-import re
-import shutil
-import stat
 import sys
 import threading
 import time
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable, Deque, Dict, Iterable, Iterator, List, NamedTuple, Optional, Tuple
-from urllib.parse import urlsplit
+from typing import Any, Callable, Deque, Dict, Iterable, List, NamedTuple, Optional, Tuple
 
-import prompts
 from agent_demo import prepare, run_job
 from agent_demo_kit import metrics, scoring
-from agent_demo_kit.comparison import (FAILURES_SHOWN, OUTPUT_FILES, config_differences, failures, read_results, render_failures,
-                                       result_key, success)
+from agent_demo_kit.batch_view import Saying
+from agent_demo_kit.batch_folder import (check_output_folder, configuration, default_out, put_results_in_order,
+                                         results_name)
+from agent_demo_kit.comparison import FAILURES_SHOWN, config_differences, failures, read_results, success
 from agent_demo_kit.endings import ENDED, ConfigError, EndpointError, Interrupted, RunResult, SigTerm, Terminated
-from agent_demo_kit.private_files import open_private, require_ours, resolve
+from agent_demo_kit.private_files import in_use, lock, open_private
 from agent_demo_kit.records import number
 from agent_demo_kit.request_gate import RequestGate
 from agent_demo_kit.scoring import cost
-from agent_demo_kit.task_file import BatchTask, Key, read_tasks, task_hash
 from agent_demo_kit.seals import is_sealed, sealed
-from agent_demo_kit.trace_file import has_start, last_run, read_records, sealed_run, started_as
-from agent_demo_kit.private_files import in_use, lock
-from agent_demo_kit.settings import HOSTED_PARALLEL, DEFAULT_RETRY_ERRORS, Settings, keyword_name, load_settings
-from agent_demo_kit.urls import display_url
+from agent_demo_kit.settings import DEFAULT_RETRY_ERRORS, HOSTED_PARALLEL, keyword_name, load_settings
+from agent_demo_kit.task_file import BatchTask, read_tasks, task_hash
 from agent_demo_kit.terminal import is_terminal
-from tools import REGISTRY
-from tools import in_use as offered_tools
+from agent_demo_kit.trace_file import has_start, last_run, read_records, sealed_run, started_as
 
 LIVE_EVERY = 0.5  # seconds between redraws of the live line
 DOWN_AFTER = 3  # tasks in a row without a connection to the endpoint that stop the batch
@@ -52,37 +44,6 @@ FREED_WITHIN = 5.0  # seconds a task's trace may stay locked after its last run 
 
 
 # --- the output folder -------------------------------------------------------------------------
-
-def default_out(source: str, model: str) -> Path:
-    """The folder a task file's results go to when --out is not given: beside it, named after it, a
-    folder a model (FILE-results/MODEL), so that the same file run with two models just works."""
-    folder = Path("batch-results") if source == "-" else Path(source).with_name(f"{Path(source).stem}-results")
-    name = model.strip()
-    safe = re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip(".-")[:80] or "model"
-    # A name a folder cannot hold as it is gets a hash of itself too: openai/gpt-4o and openai-gpt-4o differ.
-    return folder / (safe if safe == name else f"{safe}-{hashlib.sha256(name.encode()).hexdigest()[:8]}")
-
-
-def configuration(settings: Settings) -> dict:
-    """What decides an answer, as each results line records it: the model, the endpoint's host, the
-    mode, the tools, the system prompt's version (a hash of it), --max-rounds, the check and --escalate.
-    A rerun into a folder of another configuration is refused; --summary puts them side by side."""
-    offered = {name: tool for name, tool in REGISTRY.items()
-               if settings.tool_names is None or name in settings.tool_names}
-    system = prompts.render_system_prompt(offered_tools(offered), settings.mode, settings.max_calls)
-    tools = [*(settings.tool_names or ["all"]), *(f"file {os.path.basename(path)}" for path in settings.tools_files),
-             *(f"mcp {server}" for server in settings.mcp_servers),
-             *([f"mcp-config {os.path.basename(settings.mcp_config)}"] if settings.mcp_config else [])]
-    return {"model": settings.model.strip(), "endpoint": urlsplit(settings.endpoint).hostname, "mode": settings.mode,
-            "tools": tools, "prompt": hashlib.sha256(system.encode("utf-8")).hexdigest()[:12],
-            "max_rounds": settings.max_rounds, "check": settings.check,
-            "escalate": settings.escalate.strip() if settings.escalate else None}
-
-
-def results_name(part: Optional[Tuple[int, int]], kind: str) -> str:
-    """results.jsonl / summary.json, or a shard's own (results-0of4.jsonl)."""
-    tail = f"-{part[0]}of{part[1]}" if part else ""
-    return f"{kind}{tail}.{'jsonl' if kind == 'results' else 'json'}"
 
 
 def summarize_runs(traces: List[Path]) -> dict:
@@ -106,7 +67,7 @@ class Planned(NamedTuple):
     busy: int = 0  # times its trace was found locked when its turn came
 
 
-class Batch:
+class Batch(Saying):
     """The tasks of one shard (or all of them), run into one output folder."""
 
     def __init__(self, tasks: List[BatchTask], out: Optional[Path], given: Dict[str, Any], environment: Dict[str, str],
@@ -286,7 +247,7 @@ class Batch:
             self.say_task_checks()
             self.stopped_by = self.work_through()
             summary = self.say_end()
-            self.compact(path)  # while the lock is held
+            put_results_in_order(path, self.tasks)  # while the lock is held
         finally:
             self.results.close()
         if self.stopped_by:
@@ -422,104 +383,6 @@ class Batch:
         if first:
             self.say(why)
 
-    # --- what is said ---
-
-    def say(self, text: str) -> None:
-        with self.screen:
-            self.clear_live()
-            print(f"agent-demo: {text}", file=sys.stderr, flush=True)
-
-    def say_start(self) -> None:
-        if self.quiet:
-            return
-        total = len(self.tasks)
-        where = f" (shard {self.part[0]} of {self.part[1]} slices)" if self.part else ""
-        why = "--parallel" if self.parallel_given else (
-            "a local server answers one request at a time; --parallel N to change" if self.parallel == 1
-            else "the default for a hosted endpoint; --parallel N to change")
-        left = len(self.queue)
-        goes_on = sum(not planned.fresh and planned.traced for planned in self.queue)
-        print(f"agent-demo: batch of {total} task(s){where} into {self.out}/, {self.parallel} at a time ({why})",
-              file=sys.stderr)
-        chosen = self.environment.where_requests_go(self.settings) if hasattr(self.environment, "where_requests_go") \
-            else ""
-        if chosen:
-            print(f"agent-demo: requests go to {display_url(self.settings.endpoint)}{chosen}", file=sys.stderr)
-        if self.skipped or goes_on:
-            print(f"agent-demo: {self.skipped} already ended, {goes_on} go on from their traces,"
-                  f" {left - goes_on} start", file=sys.stderr, flush=True)
-        if self.changed:
-            shown = ", ".join(self.changed[:5]) + (f" and {len(self.changed) - 5} more" if len(self.changed) > 5 else "")
-            print(f"agent-demo: {len(self.changed)} task(s) say something else than when they last ran ({shown}):"
-                  " they start again", file=sys.stderr, flush=True)
-        for said in self.notes:
-            print(f"agent-demo: {said}", file=sys.stderr, flush=True)
-
-    def say_task_checks(self) -> None:
-        """The commands task lines name as checks, with their lines, said once before the first request
-        (even under --quiet): run as the user with --task-checks, else passed by."""
-        named: Dict[str, List[int]] = {}
-        for task in self.tasks:
-            if task.check is not None and task.repeat == 1:
-                named.setdefault(task.check, []).append(task.line)
-        if not named:
-            return
-        if not self.task_checks:
-            lines = sorted(line for found in named.values() for line in found)
-            shown = ", ".join(map(str, lines[:10])) + (f" and {len(lines) - 10} more" if len(lines) > 10 else "")
-            print(f"agent-demo: {len(lines)} task line(s) of {self.source} name a check (line {shown}): not run,"
-                  " since a task file is data; --task-checks runs them as you, beside --check", file=sys.stderr,
-                  flush=True)
-            return
-        print(f"agent-demo: --task-checks: these commands from {self.source} run as you on the answers of their"
-              " tasks" + (", beside --check" if self.settings.check is not None else "") + ":", file=sys.stderr)
-        for command, lines in named.items():  # every one: what runs as the user is never left unsaid
-            shown = ", ".join(map(str, lines[:5])) + (f" and {len(lines) - 5} more" if len(lines) > 5 else "")
-            print(f"  line {shown}: {command}", file=sys.stderr)
-        sys.stderr.flush()
-
-    def say_task(self, line: dict) -> None:
-        """One line a task as it ends (not under --quiet), above the live line."""
-        if self.quiet:
-            return
-        said = line.get("answer") if line["status"] == "finished" else line.get("error") or line.get("summary") or ""
-        said = said if isinstance(said, str) else json.dumps(said, ensure_ascii=False)
-        said = " ".join(said.split())
-        tried = f" (try {line['repeat']})" if self.tries > 1 else ""
-        verdict = {True: ", right", False: ", wrong"}.get(line.get("correct"), "") if line["status"] == "finished" else ""
-        text = (f"[{self.done + self.skipped}/{len(self.tasks)}] {line['id']}{tried}: {line['status']}{verdict},"
-                f" {line['rounds']} round(s), {line['seconds']:.1f} s" + (f": {said[:120]}" if said else ""))
-        if self.live:  # a line a task on a terminal: cut to its width, never wrapped
-            text = text[:shutil.get_terminal_size().columns - 1]
-        with self.screen:
-            self.clear_live()
-            print(text, file=sys.stderr, flush=True)
-            self.show_live()
-
-    def show_live(self) -> None:
-        """On a terminal: done/total, counts per status, tokens, elapsed and ETA, on one redrawn line."""
-        if not self.live:
-            return
-        summary = self.tally.summary()
-        elapsed = time.monotonic() - self.started
-        left = len(self.tasks) - self.done - self.skipped
-        eta = f", ETA {clock(elapsed / self.ran * left)}" if self.ran and left else ""
-        counts = ", ".join(f"{status} {count}" for status, count in summary["status_counts"].items())
-        text = (f"{self.done + self.skipped}/{len(self.tasks)} done ({counts or 'none yet'}),"
-                f" {summary['tokens']['total']:,} tokens, {clock(elapsed)} elapsed{eta}")
-        with self.screen:
-            self.clear_live()
-            sys.stderr.write(text[:shutil.get_terminal_size().columns - 1])
-            sys.stderr.flush()
-            self.shown_live = True
-
-    def clear_live(self) -> None:
-        """Take the live line away (our own code, so that what comes next starts on a clean line)."""
-        if self.shown_live:
-            write_code = getattr(sys.stderr, "write_code", sys.stderr.write)
-            write_code("\r\033[K")
-            self.shown_live = False
-
     def summary(self) -> dict:
         """The table of this run's tasks (those that did not run, as "pending": not done, not right), as
         summary.json holds it, with the configuration, the task file and the first failures."""
@@ -529,102 +392,6 @@ class Batch:
                 "tasks_file": None if self.source == "-" else os.path.abspath(self.source),
                 "failed_or_wrong": self.failed, "failures": self.failures[:FAILURES_SHOWN]}
 
-    def say_end(self) -> dict:
-        """The table on stderr and in summary.json; a task whose retry never came (the batch stopped) is
-        counted as its last run ended."""
-        for line in self.waiting.values():
-            self.count(line)
-            self.done += 1
-            self.say_task(line)
-        self.waiting.clear()
-        summary = self.summary()
-        write_private(self.out / results_name(self.part, "summary"), [json.dumps(summary, indent=2).encode() + b"\n"])
-        self.clear_live()
-        if not self.quiet:
-            print("\n".join(metrics.render(summary)), file=sys.stderr)
-            said = render_failures(self.failures, FAILURES_SHOWN)
-            if said and self.failed > len(self.failures):
-                said[-1] = f"  ... and {self.failed - FAILURES_SHOWN} more (in {self.out / results_name(self.part, 'results')})"
-            said[:1] = [f"{self.failed} task(s) did not finish or were wrong:"] if said else []
-            print("\n".join(said), file=sys.stderr)
-            errors = summary["status_counts"].get("error", 0)
-            if errors and not self.stop.is_set():
-                print(f"agent-demo: {errors} task(s) ended in an error with no retries left; --retry-errors"
-                      f" {self.retry_errors + 1} runs them once more", file=sys.stderr)
-            if self.command and self.failed > errors and not self.stop.is_set():
-                again = self.command if self.rerun_failed else f"{self.command} --rerun-failed"
-                print(f"agent-demo: to run the ones that did not finish or were wrong again: {again}",
-                      file=sys.stderr)
-            if self.elsewhere:
-                print(f"agent-demo: {self.elsewhere} task(s) were being run by another agent-demo process and"
-                      " are left to it", file=sys.stderr)
-            print(f"agent-demo: results in {self.out / results_name(self.part, 'results')}", file=sys.stderr,
-                  flush=True)
-        if self.command and (self.stopped_by or self.endpoint_failed):  # even under --quiet: how to go on
-            print(f"agent-demo: to go on: {self.command}", file=sys.stderr, flush=True)
-        return summary
-
-    def compact(self, path: Path) -> None:
-        """results.jsonl with one line a task, in the task file's order (the last line of each; none of a
-        task the file no longer has: its trace stays), written whole before it replaces the old one, so a
-        crash leaves one or the other. Left as it is when it is so already."""
-        latest: Dict[Key, int] = {}  # id and try -> where its last line starts
-        order = {task.key: n for n, task in enumerate(self.tasks)}
-        count, last, in_order = 0, -1, True
-        with open(path, "rb") as results:
-            for offset, raw in iter_lines(results):
-                try:
-                    ident = result_key(json.loads(raw))
-                except (ValueError, AttributeError, RecursionError):
-                    continue
-                latest[ident], count = offset, count + 1
-                in_order, last = in_order and order.get(ident, len(order)) > last, order.get(ident, len(order))
-            gone = [ident for ident in latest if ident not in order]  # tasks the file no longer has
-            for ident in gone:
-                del latest[ident]
-            if len(latest) == count and in_order:
-                return
-            offsets = [offset for _, offset in sorted(latest.items(), key=lambda item: order.get(item[0], len(order)))]
-            latest.clear()
-
-            def lines() -> Iterator[bytes]:  # one at a time: the file is never held whole
-                for offset in offsets:
-                    results.seek(offset)
-                    yield results.readline().rstrip(b"\n") + b"\n"
-            write_private(path, lines())
-
-
-def check_output_folder(out: Path) -> None:
-    """The output folder, its traces and its results files are used only when they are yours and
-    writable by nobody else, with no links out (a link of yours on the way to the folder is
-    followed); ConfigError naming the first that is not, before anything is sent."""
-    what = "the output folder"
-    real = Path(resolve(str(out), what))
-    for folder in (real, real / "traces"):
-        info = os.lstat(folder)
-        if not stat.S_ISDIR(info.st_mode):
-            raise ConfigError(f"{what}: {folder} is {'a link' if stat.S_ISLNK(info.st_mode) else 'not a folder'};"
-                              " use a folder of your own")
-        require_ours(info, str(folder), what)
-    for folder, names in ((real, OUTPUT_FILES.fullmatch), (real / "traces", lambda name: name.endswith(".jsonl"))):
-        with os.scandir(folder) as entries:
-            for entry in entries:
-                if not names(entry.name):
-                    continue
-                info = entry.stat(follow_symlinks=False)
-                if not stat.S_ISREG(info.st_mode):
-                    kind = "a link" if stat.S_ISLNK(info.st_mode) else "not a plain file"
-                    raise ConfigError(f"{what}: {entry.path} is {kind}: a batch reads only files it wrote; move it"
-                                      " away")
-                require_ours(info, entry.path, what)
-
-
-def iter_lines(file: Any) -> Iterator[Tuple[int, bytes]]:
-    """Each line of a binary file with the offset it starts at."""
-    offset = 0
-    for raw in file:
-        yield offset, raw
-        offset += len(raw)
 
 
 def run_batch(tasks: Any, out: Any, *, parallel: Optional[int] = None, retry_errors: int = DEFAULT_RETRY_ERRORS,
@@ -653,23 +420,6 @@ def free_within(trace: Path, seconds: float) -> None:
     deadline = time.monotonic() + seconds
     while in_use(trace) and time.monotonic() < deadline:
         time.sleep(0.02)
-
-
-def write_private(path: Path, pieces: Iterable[bytes]) -> None:
-    """A file readable only by the user, written whole under another name, piece by piece, and then
-    renamed over `path`."""
-    temporary = path.with_name(f".{path.name}.{os.getpid()}")
-    with open(open_private(str(temporary), str(path.name)), "wb") as file:
-        file.truncate()
-        file.writelines(pieces)
-    os.replace(temporary, path)
-
-
-def clock(seconds: float) -> str:
-    """Seconds as h:mm:ss or m:ss."""
-    whole = int(seconds)
-    hours, rest = divmod(whole, 3600)
-    return f"{hours}:{rest // 60:02d}:{rest % 60:02d}" if hours else f"{rest // 60}:{rest % 60:02d}"
 
 
 def exit_code(summary: dict, needed: Optional[float]) -> int:

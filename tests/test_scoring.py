@@ -297,7 +297,7 @@ def test_the_side_by_side_table_shows_model_text_escaped_even_into_a_pipe(tmp_pa
 
 @pytest.mark.parametrize("first, second", [("openai/gpt-4o", "openai-gpt-4o"), ("a:b", "a-b"), (".", "..")])
 def test_model_names_a_folder_cannot_hold_as_they_are_still_get_folders_of_their_own(first, second):
-    from agent_demo_kit.batch import default_out
+    from agent_demo_kit.batch_folder import default_out
     assert default_out("tasks.jsonl", first) != default_out("tasks.jsonl", second)
     assert default_out("tasks.jsonl", first).parent == Path("tasks-results")
 

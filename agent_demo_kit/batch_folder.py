@@ -1,0 +1,129 @@
+"""A batch's output folder: where it is by default (beside the task file, a folder a model), the
+configuration its results belong to, the checks it passes before anything is sent (yours, writable
+by nobody else, no links out), its files' names, and results.jsonl put in order, a line a task,
+written whole before it replaces the old one.
+
+It imports prompts, tools, settings, private_files, urls, task_file and comparison.
+"""
+import hashlib
+import json
+import os
+import re
+import stat
+from pathlib import Path
+from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple
+from urllib.parse import urlsplit
+
+import prompts
+from agent_demo_kit.comparison import OUTPUT_FILES, result_key
+from agent_demo_kit.endings import ConfigError
+from agent_demo_kit.private_files import open_private, require_ours, resolve
+from agent_demo_kit.settings import Settings
+from agent_demo_kit.task_file import BatchTask, Key
+from tools import REGISTRY
+from tools import in_use as offered_tools
+
+
+def default_out(source: str, model: str) -> Path:
+    """The folder a task file's results go to when --out is not given: beside it, named after it, a
+    folder a model (FILE-results/MODEL), so that the same file run with two models just works."""
+    folder = Path("batch-results") if source == "-" else Path(source).with_name(f"{Path(source).stem}-results")
+    name = model.strip()
+    safe = re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip(".-")[:80] or "model"
+    # A name a folder cannot hold as it is gets a hash of itself too: openai/gpt-4o and openai-gpt-4o differ.
+    return folder / (safe if safe == name else f"{safe}-{hashlib.sha256(name.encode()).hexdigest()[:8]}")
+
+
+def configuration(settings: Settings) -> dict:
+    """What decides an answer, as each results line records it: the model, the endpoint's host, the
+    mode, the tools, the system prompt's version (a hash of it), --max-rounds, the check and --escalate.
+    A rerun into a folder of another configuration is refused; --summary puts them side by side."""
+    offered = {name: tool for name, tool in REGISTRY.items()
+               if settings.tool_names is None or name in settings.tool_names}
+    system = prompts.render_system_prompt(offered_tools(offered), settings.mode, settings.max_calls)
+    tools = [*(settings.tool_names or ["all"]), *(f"file {os.path.basename(path)}" for path in settings.tools_files),
+             *(f"mcp {server}" for server in settings.mcp_servers),
+             *([f"mcp-config {os.path.basename(settings.mcp_config)}"] if settings.mcp_config else [])]
+    return {"model": settings.model.strip(), "endpoint": urlsplit(settings.endpoint).hostname, "mode": settings.mode,
+            "tools": tools, "prompt": hashlib.sha256(system.encode("utf-8")).hexdigest()[:12],
+            "max_rounds": settings.max_rounds, "check": settings.check,
+            "escalate": settings.escalate.strip() if settings.escalate else None}
+
+
+def results_name(part: Optional[Tuple[int, int]], kind: str) -> str:
+    """results.jsonl / summary.json, or a shard's own (results-0of4.jsonl)."""
+    tail = f"-{part[0]}of{part[1]}" if part else ""
+    return f"{kind}{tail}.{'jsonl' if kind == 'results' else 'json'}"
+
+
+def check_output_folder(out: Path) -> None:
+    """The output folder, its traces and its results files are used only when they are yours and
+    writable by nobody else, with no links out (a link of yours on the way to the folder is
+    followed); ConfigError naming the first that is not, before anything is sent."""
+    what = "the output folder"
+    real = Path(resolve(str(out), what))
+    for folder in (real, real / "traces"):
+        info = os.lstat(folder)
+        if not stat.S_ISDIR(info.st_mode):
+            raise ConfigError(f"{what}: {folder} is {'a link' if stat.S_ISLNK(info.st_mode) else 'not a folder'};"
+                              " use a folder of your own")
+        require_ours(info, str(folder), what)
+    for folder, names in ((real, OUTPUT_FILES.fullmatch), (real / "traces", lambda name: name.endswith(".jsonl"))):
+        with os.scandir(folder) as entries:
+            for entry in entries:
+                if not names(entry.name):
+                    continue
+                info = entry.stat(follow_symlinks=False)
+                if not stat.S_ISREG(info.st_mode):
+                    kind = "a link" if stat.S_ISLNK(info.st_mode) else "not a plain file"
+                    raise ConfigError(f"{what}: {entry.path} is {kind}: a batch reads only files it wrote; move it"
+                                      " away")
+                require_ours(info, entry.path, what)
+
+
+def iter_lines(file: Any) -> Iterator[Tuple[int, bytes]]:
+    """Each line of a binary file with the offset it starts at."""
+    offset = 0
+    for raw in file:
+        yield offset, raw
+        offset += len(raw)
+
+
+def write_private(path: Path, pieces: Iterable[bytes]) -> None:
+    """A file readable only by the user, written whole under another name, piece by piece, and then
+    renamed over `path`."""
+    temporary = path.with_name(f".{path.name}.{os.getpid()}")
+    with open(open_private(str(temporary), str(path.name)), "wb") as file:
+        file.truncate()
+        file.writelines(pieces)
+    os.replace(temporary, path)
+
+
+def put_results_in_order(path: Path, tasks: List[BatchTask]) -> None:
+    """results.jsonl with one line a task, in the task file's order (the last line of each; none of a
+    task the file no longer has: its trace stays), written whole before it replaces the old one, so a
+    crash leaves one or the other. Left as it is when it is so already."""
+    latest: Dict[Key, int] = {}  # id and try -> where its last line starts
+    order = {task.key: n for n, task in enumerate(tasks)}
+    count, last, in_order = 0, -1, True
+    with open(path, "rb") as results:
+        for offset, raw in iter_lines(results):
+            try:
+                ident = result_key(json.loads(raw))
+            except (ValueError, AttributeError, RecursionError):
+                continue
+            latest[ident], count = offset, count + 1
+            in_order, last = in_order and order.get(ident, len(order)) > last, order.get(ident, len(order))
+        gone = [ident for ident in latest if ident not in order]  # tasks the file no longer has
+        for ident in gone:
+            del latest[ident]
+        if len(latest) == count and in_order:
+            return
+        offsets = [offset for _, offset in sorted(latest.items(), key=lambda item: order.get(item[0], len(order)))]
+        latest.clear()
+
+        def lines() -> Iterator[bytes]:  # one at a time: the file is never held whole
+            for offset in offsets:
+                results.seek(offset)
+                yield results.readline().rstrip(b"\n") + b"\n"
+        write_private(path, lines())
