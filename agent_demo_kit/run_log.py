@@ -14,11 +14,15 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Any, Dict, List, Optional
 
-from agent_demo_kit.endings import RESUMABLE, ConfigError
+import prompts
+from agent_demo_kit.actions import parse_actions
+from agent_demo_kit.conversation import truncate_result
+from agent_demo_kit.endings import RESUMABLE, ConfigError, RunResult, ending_of
 from agent_demo_kit.private_files import checked_folder, in_use, private_folder
-from agent_demo_kit.records import is_count, to_json
+from agent_demo_kit.records import Compaction, Reply, Round, is_count, to_json, total_usage
+from agent_demo_kit.settings import Settings
 from agent_demo_kit.terminal import columns, first_columns
 from agent_demo_kit import trace_file
 from prompts import MATERIAL_HEADER
@@ -272,3 +276,82 @@ def pick_run(name: str, environment: Dict[str, str], flag: str) -> str:
             raise ConfigError(f"--show: no runs yet in {folder}")
         return str(newest[0])
     return latest_run(environment) if flag == "--resume" else latest_to_follow_up(environment)
+
+
+def replay(records: List[dict], log: Any) -> RunResult:
+    """Show a recorded run through the same screen calls the live run made; its outcome ("unfinished"
+    when it has no end record)."""
+    kept, rounds, end = dict(records[0]), [], None
+    for record in records:
+        event = trace_file.event_of(record)
+        try:
+            if event in trace_file.SETS_UP:
+                kept.update(record)
+                task, model, url = str(kept.get("task")), str(record.get("model")), str(record.get("url"))
+                if event == trace_file.START:
+                    log.start(task, model, url, kept)
+                elif event == trace_file.RESUME:
+                    log.resume(task, model, url, record.get("after_round"), kept)
+                else:
+                    log.follow_up(str(record.get("text")), model, url, record.get("after_round"), kept)
+            elif event == trace_file.ROUND:
+                rounds.append(Round.from_line(record))
+                show_round(rounds[-1], kept, log)
+            elif event == trace_file.NOTE:
+                log.note(str(record.get("text")))
+            elif event == trace_file.RETRY:
+                log.retry(str(record.get("cause")), record["attempt"], record["retries"], record["wait"])
+            elif event == trace_file.SETTING:
+                log.setting(str(record.get("name")), record.get("value"), str(record.get("text")))
+            elif event == trace_file.FALLBACK:
+                log.fallback(str(record.get("from_mode")), str(record.get("to_mode")), str(record.get("error")),
+                             record.get("from_variant"), record.get("to_variant"))
+            elif event == trace_file.COMPACTION:
+                log.compaction(Compaction.from_line(record))
+            elif event == trace_file.ESCALATION:
+                log.escalation(record["after_round"], str(record.get("from_model")), str(record.get("to_model")),
+                               str(record.get("trigger")), str(record.get("reason")), str(record.get("notice")))
+            elif event == trace_file.END:
+                end = record
+        except (KeyError, TypeError, ValueError):  # a record this version cannot show: left out
+            continue
+    return ended(end, rounds, log)
+
+
+def show_round(record: Round, kept: dict, log: Any) -> None:
+    """One recorded round, as it was shown when it ran."""
+    native = record.tool_calls is not None
+    prose = record.model_output if native else parse_actions(record.model_output).prose
+    reply = Reply(content=record.model_output, tool_calls=record.tool_calls or [], latency_ms=record.latency_ms)
+    log.reply(record.number, kept.get("max_rounds") or record.number, reply, prose, record.usage,
+              record.usage_estimated)
+    for index, call in enumerate(record.calls, 1):
+        log.action(index, len(record.calls), call.tool, call.args, call.note == prompts.ANSWERED_IN_WORDS)
+        log.result(call, truncate_result(call.result, kept.get("max_result_chars") or Settings().max_result_chars))
+    log.round(record)
+
+
+def ended(end: Optional[dict], rounds: List[Round], log: Any) -> RunResult:
+    """The outcome an end record holds (shown as it was), or an unfinished one."""
+    calls = [{"round": record.number, "tool": call.tool, "args": call.args, "result": call.result}
+             for record in rounds for call in record.calls]
+    if end is None:
+        outcome = RunResult(ending_of("error", "unfinished: cut short before its end record"), len(rounds),
+                            total_usage(rounds), calls)
+        log.ended("unfinished", f"unfinished after {len(rounds)} round(s)", [])
+        return outcome
+    outcome = RunResult(ending_of(str(end.get("status")), str(end.get("error") or ""), end.get("result")),
+                        end.get("rounds") if isinstance(end.get("rounds"), int) else len(rounds),
+                        end.get("usage") if isinstance(end.get("usage"), dict) else {}, calls,
+                        last_words=str(end.get("last_words") or ""),
+                        material=end.get("material") if isinstance(end.get("material"), dict) else None,
+                        models=end.get("models") if isinstance(end.get("models"), dict) else None,
+                        answered_in_words=end.get("answered_in_words") is True,
+                        checks=[{"round": record.number, **call.check} for record in rounds for call in record.calls
+                                if call.check])
+    progress = end.get("progress") if isinstance(end.get("progress"), list) else outcome.progress
+    log.ended(outcome.status, str(end.get("summary") or outcome.summary()), [str(line) for line in progress],
+              outcome.models)
+    if outcome.status == "error":
+        print(f"agent-demo: error: {outcome.error}", file=sys.stderr)
+    return outcome
