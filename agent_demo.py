@@ -27,7 +27,7 @@ from agent_demo_kit.records import (Call, Reply, Round, RunEvents, add_usage, an
 from agent_demo_kit.scoring import cost
 from agent_demo_kit.settings import Settings, keyword_name, recorded_settings
 from agent_demo_kit.limits import VALUE_SHOWN_CHARS
-from agent_demo_kit.setup import Approver, Job, prepare
+from agent_demo_kit.setup import Approver, Job, notes_before_the_first_round, prepare, the_callers
 from agent_demo_kit.urls import display_url
 from tools import CONTROL_ACTIONS, FINISH, NOTE, RECALL, REGISTRY, Tool, call_tool, check_args, in_use
 from prompts import ENDINGS  # may only come last in a reply
@@ -184,25 +184,17 @@ class Agent:
             self.trace.resume(task, model, url, len(history), kept)
         else:
             self.trace.start(task, model, url, kept)
-        if self.escalation and self.escalation.in_charge == "second":
-            goes_to = "the follow-up goes to" if follow_up is not None else "the run goes on with"
-            self.trace.note(f"{goes_to} {self.client.settings.model} (--escalate), which had taken the run over")
+        for text in notes_before_the_first_round(self.settings, self.registry, self.approver, self.client,
+                                                 self.escalation, follow_up is not None):
+            self.trace.note(text)
         for call in unfinished:
             self.uncertain[call.tool] = len(history) + 1
             self.trace.note(f"{call.tool} {to_json(call.args)} started in round {len(history) + 1} before the"
                             f" run was cut short and may have happened: in round {len(history) + 1}, no call of"
                             f" {call.tool} runs unless you approve it")
-        side_effects = [name for name, tool in self.registry.items() if tool.side_effects]
-        settings = self.settings
-        if self.approver is None and not settings.yes and (settings.approve or side_effects):
-            refused = "every tool call" if settings.approve else f"every call to {', '.join(side_effects)}"
-            self.trace.note(f"{'--approve: ' if settings.approve else ''}there is no terminal to ask, so {refused}"
-                            " will be refused; --yes runs them")
-        for text in getattr(self.client, "window_notes", list)():
-            self.trace.note(text)
         self.conversation.check_fits()
         if self.checks is None:
-            self.checks = checks_for(settings.check, settings.named("check"))
+            self.checks = checks_for(self.settings.check, self.settings.named("check"))
 
     def ask(self) -> Tuple[Reply, List[dict]]:
         """The model's reply to the conversation (and the messages sent), with the live status line meanwhile."""
@@ -496,16 +488,6 @@ def run_job(job: Job, **given: Any) -> Tuple[RunResult, Agent]:
     and the agent that ran it."""
     agent = Agent.for_job(job, **given)
     return agent.run(job.task, job.history, job.unfinished, job.follow_up, job.resumed), agent
-
-
-def the_callers(name: str, function: Callable) -> Callable:
-    """The caller's function, whose exceptions end the run and reach the caller rather than pass for ours."""
-    def call(*args: Any) -> Any:
-        try:
-            return function(*args)
-        except Exception as error:
-            raise CallerError(f"the {name} function raised") from error
-    return call
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 import prompts
 from agent_demo_kit.checks import Check, checks_for
 from agent_demo_kit.conversation import Conversation
-from agent_demo_kit.endings import ConfigError
+from agent_demo_kit.endings import CallerError, ConfigError
 from agent_demo_kit.environment import Environment
 from agent_demo_kit.escalation import Escalation
 from agent_demo_kit.records import Call, Round
@@ -169,6 +169,22 @@ def prepare(task: str = "", *, given: Dict[str, Any], environment: Dict[str, str
         raise
 
 
+def notes_before_the_first_round(settings: Settings, registry: Dict[str, Tool], approver: Optional[Approver],
+                                 client: Any, escalation: Optional[Escalation], following_up: bool) -> List[str]:
+    """What a run says once, before its first round: which model goes on (with --escalate), calls that
+    will be refused with nobody to ask, a --max-context the model's window does not hold."""
+    notes = []
+    if escalation and escalation.in_charge == "second":
+        goes_to = "the follow-up goes to" if following_up else "the run goes on with"
+        notes.append(f"{goes_to} {client.settings.model} (--escalate), which had taken the run over")
+    side_effects = [name for name, tool in registry.items() if tool.side_effects]
+    if approver is None and not settings.yes and (settings.approve or side_effects):
+        refused = "every tool call" if settings.approve else f"every call to {', '.join(side_effects)}"
+        notes.append(f"{'--approve: ' if settings.approve else ''}there is no terminal to ask, so {refused}"
+                     " will be refused; --yes runs them")
+    return notes + list(getattr(client, "window_notes", list)())
+
+
 def take_up_unsealed(path: str, start: dict, confirm: Optional[Callable[[str], bool]], log: Any) -> None:
     """A run whose records agent-demo did not seal as this user (appended by someone else, copied from
     elsewhere, changed, or written before seals) goes on only when the user says so on the terminal;
@@ -273,3 +289,13 @@ def with_material(task: str, material: str, registry: Dict[str, Tool], start_fie
     start_fields["material"], start_fields["material_shown"] = material, prompts.material_shown(
         material, MATERIAL_SHOWN_CHARS)
     return prompts.render_task_with_material(task, material, shown_chars=MATERIAL_SHOWN_CHARS)
+
+
+def the_callers(name: str, function: Callable) -> Callable:
+    """The caller's function, whose exceptions end the run and reach the caller rather than pass for ours."""
+    def call(*args: Any) -> Any:
+        try:
+            return function(*args)
+        except Exception as error:
+            raise CallerError(f"the {name} function raised") from error
+    return call
