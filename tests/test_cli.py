@@ -284,6 +284,7 @@ def test_every_module_is_installed_with_the_command():
     assert sorted(re.findall(r'"(\w+)"', listed)) == sorted(path.stem for path in ROOT.glob("*.py"))
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize("as_module", [False, True], ids=["python agent_demo.py", "python -m agent_demo"])
 def test_it_runs_from_a_folder_with_its_own_settings_records_client_and_cli(tmp_path, as_module):
     for name in {path.stem for path in (ROOT / "agent_demo_kit").glob("*.py")} | {"runs", "output", "setup"}:
@@ -294,6 +295,7 @@ def test_it_runs_from_a_folder_with_its_own_settings_records_client_and_cli(tmp_
     assert (process.returncode, out) == (0, "5\n"), err
 
 
+@pytest.mark.processes
 def test_python_agent_demo_py_runs_its_file_once_not_again_as_an_import():
     shown = subprocess.run([sys.executable, "-X", "importtime", os.path.join(ROOT, "agent_demo.py"), "--version"],
                            capture_output=True, text=True, env=child_environment(), timeout=30)

@@ -212,7 +212,7 @@ def test_a_server_message_loses_framework_dumps_and_file_paths(payload, said):
 def test_cleaning_a_hostile_error_body_takes_no_time(payload):
     started = time.monotonic()
     server_message(payload)
-    assert time.monotonic() - started < 2
+    assert time.monotonic() - started < 10  # backtracking would take minutes
 
 
 @responses.activate
@@ -339,15 +339,15 @@ def test_a_404_from_a_url_without_v1_says_to_try_it(url, hint):
 # --- bounded by the reply, not only by silence ----------------------------------------------------
 
 def test_a_stream_of_keep_alives_ends_at_the_reply_deadline_and_is_not_sent_again(serve, capsys):
-    server = serve([{"content": "Thinking", "keep_alive": 0.1}], key=None)
-    assert main(["--timeout", "0.5", "--reply-deadline", "1", "x"]) == 3  # the default retries: not sent again
+    server = serve([{"content": "Thinking", "keep_alive": 0.05}], key=None)
+    assert main(["--timeout", "0.2", "--reply-deadline", "0.4", "x"]) == 3  # the default retries: not sent again
     assert len(server.requests) == 1, "not held for ever, nor once per retry"
-    assert "the reply did not end within --reply-deadline 1 s (its server kept sending" in capsys.readouterr().err
+    assert "the reply did not end within --reply-deadline 0.4 s (its server kept sending" in capsys.readouterr().err
 
 
 def test_keep_alives_while_a_local_server_reads_a_long_prompt_keep_the_reply_alive_past_the_timeout(serve, capsys):
-    server = serve([{"content": act("finish", result="done"), "pings": 8, "ping_every": 0.15}], key=None)
-    assert main(["--timeout", "0.5", "x"]) == 0, capsys.readouterr().err
+    server = serve([{"content": act("finish", result="done"), "pings": 6, "ping_every": 0.1}], key=None)
+    assert main(["--timeout", "0.25", "x"]) == 0, capsys.readouterr().err  # 0.6 s of pings
     assert len(server.requests) == 1
 
 

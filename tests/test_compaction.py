@@ -276,6 +276,7 @@ def test_resume_after_a_compaction_sends_the_interrupted_request_byte_for_byte(s
         messages_json(model.bodies[-1])[:-1]), "and the run goes on appending"
 
 
+@pytest.mark.processes
 def test_kill_9_in_the_request_right_after_a_compaction_then_resume_sends_it_again(tmp_path):
     probe = Recorder(*sums(40))
     play(probe, max_rounds=40, max_context=5000)

@@ -118,6 +118,7 @@ def test_a_lone_surrogate_in_an_action_does_not_crash_the_run(serve, capsys, tmp
     json.dumps(server.requests[1]["body"]).encode("utf-8")
 
 
+@pytest.mark.processes
 def test_closing_stdout_early_is_no_traceback_and_the_trace_still_ends(tmp_path):
     trace = tmp_path / "t.jsonl"
     with ScriptedServer([act("calculator", expression="1 + 1")] * 3 + [act("finish", result="x\n" * 50_000)]) as server:
@@ -161,6 +162,7 @@ def wait_for_requests(server, count):
         time.sleep(0.05)
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize("sent, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
 def test_sigterm_and_ctrl_c_end_the_run_with_its_end_record(tmp_path, sent, code):
     trace = tmp_path / "t.jsonl"
@@ -174,6 +176,7 @@ def test_sigterm_and_ctrl_c_end_the_run_with_its_end_record(tmp_path, sent, code
     assert json.loads(trace.read_text().splitlines()[-1])["status"] == "interrupted"
 
 
+@pytest.mark.processes
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
 def test_a_trace_file_whose_write_fails_is_closed(serve, tmp_path):
     with ScriptedServer([act("finish", result="ok")]) as server:
@@ -342,6 +345,7 @@ def test_a_key_with_a_stray_quote_or_backslash_is_refused(serve, monkeypatch, ca
     assert "stray quote" in capsys.readouterr().err and server.requests == []
 
 
+@pytest.mark.processes
 def test_a_tools_print_goes_to_stderr_and_its_exit_is_a_failed_call(serve, tmp_path, capfd):
     path = tmp_path / "noisy.py"
     path.write_text("import sys\n\ndef noisy(x: str) -> str:\n    '''Print, then answer.'''\n"
@@ -366,6 +370,7 @@ def test_a_damaged_trace_is_refused_not_a_traceback(tmp_path, capsys, monkeypatc
     assert "cannot resume" in capsys.readouterr().err
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize("redirect", [">&-", ">/dev/full", "2>&-", "2>/dev/full"])
 def test_a_closed_or_full_stdout_or_stderr_is_no_traceback(tmp_path, redirect):
     with ScriptedServer([act("calculator", expression="1 + 1"), act("finish", result="ok")]) as server:
@@ -378,6 +383,7 @@ def test_a_closed_or_full_stdout_or_stderr_is_no_traceback(tmp_path, redirect):
 
 # --- found by a second review, after the merges ---------------------------------------------------
 
+@pytest.mark.processes
 def test_sigterm_during_a_tool_call_ends_the_run_as_terminated(serve, capsys, tmp_path):
     tools = tmp_path / "sleepy.py"
     started = tmp_path / "started"

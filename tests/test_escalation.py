@@ -57,6 +57,7 @@ def test_three_replies_without_an_action_hand_the_run_to_the_stronger_model(cli,
     assert [record["model"] for record in rounds] == ["small", "small", "small", "big"]
 
 
+@pytest.mark.processes
 def test_the_stronger_models_request_is_the_first_models_with_the_receipt_appended(cli, serve, tmp_path):
     script = ByModel(small=[action("calculator", expression="512 * 3"), action("finish", result="512")],
                      big=[FINISH])
@@ -148,6 +149,7 @@ def test_good_rounds_hand_the_run_back_and_escalations_stop_at_the_most(cli, ser
     assert code == 1 and "round limit" in err
 
 
+@pytest.mark.processes
 def test_a_resume_after_kill_9_during_an_escalated_round_goes_on_with_the_stronger_model(tmp_path):
     slow_finish = {"content": FINISH, "delay": 30}
     script = ByModel(small=[BROKEN + '"1', BROKEN + '"2', BROKEN + '"3'], big=[slow_finish])
@@ -210,6 +212,7 @@ def test_escalating_to_the_same_model_is_refused_before_anything_is_sent(cli, se
     assert code == 2 and "--escalate names the model the run starts with" in err and not server.requests
 
 
+@pytest.mark.processes
 def test_the_round_that_ends_the_run_hands_nothing_back(cli, serve, tmp_path):
     script = ByModel(small=[action("finish", result="512")],
                      big=[action("calculator", expression="12 + 500"), action("calculator", expression="512 * 3"),
@@ -220,6 +223,7 @@ def test_the_round_that_ends_the_run_hands_nothing_back(cli, serve, tmp_path):
     assert code == 0 and [s["trigger"] for s in escalations(tmp_path / "run.jsonl")] == ["check"], err
 
 
+@pytest.mark.processes
 def test_from_python_escalation_takes_its_settings_by_keyword(serve):
     import agent_demo
     script = ByModel(small=[action("finish", result="512")], big=[FINISH])
@@ -231,6 +235,7 @@ def test_from_python_escalation_takes_its_settings_by_keyword(serve):
         agent_demo.run("task", escalate="big", escalate_on=["sometimes"])
 
 
+@pytest.mark.processes
 def test_the_note_stays_with_the_task_once_its_round_is_folded(cli, serve, tmp_path):
     work = [action("calculator", expression=f"{n} + 1") for n in range(8)]
     script = ByModel(small=[*work, action("finish", result="512")], big=[FINISH])
@@ -242,6 +247,7 @@ def test_the_note_stays_with_the_task_once_its_round_is_folded(cli, serve, tmp_p
     assert any("you (big) take over this task from small" in m["content"] for m in first), "the receipt survives"
 
 
+@pytest.mark.processes
 def test_the_hint_after_the_stronger_models_endpoint_failed_names_its_flags(cli, serve):
     script = ByModel(small=[action("finish", result="512")])
     serve([], screen=script)

@@ -205,6 +205,7 @@ def test_resume_alone_with_nothing_unfinished_is_a_usage_error(serve, capsys):
     assert "no unfinished run" in capsys.readouterr().err
 
 
+@pytest.mark.processes
 def test_the_continue_command_works_as_printed(tmp_path):
     with ScriptedServer([act("calculator", expression="1 + 1"), FINISH]) as server:
         env = {"LLM_API_URL": server.url}
@@ -284,6 +285,7 @@ def write_tools(tmp_path, text=TOOLS_FILE, name="my_tools.py"):
     return str(path)
 
 
+@pytest.mark.processes
 def test_a_tools_file_adds_its_public_functions_as_tools(serve, tmp_path, capsys):
     server = serve([act("shout", text="hi"), FINISH])
     assert main(["--tools-file", write_tools(tmp_path), "--quiet", "shout"]) == 0
@@ -293,6 +295,7 @@ def test_a_tools_file_adds_its_public_functions_as_tools(serve, tmp_path, capsys
     assert '"data": "HI"' in server.sent_messages(1)[-1]["content"]
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize("text, reason", [
     ("def calculator(expression: str):\n    '''Mine.'''\n", "the tool calculator clashes"),
     ("def untyped(x):\n    '''No hint.'''\n", "argument x has no type hint"),
@@ -310,6 +313,7 @@ def test_a_tools_file_that_cannot_give_tools_is_a_usage_error_naming_it(serve, t
     assert server.requests == []
 
 
+@pytest.mark.processes
 def test_two_tools_files_with_the_same_tool_clash(serve, tmp_path, capsys):
     serve([FINISH])
     first = write_tools(tmp_path, name="a.py")
@@ -318,6 +322,7 @@ def test_two_tools_files_with_the_same_tool_clash(serve, tmp_path, capsys):
     assert "clashes" in capsys.readouterr().err
 
 
+@pytest.mark.processes
 def test_tools_and_approve_apply_to_a_files_tools(serve, tmp_path, capsys):
     server = serve([act("shout", text="hi"), FINISH])
     assert main(["--tools-file", write_tools(tmp_path), "--tools", "shout", "--approve", "--quiet", "x"]) == 0
@@ -326,6 +331,7 @@ def test_tools_and_approve_apply_to_a_files_tools(serve, tmp_path, capsys):
     assert "no terminal to ask" in server.sent_messages(1)[-1]["content"]
 
 
+@pytest.mark.processes
 def test_a_tool_that_hangs_is_answered_as_an_error_and_the_run_goes_on(serve, tmp_path, capsys):
     server = serve([act("nap", seconds=30), FINISH])
     started = time.monotonic()
@@ -334,6 +340,7 @@ def test_a_tool_that_hangs_is_answered_as_an_error_and_the_run_goes_on(serve, tm
     assert "nap did not finish within 0.2 s" in server.sent_messages(1)[-1]["content"]
 
 
+@pytest.mark.processes
 def test_resume_reloads_the_same_tools_files(serve, tmp_path, capsys):
     path = write_tools(tmp_path)
     trace = tmp_path / "t.jsonl"
@@ -343,6 +350,7 @@ def test_resume_reloads_the_same_tools_files(serve, tmp_path, capsys):
     assert '"data": "B"' in server.sent_messages(2)[-1]["content"]
 
 
+@pytest.mark.processes
 def test_ctrl_c_during_a_long_tool_call_still_ends_the_run_properly(serve, capsys, tmp_path):
     trace = tmp_path / "t.jsonl"
     serve([act("nap", seconds=30), FINISH], key=None)
@@ -352,6 +360,7 @@ def test_ctrl_c_during_a_long_tool_call_still_ends_the_run_properly(serve, capsy
     assert json.loads(trace.read_text().splitlines()[-1])["status"] == "interrupted"
 
 
+@pytest.mark.processes
 def test_the_task_from_a_terminal_says_how_to_end_it(tmp_path):
     import pty
     controller, terminal = pty.openpty()
@@ -366,6 +375,7 @@ def test_the_task_from_a_terminal_says_how_to_end_it(tmp_path):
     assert server.sent_messages(0)[1]["content"] == "Task: look up order A1002"
 
 
+@pytest.mark.processes
 def test_the_trace_shows_each_action_before_it_runs_and_the_result_as_the_model_got_it(serve, tmp_path, capfd):
     tools = write_tools(tmp_path, "def dump(n: int) -> str:\n    '''Print a greeting, return n lines.'''\n"
                                   "    print('hello from the tool')\n"
@@ -382,6 +392,7 @@ def test_the_trace_shows_each_action_before_it_runs_and_the_result_as_the_model_
     assert sum(len(line) - 4 for line in shown) < 4000, "no more than the model got"
 
 
+@pytest.mark.processes
 def test_a_tools_file_returning_what_json_cannot_hold_is_converted_and_says_so(serve, tmp_path, capsys):
     tools = write_tools(tmp_path, "import datetime, decimal\n\ndef when(order_id: str) -> dict:\n"
                                   "    '''When an order was placed, and its price.'''\n"

@@ -214,6 +214,7 @@ def test_a_dumb_terminal_gets_no_colour_and_no_status_line(on_a_terminal):
     assert "\x1b[" not in shown and "model working" not in shown
 
 
+@pytest.mark.processes
 def test_a_running_tool_shows_on_the_status_line_under_its_action(on_a_terminal, tmp_path):
     tools = tmp_path / "slow_tools.py"
     tools.write_text("import time\n\ndef nap(seconds: float) -> str:\n    '''Sleep.'''\n"

@@ -177,6 +177,7 @@ def test_an_ending_raised_while_a_call_runs_ends_the_run_with_its_own_status(tmp
                                                                              " left on device")
 
 
+@pytest.mark.processes
 def test_a_check_that_can_no_longer_start_mid_run_is_a_configuration_error(tmp_path):
     check = tmp_path / "check.sh"
     check.write_text("#!/bin/sh\nexit 1\n")

@@ -15,6 +15,8 @@ import time
 
 import pytest
 
+pytestmark = pytest.mark.processes  # every test here talks to an MCP server, a process
+
 # Checked without importing it: the SDK takes a second or two to import, and the HTTP server
 # below starts meanwhile.
 if importlib.util.find_spec("mcp") is None:
@@ -175,7 +177,7 @@ def test_the_simplified_schema_takes_what_the_original_takes(schema, value):
 
 # --- servers that work: the toolbox over HTTP, bare and the time server over stdio -----------------
 
-@pytest.fixture(scope="session")  # once per worker, even when other modules' tests come between
+@pytest.fixture(scope="module")  # once: the file runs on one worker (pyproject.toml)
 def servers(tmp_path_factory):
     """One run's servers, started together: the toolbox over HTTP ("web") and bare over stdio; yields
     (McpTools, the sink their stderr went to). (The reference time server is run through the command
@@ -293,6 +295,7 @@ def test_a_recorded_description_tells_what_changed(servers):
 
 # --- servers that misbehave ---------------------------------------------------------------------
 
+@pytest.mark.processes
 @pytest.mark.parametrize("command, said", [
     ("/nonexistent/mcp-server", "cannot run it: No such file or directory"),
     (f"{sys.executable} {BARE} --exit-on-initialize", "its stderr ended with: "),
@@ -304,11 +307,12 @@ def test_a_server_that_does_not_start_is_one_line_naming_it(command, said):
         mcp_tools.start(parse_server_specs([command]), 10, stderr=io.StringIO(), startup_timeout=0.3)
     message = str(raised.value)
     assert message.startswith(f"MCP server {parse_server_specs([command])[0].name} (") and said in message
-    assert "\n" not in message and time.monotonic() - started < 5
+    assert "\n" not in message and time.monotonic() - started < 9  # not the 10 s a call may take
     if "--exit" in command:
         assert message.endswith("bare: cannot open the database")
 
 
+@pytest.mark.processes
 def test_a_server_that_crashes_is_restarted_once_then_its_calls_fail(capfd):
     sink = io.StringIO()
     with McpTools() as mcp_tools:
@@ -326,6 +330,7 @@ def test_a_server_that_crashes_is_restarted_once_then_its_calls_fail(capfd):
     assert shown.out == "" and "bare:" not in shown.err  # a server's stderr goes to the sink alone
 
 
+@pytest.mark.processes
 def test_a_call_that_hangs_ends_at_the_tool_timeout_and_the_server_goes_on():
     with McpTools() as mcp_tools:
         registry = mcp_tools.start(parse_server_specs([f"{sys.executable} {BARE}"]), tool_timeout=0.3,
@@ -333,10 +338,11 @@ def test_a_call_that_hangs_ends_at_the_tool_timeout_and_the_server_goes_on():
         started = time.monotonic()
         assert tools.call_tool("hang", {}, registry) == {
             "ok": False, "error": "hang did not finish within 0.3 s (--tool-timeout); it may still be running"}
-        assert time.monotonic() - started < 2
+        assert time.monotonic() - started < 10  # the hang is for ever
         assert tools.call_tool("echo", {"text": "still here"}, registry)["data"] == "still here"
 
 
+@pytest.mark.processes
 def test_close_ends_every_server_process_and_can_be_called_again():
     sink, mcp_tools = io.StringIO(), McpTools()
     registry = mcp_tools.start(parse_server_specs([f"{sys.executable} {BARE}", f"{sys.executable} {BARE}"]), 10,
@@ -362,6 +368,7 @@ def echo_then_finish(mode: str) -> list:
     return [act("echo", text="hello mcp"), act("finish", result="done")]
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize("mode", ["json", "schema", "tools"])
 def test_a_server_named_with_mcp_serves_its_tools_in_every_mode(serve, capsys, mode):
     server = serve(echo_then_finish(mode))
@@ -377,6 +384,7 @@ def pids_said(err: str) -> list:
     return [int(pid) for pid in re.findall(r"^mcp \w+: pid (\d+)$", err, re.MULTILINE)]
 
 
+@pytest.mark.processes
 def test_a_server_from_mcp_config_and_its_side_effects_are_asked_about(serve, capsys, tmp_path):
     config = tmp_path / "servers.json"
     config.write_text(json.dumps({"mcpServers": {"box": {"command": sys.executable, "args": [BARE]}}}))
@@ -386,6 +394,7 @@ def test_a_server_from_mcp_config_and_its_side_effects_are_asked_about(serve, ca
     assert "needs the user's approval" in told and '\\"ok\\": true' not in told, "no terminal to ask: refused"
 
 
+@pytest.mark.processes
 def test_a_server_that_does_not_start_is_a_configuration_error(serve, capsys):
     server = serve([act("finish", result="never")])
     assert main(["--mcp", f"{sys.executable} {BARE} --exit-on-initialize", "x"]) == 2
@@ -396,6 +405,7 @@ def test_a_server_that_does_not_start_is_a_configuration_error(serve, capsys):
     assert server.requests == []
 
 
+@pytest.mark.processes
 def test_resume_starts_the_same_servers(serve, capsys, tmp_path):
     trace = tmp_path / "t.jsonl"
     serve([act("echo", text="one")])
@@ -422,6 +432,7 @@ def time_call(mode: str) -> list:
 @pytest.mark.skipif(importlib.util.find_spec("mcp_server_time") is None, reason="needs mcp-server-time")
 # One mode here (the server takes ~2 s to start: it imports the SDK); json and schema mode, and --mcp,
 # are covered with bare.py above, and all three were run against this server by hand.
+@pytest.mark.processes
 @pytest.mark.parametrize("mode, named_by", [("tools", "--mcp-config")])
 def test_a_reference_server_from_the_package_registry_answers_in_every_mode(serve, capsys, tmp_path, mode, named_by):
     server = serve(time_call(mode))
@@ -433,6 +444,7 @@ def test_a_reference_server_from_the_package_registry_answers_in_every_mode(serv
     assert '\\"ok\\": true' in told and "UTC" in told and "datetime" in told, told
 
 
+@pytest.mark.processes
 def test_no_server_process_is_left_after_sigterm_mid_call(serve, capsys):
     import signal
     from conftest import signal_once

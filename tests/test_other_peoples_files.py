@@ -36,6 +36,7 @@ def test_a_task_files_check_is_not_run_without_task_checks_and_is_said_before_th
     assert all(str(planted) not in json.dumps(request["body"]) for request in server.requests)
 
 
+@pytest.mark.processes
 def test_with_task_checks_the_commands_are_shown_with_their_lines_before_the_first_request(
         tmp_path, cli, monkeypatch):
     (tmp_path / "tasks.jsonl").write_text(
@@ -50,6 +51,7 @@ def test_with_task_checks_the_commands_are_shown_with_their_lines_before_the_fir
     assert code == 0
 
 
+@pytest.mark.processes
 def test_a_task_lines_check_never_replaces_or_loosens_the_command_lines_check(tmp_path, cli, monkeypatch):
     (tmp_path / "tasks.jsonl").write_text(json.dumps({"id": "q1", "task": "What is 2+2?", "check": "true"}) + "\n")
     batch_server(monkeypatch, finish_with("5"))
@@ -70,6 +72,7 @@ def leak() -> str:
 '''
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize("escalate", [[], ["--escalate", "big"]], ids=["without --escalate", "with --escalate"])
 def test_the_escalation_key_reaches_no_check_and_no_tools_worker(tmp_path, cli, monkeypatch, escalate):
     (tmp_path / "telling.py").write_text(TELLING_TOOLS)
@@ -289,6 +292,7 @@ def test_a_task_file_that_is_not_text_is_refused_before_anything_is_sent(tmp_pat
     assert code == 2 and said in err
 
 
+@pytest.mark.processes
 def test_dev_zero_on_stdin_is_refused_without_reading_it_all(tmp_path):
     from conftest import start_cli
     with open("/dev/zero", "rb") as zeros:
@@ -351,11 +355,13 @@ class KeepAliveShow:
         self.httpd.server_close()
 
 
+@pytest.mark.processes
 def test_a_local_servers_window_probe_that_never_ends_has_a_deadline_and_the_header_comes_first(tmp_path):
     from conftest import start_cli
     server = KeepAliveShow()
     try:
-        process = start_cli("--no-log", "--max-rounds", 2, "task", env={"LLM_API_URL": server.url}, cwd=tmp_path)
+        process = start_cli("--no-log", "--max-rounds", 2, "--timeout", 0.5, "task", env={"LLM_API_URL": server.url},
+                            cwd=tmp_path)
         out, err = process.communicate(timeout=30)
     finally:
         server.close()
@@ -378,6 +384,7 @@ def test_429s_without_retry_after_at_a_limit_of_one_cost_a_wait_never_a_task(tmp
         return action("finish", result="ok")
     batch_server(monkeypatch, limited)
     monkeypatch.setenv("AGENT_RETRIES", "1")
+    monkeypatch.setenv("AGENT_MAX_RETRY_WAIT", "0.01")
     code, out, err = cli("--batch", tmp_path / "tasks.jsonl", "--parallel", 1, "--json")
     assert (code, json.loads(out)["status_counts"]) == (0, {"finished": 3}), err
 
@@ -410,6 +417,7 @@ PARTIAL_PRINTS = '''def shout(text: str) -> str:
 '''
 
 
+@pytest.mark.processes
 def test_a_tools_prints_without_a_last_newline_are_not_glued_to_the_next_trace_line(tmp_path, serve, cli):
     (tmp_path / "loud.py").write_text(PARTIAL_PRINTS)
     serve([action("shout", text="hi"), action("finish", result="HI")])
@@ -456,6 +464,7 @@ def test_a_results_file_under_another_name_is_not_read(tmp_path, cli, monkeypatc
     assert json.loads(out)["correct"] == 0
 
 
+@pytest.mark.processes
 def test_task_checks_shows_every_command_it_runs(tmp_path, cli, monkeypatch):
     lines = [json.dumps({"task": f"t{n}", "check": f"true benign {n}"}) for n in range(25)]
     (tmp_path / "tasks.jsonl").write_text("\n".join(lines) + "\n")
@@ -464,6 +473,7 @@ def test_task_checks_shows_every_command_it_runs(tmp_path, cli, monkeypatch):
     assert code == 0 and all(f": true benign {n}" in err for n in range(25))
 
 
+@pytest.mark.processes
 def test_the_first_models_key_said_by_the_model_reaches_no_other_endpoint(cli, serve, monkeypatch):
     first = serve([f"Thinking about {KEY}. " + action("calculator", expression=f"{KEY}+1"),
                    action("finish", result="x")])
@@ -495,7 +505,10 @@ def test_a_sealed_record_copied_from_another_trace_sets_nothing_up(tmp_path, cli
     assert code == 2 and "its run was not set up by agent-demo as you" in err
 
 
+@pytest.mark.processes
 def test_a_task_files_regex_that_takes_for_ever_costs_its_task_not_the_batch(tmp_path, cli, monkeypatch):
+    from agent_demo_kit import scoring
+    monkeypatch.setattr(scoring, "REGEX_SECONDS", 0.3)
     (tmp_path / "tasks.jsonl").write_text(json.dumps({"id": "r", "task": "say a", "expected": "^(a|a)+$",
                                                       "match": "regex"}) + "\n")
     batch_server(monkeypatch, finish_with("a" * 40 + "!"))

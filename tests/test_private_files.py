@@ -137,6 +137,7 @@ def test_runs_refuses_a_shared_folder_too(tmp_path, monkeypatch, capsys):
         f"agent-demo: error: the run log folder {folder} is writable by its group (mode 770): chmod 700 {folder}"]
 
 
+@pytest.mark.processes
 def test_resume_shows_where_requests_go_and_which_tools_files_it_imports(serve, tmp_path, capsys):
     tools_file = tmp_path / "mine.py"
     tools_file.write_text("def shout(text: str) -> str:\n    '''Shout.'''\n    return text.upper()\n")

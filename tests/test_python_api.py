@@ -46,6 +46,7 @@ def test_keywords_are_the_settings_by_their_long_names_and_win_over_the_environm
     assert "stream" not in body
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize("settings, flags, message", [
     ({"max_rounds": 0}, ["--max-rounds", "0"], "must be at least 1, got 0"),
     ({"timeout": "soon"}, ["--timeout", "soon"], "must be a number of seconds"),
@@ -130,6 +131,7 @@ def test_material_is_what_the_task_is_about(serve):
     assert "a\nb\nc" in server.sent_messages(0)[1]["content"]
 
 
+@pytest.mark.processes
 def test_importing_it_loads_neither_mcp_nor_the_terminal_nor_the_trace_files():
     code = ("import sys, agent_demo; print(sorted(m for m in sys.modules if m.startswith(('mcp', 'requests'))"
             " or m in ('agent_demo_kit.terminal', 'agent_demo_kit.trace_file', 'agent_demo_kit.run_log',"
@@ -139,6 +141,7 @@ def test_importing_it_loads_neither_mcp_nor_the_terminal_nor_the_trace_files():
     assert out == "[]\nFalse\n", "nor the MCP SDK when its module is imported, until a server is named"
 
 
+@pytest.mark.processes
 def test_a_script_outside_the_checkout_runs_a_task_with_its_own_tool(tmp_path):
     """As a user would: the installed package, from a folder of their own, against an endpoint."""
     script = tmp_path / "my_agent.py"
@@ -211,6 +214,7 @@ def test_approve_must_be_a_function():
         agent_demo.run("x", url="http://127.0.0.1:9/v1", approve=True)
 
 
+@pytest.mark.processes
 def test_a_folder_with_its_own_tools_py_gets_an_error_that_names_it(tmp_path):
     (tmp_path / "tools.py").write_text("def mine(): pass\n")
     shown = subprocess.run([sys.executable, "-c", "import agent_demo"], capture_output=True, text=True, cwd=tmp_path,

@@ -68,6 +68,7 @@ def test_an_error_message_and_its_debug_traceback_do_not_show_the_key(serve, cap
     assert "Traceback" in err and err.count("Incorrect API key provided: [redacted]") == 2
 
 
+@pytest.mark.processes
 def test_the_approval_question_on_the_terminal_does_not_show_the_key(tmp_path):
     tools_file = tmp_path / "echo.py"
     tools_file.write_text('def echo(text: str) -> str:\n    """Say it back."""\n    return text\n')
@@ -169,6 +170,7 @@ def test_a_short_placeholder_key_never_breaks_the_json_output_or_the_trace(serve
 
 # --- what goes to the endpoint ---------------------------------------------------------------
 
+@pytest.mark.processes
 def test_a_tools_file_cannot_read_the_key_and_one_it_returns_is_not_sent_to_the_endpoint(serve, tmp_path, capsys,
                                                                                          monkeypatch):
     tools_file = tmp_path / "env.py"
@@ -195,6 +197,7 @@ def test_piped_material_with_the_key_is_not_sent_to_the_endpoint(serve, cli):
 
 # --- a traceback -------------------------------------------------------------------------------
 
+@pytest.mark.processes
 def test_a_traceback_that_escapes_to_the_top_goes_through_the_redacting_writer():
     program = ("import sys; sys.path.insert(0, sys.argv[1])\n"
                "from agent_demo_kit.terminal import Redactor, protected\n"

@@ -117,6 +117,7 @@ def test_resume_takes_no_task(tmp_path, capsys, monkeypatch):
     assert "give no task" in capsys.readouterr().err
 
 
+@pytest.mark.processes
 def test_kill_9_in_the_middle_of_a_request_then_resume_loses_and_repeats_nothing(tmp_path):
     trace = tmp_path / "run.jsonl"
     replies = [act("calculator", expression="1 + 1"), act("calculator", expression="2 + 2"),
@@ -334,6 +335,7 @@ def test_a_resume_takes_the_lock_before_it_reads_the_trace_or_imports_its_tools(
     assert not list(tmp_path.glob("imported-*"))
 
 
+@pytest.mark.processes
 def test_two_resumes_at_once_run_the_rounds_once(serve, tmp_path, capsys):
     tools_file = tmp_path / "marking.py"
     tools_file.write_text(MARKING_TOOLS)
@@ -387,6 +389,7 @@ def test_a_call_with_side_effects_is_recorded_before_it_runs(tmp_path):
         ("start", None), ("call", "send"), ("round", None), ("round", None), ("round", None), ("end", None)]
 
 
+@pytest.mark.processes
 def test_kill_9_right_after_a_side_effect_then_resume_never_repeats_it_unannounced(tmp_path):
     tools_file = tmp_path / "effects.py"
     tools_file.write_text(SIDE_EFFECTS)
@@ -415,6 +418,7 @@ def test_kill_9_right_after_a_side_effect_then_resume_never_repeats_it_unannounc
         " (--yes does not approve that)" for n in killed], "and the user too"
 
 
+@pytest.mark.processes
 def test_a_reworded_call_after_kill_9_is_not_run_and_the_model_is_told_what_may_have_happened(tmp_path):
     tools_file = tmp_path / "effects.py"
     tools_file.write_text(SIDE_EFFECTS)
@@ -433,6 +437,7 @@ def test_a_reworded_call_after_kill_9_is_not_run_and_the_model_is_told_what_may_
     assert 'append_line {"n": 11} was not run: a call of append_line may have happened' in err
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize("again", [1, 11], ids=["the same call", "a reworded call"])
 def test_under_approve_the_user_decides_whether_a_call_that_may_have_run_runs_again(tmp_path, again):
     tools_file = tmp_path / "effects.py"
@@ -450,6 +455,7 @@ def test_under_approve_the_user_decides_whether_a_call_that_may_have_run_runs_ag
     assert (tmp_path / "effects.txt").read_text().split() == ["1", str(again)], "the user said yes"
 
 
+@pytest.mark.processes
 def test_a_resume_that_ends_before_a_round_keeps_what_may_have_happened_for_the_next(tmp_path):
     tools_file = tmp_path / "effects.py"
     tools_file.write_text(SIDE_EFFECTS)

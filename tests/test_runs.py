@@ -36,6 +36,7 @@ def write_runs(folder, count, status="finished", task="compute something"):
 
 # --- output closed early --------------------------------------------------------------------
 
+@pytest.mark.processes
 @pytest.mark.parametrize("flag", ["--runs", "--help", "--version"])
 def test_a_reader_that_goes_away_at_once_costs_no_traceback(tmp_path, flag):
     write_runs(run_folder(tmp_path), 30)
@@ -46,6 +47,7 @@ def test_a_reader_that_goes_away_at_once_costs_no_traceback(tmp_path, flag):
     assert (process.returncode, err) == (0, "")
 
 
+@pytest.mark.processes
 def test_runs_into_head_gives_the_first_line_and_no_traceback(tmp_path):
     write_runs(run_folder(tmp_path), 30)
     for _ in range(2):

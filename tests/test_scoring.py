@@ -38,6 +38,7 @@ from scripted_server import ScriptedServer, action
     ("no number here", "42", "number", False),
     ({"total": 1536}, "1536", None, True),
 ])
+@pytest.mark.processes
 def test_an_answer_is_scored_the_way_people_read_it(answer, expected, match, right):
     assert scoring.score(answer, expected, match) is right
 
@@ -104,6 +105,7 @@ def results_of(folder):
     return {line["id"]: line for line in map(json.loads, (Path(folder) / "results.jsonl").read_text().splitlines())}
 
 
+@pytest.mark.processes  # the regex judge
 def test_forty_tasks_are_scored_as_scripted_and_no_request_ever_holds_what_was_expected(tmp_path, cli, monkeypatch):
     answers = write_scored_tasks(tmp_path / "tasks.jsonl")
     screen = Answers({"gpt-4o-mini": answers}, tool_first={"question 0"})
@@ -186,6 +188,7 @@ def test_repeats_give_each_try_a_trace_and_pass_at_1_and_pass_all(tmp_path, cli,
     assert "pass@1 56.7%, pass^3 50.0%" in err
 
 
+@pytest.mark.processes
 def test_a_repeated_batch_killed_then_run_again_ends_each_try_once(tmp_path, monkeypatch):
     path = tmp_path / "tasks.jsonl"
     path.write_text("".join(json.dumps({"id": f"t{n}", "task": f"q{n}", "expected": "5"}) + "\n" for n in range(10)))
@@ -235,6 +238,7 @@ def test_a_price_gives_the_cost_the_token_counts_imply(tmp_path, cli, monkeypatc
     assert json.loads(out)["cost"] == pytest.approx((1000 * 2 + 200 * 8) / 1e6), "no cached price: the input price"
 
 
+@pytest.mark.processes
 def test_a_batch_stopped_by_ctrl_c_says_the_command_that_goes_on(tmp_path, monkeypatch):
     path = tmp_path / "tasks.jsonl"
     path.write_text("".join(json.dumps({"id": f"t{n}", "task": f"q{n}"}) + "\n" for n in range(6)))

@@ -150,6 +150,7 @@ def test_tools_mode_words_after_a_call_are_the_answer(serve, capsys):
     assert capsys.readouterr().out == "12 + 500 = 512.\n"
 
 
+@pytest.mark.processes
 def test_tools_mode_words_rejected_by_the_check_get_the_check_output_back(serve, capsys):
     server = serve(["It is 500.", "It is 512."], key=None)
     assert main(["--mode", "tools", "--check", "grep -q 512", "--json", "add"]) == 0
@@ -311,6 +312,7 @@ def test_approve_without_a_terminal_refuses_every_call_and_says_so(serve, capsys
     assert [json.loads(line)["event"] for line in trace.read_text().splitlines()][:2] == ["start", "note"]
 
 
+@pytest.mark.processes
 def test_approve_asks_on_a_real_terminal_even_with_json_and_stderr_redirected(tmp_path):
     with ScriptedServer([act("calculator", expression="2 + 2"), act("finish", result="four")]) as server:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("LLM_", "AGENT_"))}

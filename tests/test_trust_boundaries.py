@@ -145,6 +145,7 @@ def test_the_answer_is_exact_data_off_a_terminal_and_inert_on_one(serve, capsysb
 
 # --- the approval question --------------------------------------------------------------------
 
+@pytest.mark.processes
 def test_a_spoofed_approval_question_cannot_hide_the_call_that_will_run(tools_file, tmp_path):
     with ScriptedServer([SPOOF, act("fail", reason="refused")]) as server:
         shown, out, _, code = answer_on_a_terminal(["--tools-file", tools_file, "check the sum"], terminal_env(server),
@@ -162,6 +163,7 @@ def test_a_spoofed_approval_question_cannot_hide_the_call_that_will_run(tools_fi
     assert ran(tmp_path) == [] and "cancelled: the user did not approve this call" in fed_back and code == 1
 
 
+@pytest.mark.processes
 def test_the_question_shows_the_arguments_exactly_and_inert(tools_file, tmp_path):
     text = "ok\u202egnp.exe\x1b]0;title\x07"
     with ScriptedServer([act("echo", text=text), act("finish", result="done")]) as server:
@@ -172,6 +174,7 @@ def test_the_question_shows_the_arguments_exactly_and_inert(tools_file, tmp_path
     assert code == 0 and ran(tmp_path) == [f"echo {text}"]
 
 
+@pytest.mark.processes
 def test_the_question_is_asked_on_the_terminal_when_stdin_is_a_pipe(tmp_path):
     with ScriptedServer([act("calculator", expression="2 + 2"), act("finish", result="four")]) as server:
         shown, out, _, code = answer_on_a_terminal(["--approve"], terminal_env(server), tmp_path,
@@ -181,6 +184,7 @@ def test_the_question_is_asked_on_the_terminal_when_stdin_is_a_pipe(tmp_path):
     assert (code, out) == (0, b"four\n") and "add two and two" in task
 
 
+@pytest.mark.processes
 def test_what_was_typed_before_the_question_does_not_answer_it(tools_file, tmp_path):
     with ScriptedServer([act("delete_file", path="notes.txt"), act("fail", reason="refused")]) as server:
         shown, out, _, code = answer_on_a_terminal(["--quiet", "--tools-file", tools_file, "tidy up"],
@@ -190,6 +194,7 @@ def test_what_was_typed_before_the_question_does_not_answer_it(tools_file, tmp_p
     assert "cancelled: the user did not approve this call" in fed_back
 
 
+@pytest.mark.processes
 def test_answering_a_says_yes_to_that_tool_for_the_rest_of_the_run(tools_file, tmp_path):
     replies = [act("echo", text="one"), act("echo", text="two"), act("delete_file", path="x"), act("finish", result="ok")]
     with ScriptedServer(replies) as server:
@@ -199,6 +204,7 @@ def test_answering_a_says_yes_to_that_tool_for_the_rest_of_the_run(tools_file, t
     assert ran(tmp_path) == ["echo one", "echo two"] and code == 0
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize("flags, said", [
     (["--approve"], "note: --approve: there is no terminal to ask, so every tool call will be refused; --yes runs them"),
     ([], "note: there is no terminal to ask, so every call to delete_file, echo will be refused; --yes runs them"),
@@ -263,6 +269,7 @@ def test_what_only_the_start_record_names_is_asked_about_and_refused_without_a_t
                                " them again to use them, or others"]
 
 
+@pytest.mark.processes
 def test_on_a_terminal_the_trace_s_check_is_asked_about_and_no_means_it_is_not_run(tmp_path):
     trace = tmp_path / "t.jsonl"
     trace.write_text(json.dumps(sealed({"event": "start", "task": "t", "check": f"touch {tmp_path}/pwned"})) + "\n")
@@ -300,6 +307,7 @@ def run_shell(command: str) -> str:
 '''
 
 
+@pytest.mark.processes
 @pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux, to see the screen as a person would")
 def test_a_long_argument_cannot_push_the_tool_or_the_command_off_an_80x24_screen(tmp_path):
     (tmp_path / "shell_tool.py").write_text(RUN_SHELL)
@@ -353,6 +361,7 @@ def shout(text: str) -> str:
 '''
 
 
+@pytest.mark.processes
 def test_what_a_tools_file_tool_or_its_children_print_reaches_the_terminal_inert(tmp_path):
     (tmp_path / "printer.py").write_text(PRINTER)
     with ScriptedServer([act("shout", text="\x1b[31mred\u202e"), act("finish", result="done")]) as server:
