@@ -4,7 +4,7 @@
 import importlib.util
 import os
 
-__version__ = "0.5.0"
+__version__ = "0.6.0"
 
 
 def _check_not_shadowed(*names: str) -> None:

@@ -279,4 +279,5 @@ def dollars(amount: float) -> str:
     if amount >= 1 or amount <= 0:
         return f"${amount:,.2f}"
     places = max(2, 2 - math.floor(math.log10(amount)))
-    return f"${amount:.{places}f}"
+    whole, part = f"{amount:.{places}f}".split(".")
+    return f"${whole}.{part.rstrip('0').ljust(2, '0')}"  # $0.0000045, not $0.00000450

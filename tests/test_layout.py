@@ -54,6 +54,11 @@ def test_the_readme_lists_every_module_once():
     assert len(listed) == len(set(listed))
 
 
+def test_the_readme_is_short_enough_to_read_through():
+    lines = (ROOT / "README.md").read_text(encoding="utf-8").splitlines()
+    assert len(lines) <= 250, f"README.md: {len(lines)} lines; the details belong in docs/"
+
+
 @pytest.mark.parametrize("path", MODULES, ids=lambda path: str(path.relative_to(ROOT)))
 def test_a_module_is_one_job_named_first_in_at_most_500_lines(path):
     text = path.read_text(encoding="utf-8")

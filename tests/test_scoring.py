@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from agent_demo_kit import scoring
+from agent_demo_kit.metrics import dollars
 from conftest import KEY, start_cli
 from scripted_server import ScriptedServer, action
 
@@ -311,3 +312,9 @@ def test_an_expected_answer_that_nothing_could_match_is_refused_before_anything_
     (tmp_path / "tasks.jsonl").write_text('{"task": "q", "expected": %s}\n' % expected)
     code, out, err = cli("--batch", tmp_path / "tasks.jsonl", "--url", "http://127.0.0.1:9/v1")
     assert code == 2 and "line 1" in err
+
+
+@pytest.mark.parametrize("amount, shown", [(0, "$0.00"), (1234.5, "$1,234.50"), (0.1, "$0.10"), (0.000135, "$0.000135"),
+                                           (0.0000045, "$0.0000045"), (0.0125, "$0.0125"), (0.999, "$0.999")])
+def test_an_amount_of_dollars_is_cents_or_three_significant_digits_without_trailing_zeros(amount, shown):
+    assert dollars(amount) == shown
