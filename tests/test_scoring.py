@@ -233,7 +233,7 @@ def test_a_price_gives_the_cost_the_token_counts_imply(tmp_path, cli, monkeypatc
     lines = results_of(tmp_path / "tasks-results" / "gpt-4o-mini")
     assert [line["cost"] for line in lines.values()] == [pytest.approx(each)] * 3
     assert lines["t0"]["models"]["gpt-4o-mini"]["cost"] == pytest.approx(each)
-    assert "cost             $0.00960, $0.00320 a run" in err
+    assert "cost             $0.0096, $0.0032 a run" in err
 
     code, out, _ = cli("--price", "2,8", "--json", "--no-log", "q0")
     assert json.loads(out)["cost"] == pytest.approx((1000 * 2 + 200 * 8) / 1e6), "no cached price: the input price"
