@@ -12,7 +12,7 @@ import sys
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from agent_demo_kit import __version__  # noqa: F401  (agent_demo.__version__; first: it checks prompts and tools)
-import prompts
+from agent_demo_kit import prompts
 from agent_demo_kit.actions import Action, Parsed, native_calls, parse_reply
 from agent_demo_kit.checks import Check, checks_for, run_check
 from agent_demo_kit.conversation import Conversation, recall_rounds, shorten_args, truncate_result
@@ -29,8 +29,9 @@ from agent_demo_kit.settings import Settings, keyword_name, recorded_settings
 from agent_demo_kit.limits import VALUE_SHOWN_CHARS
 from agent_demo_kit.setup import Approver, Job, notes_before_the_first_round, prepare, the_callers
 from agent_demo_kit.urls import display_url
-from tools import CONTROL_ACTIONS, FINISH, NOTE, RECALL, REGISTRY, Tool, call_tool, check_args, in_use
-from prompts import ENDINGS  # may only come last in a reply
+from agent_demo_kit.tools import (CONTROL_ACTIONS, FINISH, NOTE, RECALL, REGISTRY, Tool, ToolError, call_tool, check_args,
+                                  in_use, tool)
+from agent_demo_kit.prompts import ENDINGS  # may only come last in a reply
 
 __all__ = ["run", "prepare", "Agent", "RunResult", "Round", "Call", "ConfigError", "Settings"]
 

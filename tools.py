@@ -19,7 +19,7 @@ from typing import Any, Callable, Dict, List, Optional
 from agent_demo_kit.records import failure, success, to_json
 from agent_demo_kit.endings import SigTerm
 from agent_demo_kit.limits import EXPRESSION_CHARS, MIN_PAGE_CHARS, PAGE_STEP_CHARS, VALUE_SHOWN_CHARS
-from prompts import ENDINGS, clip
+from agent_demo_kit.prompts import ENDINGS, clip
 
 
 class ToolError(Exception):

@@ -1,21 +1,15 @@
 """agent-demo's parts besides the loop (agent_demo.py), the tools (tools.py) and the prompts
 (prompts.py): one module per layer. Importing the package imports nothing else, so
-`agent-demo --version` starts fast; it only makes sure prompts.py and tools.py are agent-demo's own."""
-import importlib.util
+`agent-demo --version` starts fast.
+
+tools.py and prompts.py are `agent_demo_kit.tools` and `agent_demo_kit.prompts`: an install puts
+them in this package (no module called `tools` or `prompts` is installed, so a folder's own
+tools.py neither shadows them nor is shadowed); in a checkout they sit beside agent_demo.py, where
+they are read first, and the package looks there for them (docs/design.md, "Installed names")."""
 import os
 
-__version__ = "0.6.0"
+__version__ = "0.7.0"
 
-
-def _check_not_shadowed(*names: str) -> None:
-    """agent-demo's prompts.py and tools.py are installed beside this package; a folder's own file of
-    that name, found first, would be imported instead and fail in ways that name neither."""
-    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    for name in names:
-        spec = importlib.util.find_spec(name)
-        origin = spec.origin if spec else None
-        if origin and os.path.dirname(os.path.abspath(origin)) != here:
-            raise ImportError(f"{origin} shadows agent-demo's own {name}.py: rename it, or run from another folder")
-
-
-_check_not_shadowed("prompts", "tools")
+_CHECKOUT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if not os.path.exists(os.path.join(__path__[0], "tools.py")):  # a checkout (or an editable install) of it
+    __path__.append(_CHECKOUT)

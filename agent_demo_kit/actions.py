@@ -10,7 +10,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Iterable, Iterator, List, Optional, Tuple
 
-import prompts
+from agent_demo_kit import prompts
 from agent_demo_kit.lenient_json import NotClosed, NotLenientJson, lenient_calls, lenient_decode
 from agent_demo_kit.records import Reply, printable, to_json
 from agent_demo_kit.limits import MAX_PARSED_CHARS

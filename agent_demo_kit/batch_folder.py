@@ -14,14 +14,14 @@ from pathlib import Path
 from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple
 from urllib.parse import urlsplit
 
-import prompts
+from agent_demo_kit import prompts
 from agent_demo_kit.comparison import OUTPUT_FILES, result_key
 from agent_demo_kit.endings import ConfigError
 from agent_demo_kit.private_files import open_private, require_ours, resolve
 from agent_demo_kit.settings import Settings
 from agent_demo_kit.task_file import BatchTask, Key
-from tools import REGISTRY
-from tools import in_use as offered_tools
+from agent_demo_kit.tools import REGISTRY
+from agent_demo_kit.tools import in_use as offered_tools
 
 
 def default_out(source: str, model: str) -> Path:

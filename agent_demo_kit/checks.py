@@ -23,7 +23,7 @@ from typing import Any, Dict, Iterable, List, NamedTuple, Optional, Set, Tuple
 
 from agent_demo_kit.endings import ConfigError, Interrupted
 from agent_demo_kit.limits import CHECK_OUTPUT_CHARS, CHECK_VARIABLE_CHARS, SNIPPET_CHARS
-from prompts import clip, clipped
+from agent_demo_kit.prompts import clip, clipped
 
 
 KEY_VARIABLES = ("LLM_API_KEY", "OPENAI_API_KEY", "LLM_ESCALATE_KEY")  # every key the project knows

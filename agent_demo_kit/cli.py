@@ -25,7 +25,7 @@ from agent_demo_kit.settings import (DEFAULT_RETRY_ERRORS, HOSTED_PARALLEL, MODE
                                      shard_of_n, shown_default, whole_number)
 from agent_demo_kit.terminal import is_terminal, protected
 from agent_demo_kit.urls import secrets_of
-from tools import REGISTRY
+from agent_demo_kit.tools import REGISTRY
 
 HELP_START = """Run a task with a tool-calling LLM agent loop over any OpenAI-compatible endpoint.
 

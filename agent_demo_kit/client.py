@@ -20,7 +20,7 @@ import urllib3
 from urllib3.exceptions import InvalidHeader, MaxRetryError
 from urllib3.util.retry import Retry
 
-import prompts
+from agent_demo_kit import prompts
 from agent_demo_kit.records import MOST_TOKENS_A_ROUND, Reply, RunEvents, json_size
 from agent_demo_kit.endings import EndpointError
 from agent_demo_kit.request_gate import MOST_ABSORBED, RequestGate

@@ -15,7 +15,7 @@ import traceback
 from pathlib import Path
 from typing import Any, Dict, Iterator, Optional, Tuple
 
-import prompts
+from agent_demo_kit import prompts
 from agent_demo import Agent, Job, prepare, run_job
 from agent_demo_kit import run_log, trace_file
 from agent_demo_kit.approval import terminal_approver, terminal_confirm

@@ -16,14 +16,14 @@ cache nothing, and the notes survive every fold.
 import bisect
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-import prompts
+from agent_demo_kit import prompts
 from agent_demo_kit.actions import strip_think
 from agent_demo_kit.records import Call, Compaction, Round, failure, json_size, success, to_json, wire_size
 from agent_demo_kit.endings import ConfigError
 from agent_demo_kit.settings import Settings
 from agent_demo_kit.limits import (ARGS_LABEL_CHARS, DIGEST_ARGS_CHARS, DIGEST_RESULT_WIDTHS, NOTES_CHARS,
                                    PINNED_SHARE, RECALL_NOTE_CHARS, RESULT_MARKER_CHARS, VALUE_SHOWN_CHARS)
-from tools import NOTE, RECALL, Tool, in_use
+from agent_demo_kit.tools import NOTE, RECALL, Tool, in_use
 
 
 def truncate_result(result: dict, max_chars: int) -> dict:

@@ -13,7 +13,7 @@ from urllib.parse import urlsplit
 
 import requests
 
-import prompts
+from agent_demo_kit import prompts
 from agent_demo_kit.records import to_json
 from agent_demo_kit.settings import Settings
 from agent_demo_kit.limits import CONNECT_SECONDS, MESSAGE_CHARS, SERVER_TEXT_SCANNED, SNIPPET_CHARS

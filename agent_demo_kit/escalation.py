@@ -11,7 +11,7 @@ It imports records, settings and prompts; the loop (agent_demo.py) does the swit
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional
 
-import prompts
+from agent_demo_kit import prompts
 from agent_demo_kit.records import Round, to_json
 from agent_demo_kit.endings import CheckFailed, EndpointError, RunEnded, Stuck
 from agent_demo_kit.settings import Settings

@@ -23,7 +23,7 @@ from agent_demo_kit.urls import display_url
 from agent_demo_kit.terminal import inert
 from agent_demo_kit.mcp_schemas import (INSTALL_HINT, McpError, ServerSpec, argument_checker, parameters_of,
                                          result_data, safe_name)
-from tools import Tool, ToolError, placeholder
+from agent_demo_kit.tools import Tool, ToolError, placeholder
 
 
 

@@ -15,8 +15,8 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 from urllib.parse import unquote, urlsplit
 
 from agent_demo_kit.limits import FUNCTION_NAME_CHARS, MESSAGE_CHARS
-from prompts import clip
-from tools import ANY_JSON, ToolError
+from agent_demo_kit.prompts import clip
+from agent_demo_kit.tools import ANY_JSON, ToolError
 
 INSTALL_HINT = "MCP servers need the mcp package: pip install 'agent-demo[mcp]' (Python 3.10 or later)"
 

@@ -6,7 +6,7 @@ It imports prompts, records, endings and settings.
 """
 from typing import Dict, List, Optional, Sequence, Tuple
 
-import prompts
+from agent_demo_kit import prompts
 from agent_demo_kit.actions import said_besides_actions
 from agent_demo_kit.endings import CheckFailed, Finished, GaveUp, RunEnded
 from agent_demo_kit.records import Round, answer_text, is_count

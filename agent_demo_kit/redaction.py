@@ -10,7 +10,7 @@ import re
 from typing import Any, Callable, List, Optional
 from urllib.parse import quote, quote_plus
 
-from prompts import TRUNCATED
+from agent_demo_kit.prompts import TRUNCATED
 
 
 REDACTED = "[redacted]"

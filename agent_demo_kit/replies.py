@@ -12,7 +12,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional
 
 import requests
 
-import prompts
+from agent_demo_kit import prompts
 from agent_demo_kit.endings import EndpointError
 from agent_demo_kit.endpoint_errors import HTML_PAGE, one_line, parse_body, server_message
 from agent_demo_kit.records import Reply

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
-import prompts
+from agent_demo_kit import prompts
 from agent_demo_kit.actions import parse_actions
 from agent_demo_kit.conversation import truncate_result
 from agent_demo_kit.endings import RESUMABLE, ConfigError, RunResult, ending_of
@@ -25,7 +25,7 @@ from agent_demo_kit.records import Compaction, Reply, Round, is_count, to_json, 
 from agent_demo_kit.settings import Settings
 from agent_demo_kit.terminal import columns, first_columns
 from agent_demo_kit import trace_file
-from prompts import MATERIAL_HEADER
+from agent_demo_kit.prompts import MATERIAL_HEADER
 
 
 KEEP_RUNS = 500

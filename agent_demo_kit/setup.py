@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
-import prompts
+from agent_demo_kit import prompts
 from agent_demo_kit.checks import Check, checks_for
 from agent_demo_kit.conversation import Conversation
 from agent_demo_kit.endings import CallerError, ConfigError
@@ -26,7 +26,7 @@ from agent_demo_kit.settings import (OBEYED_ONLY_WHEN_GIVEN, Settings, check_end
                                      keyword_name, load_settings, recorded_differences)
 from agent_demo_kit.limits import MATERIAL_SHOWN_CHARS, PAGE_MARGIN_CHARS, VALUE_SHOWN_CHARS
 from agent_demo_kit.urls import display_url, secrets_of
-from tools import REGISTRY, Tool, ToolDefinitionError, clash_message, describe, in_use, material_reader
+from agent_demo_kit.tools import REGISTRY, Tool, ToolDefinitionError, clash_message, describe, in_use, material_reader
 
 
 Approver = Callable[[dict], bool]  # decides about one call ({"tool", "args", ...}); True runs it

@@ -26,7 +26,7 @@ from agent_demo_kit.endings import OutputClosed
 from agent_demo_kit.limits import (CHECK_LINE_CHARS, LAST_WORDS_CHARS, STATUS_KEPT_CHARS, STATUS_SHOWN_CHARS,
                                    THOUGHT_SHOWN_CHARS)
 from agent_demo_kit.redaction import Redactor
-from prompts import ENDINGS, clip
+from agent_demo_kit.prompts import ENDINGS, clip
 
 
 # --- redaction: the secrets and the forms they take --------------------------------------------

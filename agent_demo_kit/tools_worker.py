@@ -27,7 +27,7 @@ from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 from agent_demo_kit.checks import without_secrets
 from agent_demo_kit.endings import ConfigError
-from tools import Converted, Tool, ToolDefinitionError, ToolError, as_json, clash_message, registry_of
+from agent_demo_kit.tools import Converted, Tool, ToolDefinitionError, ToolError, as_json, clash_message, registry_of
 
 _DESCRIBED = [field.name for field in dataclasses.fields(Tool) if field.name != "function"]
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # where agent_demo_kit and tools are

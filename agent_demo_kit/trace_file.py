@@ -31,7 +31,7 @@ from agent_demo_kit.private_files import lock, open_private
 from agent_demo_kit.limits import TASK_SHOWN_CHARS
 from agent_demo_kit.terminal import SafeStream, Screen
 from agent_demo_kit.redaction import Redactor
-from prompts import clip
+from agent_demo_kit.prompts import clip
 
 
 

@@ -10,7 +10,7 @@ from agent_demo import Agent
 from agent_demo_kit.client import ModelClient, RequestForm
 from agent_demo_kit.records import Reply
 from agent_demo_kit.settings import Settings
-from tools import REGISTRY
+from agent_demo_kit.tools import REGISTRY
 
 
 class ScriptedModel(ModelClient):

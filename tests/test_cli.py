@@ -278,12 +278,6 @@ def test_a_dotenv_that_is_not_utf8_is_a_configuration_error(tmp_path, capsys):
     assert "cannot read" in capsys.readouterr().err
 
 
-def test_every_module_is_installed_with_the_command():
-    """pyproject's py-modules lists every top-level module, or the installed agent-demo cannot import it."""
-    listed = re.search(r"py-modules = \[([^\]]*)\]", (ROOT / "pyproject.toml").read_text())[1]
-    assert sorted(re.findall(r'"(\w+)"', listed)) == sorted(path.stem for path in ROOT.glob("*.py"))
-
-
 @pytest.mark.processes
 @pytest.mark.parametrize("as_module", [False, True], ids=["python agent_demo.py", "python -m agent_demo"])
 def test_it_runs_from_a_folder_with_its_own_settings_records_client_and_cli(tmp_path, as_module):
@@ -304,7 +298,7 @@ def test_python_agent_demo_py_runs_its_file_once_not_again_as_an_import():
     assert "agent_demo_kit.cli" in imported and "agent_demo" not in imported
 
 
-def test_the_install_adds_three_modules_and_one_package():
+def test_the_repository_keeps_three_top_level_files_and_one_package():
     project = (ROOT / "pyproject.toml").read_text()
     assert re.search(r'packages = \["agent_demo_kit"\]', project)
     assert sorted(path.name for path in ROOT.glob("*.py")) == ["agent_demo.py", "prompts.py", "tools.py"]

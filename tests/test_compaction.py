@@ -11,7 +11,7 @@ import responses as responses_lib
 
 from agent_demo_kit import conversation as context
 from agent_demo_kit.cli import main
-import prompts
+from agent_demo_kit import prompts
 from agent_demo_kit.records import Call, Round
 from agent_demo_kit.settings import Settings
 from agent_demo_kit.trace_file import RunLog
@@ -22,7 +22,7 @@ from agent_demo_kit.replies import AttemptFailed
 from conftest import run_cli, start_cli
 from scripted_model import ScriptedModel
 from scripted_server import ScriptedServer, action as act
-from tools import REGISTRY, registry_of
+from agent_demo_kit.tools import REGISTRY, registry_of
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -4,11 +4,11 @@ import json
 
 import pytest
 
-import prompts
+from agent_demo_kit import prompts
 from agent_demo_kit.cli import main
 from scripted_server import action as act, like_llama_cpp_python
 from agent_demo_kit.records import to_json
-from tools import CONTROL_ACTIONS, REGISTRY, in_use
+from agent_demo_kit.tools import CONTROL_ACTIONS, REGISTRY, in_use
 
 FINISH = '{"actions": [' + act("finish", result="ok") + "]}"
 

@@ -12,7 +12,7 @@ from scripted_model import run
 from agent_demo_kit.records import json_size as request_size
 from scripted_model import ScriptedModel
 from scripted_server import action as act
-from tools import REGISTRY, registry_of
+from agent_demo_kit.tools import REGISTRY, registry_of
 
 
 def sums(count, think=""):

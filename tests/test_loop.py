@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-import prompts
+from agent_demo_kit import prompts
 from agent_demo import Agent
 from agent_demo_kit.client import RequestForm
 from agent_demo_kit.records import Call, Round
@@ -13,7 +13,7 @@ from agent_demo_kit.settings import Settings
 from agent_demo_kit.trace_file import RunLog
 from scripted_model import run
 from scripted_model import ScriptedModel as Scripted
-from tools import CONTROL_ACTIONS, REGISTRY, describe, tool
+from agent_demo_kit.tools import CONTROL_ACTIONS, REGISTRY, describe, tool
 
 
 def ScriptedModel(*replies):

@@ -25,8 +25,8 @@ if importlib.util.find_spec("mcp") is None:
 import jsonschema  # noqa: E402  (the mcp SDK depends on it)
 
 
-import prompts  # noqa: E402
-import tools  # noqa: E402
+from agent_demo_kit import prompts  # noqa: E402
+from agent_demo_kit import tools  # noqa: E402
 from agent_demo_kit.mcp_client import DESTRUCTIVE, McpTools  # noqa: E402
 from agent_demo_kit.mcp_schemas import McpError, parse_server_specs
 from agent_demo_kit.mcp_schemas import parameters_of as _parameters, simplify_schema

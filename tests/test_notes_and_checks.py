@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-import prompts
+from agent_demo_kit import prompts
 from agent_demo_kit.cli import main
 from agent_demo_kit.checks import run_check
 from agent_demo_kit.settings import Settings

@@ -6,7 +6,7 @@ from agent_demo_kit.records import Reply
 from agent_demo_kit.settings import Settings
 from scripted_model import ScriptedModel, run
 from scripted_server import action as act
-from tools import registry_of
+from agent_demo_kit.tools import registry_of
 
 CALC = Action("calculator", {"expression": "12 + 500"})
 CALC_JSON = '{"tool": "calculator", "args": {"expression": "12 + 500"}}'

@@ -4,6 +4,8 @@ import os
 import subprocess
 import sys
 import textwrap
+import zipfile
+from pathlib import Path
 
 import pytest
 
@@ -214,11 +216,53 @@ def test_approve_must_be_a_function():
         agent_demo.run("x", url="http://127.0.0.1:9/v1", approve=True)
 
 
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory):
+    """The wheel as pip would install it: its files unpacked into a folder of their own."""
+    from hatchling.builders.wheel import WheelBuilder
+    built = tmp_path_factory.mktemp("wheel")
+    [wheel] = WheelBuilder(ROOT).build(directory=str(built), versions=["standard"])
+    site = built / "site"
+    with zipfile.ZipFile(wheel) as archive:
+        archive.extractall(site)
+        names = archive.namelist()
+    return site, names
+
+
+def test_the_wheel_installs_no_module_with_a_generic_name(installed):
+    _, names = installed
+    top_level = sorted({name.split("/")[0] for name in names if not name.split("/")[0].endswith(".dist-info")})
+    assert top_level == ["agent_demo.py", "agent_demo_kit"]
+    in_the_package = {f"agent_demo_kit/{path.name}" for path in [*Path(ROOT).glob("*.py"), *Path(ROOT).glob("agent_demo_kit/*.py")]
+                      if path.name != "agent_demo.py"}
+    assert in_the_package <= set(names), "every module is installed"
+
+
 @pytest.mark.processes
-def test_a_folder_with_its_own_tools_py_gets_an_error_that_names_it(tmp_path):
-    (tmp_path / "tools.py").write_text("def mine(): pass\n")
-    shown = subprocess.run([sys.executable, "-c", "import agent_demo"], capture_output=True, text=True, cwd=tmp_path,
-                           env={name: value for name, value in child_environment().items() if name != "PYTHONPATH"})
-    assert shown.returncode == 1
-    assert shown.stderr.splitlines()[-1] == (f"ImportError: {tmp_path / 'tools.py'} shadows agent-demo's own tools.py:"
-                                             " rename it, or run from another folder")
+def test_a_folder_with_its_own_tools_py_and_prompts_py_runs_the_installed_agent(installed, serve, tmp_path):
+    site, _ = installed
+    server = serve([act("word_count", text="one two three"), act("finish", result=3)], key=None)
+    (tmp_path / "tools.py").write_text("def helper():\n    return 'my own tools'\n")
+    (tmp_path / "prompts.py").write_text("PROMPT = 'my own prompts'\n")
+    (tmp_path / "script.py").write_text(textwrap.dedent(f'''\
+        import tools, prompts
+        import agent_demo, agent_demo_kit.tools
+
+        def word_count(text: str) -> int:
+            """Count the words.
+
+            Args:
+                text: the text
+            """
+            return len(text.split())
+
+        result = agent_demo.run("count", url={server.url!r}, tools=[word_count])
+        print(result.status, result.result, tools.helper(), prompts.PROMPT)
+        print(agent_demo.__file__, agent_demo_kit.tools.__file__)
+        '''))
+    shown = subprocess.run([sys.executable, "script.py"], capture_output=True, text=True, cwd=tmp_path,
+                           env=child_environment({"PYTHONPATH": str(site)}))
+    assert shown.returncode == 0, shown.stderr
+    said, where = shown.stdout.splitlines()
+    assert said == "finished 3 my own tools my own prompts"
+    assert where == f"{site / 'agent_demo.py'} {site / 'agent_demo_kit' / 'tools.py'}", "the installed files ran"

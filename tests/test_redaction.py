@@ -19,7 +19,7 @@ from conftest import KEY, answer_on_a_terminal, child_environment
 from agent_demo_kit.redaction import FRAGMENT_AT_A_CUT
 from agent_demo_kit.redaction import REDACTED, Redactor
 from agent_demo_kit.terminal import SafeStream
-from prompts import clip
+from agent_demo_kit.prompts import clip
 from scripted_server import ScriptedServer, action as act
 
 ROOT = Path(__file__).resolve().parent.parent

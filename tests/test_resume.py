@@ -15,7 +15,7 @@ from scripted_model import run
 from scripted_model import ScriptedModel
 from conftest import answer_on_a_terminal, child_environment, run_cli, start_cli
 from scripted_server import ScriptedServer, action as act
-from tools import REGISTRY, describe, tool
+from agent_demo_kit.tools import REGISTRY, describe, tool
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -357,7 +357,7 @@ SIDE_EFFECTS = '''
 import os
 import signal
 
-from tools import tool
+from agent_demo_kit.tools import tool
 
 
 @tool(side_effects=True)

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-import prompts
+from agent_demo_kit import prompts
 from agent_demo_kit.cli import main
 from agent_demo_kit.records import Reply
 from agent_demo_kit.settings import Settings
@@ -13,7 +13,7 @@ from scripted_model import run
 from conftest import answer_on_a_terminal, said_lines
 from scripted_model import ScriptedModel
 from scripted_server import ScriptedServer, action as act
-from tools import CONTROL_ACTIONS, EXPRESSION_PATTERN, REGISTRY, registry_of, tool
+from agent_demo_kit.tools import CONTROL_ACTIONS, EXPRESSION_PATTERN, REGISTRY, registry_of, tool
 
 ROOT = Path(__file__).resolve().parent.parent
 MISSION = "compute (12 + 500) * 3 and look up order A1002"

@@ -13,7 +13,7 @@ from agent_demo_kit.settings import Settings
 from conftest import KEY, said_lines
 from scripted_model import ScriptedModel, run
 from scripted_server import action as act
-from tools import call_tool, registry_of
+from agent_demo_kit.tools import call_tool, registry_of
 
 FINISH = act("finish", result="done")
 

@@ -5,7 +5,7 @@ from typing import Literal, Union
 import pytest
 from hypothesis import given, strategies as st
 
-from tools import (CONTROL_ACTIONS, REGISTRY, ToolDefinitionError, call_tool, calculator, check_args, describe,
+from agent_demo_kit.tools import (CONTROL_ACTIONS, REGISTRY, ToolDefinitionError, call_tool, calculator, check_args, describe,
                    material_reader,
                    registry_of, tool)
 

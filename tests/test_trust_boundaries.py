@@ -345,7 +345,7 @@ PRINTER = '''import os
 import subprocess
 import sys
 
-from tools import tool
+from agent_demo_kit.tools import tool
 
 CLIPBOARD, CLEAR, CHARSET = "\\x1b]52;c;cm0gLXJmIH4=\\x07", "\\x1b[2J", "\\x1b(0"
 

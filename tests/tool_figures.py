@@ -34,7 +34,7 @@ from scripted_server import ScriptedServer, action  # noqa: E402
 CLI = [sys.executable, str(ROOT / "agent_demo.py")]
 SHOUT = 'def shout(text: str) -> str:\n    """Shout."""\n    return text.upper()\n'
 APPEND = '''
-from tools import tool
+from agent_demo_kit.tools import tool
 
 
 @tool(side_effects=True)
@@ -48,7 +48,7 @@ def append_line(n: int) -> str:
 
 def cost(calls: int) -> None:
     from agent_demo_kit.tools_worker import ToolWorker
-    from tools import REGISTRY, call_tool
+    from agent_demo_kit.tools import REGISTRY, call_tool
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "shout.py"
         path.write_text(SHOUT)
