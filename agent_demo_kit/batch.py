@@ -98,7 +98,6 @@ class Batch(Saying):
         self.notes = list(notes)  # said at the start (keys of the task file passed by)
         self.stop = threading.Event()
         self.all_done = threading.Event()  # set when the last worker has ended
-        self.windows: Dict[Any, Optional[int]] = {}  # (URL, model) -> the window its server said, for every task
         self.working = 0  # workers still going
         self.gate = RequestGate(self.parallel, self.stop)
         self.tally = metrics.Tally(repeat)
@@ -291,12 +290,11 @@ class Batch(Saying):
 
     def work(self) -> None:
         """A worker: take the next task, run it, record it, until none is left or the batch stops. Its
-        tasks' requests go out on one session of its own (its connection kept open between them)."""
-        import requests
+        tasks' requests go out on one session of its own, on the process's shared connections."""
+        from agent_demo_kit.client import SharedSession
         try:
-            with requests.Session() as session:
-                session.known_windows = self.windows  # a local server's window is asked once a batch
-                self.work_on(session)
+            session = SharedSession()
+            self.work_on(session)
         finally:
             with self.lock:
                 self.working -= 1

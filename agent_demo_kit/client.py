@@ -9,6 +9,7 @@ It builds every request body from it, and the trace records each change, so a re
 import contextlib
 import ipaddress
 import re
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
@@ -39,6 +40,9 @@ from agent_demo_kit.urls import base_url, server_root
 # --- asking ---------------------------------------------------------------------------------
 
 WINDOW_ASK_SECONDS = 2.0  # the longest wait for a local server to say its model's window
+WINDOW_KEPT_SECONDS = 300.0  # asked again after this: the server may have restarted with another window
+_windows: Dict[Tuple[str, str], Tuple[Optional[int], float]] = {}  # (URL, model) -> the window said, and when
+_windows_kept = threading.Lock()
 MIN_WINDOW_TOKENS = 256  # a window said smaller than this is not taken for one
 MIN_REPLY_TOKENS = 128  # the smallest reply a request leaves room for
 CAP_FIELD_CHARS = 32  # what the reply cap adds to a request: ', "max_completion_tokens": 4096' and some
@@ -98,6 +102,35 @@ class BearerAuth(requests.auth.AuthBase):
 
 Request = Callable[[], List[dict]]  # builds the messages for the current form
 
+# Connections kept open to one endpoint: more runs at once than this open connections of their own for a
+# while, and close them after.
+MOST_CONNECTIONS_A_HOST = 64
+_pool: Optional[requests.adapters.HTTPAdapter] = None
+_pool_made = threading.Lock()
+
+
+def shared_connections() -> requests.adapters.HTTPAdapter:
+    """The process's one pool of connections: every run's requests to an endpoint reuse the connections
+    kept open to it, whether the runs come from run() in threads, arun() or a batch. (A pool is per
+    host, port and TLS setting, so runs with other keys or CA bundles share only the sockets.)"""
+    global _pool
+    with _pool_made:
+        if _pool is None:
+            _pool = requests.adapters.HTTPAdapter(pool_maxsize=MOST_CONNECTIONS_A_HOST)
+        return _pool
+
+
+class SharedSession(requests.Session):
+    """A session on the shared connections: closing it closes none of them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        for prefix in ("https://", "http://"):
+            self.mount(prefix, shared_connections())
+
+    def close(self) -> None:
+        """Nothing of its own to close: the connections are the process's."""
+
 
 class ModelClient:
     """Sends the conversation to the endpoint over one session."""
@@ -109,7 +142,7 @@ class ModelClient:
         self.form = form or RequestForm.asked_for(settings)
         self.url = settings.endpoint
         self.on_text: Optional[TextListener] = None  # shown each piece of a streamed reply
-        self.session, self.own_session = session or requests.Session(), session is None  # a batch worker's is reused
+        self.session = session or SharedSession()  # a batch worker's is reused
         if getattr(self.session, "environment_of", None) != self.url:
             # What the environment says about this one URL (proxies, NO_PROXY, a CA bundle, ~/.netrc), read
             # once, not on every request: requests would read the whole environment twice a request.
@@ -175,11 +208,14 @@ class ModelClient:
         """The model's context window in tokens: what its server says (llama.cpp's /props, vLLM's
         /v1/models, Ollama's /api/show; asked once, local servers only), else DEFAULT_WINDOW_TOKENS."""
         if self.learned_window is None:
-            known = getattr(self.session, "known_windows", {})  # a batch's workers share what they learned
             key = (self.url, self.settings.model)
-            if key not in known:
-                known[key] = ask_window(self.session, self.settings) if is_local(self.url) else None
-            self.learned_window = known[key] or DEFAULT_WINDOW_TOKENS
+            with _windows_kept:  # what a server said is known to every run in the process a while
+                said, when = _windows.get(key, (None, -WINDOW_KEPT_SECONDS))
+            if time.monotonic() - when >= WINDOW_KEPT_SECONDS:
+                said = ask_window(self.session, self.settings) if is_local(self.url) else None
+                with _windows_kept:
+                    _windows[key] = said, time.monotonic()
+            self.learned_window = said or DEFAULT_WINDOW_TOKENS
             self.window_said = self.learned_window != DEFAULT_WINDOW_TOKENS
         return self.learned_window
 
@@ -341,8 +377,7 @@ class ModelClient:
         self.trace = trace
 
     def close(self) -> None:
-        if self.own_session:
-            self.session.close()
+        """The connections stay open in the shared pool, for the next run."""
 
 
 def ask_window(session: requests.Session, settings: Settings) -> Optional[int]:

@@ -217,6 +217,28 @@ def bare_threads(server: ScriptedServer, bodies: list, parallel: int) -> Stopwat
     return watch
 
 
+def threaded_runs(server: ScriptedServer, tasks: int, parallel: int) -> tuple:
+    """The same tasks as agent_demo.run() calls from `parallel` threads of this process (the way a
+    script runs many tasks without --batch): (Stopwatch, connections opened)."""
+    import agent_demo
+    from agent_demo_kit.client import shared_connections
+    server.restart()
+    shared_connections().close()  # its connections counted from none
+    connections = server.connections
+    texts = [f"add 2 and 3, number {n}" for n in range(tasks)]
+
+    def work(mine: list) -> None:
+        for text in mine:
+            agent_demo.run(text, url=server.url)
+    threads = [threading.Thread(target=work, args=(texts[n::parallel],)) for n in range(parallel)]
+    with Stopwatch() as watch:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    return watch, server.connections - connections
+
+
 def peak_memory(server: ScriptedServer, tasks: int, parallel: int) -> int:
     """The peak memory (kB) of agent-demo --batch of `tasks` two-round tasks in a process of its own."""
     server.restart()
@@ -229,20 +251,25 @@ def peak_memory(server: ScriptedServer, tasks: int, parallel: int) -> int:
 
 
 def batch_against_bare(tasks: int, parallel: int, latency: float) -> tuple:
-    """Seconds per task of --batch and of the bare threaded loop making the same requests (both in
-    this process, beside the server's threads, taking turns; the median of three), the batch's
-    summary and how many requests each made."""
+    """Seconds per task of --batch, of the bare threaded loop making the same requests and of run()
+    from as many threads (all in this process, beside the server's threads, taking turns; the median
+    of three), the batch's summary, how many requests each made and the connections run() opened."""
     with ScriptedServer([], screen=lambda body: two_rounds(body, latency)) as server:
         watch, summary, bodies = batch_run(server, tasks, parallel)
-        batch, bare = [watch], [bare_threads(server, bodies, parallel)]
-        for trial in range(1, 3):
-            if trial % 2:
-                bare.append(bare_threads(server, bodies, parallel))
-            batch.append(batch_run(server, tasks, parallel)[0])
-            if not trial % 2:
-                bare.append(bare_threads(server, bodies, parallel))
-    batch_s, bare_s = (statistics.median(watch.wall for watch in watches) / tasks for watches in (batch, bare))
-    return batch_s, bare_s, summary, sum(map(len, bodies))
+        batch, bare, runs, connections = [watch], [bare_threads(server, bodies, parallel)], [], 0
+        for trial in range(3):
+            order = [("batch", "runs", "bare"), ("runs", "bare", "batch"), ("bare", "batch", "runs")][trial]
+            for name in order:
+                if name == "batch" and trial:
+                    batch.append(batch_run(server, tasks, parallel)[0])
+                elif name == "bare" and trial:
+                    bare.append(bare_threads(server, bodies, parallel))
+                elif name == "runs":
+                    watch, connections = threaded_runs(server, tasks, parallel)
+                    runs.append(watch)
+    batch_s, bare_s, runs_s = (statistics.median(watch.wall for watch in watches) / tasks
+                               for watches in (batch, bare, runs))
+    return batch_s, bare_s, runs_s, summary, sum(map(len, bodies)), connections
 
 
 def batch_figures(tasks: int, parallel: int, large: int) -> None:
@@ -250,10 +277,12 @@ def batch_figures(tasks: int, parallel: int, large: int) -> None:
     memory of a batch process at tasks and at large."""
     print(f"batch: {tasks:,} two-round tasks, --parallel {parallel}")
     for latency in (0.0, 0.02):
-        batch_s, bare_s, summary, requests_made = batch_against_bare(tasks, parallel, latency)
+        batch_s, bare_s, runs_s, summary, requests_made, connections = batch_against_bare(tasks, parallel, latency)
         print(f"  time per task, {latency * 1000:2.0f} ms a reply {batch_s * 1000:6.2f} ms ({batch_s / bare_s:.2f}x a bare"
               f" threaded requests loop making the same {requests_made:,} requests: {bare_s * 1000:.2f} ms),"
               f" {summary['status_counts']}")
+        print(f"    run() from {parallel} threads     {runs_s * 1000:6.2f} ms ({runs_s / batch_s:.2f}x the batch,"
+              f" {runs_s / bare_s:.2f}x the bare loop), {connections} connections opened")
     with ScriptedServer([], screen=two_rounds) as server:
         small_peak, large_peak = peak_memory(server, tasks, parallel), peak_memory(server, large, parallel)
     print(f"  peak memory                 {small_peak / 1024:.1f} MB at {tasks:,} tasks, {large_peak / 1024:.1f} MB"

@@ -4,6 +4,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 import zipfile
 from pathlib import Path
 
@@ -266,3 +267,21 @@ def test_a_folder_with_its_own_tools_py_and_prompts_py_runs_the_installed_agent(
     said, where = shown.stdout.splitlines()
     assert said == "finished 3 my own tools my own prompts"
     assert where == f"{site / 'agent_demo.py'} {site / 'agent_demo_kit' / 'tools.py'}", "the installed files ran"
+
+
+def test_runs_in_threads_share_connections_to_the_endpoint(serve):
+    server = serve([], key=None)
+    server.screen = lambda body: {"content": act("finish", result="done")}
+    threads = 8
+    results = []
+
+    def work():
+        for _ in range(5):
+            results.append(agent_demo.run("x", url=server.url))
+    workers = [threading.Thread(target=work) for _ in range(threads)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    assert [result.status for result in results] == ["finished"] * 40
+    assert 1 <= server.connections <= threads, "no more connections than runs at once"
