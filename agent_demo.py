@@ -6,12 +6,11 @@ once, in `run`. `agent_demo.run(task, ...)` is the one entrance: the command lin
 (agent_demo_kit/cli.py), a batch and Python callers all set their run up with `prepare`
 (agent_demo_kit/setup.py) and run this same agent. Which module owns what: README, "Layout".
 """
-import json
 import os
 import sys
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, AsyncIterator, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
-from agent_demo_kit import __version__  # noqa: F401  (agent_demo.__version__; first: it checks prompts and tools)
+from agent_demo_kit import __version__, events
 from agent_demo_kit import prompts
 from agent_demo_kit.actions import Action, Parsed, native_calls, parse_reply
 from agent_demo_kit.checks import Check, checks_for, run_check
@@ -29,11 +28,18 @@ from agent_demo_kit.settings import Settings, keyword_name, recorded_settings
 from agent_demo_kit.limits import VALUE_SHOWN_CHARS
 from agent_demo_kit.setup import Approver, Job, notes_before_the_first_round, prepare, the_callers
 from agent_demo_kit.urls import display_url
+from agent_demo_kit.watchdog import Watchdog
 from agent_demo_kit.tools import (CONTROL_ACTIONS, FINISH, NOTE, RECALL, REGISTRY, Tool, ToolError, call_tool, check_args,
                                   in_use, tool)
 from agent_demo_kit.prompts import ENDINGS  # may only come last in a reply
 
-__all__ = ["run", "prepare", "Agent", "RunResult", "Round", "Call", "ConfigError", "Settings"]
+# The Python API (docs/python.md): dir(agent_demo) shows these; the rest is the loop's own.
+__all__ = ["run", "arun", "astream", "events", "tool", "ToolError", "ConfigError", "RunResult", "Round", "Call",
+           "__version__"]
+
+
+def __dir__() -> List[str]:
+    return list(__all__)
 
 FORMAT_ERRORS_BEFORE_STUCK = 3
 
@@ -200,7 +206,11 @@ class Agent:
     def ask(self) -> Tuple[Reply, List[dict]]:
         """The model's reply to the conversation (and the messages sent), with the live status line meanwhile."""
         with self.trace.working() as status:
-            self.client.on_text = status.feed
+            def feed(piece: str) -> None:  # a run told to stop (a cancelled arun) stops mid-reply
+                if self.stop is not None and self.stop.is_set():
+                    raise Interrupted()
+                status.feed(piece)
+            self.client.on_text = feed
             return self.client.ask(self.conversation.messages, self.conversation.tools)
 
     def read(self, reply: Reply) -> Parsed:
@@ -409,66 +419,53 @@ class Agent:
         return result
 
 
-# --- the watchdog -----------------------------------------------------------------------
-
-class Watchdog:
-    """Notices a model going in circles: the same call again and again, or no action at all."""
-
-    def __init__(self) -> None:
-        self.calls: Dict[str, dict] = {}  # canonical call -> {"rounds": [...], "result": first result}
-        self.format_errors_in_a_row = 0
-
-    @staticmethod
-    def key(action: Any) -> str:
-        return json.dumps([action.tool, action.args], sort_keys=True, ensure_ascii=False)
-
-    def earlier(self, action: Any) -> Optional[dict]:
-        """What this run already knows about an identical call, or None."""
-        return self.calls.get(self.key(action))
-
-    def remember(self, number: int, call: Call) -> None:
-        """Count the call; keep its first real result (a cancelled one can be redone)."""
-        known = self.calls.setdefault(self.key(call), {"rounds": [], "result": call.result})
-        known["rounds"].append(number)
-        if known["result"].get("cancelled") and not call.result.get("cancelled"):
-            known["result"] = call.result
-
-    def count_reply(self, calls: List[Call]) -> int:
-        """A reply with no usable call (no action, or only calls with broken arguments) adds to the
-        streak; returns the streak."""
-        usable = any(not call.format_error for call in calls)
-        self.format_errors_in_a_row = 0 if usable else self.format_errors_in_a_row + 1
-        return self.format_errors_in_a_row
-
-    def replay(self, rounds: Sequence[Round]) -> None:
-        """Rebuild the state of a resumed run from its rounds, as live execution left it."""
-        for record in rounds:
-            self.count_reply(record.calls)
-            for call in record.calls:
-                if call.watched:
-                    self.remember(record.number, call)
-
-
 # --- the Python API: one entrance for the command line, batch runs and Python callers --------------
 
 def run(task: str, *, tools: Sequence[Callable] = (), approve: Optional[Approver] = None,
         trace: Union[str, "os.PathLike[str]", bool, None] = None, on_round: Optional[Callable[[Round], None]] = None,
-        material: str = "", **settings: Any) -> RunResult:
-    """Run one task with the agent the command line runs, and return how it ended.
+        on_event: Optional[Callable[[Any], None]] = None, material: str = "", **settings: Any) -> RunResult:
+    """Run one task with the agent the command line runs, and return how it ended (docs/python.md).
 
     settings: the command line's settings by their long names (url=, model=, max_rounds=, mode=,
     check=, max_context=, ...; api_key= too), with the same defaults, read from the same
-    environment variables and ./.env when not given. tools: plain functions with type hints and a
-    docstring, added to the built-in tools as --tools-file adds a file's. approve: decides each
-    call that needs approval, given {"tool", "args"} (and "warning"); without it such calls are
-    refused, as on the command line without a terminal. trace: a file to append the run's record
-    to, True for the run log folder the command line uses, None to keep none. on_round: called with
-    each Round as it completes. material: text the task is about, as piped to the command line.
+    environment variables and ./.env when not given. tools: plain functions (or async def ones)
+    with type hints and a docstring, added to the built-in tools. approve: decides each call that
+    needs approval, given {"tool", "args"} (and "warning"); without it such calls are refused, as on
+    the command line without a terminal. trace: a file to append the run's record to, True for the
+    run log folder the command line uses, None to keep none. on_round: called with each Round as it
+    completes; on_event: with each event (agent_demo_kit/events.py). material: text the task is
+    about, as piped to the command line.
 
     Raises ConfigError, with the message the command line prints, for what the caller can fix: a
     bad setting, no key, a tool that cannot be described, a --check that cannot start. An endpoint
     that fails gives a result with status "error" (exit_code 3), as on the command line."""
-    path = None if trace is None or trace is False else trace
+    return _run(task, dict(settings, tools=tools, approve=approve, trace=trace, on_round=on_round, on_event=on_event,
+                           material=material))
+
+
+async def arun(task: str, *, parallel: Optional[int] = None, **given: Any) -> RunResult:
+    """run() as a coroutine, with the same keywords. The run goes on in a thread of its own (a blocking
+    tool does not block the event loop; an async def tool is awaited on this loop). The arun() and
+    astream() calls of a process share one limit on requests in flight to an endpoint: `parallel`
+    (default as --batch's), lowered by 429s. Cancelled, the run ends as interrupted, with its end record."""
+    from agent_demo_kit.aio import in_a_thread, shared_gate
+    return await in_a_thread(lambda stop: _run(task, given, stop, shared_gate(parallel)))
+
+
+async def astream(task: str, *, parallel: Optional[int] = None, **given: Any) -> AsyncIterator[Any]:
+    """arun() as the events it reports (agent_demo.events), in order, as they come; the last is Ended,
+    with the RunResult. Leaving the loop early stops the run (it ends as interrupted)."""
+    from agent_demo_kit.aio import events_of, shared_gate
+    async for event in events_of(lambda stop, emit: _run(task, given, stop, shared_gate(parallel), emit)):
+        yield event
+
+
+def _run(task: str, given: Dict[str, Any], stop: Any = None, gate: Any = None, emit: Any = None) -> RunResult:
+    """run(), arun() and astream(): given holds run()'s keywords and the settings; stop, once set, ends
+    the run as interrupted; gate limits requests in flight; emit is told each event, after on_event."""
+    settings = dict(given)
+    tools, approve, trace, on_round, on_event, material = (settings.pop(name, default) for name, default in (
+        ("tools", ()), ("approve", None), ("trace", None), ("on_round", None), ("on_event", None), ("material", "")))
     if approve is not None and not callable(approve):
         raise ConfigError(f"approve must be a function that decides each call, got {approve!r}")
     if approve is not None:  # it decides about every call, as --approve asks about every call
@@ -476,9 +473,12 @@ def run(task: str, *, tools: Sequence[Callable] = (), approve: Optional[Approver
     environment = read_environment()
     for note in environment.notes:  # a ./.env passed by: said, as the command line says it
         print(f"agent-demo: {note}", file=sys.stderr)
-    with prepare(task, given=settings, environment=environment, named=keyword_name, functions=tools,
-                 material=material, trace=path, approver=approve and the_callers("approve", approve)) as job:
-        result, _ = run_job(job, on_round=on_round and the_callers("on_round", on_round))
+    listener = on_event and the_callers("on_event", on_event)
+    with prepare(task, given=settings, environment=environment, named=keyword_name, functions=tools, material=material,
+                 trace=None if trace is False else trace, approver=approve and the_callers("approve", approve),
+                 on_event=(lambda event: (listener(event), emit(event))) if listener and emit else listener or emit,
+                 gate=gate) as job:
+        result, _ = run_job(job, on_round=on_round and the_callers("on_round", on_round), stop=stop)
     if isinstance(result.ending, ConfigError) and not result.rounds:  # found before anything was sent
         raise result.ending
     return result

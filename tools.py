@@ -11,6 +11,7 @@ import inspect
 import json
 import math
 import re
+import threading
 import types
 import typing
 from dataclasses import dataclass, field
@@ -396,6 +397,35 @@ def check_args(described: Tool, args: dict) -> Optional[str]:
     return None
 
 
+_caller = threading.local()  # in a run started by arun(): the caller's event loop
+
+
+def await_on(loop: Any) -> None:
+    """An async def tool called in this thread is awaited on `loop` (the event loop arun() was called on)."""
+    _caller.loop = loop
+
+
+def awaited(value: Any) -> Any:
+    """A tool's return value, awaited when the tool is async def: on the caller's event loop under
+    arun() (this thread waits, the loop goes on), else on a loop of its own."""
+    if not inspect.isawaitable(value):
+        return value
+    import asyncio  # only for an async tool: importing it costs start-up time
+
+    async def result() -> Any:
+        return await value
+    loop = getattr(_caller, "loop", None)
+    if loop is not None and loop.is_running():
+        return asyncio.run_coroutine_threadsafe(result(), loop).result()
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:  # no loop runs in this thread: the usual case
+        return asyncio.run(result())
+    from concurrent.futures import ThreadPoolExecutor  # run() called on a thread that runs a loop (a notebook)
+    with ThreadPoolExecutor(1) as another:
+        return another.submit(asyncio.run, result()).result()
+
+
 def call_tool(name: str, args: dict, registry: Dict[str, Tool]) -> dict:
     """Run one tool call and always return the result shape; never raises."""
     described = registry.get(name)
@@ -406,7 +436,7 @@ def call_tool(name: str, args: dict, registry: Dict[str, Tool]) -> dict:
         return failure(f"bad arguments for {name}: {problem}", example=described.example())
     try:
         converted: List[str] = []
-        data = as_json(described.function(**args), converted)  # the result goes back to the model as JSON
+        data = as_json(awaited(described.function(**args)), converted)  # back to the model as JSON
         return {**success(data), "converted": sorted(set(converted))} if converted else success(data)
     except ToolError as error:
         return failure(str(error))

@@ -23,7 +23,7 @@ from urllib3.util.retry import Retry
 
 from agent_demo_kit import prompts
 from agent_demo_kit.records import MOST_TOKENS_A_ROUND, Reply, RunEvents, json_size
-from agent_demo_kit.endings import EndpointError
+from agent_demo_kit.endings import EndpointError, Interrupted
 from agent_demo_kit.request_gate import MOST_ABSORBED, RequestGate
 from agent_demo_kit.settings import Settings
 from agent_demo_kit.limits import (CHARS_A_TOKEN, CONNECT_SECONDS, DEFAULT_WINDOW_TOKENS, MIN_LIMIT_TOKENS,
@@ -360,7 +360,7 @@ class ModelClient:
                 raise AttemptFailed(f"the reply stopped arriving: nothing more came within {timeout:g} s") from None
             raise AttemptFailed(f"the reply stopped arriving: the connection broke mid-reply"
                                 f" ({type(error).__name__})") from None
-        except Stalled:
+        except (Stalled, Interrupted):  # Interrupted: the run was told to stop mid-reply
             response.close()
             raise
         except (AttemptFailed, EndpointError) as error:

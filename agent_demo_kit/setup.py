@@ -4,7 +4,7 @@ model client (and the stronger model's, with --escalate), the tools, the trace, 
 calls, the checks; made once, whole, and handed to `agent_demo.Agent`. What it opened or started
 is closed with the Job.
 
-It imports prompts, tools, records, endings, settings, environment, urls, the client, escalation,
+It imports prompts, tools, records, endings, events, settings, environment, urls, the client, escalation,
 conversation, terminal, trace_file, run_log, checks and the tool sources.
 """
 import contextlib
@@ -21,6 +21,7 @@ from agent_demo_kit.conversation import Conversation
 from agent_demo_kit.endings import CallerError, ConfigError
 from agent_demo_kit.environment import Environment
 from agent_demo_kit.escalation import Escalation
+from agent_demo_kit.events import broadcasting
 from agent_demo_kit.records import Call, Round
 from agent_demo_kit.settings import (OBEYED_ONLY_WHEN_GIVEN, Settings, check_endpoint_settings, flag_name,
                                      keyword_name, load_settings, recorded_differences)
@@ -69,7 +70,7 @@ def prepare(task: str = "", *, given: Dict[str, Any], environment: Dict[str, str
             follow_up: Optional[str] = None, screen: Any = None, redactor: Any = None,
             approver: Optional[Approver] = None, confirm: Optional[Callable[[str], bool]] = None,
             session: Any = None, task_check: Optional[Tuple[str, str]] = None, gate: Any = None,
-            written: Optional[List[dict]] = None) -> Job:
+            written: Optional[List[dict]] = None, on_event: Optional[Callable[[Any], None]] = None) -> Job:
     """A run made ready from what a caller gave: settings by name (`given`, named for messages by
     `named`), tool functions, the task and its material, where to record it (a path, True for the
     run log folder, None), or the trace of a run to take up again (`resume`, with the user's
@@ -77,8 +78,10 @@ def prepare(task: str = "", *, given: Dict[str, Any], environment: Dict[str, str
     and who confirms using what only the trace names (`confirm`, a y/N question; None: nobody can);
     the requests.Session to send on (a batch worker reuses its own; None: one of the run's own);
     a task line's own check (its command and how to name it), which the user said to run beside
-    --check; a batch's shared limit on requests in flight (`gate`) and a list to keep each record
-    written in (`written`). ConfigError if it cannot start; what it opened is closed then."""
+    --check; a shared limit on requests in flight (`gate`: a batch's, or a function of the settings
+    that gives arun()'s for the endpoint), a list to keep each record written in (`written`), and
+    who is told each event as well as the trace (`on_event`). ConfigError if it cannot start; what
+    it opened is closed then."""
     from agent_demo_kit import run_log, trace_file
     from agent_demo_kit.client import ModelClient, RequestForm
     from agent_demo_kit.redaction import Redactor
@@ -111,6 +114,8 @@ def prepare(task: str = "", *, given: Dict[str, Any], environment: Dict[str, str
             task = start["task"]
         else:
             settings = load_settings(given, environment, named=named)
+        if callable(gate):  # arun()'s: the one for this endpoint
+            gate = gate(settings)
         redactor.add(*secrets_of({"LLM_API_KEY": settings.api_key or "", "LLM_ESCALATE_KEY": settings.escalate_key
                                   or ""}, settings.url, settings.escalate_url))  # a key= given too, before any child
         # Whole, before it is shown a page at a time: a page's edge must not split a key into parts too short to catch.
@@ -152,6 +157,7 @@ def prepare(task: str = "", *, given: Dict[str, Any], environment: Dict[str, str
             if trace is True:
                 run_log.prune(Path(path).parent)
         log.recording(start_fields, notes, url_note)
+        log = broadcasting(log, on_event)
         for each in escalation.clients.values() if escalation else [client]:
             each.record_to(log)
         round_limit = None

@@ -27,7 +27,8 @@ from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 from agent_demo_kit.checks import without_secrets
 from agent_demo_kit.endings import ConfigError
-from agent_demo_kit.tools import Converted, Tool, ToolDefinitionError, ToolError, as_json, clash_message, registry_of
+from agent_demo_kit.tools import (Converted, Tool, ToolDefinitionError, ToolError, as_json, awaited, clash_message,
+                                  registry_of)
 
 _DESCRIBED = [field.name for field in dataclasses.fields(Tool) if field.name != "function"]
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # where agent_demo_kit and tools are
@@ -289,7 +290,7 @@ def run(tools: Dict[str, Tool], name: str, args: dict) -> Answer:
     SystemExit or KeyboardInterrupt, is its own failure."""
     try:
         converted: List[str] = []
-        value = as_json(tools[name].function(**args), converted)
+        value = as_json(awaited(tools[name].function(**args)), converted)
         return "ok", json.dumps({"value": value, "converted": converted}, allow_nan=False)
     except ToolError as error:
         return "error", str(error)

@@ -26,6 +26,7 @@ from typing import Any, ContextManager, Dict, List, Optional
 
 from agent_demo_kit.records import Call, Compaction, Reply, Round, RunEvents, Working, to_json
 from agent_demo_kit.endings import RESUMABLE, ConfigError, RunResult
+from agent_demo_kit.events import compaction_said, fallback_said, retry_said
 from agent_demo_kit.seals import is_sealed, sealed
 from agent_demo_kit.private_files import lock, open_private
 from agent_demo_kit.limits import TASK_SHOWN_CHARS
@@ -269,9 +270,7 @@ class RunLog(RunEvents):
     def fallback(self, from_mode: str, to_mode: str, error: str, from_variant: Optional[str] = None,
                  to_variant: Optional[str] = None) -> None:
         """One step down after a refusal: to schema mode's next variant, or to another mode."""
-        rejected = f"{from_mode} mode" + (f" as {from_variant}" if from_variant else "")
-        then = f"trying {to_variant}" if to_variant else f"falling back to {to_mode} mode"
-        self.say(f"note: the endpoint rejected {rejected} ({error}); {then}", "note")
+        self.say(f"note: {fallback_said(from_mode, to_mode, error, from_variant, to_variant)}", "note")
         variants = {name: value for name, value in [("from_variant", from_variant), ("to_variant", to_variant)]
                     if value}
         self.record(FALLBACK, from_mode=from_mode, to_mode=to_mode, **variants, error=error, ts=time.time())
@@ -283,10 +282,7 @@ class RunLog(RunEvents):
 
     def retry(self, cause: str, attempt: int, retries: int, wait: float) -> None:
         """One attempt failed and the next is coming: why, which retry, and after how long."""
-        if attempt:
-            self.say(f"note: {cause}, retry {attempt}/{retries} in {wait:.3g} s", "note")
-        else:  # a batch's shared limit took the blame: no retry spent
-            self.say(f"note: {cause}; sent again in {wait:.3g} s", "note")
+        self.say(f"note: {retry_said(cause, attempt, retries, wait)}", "note")
         self.record(RETRY, cause=cause, attempt=attempt, retries=retries, wait=wait, ts=time.time())
 
     def note(self, text: str) -> None:
@@ -304,8 +300,7 @@ class RunLog(RunEvents):
 
     def compaction(self, compaction: Compaction) -> None:
         """Record the digest the requests carry from now on, before the first of them is sent (--resume needs it)."""
-        self.say(f"context: rounds 1-{compaction.folded} folded into the digest"
-                 f" ({compaction.chars_before:,} -> {compaction.chars_after:,} chars)")
+        self.say(f"context: {compaction_said(compaction)}")
         self.record(COMPACTION, **compaction.to_line(), ts=time.time())
 
     def reply(self, number: int, limit: int, reply: Reply, prose: str, usage: dict, estimated: bool) -> None:

@@ -12,9 +12,22 @@ MODULES = sorted([*ROOT.glob("*.py"), *(ROOT / "agent_demo_kit").glob("*.py")])
 MOST_LINES = 500
 
 
+IN_THE_PACKAGE = ("tools", "prompts")  # beside agent_demo.py in the repository, installed in the package
+
+
 def module_name(path):
     relative = path.relative_to(ROOT).with_suffix("")
+    if relative.name in IN_THE_PACKAGE and len(relative.parts) == 1:
+        return f"agent_demo_kit.{relative.name}"
     return ".".join(relative.parts).replace(".__init__", "")
+
+
+def source_of(module):
+    if module == "agent_demo_kit":
+        return ROOT / "agent_demo_kit/__init__.py"
+    if module.split(".")[-1] in IN_THE_PACKAGE:
+        return ROOT / (module.split(".")[-1] + ".py")
+    return ROOT / (module.replace(".", "/") + ".py")
 
 
 def layout():
@@ -28,8 +41,7 @@ def layout():
 def imported(module):
     """Every project module the file imports, at its top or inside a function (not when it runs as a
     script: python agent_demo.py starts the command line)."""
-    path = ROOT / (module.replace(".", "/") + ".py") if module != "agent_demo_kit" else ROOT / "agent_demo_kit/__init__.py"
-    tree = ast.parse(path.read_text(encoding="utf-8"))
+    tree = ast.parse(source_of(module).read_text(encoding="utf-8"))
     tree.body = [node for node in tree.body if not (isinstance(node, ast.If) and "__main__" in ast.dump(node.test))]
     names = set()
     for node in ast.walk(tree):

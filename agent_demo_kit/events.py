@@ -1,0 +1,233 @@
+"""What a run reports as it goes, as typed events for a caller (`run(on_event=...)`, `astream`):
+one event for each report the live trace is drawn from (records.RunEvents), made by `Broadcast`,
+which passes every report on to the trace as it was. What an event holds went through the same
+redaction as the trace: no key.
+
+It imports records and endings.
+"""
+import contextlib
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Optional
+
+from agent_demo_kit.endings import RunResult
+from agent_demo_kit.records import Call, Compaction, Reply, Round, RunEvents, Working
+
+
+@dataclass(frozen=True)
+class Started:
+    """The run began (resumed: taken up again after `done_rounds` rounds)."""
+
+    task: str
+    model: str
+    url: str
+    resumed: bool = False
+    done_rounds: int = 0
+
+
+@dataclass(frozen=True)
+class Text:
+    """A piece of the model's reply as it arrives (streamed replies only)."""
+
+    text: str
+
+
+@dataclass(frozen=True)
+class ReplyArrived:
+    """Round `round`'s whole reply: its text, what it said besides its actions, its token counts."""
+
+    round: int
+    text: str
+    prose: str
+    usage: dict
+
+
+@dataclass(frozen=True)
+class ToolCalled:
+    """Action `index` of the round's reply is about to run (finish and fail too)."""
+
+    round: int
+    index: int
+    tool: str
+    args: Any
+
+
+@dataclass(frozen=True)
+class ToolResult:
+    """What the model is told of a call: its result ({"ok": true, "data": ...} or {"ok": false, "error": ...})."""
+
+    round: int
+    tool: str
+    args: Any
+    result: dict
+
+
+@dataclass(frozen=True)
+class AnswerRejected:
+    """A finish the loop did not take: a check or the output type rejected it, or a call before it
+    failed; `why` is what the model is told. The run goes on (or ends, out of attempts)."""
+
+    round: int
+    answer: Any
+    why: str
+
+
+@dataclass(frozen=True)
+class Note:
+    """Something the trace says once (a repaired action, a retry, a changed request form, a fold)."""
+
+    text: str
+
+
+@dataclass(frozen=True)
+class Escalated:
+    """Another model took the run over after round `after_round` (trigger "calm": the first one again)."""
+
+    after_round: int
+    from_model: str
+    to_model: str
+    trigger: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class RoundDone:
+    """A round is complete, as its trace line records it."""
+
+    round: Round
+
+
+@dataclass(frozen=True)
+class Ended:
+    """The run ended: the RunResult the call returns. Always the last event."""
+
+    result: RunResult
+
+
+# --- what the trace says of a report, in words (trace_file.RunLog shows the same) --------------------
+
+def retry_said(cause: str, attempt: int, retries: int, wait: float) -> str:
+    if attempt:
+        return f"{cause}, retry {attempt}/{retries} in {wait:.3g} s"
+    return f"{cause}; sent again in {wait:.3g} s"  # a batch's shared limit took the blame: no retry spent
+
+
+def fallback_said(from_mode: str, to_mode: str, error: str, from_variant: Optional[str],
+                  to_variant: Optional[str]) -> str:
+    rejected = f"{from_mode} mode" + (f" as {from_variant}" if from_variant else "")
+    then = f"trying {to_variant}" if to_variant else f"falling back to {to_mode} mode"
+    return f"the endpoint rejected {rejected} ({error}); {then}"
+
+
+def compaction_said(compaction: Compaction) -> str:
+    return (f"rounds 1-{compaction.folded} folded into the digest ({compaction.chars_before:,} ->"
+            f" {compaction.chars_after:,} chars)")
+
+
+class _Feeding(Working):
+    """A status line's feed that also reports each piece of a streamed reply."""
+
+    def __init__(self, inner: Working, emit: Callable[[Any], None], redact: Callable[[str], str]):
+        self.inner, self.emit, self.redact = inner, emit, redact
+
+    def feed(self, piece: str) -> None:
+        self.inner.feed(piece)
+        if piece:
+            self.emit(Text(self.redact(piece)))
+
+
+class Broadcast(RunEvents):
+    """The run's trace, with each report also given to `emit` as an event (after the trace took it)."""
+
+    def __init__(self, trace: RunEvents, emit: Callable[[Any], None]):
+        self.trace, self.emit = trace, emit
+        self.number = 0  # the round whose reply arrived last
+
+    def __getattr__(self, name: str) -> Any:  # path, say, recorded, ... of the trace underneath
+        return getattr(self.trace, name)
+
+    def redact(self, text: str) -> str:
+        return self.trace.redact(text)
+
+    def redact_values(self, value: Any) -> Any:
+        return self.trace.redact_values(value)
+
+    @contextlib.contextmanager
+    def working(self, label: str = "model working") -> Iterator[Working]:
+        with self.trace.working(label) as status:
+            yield _Feeding(status, self.emit, self.redact)
+
+    def start(self, task: str, model: str, url: str, kept: dict) -> None:
+        self.trace.start(task, model, url, kept)
+        self.emit(Started(task, model, url))
+
+    def resume(self, task: str, model: str, url: str, done_rounds: int, kept: dict) -> None:
+        self.trace.resume(task, model, url, done_rounds, kept)
+        self.number = done_rounds
+        self.emit(Started(task, model, url, resumed=True, done_rounds=done_rounds))
+
+    def follow_up(self, text: str, model: str, url: str, done_rounds: int, kept: dict) -> None:
+        self.trace.follow_up(text, model, url, done_rounds, kept)
+        self.number = done_rounds
+        self.emit(Started(text, model, url, resumed=True, done_rounds=done_rounds))
+
+    def note(self, text: str) -> None:
+        self.trace.note(text)
+        self.emit(Note(self.redact(text)))
+
+    def retry(self, cause: str, attempt: int, retries: int, wait: float) -> None:
+        self.trace.retry(cause, attempt, retries, wait)
+        self.emit(Note(self.redact(retry_said(cause, attempt, retries, wait))))
+
+    def setting(self, name: str, value: Any, text: str) -> None:
+        self.trace.setting(name, value, text)
+        self.emit(Note(self.redact(text)))
+
+    def fallback(self, from_mode: str, to_mode: str, error: str, from_variant: Optional[str] = None,
+                 to_variant: Optional[str] = None) -> None:
+        self.trace.fallback(from_mode, to_mode, error, from_variant, to_variant)
+        self.emit(Note(self.redact(fallback_said(from_mode, to_mode, error, from_variant, to_variant))))
+
+    def compaction(self, compaction: Compaction) -> None:
+        self.trace.compaction(compaction)
+        self.emit(Note(compaction_said(compaction)))
+
+    def escalation(self, after_round: int, from_model: str, to_model: str, trigger: str, reason: str,
+                   notice: str) -> None:
+        self.trace.escalation(after_round, from_model, to_model, trigger, reason, notice)
+        self.emit(Escalated(after_round, from_model, to_model, trigger, self.redact(reason)))
+
+    def reply(self, number: int, limit: int, reply: Reply, prose: str, usage: dict, estimated: bool) -> None:
+        self.trace.reply(number, limit, reply, prose, usage, estimated)
+        self.number = number
+        self.emit(ReplyArrived(number, self.redact(reply.content), self.redact(prose), dict(usage)))
+
+    def action(self, index: int, count: int, tool: str, args: Any, in_words: bool = False) -> None:
+        self.trace.action(index, count, tool, args, in_words)
+        self.emit(ToolCalled(self.number, index, tool, self.redact_values(args)))
+
+    def result(self, call: Call, sent: dict) -> None:
+        self.trace.result(call, sent)
+        args, result = self.redact_values(call.args), self.redact_values(call.result)
+        self.emit(ToolResult(self.number, call.tool, args, result))
+        if call.tool == "finish" and not result.get("ok") and isinstance(args, dict) and "result" in args:
+            self.emit(AnswerRejected(self.number, args["result"], str(result.get("error"))))
+
+    def call_started(self, number: int, call: Call) -> None:
+        self.trace.call_started(number, call)
+
+    def round(self, record: Round) -> None:
+        self.trace.round(record)
+        self.emit(RoundDone(record))
+
+    def end(self, outcome: Any) -> None:
+        self.trace.end(outcome)
+        self.emit(Ended(outcome))
+
+
+def broadcasting(trace: RunEvents, emit: Optional[Callable[[Any], None]]) -> RunEvents:
+    """The trace itself, or with emit: a Broadcast of it."""
+    return Broadcast(trace, emit) if emit else trace
+
+
+EVENT_TYPES = (Started, Text, ReplyArrived, ToolCalled, ToolResult, AnswerRejected, Note, Escalated, RoundDone,
+               Ended)
