@@ -23,9 +23,9 @@ from agent_demo_kit import outcome
 from agent_demo_kit.escalation import Escalation
 from agent_demo_kit.records import (Call, Reply, Round, RunEvents, add_usage, answer_text, count_usage, failure,
                                     impossible_counts, json_size, success, to_json, total_usage)
-from agent_demo_kit.scoring import cost
 from agent_demo_kit.settings import Settings, keyword_name, recorded_settings
 from agent_demo_kit.limits import VALUE_SHOWN_CHARS
+from agent_demo_kit.output_types import OutputType, output_type_of
 from agent_demo_kit.setup import Approver, Job, notes_before_the_first_round, prepare, the_callers
 from agent_demo_kit.urls import display_url
 from agent_demo_kit.watchdog import Watchdog
@@ -53,19 +53,19 @@ class Agent:
                  checks: Optional[List[Check]] = None, escalation: Optional[Escalation] = None,
                  round_limit: Optional[int] = None, material: Optional[Tuple[str, int]] = None,
                  task_notices: Sequence[str] = (), on_round: Optional[Callable[[Round], None]] = None,
-                 stop: Any = None, expected: Optional[str] = None):
+                 stop: Any = None, expected: Optional[str] = None, output: Optional[OutputType] = None):
         """checks: --check and a task line's own, known to start (None: --check's, started when the
         run begins); escalation: the two models with --escalate, the one in charge answers; round_limit:
         a bare --resume after a round limit; material: what was piped in and read a page at a time, and
         how much of it was shown; task_notices: what a model that took over before round 1 was told;
         on_round: told of each round as it completes; stop: a threading.Event, once set the run ends as
         interrupted before its next round (a batch told to stop); expected: a batch task's answer, for
-        the check (AGENT_EXPECTED)."""
+        the check (AGENT_EXPECTED); output: the type a finish's result must fit (output_type=)."""
         self.settings, self.registry, self.approver = settings, registry, approver
         self.escalation = escalation
         self.client = escalation.client if escalation else client
         self.trace = trace or RunEvents()
-        self.checks, self.on_round, self.stop, self.expected = checks, on_round, stop, expected
+        self.checks, self.on_round, self.stop, self.expected, self.output = checks, on_round, stop, expected, output
         self.material, self.task_notices = material, list(task_notices)
         self.watchdog = Watchdog()
         self.usage: dict = {}
@@ -170,6 +170,8 @@ class Agent:
         if unfinished:  # the model never saw their results: it is told they may have happened
             self.conversation.task += prompts.render_may_have_happened(
                 [(call.tool, to_json(shorten_args(call.args))) for call in unfinished])
+        if self.output:  # what the result must fit, said with the task
+            self.conversation.task += prompts.render_output_schema(self.output.schema)
         for notice in self.task_notices:  # another model took over before the first round
             self.conversation.task += f"\n\n{notice}"
         self.conversation.rounds.extend(history)
@@ -319,7 +321,7 @@ class Agent:
                 self.conversation.rounds, self.settings.max_result_chars, **action.args))
         if control is NOTE:  # no side effects either; the same note twice is kept once
             return Call(action.tool, action.args, self.conversation.notes.add(number, action.args["text"]))
-        if control is FINISH and self.checks:
+        if control is FINISH and (self.checks or self.output):
             return self.check_answer(action, action.args["result"])
         value = action.args["result" if control is FINISH else "reason"]
         raise (Finished if control is FINISH else GaveUp)(result=value).by(Call(action.tool, action.args,
@@ -330,7 +332,12 @@ class Agent:
         check exits 0; otherwise the model gets the output of the one that rejected it and goes on,
         until the run has had its --check-attempts."""
         settings, ran = self.settings, []
-        for each in self.checks or []:
+        if self.output:  # the output type first: a result that does not fit is not worth a check
+            answer, problem = self.output.check(answer)
+            if not problem and not self.checks:
+                raise Finished(result=answer).by(Call(action.tool, action.args, success(answer)))
+            ran = [{"command": prompts.OUTPUT_TYPE_CHECK, "exit_code": 1, "output": problem, "ms": 0}] if problem else []
+        for each in [] if ran else self.checks or []:
             with self.trace.working(f"check running ({prompts.clip(each.command, VALUE_SHOWN_CHARS)})"):
                 ran.append(run_check(each.argv, each.command, answer_text(answer), self.task, settings.tool_timeout,
                                      each.named, expected=self.expected, stop=self.stop,
@@ -346,7 +353,8 @@ class Agent:
         call.result = failure(prompts.render_check_rejection(check, left, settings.tool_timeout))
         if left <= 0:
             rejected = len(self.rejected_answers()) + 1
-            raise CheckFailed(f"the check rejected {rejected} answer{'s' if rejected > 1 else ''}",
+            who = "the output type" if check["command"] == prompts.OUTPUT_TYPE_CHECK else "the check"
+            raise CheckFailed(f"{who} rejected {rejected} answer{'s' if rejected > 1 else ''}",
                               result=check["output"]).by(call)
         return call
 
@@ -399,22 +407,13 @@ class Agent:
     def end(self, ending: RunEnded) -> RunResult:
         """The outcome, recorded as the run's last event. It is data a caller keeps: no key in it
         (an endpoint's error may quote it, a model may repeat it)."""
-        rounds, redact = self.conversation.rounds, self.trace.redact_values
-        words = outcome.last_words(ending, rounds)
         first = self.escalation.model("first") if self.escalation else self.client.settings.model
-        ending.args, ending.result = tuple(redact(list(ending.args))), redact(ending.result)
-        result = RunResult(ending, rounds=len(rounds), usage=self.usage,
-                           calls=redact([{"round": record.number, "tool": call.tool, "args": call.args,
-                                          "result": call.result} for record in rounds for call in record.calls]),
-                           progress=redact(outcome.progress(ending, words)), last_words=redact(words),
-                           checks=redact([{"round": record.number, **call.check} for record in rounds
-                                          for call in record.calls if call.check]),
-                           trace=getattr(self.trace, "path", None),
-                           material=outcome.material_read(self.material, rounds),
-                           models=outcome.used_by_model(rounds, first) if self.escalation else None,
-                           answered_in_words=outcome.answered_in_words(ending),
-                           cost=cost(outcome.tokens_by_model(rounds, first), self.settings.prices())
-                           if self.settings.price else None)
+        result = outcome.run_result(ending, self.conversation.rounds, self.usage, self.trace.redact_values, first,
+                                    by_model=bool(self.escalation), material=self.material,
+                                    trace=getattr(self.trace, "path", None),
+                                    prices=self.settings.prices() if self.settings.price else None)
+        if self.output and result.status == "finished":  # the result fitted: as the caller's type
+            result.output = self.output.typed(result.result)
         self.trace.end(result)
         return result
 
@@ -423,7 +422,8 @@ class Agent:
 
 def run(task: str, *, tools: Sequence[Callable] = (), approve: Optional[Approver] = None,
         trace: Union[str, "os.PathLike[str]", bool, None] = None, on_round: Optional[Callable[[Round], None]] = None,
-        on_event: Optional[Callable[[Any], None]] = None, material: str = "", **settings: Any) -> RunResult:
+        on_event: Optional[Callable[[Any], None]] = None, output_type: Any = None, material: str = "",
+        **settings: Any) -> RunResult:
     """Run one task with the agent the command line runs, and return how it ended (docs/python.md).
 
     settings: the command line's settings by their long names (url=, model=, max_rounds=, mode=,
@@ -433,14 +433,15 @@ def run(task: str, *, tools: Sequence[Callable] = (), approve: Optional[Approver
     needs approval, given {"tool", "args"} (and "warning"); without it such calls are refused, as on
     the command line without a terminal. trace: a file to append the run's record to, True for the
     run log folder the command line uses, None to keep none. on_round: called with each Round as it
-    completes; on_event: with each event (agent_demo_kit/events.py). material: text the task is
-    about, as piped to the command line.
+    completes; on_event: with each event (agent_demo_kit/events.py). output_type: a JSON Schema, a
+    dataclass, a TypedDict or a pydantic model the finish's result must fit (result.output is it,
+    typed). material: text the task is about, as piped to the command line.
 
     Raises ConfigError, with the message the command line prints, for what the caller can fix: a
     bad setting, no key, a tool that cannot be described, a --check that cannot start. An endpoint
     that fails gives a result with status "error" (exit_code 3), as on the command line."""
     return _run(task, dict(settings, tools=tools, approve=approve, trace=trace, on_round=on_round, on_event=on_event,
-                           material=material))
+                           output_type=output_type, material=material))
 
 
 async def arun(task: str, *, parallel: Optional[int] = None, **given: Any) -> RunResult:
@@ -464,21 +465,23 @@ def _run(task: str, given: Dict[str, Any], stop: Any = None, gate: Any = None, e
     """run(), arun() and astream(): given holds run()'s keywords and the settings; stop, once set, ends
     the run as interrupted; gate limits requests in flight; emit is told each event, after on_event."""
     settings = dict(given)
-    tools, approve, trace, on_round, on_event, material = (settings.pop(name, default) for name, default in (
-        ("tools", ()), ("approve", None), ("trace", None), ("on_round", None), ("on_event", None), ("material", "")))
+    tools, approve, trace, on_round, on_event, output_type, material = (settings.pop(name, None) for name in (
+        "tools", "approve", "trace", "on_round", "on_event", "output_type", "material"))
     if approve is not None and not callable(approve):
         raise ConfigError(f"approve must be a function that decides each call, got {approve!r}")
+    output = output_type_of(output_type) if output_type is not None else None  # ConfigError if it cannot be
     if approve is not None:  # it decides about every call, as --approve asks about every call
         settings["approve"] = True
     environment = read_environment()
     for note in environment.notes:  # a ./.env passed by: said, as the command line says it
         print(f"agent-demo: {note}", file=sys.stderr)
     listener = on_event and the_callers("on_event", on_event)
-    with prepare(task, given=settings, environment=environment, named=keyword_name, functions=tools, material=material,
+    with prepare(task, given=settings, environment=environment, named=keyword_name, functions=tools or (),
+                 material=material or "",
                  trace=None if trace is False else trace, approver=approve and the_callers("approve", approve),
                  on_event=(lambda event: (listener(event), emit(event))) if listener and emit else listener or emit,
                  gate=gate) as job:
-        result, _ = run_job(job, on_round=on_round and the_callers("on_round", on_round), stop=stop)
+        result, _ = run_job(job, on_round=on_round and the_callers("on_round", on_round), stop=stop, output=output)
     if isinstance(result.ending, ConfigError) and not result.rounds:  # found before anything was sent
         raise result.ending
     return result

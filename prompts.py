@@ -265,13 +265,25 @@ def render_note_too_long(length: int, limit: int) -> str:
     return f"a note takes at most {limit:,} characters and this one has {length:,}; keep only what matters"
 
 
+OUTPUT_TYPE_CHECK = "output type"  # a finish's result checked against the output type, recorded as a check
+
+
 def render_check_rejection(check: dict, attempts_left: int, timeout: float) -> str:
-    """Why a finish was not accepted: what --check said of the answer, and whether another may come."""
-    how = (f"exited with {check['exit_code']}" if check["exit_code"] is not None
-           else f"did not finish within {timeout:g} s")
+    """Why a finish was not accepted: what --check (or the output type) said of the answer, and whether
+    another may come."""
     then = (f"fix the answer and finish again ({attempts_left} attempt{'s' if attempts_left > 1 else ''} left)"
             if attempts_left > 0 else "no attempts are left")
+    if check["command"] == OUTPUT_TYPE_CHECK:
+        return f"not accepted: the result does not fit the output type ({check['output']}); {then}."
+    how = (f"exited with {check['exit_code']}" if check["exit_code"] is not None
+           else f"did not finish within {timeout:g} s")
     return f"not accepted: the answer check {how}; {then}. It said:\n{check['output'].strip() or '(nothing)'}"
+
+
+def render_output_schema(schema: dict) -> str:
+    """Said after the task when the result has a type: the JSON Schema it must fit."""
+    return ("\n\nWhen you finish, its result must be a JSON value (not text that holds one) that fits this JSON"
+            f" Schema:\n{to_json(schema)}")
 
 
 def render_takeover(model: str, before: str, why: str, detail: str, tried: List[str]) -> str:

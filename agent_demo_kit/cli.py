@@ -206,6 +206,9 @@ def build_parser() -> Parser:
     parser.add_argument("--json", action="store_true",
                         help="print one JSON object with status, result, rounds, usage, calls (and error), and the"
                              " run's run_id and trace file; the trace goes to stderr")
+    parser.add_argument("--output-schema", metavar="FILE",
+                        help="the finish's result must fit the JSON Schema in FILE (told to the model; a result"
+                             " that does not fit is sent back, as --check does); the answer is printed as JSON")
     parser.add_argument("-q", "--quiet", action="store_true", help="no round-by-round trace; only the result")
     parser.add_argument("--debug", action="store_true", help="show tracebacks for errors")
     parser.add_argument("-V", "--version", action="version", version=f"agent-demo {__version__}")
@@ -240,6 +243,7 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
                                           ("--show", args.show is not None), ("--trace", args.trace),
                                           ("--no-log", args.no_log), ("--approve", args.approve),
                                           ("--summary", args.summary is not None), ("--config", args.config),
+                                          ("--output-schema", args.output_schema),
                                           ("a task", words)) if value]
         if clash:
             parser.error(f"--batch runs the tasks of its file, each with a trace in --out; {clash[0]} does not go"

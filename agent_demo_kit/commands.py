@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Dict, Iterator, Optional, Tuple
 
 from agent_demo_kit import prompts
+from agent_demo_kit.output_types import OutputType, output_type_of, schema_file
 from agent_demo import Agent, Job, prepare, run_job
 from agent_demo_kit import run_log, trace_file
 from agent_demo_kit.approval import terminal_approver, terminal_confirm
@@ -35,6 +36,7 @@ def start(args: argparse.Namespace, environment: Dict[str, str],
     that ran it once it started."""
     with ending_on_sigterm():
         try:
+            output = output_schema(args.output_schema)
             job = prepare_job(args, environment, redactor)
         except ConfigError as error:
             return RunResult(error), None
@@ -43,7 +45,20 @@ def start(args: argparse.Namespace, environment: Dict[str, str],
         except SigTerm:
             return RunResult(Terminated("terminated by SIGTERM")), None
         with job, stray_prints_to_stderr():  # closed whatever happens: the trace, the tools worker, MCP
-            return run_job(job)
+            return run_job(job, output=output)
+
+
+def output_schema(path: Optional[str]) -> Optional[OutputType]:
+    """The type --output-schema FILE gives the result (a file the user named: trusted), or None."""
+    if path is None:
+        return None
+    try:
+        with open(path, encoding="utf-8") as file:
+            return output_type_of(schema_file(file.read(1 << 20), f"--output-schema {path}"))
+    except (OSError, UnicodeDecodeError) as error:
+        raise ConfigError(f"cannot read --output-schema {path}: {getattr(error, 'strerror', None) or error}") from None
+    except ValueError as error:  # not a JSON Schema: it says why
+        raise ConfigError(str(error)) from None
 
 
 def prepare_job(args: argparse.Namespace, environment: Dict[str, str], redactor: Redactor) -> Job:
@@ -116,6 +131,8 @@ def report(outcome: RunResult, args: argparse.Namespace, answer: SafeStream, age
     the rest on stderr, with how to continue a run cut short); returns the exit code."""
     if args.json:
         answer.write_json(json_object(outcome))
+    elif outcome.status == "finished" and args.output_schema:  # JSON, whatever its type
+        answer.write_json(outcome.result)
     elif outcome.status == "finished" and isinstance(outcome.result, str):
         print(outcome.result, file=answer)
     elif outcome.status == "finished":
@@ -295,6 +312,8 @@ def show_run(args: argparse.Namespace, environment: Dict[str, str], answer: Safe
     say_material(outcome)
     if args.json:
         answer.write_json({"task": records[0].get("task"), **json_object(outcome)})
+    elif outcome.status == "finished" and args.output_schema:  # JSON, whatever its type
+        answer.write_json(outcome.result)
     elif outcome.status == "finished" and isinstance(outcome.result, str):
         print(outcome.result, file=answer)
     elif outcome.status == "finished":

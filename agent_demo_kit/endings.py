@@ -142,6 +142,7 @@ class RunResult:
     models: Optional[Dict[str, dict]] = None  # with --escalate: each model's rounds and tokens
     answered_in_words: bool = False  # finished by a reply of words, not by a finish action
     cost: Optional[float] = None  # dollars, with --price
+    output: Any = None  # with output_type: the result as that type (finished runs only)
 
     @property
     def status(self) -> str:

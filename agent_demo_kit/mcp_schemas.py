@@ -12,9 +12,10 @@ import re
 import shlex
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
-from urllib.parse import unquote, urlsplit
+from urllib.parse import urlsplit
 
 from agent_demo_kit.limits import FUNCTION_NAME_CHARS, MESSAGE_CHARS
+from agent_demo_kit.output_types import schema_pointer
 from agent_demo_kit.prompts import clip
 from agent_demo_kit.tools import ANY_JSON, ToolError
 
@@ -190,7 +191,7 @@ def _flatten(schema: Any, root: Any, seen: frozenset) -> Tuple[dict, frozenset]:
         return {}, seen
     ref = schema.get("$ref")
     if isinstance(ref, str):
-        target = _pointer(root, ref) if ref not in seen else None
+        target = schema_pointer(root, ref) if ref not in seen else None
         found, seen = _flatten(target, root, seen | {ref})
         schema = {**found, **{key: value for key, value in schema.items() if key != "$ref"}}
     if isinstance(schema.get("allOf"), list):
@@ -205,18 +206,6 @@ def _flatten(schema: Any, root: Any, seen: frozenset) -> Tuple[dict, frozenset]:
                 merged.setdefault(key, value)
         schema = merged
     return schema, seen
-
-
-def _pointer(root: Any, ref: str) -> Any:
-    """What a local reference ("#/$defs/Point") points to in the schema, or None."""
-    node = root if ref.startswith("#") else None
-    for part in ref[1:].split("/")[1:]:
-        part = unquote(part).replace("~1", "/").replace("~0", "~")
-        if isinstance(node, list):
-            node = node[int(part)] if part.isdigit() and int(part) < len(node) else None
-        else:
-            node = node.get(part) if isinstance(node, dict) else None
-    return node
 
 
 def _implied_type(schema: dict, values: Optional[list]) -> Optional[str]:

@@ -2,15 +2,36 @@
 lines said after the outcome, how much of the material piped in the model read, and each model's
 rounds and tokens (what the cost is counted from).
 
-It imports prompts, records, endings and settings.
+It imports prompts, actions, records, endings, limits and scoring.
 """
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from agent_demo_kit import prompts
 from agent_demo_kit.actions import said_besides_actions
-from agent_demo_kit.endings import CheckFailed, Finished, GaveUp, RunEnded
+from agent_demo_kit.endings import CheckFailed, Finished, GaveUp, RunEnded, RunResult
 from agent_demo_kit.records import Round, answer_text, is_count
 from agent_demo_kit.limits import CHECK_OUTPUT_LINES, CHECK_OUTPUT_SHOWN, LAST_WORDS_CHARS, LAST_WORDS_LINES
+from agent_demo_kit.scoring import cost
+
+
+def run_result(ending: RunEnded, rounds: Sequence[Round], usage: dict, redact: Callable[[Any], Any], first: str,
+               by_model: bool, material: Optional[Tuple[str, int]], trace: Optional[str],
+               prices: Optional[Any]) -> RunResult:
+    """The outcome of a run that ended so after these rounds (first: the model it started with;
+    by_model: --escalate, so each model's share is kept). It is data a caller keeps: no key in it
+    (an endpoint's error may quote it, a model may repeat it)."""
+    words = last_words(ending, rounds)
+    ending.args, ending.result = tuple(redact(list(ending.args))), redact(ending.result)
+    return RunResult(ending, rounds=len(rounds), usage=usage,
+                     calls=redact([{"round": record.number, "tool": call.tool, "args": call.args,
+                                    "result": call.result} for record in rounds for call in record.calls]),
+                     progress=redact(progress(ending, words)), last_words=redact(words),
+                     checks=redact([{"round": record.number, **call.check} for record in rounds
+                                    for call in record.calls if call.check]),
+                     trace=trace, material=material_read(material, rounds),
+                     models=used_by_model(rounds, first) if by_model else None,
+                     answered_in_words=answered_in_words(ending),
+                     cost=cost(tokens_by_model(rounds, first), prices) if prices else None)
 
 
 def last_words(ending: RunEnded, rounds: Sequence[Round]) -> str:
