@@ -6,6 +6,7 @@ redaction as the trace: no key.
 It imports records and endings.
 """
 import contextlib
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Optional
 
@@ -124,15 +125,23 @@ def compaction_said(compaction: Compaction) -> str:
 
 
 class _Feeding(Working):
-    """A status line's feed that also reports each piece of a streamed reply."""
+    """A status line's feed that also reports each piece of a streamed reply, redacted: what could be
+    the start of a key still being written is held back until the next piece says (as the trace's
+    writer does), and said when the reply is whole."""
 
-    def __init__(self, inner: Working, emit: Callable[[Any], None], redact: Callable[[str], str]):
-        self.inner, self.emit, self.redact = inner, emit, redact
+    def __init__(self, inner: Working, emit: Callable[[Any], None], redactor: Any):
+        self.inner, self.emit, self.redactor = inner, emit, redactor
+        self.pending = ""
 
     def feed(self, piece: str) -> None:
         self.inner.feed(piece)
-        if piece:
-            self.emit(Text(self.redact(piece)))
+        self.pending += piece
+        self.say(self.redactor.unsafe_tail(self.pending) if self.redactor else 0)
+
+    def say(self, hold: int) -> None:
+        ready, self.pending = self.pending[:len(self.pending) - hold], self.pending[len(self.pending) - hold:]
+        if ready:
+            self.emit(Text(self.redactor(ready, placeholders=False) if self.redactor else ready))
 
 
 class Broadcast(RunEvents):
@@ -154,7 +163,11 @@ class Broadcast(RunEvents):
     @contextlib.contextmanager
     def working(self, label: str = "model working") -> Iterator[Working]:
         with self.trace.working(label) as status:
-            yield _Feeding(status, self.emit, self.redact)
+            feeding = _Feeding(status, self.emit, getattr(self.trace, "redactor", None))
+            try:
+                yield feeding
+            finally:
+                feeding.say(hold=0)
 
     def start(self, task: str, model: str, url: str, kept: dict) -> None:
         self.trace.start(task, model, url, kept)
@@ -217,7 +230,11 @@ class Broadcast(RunEvents):
 
     def round(self, record: Round) -> None:
         self.trace.round(record)
-        self.emit(RoundDone(record))
+        redact = self.redact_values  # the trace file redacts the round as it writes it; so does the event
+        calls = [dataclasses.replace(call, args=redact(call.args), result=redact(call.result), check=redact(call.check))
+                 for call in record.calls]
+        self.emit(RoundDone(dataclasses.replace(record, model_output=self.redact(record.model_output), calls=calls,
+                                                feedback=redact(record.feedback), tool_calls=redact(record.tool_calls))))
 
     def end(self, outcome: Any) -> None:
         self.trace.end(outcome)

@@ -184,3 +184,15 @@ def test_the_api_is_what_dir_shows_and_every_name_is_documented():
         assert f"`{name}" in documented or f"agent_demo.{name}" in documented, name
     for kind in events.EVENT_TYPES:
         assert f"`{kind.__name__}" in documented, kind.__name__
+
+
+def test_no_event_holds_the_key_even_split_across_streamed_pieces(serve):
+    from conftest import KEY
+    serve([{"content": f"my key is {KEY}, see? " + act("finish", result=f"it is {KEY}")}])
+    seen = []
+    result = agent_demo.run("x", on_event=seen.append, stream=True)
+    assert result.status == "finished"
+    pieces = [event.text for event in seen if isinstance(event, events.Text)]
+    assert len(pieces) > 5 and "see?" in "".join(pieces)
+    shown = repr(seen)
+    assert KEY not in shown and KEY[:12] not in shown and KEY[-12:] not in shown
