@@ -73,7 +73,8 @@ class Agent:
         self.uncertain: Dict[str, int] = {}  # tools with a call started before a crash -> the round redone
         self.round_limit = round_limit or settings.max_rounds  # a follow-up's are its own
         self.token_limit = settings.max_tokens
-        self.conversation = Conversation("", settings, registry, self.client, self.trace.compaction)
+        self.conversation = Conversation("", settings, registry, self.client, self.trace.compaction,
+                                         finish=output and output.finish())
 
     @classmethod
     def for_job(cls, job: Job, **given: Any) -> "Agent":
@@ -332,11 +333,9 @@ class Agent:
         check exits 0; otherwise the model gets the output of the one that rejected it and goes on,
         until the run has had its --check-attempts."""
         settings, ran = self.settings, []
-        if self.output:  # the output type first: a result that does not fit is not worth a check
-            answer, problem = self.output.check(answer)
-            if not problem and not self.checks:
-                raise Finished(result=answer).by(Call(action.tool, action.args, success(answer)))
-            ran = [{"command": prompts.OUTPUT_TYPE_CHECK, "exit_code": 1, "output": problem, "ms": 0}] if problem else []
+        answer, ran = self.output.checked(answer) if self.output else (answer, [])  # a misfit is not worth a check
+        if not ran and not self.checks:  # it fits, and nothing else checks it
+            raise Finished(result=answer).by(Call(action.tool, action.args, success(answer)))
         for each in [] if ran else self.checks or []:
             with self.trace.working(f"check running ({prompts.clip(each.command, VALUE_SHOWN_CHARS)})"):
                 ran.append(run_check(each.argv, each.command, answer_text(answer), self.task, settings.tool_timeout,

@@ -250,8 +250,10 @@ class Conversation:
     messages; a compaction, when the next request would pass --max-context, folds the oldest."""
 
     def __init__(self, task: str, settings: Settings, registry: Dict[str, Tool], client: Any,
-                 on_compaction: Callable[[Compaction], None] = lambda compaction: None):
+                 on_compaction: Callable[[Compaction], None] = lambda compaction: None, finish: Optional[Tool] = None):
         self.task, self.settings, self.tools = task, settings, in_use(registry)  # every tool offered
+        if finish:  # its result held to an output type: in the prompt, and where the endpoint constrains replies
+            self.tools["finish"] = finish
         self.client = client  # owns the request's form (mode, schema variant, ...) and builds its body
         self.rounds: List[Round] = []
         self.on_compaction = on_compaction  # told before the first request that carries the new digest

@@ -5,7 +5,6 @@ schema, and a tool's result read as data.
 
 It imports limits, prompts and tools.
 """
-import copy
 import json
 import os
 import re
@@ -15,9 +14,9 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 from urllib.parse import urlsplit
 
 from agent_demo_kit.limits import FUNCTION_NAME_CHARS, MESSAGE_CHARS
-from agent_demo_kit.output_types import schema_pointer
+from agent_demo_kit.schemas import flatten, simplify_schema
 from agent_demo_kit.prompts import clip
-from agent_demo_kit.tools import ANY_JSON, ToolError
+from agent_demo_kit.tools import ToolError
 
 INSTALL_HINT = "MCP servers need the mcp package: pip install 'agent-demo[mcp]' (Python 3.10 or later)"
 
@@ -135,111 +134,18 @@ def safe_name(name: str) -> str:
     return re.sub(r"[^a-zA-Z0-9_-]", "_", name)[:FUNCTION_NAME_CHARS] or "mcp"
 
 
-_TYPES = ("string", "integer", "number", "boolean", "object", "array", "null")
-
-
-MAX_SCHEMA_DEPTH = 12  # a schema nested deeper (or recursive) takes any value below this
-
-
-_KEPT = {"integer": ("minimum", "maximum"), "number": ("minimum", "maximum"),
-         "string": ("minLength", "maxLength"), "array": ("minItems", "maxItems")}  # grammar engines take these
-
-
-def simplify_schema(schema: Any, root: Any = None, seen: frozenset = frozenset(), depth: int = 0) -> dict:
-    """A schema grammar engines compile that takes at least what `schema` takes: every value typed
-    (untyped: tools.ANY_JSON), $ref and allOf resolved, oneOf as anyOf, what they reject dropped
-    (not, if/then, patternProperties, format, unanchored patterns, ...)."""
-    flat, seen = _flatten(schema, schema if root is None else root, seen)
-    root = schema if root is None else root
-    simple: Dict[str, Any] = {"description": flat["description"]} if isinstance(flat.get("description"), str) else {}
-    branches, kind = flat.get("anyOf") or flat.get("oneOf"), flat.get("type")
-    if isinstance(branches, list) and branches and kind is None and depth < MAX_SCHEMA_DEPTH:
-        return {"anyOf": [simplify_schema(branch, root, seen, depth + 1) for branch in branches], **simple}
-    if isinstance(kind, list) and len([name for name in kind if name in _TYPES]) > 1 and depth < MAX_SCHEMA_DEPTH:
-        flat = {key: value for key, value in flat.items() if key != "description"}
-        return {"anyOf": [simplify_schema({**flat, "type": name}, root, seen, depth + 1)
-                          for name in kind if name in _TYPES], **simple}
-    kind = next((name for name in kind if name in _TYPES), None) if isinstance(kind, list) else kind
-    values = [flat["const"]] if "const" in flat else flat.get("enum") if isinstance(flat.get("enum"), list) else None
-    kind = kind if kind in _TYPES else _implied_type(flat, values)
-    simple.update({"enum": values} if values else {})
-    if kind is None or depth >= MAX_SCHEMA_DEPTH:  # deeper than that: any value
-        return {**copy.deepcopy(ANY_JSON), **simple}
-    simple["type"] = kind
-    simple.update((key, flat[key]) for key in _KEPT.get(kind, ())
-                  if isinstance(flat.get(key), (int, float)) and not isinstance(flat[key], bool))
-    if kind == "string" and _anchored_pattern(flat.get("pattern")):
-        simple["pattern"] = flat["pattern"]
-    if kind == "array" and isinstance(flat.get("items"), dict):
-        simple["items"] = simplify_schema(flat["items"], root, seen, depth + 1)
-    properties = flat.get("properties") if kind == "object" and isinstance(flat.get("properties"), dict) else {}
-    if properties:
-        simple["properties"] = {name: simplify_schema(value, root, seen, depth + 1)
-                                for name, value in properties.items()}
-        simple["required"] = [name for name in flat.get("required") or [] if name in properties]
-    extra = flat.get("additionalProperties") if kind == "object" else None
-    if isinstance(extra, dict):
-        simple["additionalProperties"] = simplify_schema(extra, root, seen, depth + 1)
-    elif extra is False and "patternProperties" not in flat:  # with it, the dropped patterns allowed more
-        simple["additionalProperties"] = False
-    return simple
-
-
-def _flatten(schema: Any, root: Any, seen: frozenset) -> Tuple[dict, frozenset]:
-    """schema with its $ref followed and its allOf merged in; a $ref met again on the way is any value."""
-    if not isinstance(schema, dict):
-        return {}, seen
-    ref = schema.get("$ref")
-    if isinstance(ref, str):
-        target = schema_pointer(root, ref) if ref not in seen else None
-        found, seen = _flatten(target, root, seen | {ref})
-        schema = {**found, **{key: value for key, value in schema.items() if key != "$ref"}}
-    if isinstance(schema.get("allOf"), list):
-        merged = {key: value for key, value in schema.items() if key != "allOf"}
-        for part in schema["allOf"]:
-            part, _ = _flatten(part, root, seen)
-            if isinstance(part.get("properties"), dict):
-                merged["properties"] = {**part["properties"], **merged.get("properties", {})}
-            if isinstance(part.get("required"), list):
-                merged["required"] = [*merged.get("required", []), *part["required"]]
-            for key, value in part.items():
-                merged.setdefault(key, value)
-        schema = merged
-    return schema, seen
-
-
-def _implied_type(schema: dict, values: Optional[list]) -> Optional[str]:
-    """The type a schema without one implies by its values or keywords, or None."""
-    if values:
-        kinds = {"boolean" if isinstance(value, bool) else {int: "integer", float: "number", str: "string",
-                 list: "array", dict: "object"}.get(type(value), "null") for value in values}
-        kinds = {"number"} if kinds == {"integer", "number"} else kinds
-        return kinds.pop() if len(kinds) == 1 else None
-    if "properties" in schema or "additionalProperties" in schema:
-        return "object"
-    return "array" if "items" in schema else None
-
-
-def _anchored_pattern(pattern: Any) -> bool:
-    """Grammar engines take a pattern anchored at both ends; tools.check_args, one Python compiles."""
-    try:
-        return isinstance(pattern, str) and pattern[:1] == "^" and pattern[-1:] == "$" and bool(re.compile(pattern))
-    except re.error:
-        return False
-
-
 def parameters_of(schema: Any) -> Tuple[Dict[str, dict], List[str]]:
     """A tool's parameters and required names from its inputSchema, each typed and described."""
-    top, _ = _flatten(schema, schema, frozenset())
+    top, _ = flatten(schema, schema, frozenset())
     properties = dict(top["properties"]) if isinstance(top.get("properties"), dict) else {}
     for branch in top.get("anyOf") or top.get("oneOf") or []:  # alternative argument sets: any of their names
-        branch, _ = _flatten(branch, schema, frozenset())
+        branch, _ = flatten(branch, schema, frozenset())
         properties.update((name, value) for name, value in (branch.get("properties") or {}).items()
                           if name not in properties)
     required = list(dict.fromkeys(name for name in top.get("required") or [] if isinstance(name, str)))
     parameters = {}
     for name in [*properties, *(name for name in required if name not in properties)]:
-        original, _ = _flatten(properties.get(name), schema, frozenset())
+        original, _ = flatten(properties.get(name), schema, frozenset())
         text = original.get("description") or original.get("title") or name.replace("_", " ")
         noted = f" (format: {original['format']})" if isinstance(original.get("format"), str) else ""
         parameters[name] = {**simplify_schema(properties.get(name), schema),

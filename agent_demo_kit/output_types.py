@@ -2,31 +2,25 @@
 a schema, a dataclass, a TypedDict or a pydantic model; what is wrong with a result, in a line the
 model can act on; and the fitting result as the caller's type.
 
-Without pydantic, results are checked against the schema here, for the keywords structured outputs
-use: type, enum, const, anyOf and oneOf, properties, required, additionalProperties, items, the
-lengths and bounds, pattern and local $ref. Other keywords are not checked.
+A pydantic model is checked by pydantic; the rest against their schema (schemas.py).
 
-It imports endings, limits, prompts and records.
+It imports endings, limits, prompts, tools and schemas.
 """
 import dataclasses
 import json
-import re
 import types
 import typing
-from urllib.parse import unquote
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from agent_demo_kit.endings import ConfigError
 from agent_demo_kit.limits import MESSAGE_CHARS
-from agent_demo_kit.prompts import clip
-from agent_demo_kit.records import to_json
+from agent_demo_kit.prompts import OUTPUT_TYPE_CHECK, clip
+from agent_demo_kit.schemas import json_kind, schema_problem, simplify_schema
+from agent_demo_kit.tools import FINISH, Tool, placeholder
 
-_TYPES = {"string": str, "integer": int, "number": (int, float), "boolean": bool, "object": dict, "array": list,
-          "null": type(None)}
 _HINTS = {str: "string", int: "integer", float: "number", bool: "boolean", type(None): "null", dict: "object",
           list: "array"}
 _UNIONS = (typing.Union, getattr(types, "UnionType", typing.Union))
-DEEPEST = 32  # a result nested deeper than this is not checked further
 
 
 class OutputTypeError(ConfigError):
@@ -53,6 +47,18 @@ class OutputType:
             if not self.problem(parsed):
                 return parsed, None
         return value, problem
+
+    def checked(self, value: Any) -> Tuple[Any, List[dict]]:
+        """(the value as read, [] when it fits, else the check that rejected it, as --check's are recorded)."""
+        value, problem = self.check(value)
+        return value, [{"command": OUTPUT_TYPE_CHECK, "exit_code": 1, "output": problem, "ms": 0}] if problem else []
+
+    def finish(self) -> Tool:
+        """finish with its result held to the schema: the prompt shows it, schema mode's response_format
+        and tools mode's function carry it (in the form grammar engines compile)."""
+        result = {**simplify_schema(self.schema), "description": FINISH.parameters["result"]["description"]}
+        return dataclasses.replace(FINISH, parameters={"result": result},
+                                   example_args={"result": placeholder(result)})
 
 
 def output_type_of(given: Any) -> OutputType:
@@ -129,97 +135,6 @@ def typed_as(hint: Any, value: Any) -> Any:
     return value
 
 
-def schema_problem(schema: Any, value: Any, where: str = "result", root: Any = None, depth: int = 0) -> Optional[str]:
-    """What is wrong with value against schema, naming where (result.items[2].name), or None."""
-    root = schema if root is None else root
-    if not isinstance(schema, dict) or depth > DEEPEST:
-        return None
-    if isinstance(schema.get("$ref"), str):
-        return schema_problem(schema_pointer(root, schema["$ref"]), value, where, root, depth + 1)
-    branches = schema.get("anyOf") or schema.get("oneOf")
-    if isinstance(branches, list) and branches and all(schema_problem(branch, value, where, root, depth + 1)
-                                                       for branch in branches):
-        return f"{where} fits none of the {len(branches)} forms it may take"
-    kinds = schema.get("type")
-    kinds = [kinds] if isinstance(kinds, str) else kinds if isinstance(kinds, list) else []
-    if kinds and not any(_is(kind, value) for kind in kinds):
-        return f"{where} must be {' or '.join(kinds)}, got {_json_kind(value)}"
-    if "const" in schema and value != schema["const"]:
-        return f"{where} must be {to_json(schema['const'])}"
-    if isinstance(schema.get("enum"), list) and value not in schema["enum"]:
-        return f"{where} must be one of {clip(to_json(schema['enum']), MESSAGE_CHARS)}"
-    return _bounds(schema, value, where) or _parts(schema, value, where, root, depth)
-
-
-def _bounds(schema: dict, value: Any, where: str) -> Optional[str]:
-    number = isinstance(value, (int, float)) and not isinstance(value, bool)
-    for key, holds, said in (("minimum", lambda limit: value >= limit, "at least"),
-                             ("maximum", lambda limit: value <= limit, "at most")):
-        if number and isinstance(schema.get(key), (int, float)) and not holds(schema[key]):
-            return f"{where} must be {said} {schema[key]}"
-    for key, kind, measure in (("minLength", str, "characters"), ("maxLength", str, "characters"),
-                               ("minItems", list, "items"), ("maxItems", list, "items")):
-        limit = schema.get(key)
-        if isinstance(value, kind) and isinstance(limit, int) and (len(value) < limit if key.startswith("min")
-                                                                   else len(value) > limit):
-            return f"{where} must have {'at least' if key.startswith('min') else 'at most'} {limit} {measure}"
-    if isinstance(value, str) and isinstance(schema.get("pattern"), str):
-        try:
-            if not re.search(schema["pattern"], value):
-                return f"{where} must match the pattern {schema['pattern']}"
-        except re.error:
-            return None
-    return None
-
-
-def _parts(schema: dict, value: Any, where: str, root: Any, depth: int) -> Optional[str]:
-    if isinstance(value, dict):
-        properties = schema.get("properties") if isinstance(schema.get("properties"), dict) else {}
-        missing = [name for name in schema.get("required") or [] if name not in value]
-        if missing:
-            return f"{where} lacks {', '.join(map(str, missing))}"
-        extra = schema.get("additionalProperties")
-        for name, item in value.items():
-            if name in properties:
-                problem = schema_problem(properties[name], item, f"{where}.{name}", root, depth + 1)
-            elif extra is False:
-                problem = f"{where} has {name}, which is not one of {', '.join(properties) or 'no names'}"
-            else:
-                problem = schema_problem(extra, item, f"{where}.{name}", root, depth + 1)
-            if problem:
-                return problem
-    if isinstance(value, list) and isinstance(schema.get("items"), dict):
-        for index, item in enumerate(value):
-            problem = schema_problem(schema["items"], item, f"{where}[{index}]", root, depth + 1)
-            if problem:
-                return problem
-    return None
-
-
-def _is(kind: str, value: Any) -> bool:
-    if kind == "integer" and isinstance(value, float):
-        return value.is_integer()
-    python = _TYPES.get(kind)
-    return python is None or isinstance(value, python) and not (isinstance(value, bool) and kind != "boolean")
-
-
-def _json_kind(value: Any) -> str:
-    return next((kind for kind in ("boolean", "integer", "number", "string", "object", "array", "null")
-                 if _is(kind, value)), type(value).__name__)
-
-
-def schema_pointer(root: Any, ref: str) -> Any:
-    """What a local reference ("#/$defs/Point") points to in the schema, or None."""
-    node = root if ref.startswith("#") else None
-    for part in ref[1:].split("/")[1:]:
-        part = unquote(part).replace("~1", "/").replace("~0", "~")
-        if isinstance(node, list):
-            node = node[int(part)] if part.isdigit() and int(part) < len(node) else None
-        else:
-            node = node.get(part) if isinstance(node, dict) else None
-    return node
-
-
 def schema_file(text: str, named: str) -> Dict[str, Any]:
     """The JSON Schema a --output-schema file holds; ValueError says what is wrong with it."""
     try:
@@ -227,5 +142,5 @@ def schema_file(text: str, named: str) -> Dict[str, Any]:
     except ValueError as error:
         raise ValueError(f"{named}: not JSON ({error})") from None
     if not isinstance(schema, dict):
-        raise ValueError(f"{named}: a JSON Schema is an object, got {_json_kind(schema)}")
+        raise ValueError(f"{named}: a JSON Schema is an object, got {json_kind(schema)}")
     return schema

@@ -29,7 +29,8 @@ from agent_demo_kit import prompts  # noqa: E402
 from agent_demo_kit import tools  # noqa: E402
 from agent_demo_kit.mcp_client import DESTRUCTIVE, McpTools  # noqa: E402
 from agent_demo_kit.mcp_schemas import McpError, parse_server_specs
-from agent_demo_kit.mcp_schemas import parameters_of as _parameters, simplify_schema
+from agent_demo_kit.mcp_schemas import parameters_of as _parameters
+from agent_demo_kit.schemas import simplify_schema
 from agent_demo_kit.cli import main  # noqa: E402
 from conftest import ROOT, said_lines  # noqa: E402
 from scripted_server import action as act  # noqa: E402

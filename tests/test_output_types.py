@@ -106,3 +106,23 @@ def test_an_output_schema_file_that_is_not_one_is_a_usage_error(tmp_path, capsys
         path.write_text(text)
     assert main(["--no-log", "--output-schema", str(path), "count"]) == 2
     assert said in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("mode", ["schema", "tools"])
+def test_finish_is_constrained_to_the_type_where_the_endpoint_constrains_replies(serve, mode):
+    server = serve([act("finish", result={"x": 1, "y": 2})] if mode == "schema" else
+                   [{"content": None, "tool_calls": [{"id": "c1", "type": "function", "function": {
+                       "name": "finish", "arguments": json.dumps({"result": {"x": 1, "y": 2}})}}]}], key=None)
+    result = agent_demo.run("x", mode=mode, output_type=Point)
+    assert result.output == Point(1, 2)
+    body = server.requests[0]["body"]
+    if mode == "schema":
+        actions = body["response_format"]["json_schema"]["schema"]["properties"]["actions"]["anyOf"]
+        finish = next(branch for each in actions for branch in each["items"]["anyOf"]
+                      if branch["properties"]["tool"]["enum"] == ["finish"])
+        held = finish["properties"]["args"]["properties"]["result"]
+    else:
+        [finish] = [tool["function"] for tool in body["tools"] if tool["function"]["name"] == "finish"]
+        held = finish["parameters"]["properties"]["result"]
+    assert held["type"] == "object" and held["required"] == ["x", "y"] and held["additionalProperties"] is False
+    assert held["properties"]["label"] == {"anyOf": [{"type": "string"}, {"type": "null"}]}
