@@ -214,7 +214,7 @@ class Agent:
                     raise Interrupted()
                 status.feed(piece)
             self.client.on_text = feed
-            return self.client.ask(self.conversation.messages, self.conversation.tools)
+            return self.client.ask(self.conversation.messages, self.conversation.tools, self.stop)
 
     def read(self, reply: Reply) -> Parsed:
         """The reply's actions. A reply of plain words is the model's answer in tools mode, as in every
@@ -351,10 +351,8 @@ class Agent:
         left = settings.check_attempts - len(self.rejected_answers()) - 1
         call.result = failure(prompts.render_check_rejection(check, left, settings.tool_timeout))
         if left <= 0:
-            rejected = len(self.rejected_answers()) + 1
-            who = "the output type" if check["command"] == prompts.OUTPUT_TYPE_CHECK else "the check"
-            raise CheckFailed(f"{who} rejected {rejected} answer{'s' if rejected > 1 else ''}",
-                              result=check["output"]).by(call)
+            by = [each["command"] for each in [*self.rejected_answers(), check]]
+            raise CheckFailed(prompts.render_rejected(by), result=check["output"]).by(call)
         return call
 
     def rejected_answers(self) -> List[dict]:
@@ -412,7 +410,7 @@ class Agent:
                                     trace=getattr(self.trace, "path", None),
                                     prices=self.settings.prices() if self.settings.price else None)
         if self.output and result.status == "finished":  # the result fitted: as the caller's type
-            result.output = self.output.typed(result.result)
+            result.output = self.output.value_of(result.result)
         self.trace.end(result)
         return result
 
@@ -474,13 +472,14 @@ def _run(task: str, given: Dict[str, Any], stop: Any = None, gate: Any = None, e
     environment = read_environment()
     for note in environment.notes:  # a ./.env passed by: said, as the command line says it
         print(f"agent-demo: {note}", file=sys.stderr)
-    listener = on_event and the_callers("on_event", on_event)
     with prepare(task, given=settings, environment=environment, named=keyword_name, functions=tools or (),
-                 material=material or "",
-                 trace=None if trace is False else trace, approver=approve and the_callers("approve", approve),
-                 on_event=(lambda event: (listener(event), emit(event))) if listener and emit else listener or emit,
-                 gate=gate) as job:
-        result, _ = run_job(job, on_round=on_round and the_callers("on_round", on_round), stop=stop, output=output)
+                 material=material or "", trace=None if trace is False else trace, gate=gate,
+                 approver=approve and the_callers("approve", approve),
+                 on_event=events.told(on_event and the_callers("on_event", on_event), emit)) as job:
+        try:
+            result, _ = run_job(job, on_round=on_round and the_callers("on_round", on_round), stop=stop, output=output)
+        except CallerError as error:  # on_event raised at the end: its own exception, as from anywhere else
+            raise error.__cause__ from None
     if isinstance(result.ending, ConfigError) and not result.rounds:  # found before anything was sent
         raise result.ending
     return result

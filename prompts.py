@@ -280,6 +280,16 @@ def render_check_rejection(check: dict, attempts_left: int, timeout: float) -> s
     return f"not accepted: the answer check {how}; {then}. It said:\n{check['output'].strip() or '(nothing)'}"
 
 
+def render_rejected(commands: List[str]) -> str:
+    """Why a run ended failed after its answers were rejected, by the check or the output type (each
+    rejection's command)."""
+    typed = sum(command == OUTPUT_TYPE_CHECK for command in commands)
+    count = f"{len(commands)} answer{'s' if len(commands) > 1 else ''}"
+    if typed and typed < len(commands):
+        return f"{count} were rejected: {typed} by the output type, {len(commands) - typed} by the check"
+    return f"{'the output type' if typed else 'the check'} rejected {count}"
+
+
 def render_output_schema(schema: dict) -> str:
     """Said after the task when the result has a type: the JSON Schema it must fit."""
     return ("\n\nWhen you finish, its result must be a JSON value (not text that holds one) that fits this JSON"

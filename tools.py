@@ -397,12 +397,14 @@ def check_args(described: Tool, args: dict) -> Optional[str]:
     return None
 
 
-_caller = threading.local()  # in a run started by arun(): the caller's event loop
+_caller = threading.local()  # in a run started by arun(): the caller's event loop, and the run's stop
+AWAIT_LOOK_SECONDS = 0.1  # how often a run that waits for an async tool looks whether it was stopped
 
 
-def await_on(loop: Any) -> None:
-    """An async def tool called in this thread is awaited on `loop` (the event loop arun() was called on)."""
-    _caller.loop = loop
+def await_on(loop: Any, stop: Any = None) -> None:
+    """An async def tool called in this thread is awaited on `loop` (the event loop arun() was called on),
+    and cancelled once the run's `stop` is set."""
+    _caller.loop, _caller.stop = loop, stop
 
 
 def awaited(value: Any) -> Any:
@@ -414,9 +416,17 @@ def awaited(value: Any) -> Any:
 
     async def result() -> Any:
         return await value
-    loop = getattr(_caller, "loop", None)
+    loop, stop = getattr(_caller, "loop", None), getattr(_caller, "stop", None)
     if loop is not None and loop.is_running():
-        return asyncio.run_coroutine_threadsafe(result(), loop).result()
+        from concurrent.futures import TimeoutError as NotYet
+        running = asyncio.run_coroutine_threadsafe(result(), loop)
+        while True:  # a look now and then: the run may be told to stop, the loop may close
+            try:
+                return running.result(AWAIT_LOOK_SECONDS)
+            except NotYet:
+                if stop is not None and stop.is_set() or loop.is_closed() or not loop.is_running():
+                    running.cancel()
+                    raise ToolError("the run was stopped while the tool ran") from None
     try:
         asyncio.get_running_loop()
     except RuntimeError:  # no loop runs in this thread: the usual case

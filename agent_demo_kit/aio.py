@@ -42,7 +42,7 @@ async def in_a_thread(work: Callable[[threading.Event], Any]) -> Any:
             done.set_exception(error) if error is not None else done.set_result(value)
 
     def target() -> None:
-        await_on(loop)  # its async tools are awaited on this loop
+        await_on(loop, stop)  # its async tools are awaited on this loop
         try:
             value, error = work(stop), None
         except BaseException as raised:  # the caller's own function raised, or a ConfigError
@@ -75,10 +75,12 @@ async def events_of(work: Callable[[threading.Event, Callable[[Any], None]], Any
     loop = asyncio.get_running_loop()
     queue: asyncio.Queue = asyncio.Queue()
 
-    def emit(event: Any) -> None:
-        loop.call_soon_threadsafe(queue.put_nowait, event)
-
     def whole(stop: threading.Event) -> Any:
+        def emit(event: Any) -> None:
+            try:
+                loop.call_soon_threadsafe(queue.put_nowait, event)
+            except RuntimeError:  # the loop was closed: nobody listens, the run stops
+                stop.set()
         try:
             return work(stop, emit)
         finally:

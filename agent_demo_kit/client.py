@@ -41,6 +41,7 @@ from agent_demo_kit.urls import base_url, server_root
 
 WINDOW_ASK_SECONDS = 2.0  # the longest wait for a local server to say its model's window
 WINDOW_KEPT_SECONDS = 300.0  # asked again after this: the server may have restarted with another window
+UNSAID_KEPT_SECONDS = 10.0  # a server that did not say (still starting, perhaps) is asked again sooner
 _windows: Dict[Tuple[str, str], Tuple[Optional[int], float]] = {}  # (URL, model) -> the window said, and when
 _windows_kept = threading.Lock()
 MIN_WINDOW_TOKENS = 256  # a window said smaller than this is not taken for one
@@ -157,6 +158,7 @@ class ModelClient:
         self.learned_window: Optional[int] = None  # the model's window in tokens, once asked
         self.window_said = False  # the server said it (else it is DEFAULT_WINDOW_TOKENS)
         self.cap_shrunk = False  # the reply cap was shrunk to fit, and the trace said so
+        self.stop: Optional[threading.Event] = None  # the run's, while it asks
 
     def body(self, messages: List[dict], tools: Dict[str, Any]) -> dict:
         """The request body, exactly as sent, in the current form, offering `tools` (every tool in use):
@@ -211,7 +213,7 @@ class ModelClient:
             key = (self.url, self.settings.model)
             with _windows_kept:  # what a server said is known to every run in the process a while
                 said, when = _windows.get(key, (None, -WINDOW_KEPT_SECONDS))
-            if time.monotonic() - when >= WINDOW_KEPT_SECONDS:
+            if time.monotonic() - when >= (WINDOW_KEPT_SECONDS if said else UNSAID_KEPT_SECONDS):
                 said = ask_window(self.session, self.settings) if is_local(self.url) else None
                 with _windows_kept:
                     _windows[key] = said, time.monotonic()
@@ -219,17 +221,21 @@ class ModelClient:
             self.window_said = self.learned_window != DEFAULT_WINDOW_TOKENS
         return self.learned_window
 
-    def ask(self, request: Request, tools: Dict[str, Any]) -> Tuple[Reply, List[dict]]:
+    def ask(self, request: Request, tools: Dict[str, Any], stop: Optional[threading.Event] = None) -> Tuple[
+            Reply, List[dict]]:
         """Send the request until it brings a reply: retry what may pass next time (429, 5xx, a
         dropped connection, a timeout), build it again in another form when the endpoint refuses
-        this one, and raise EndpointError when neither helps. Returns the reply and the messages sent."""
+        this one, and raise EndpointError when neither helps. Returns the reply and the messages sent.
+        Once `stop` is set (a cancelled arun), Interrupted instead of the next wait or request."""
         retry = Retry(total=self.settings.retries, backoff_factor=self.settings.backoff_factor,
                       status_forcelist=RETRY_STATUSES, allowed_methods=None)
-        started, absorbed = time.monotonic(), 0
+        started, absorbed, self.stop = time.monotonic(), 0, stop
         while True:
             messages = request()
+            if stop is not None and stop.is_set():
+                raise Interrupted()
             try:
-                with self.gate.slot() if self.gate else contextlib.nullcontext((0, 1)) as sent:
+                with self.gate.slot(stop) if self.gate else contextlib.nullcontext((0, 1)) as sent:
                     reply = self.attempt(self.body(messages, tools))
             except AttemptFailed as failure:
                 if self.waits_its_turn(failure, sent, absorbed):
@@ -273,8 +279,17 @@ class ModelClient:
         wait = min(self.settings.max_retry_wait, retry.get_backoff_time() if wait is None else wait)
         cause = f"HTTP {failure.status}" if failure.status else re.split(r": | \(| from http", str(failure))[0]
         self.trace.retry(cause, retries - retry.total, retries, wait)
-        self.gate.sleep(wait) if self.gate else time.sleep(wait)
+        self.pause(wait)
         return retry
+
+    def pause(self, seconds: float) -> None:
+        """Wait before sending again; Interrupted at once when the run (or its batch) is told to stop."""
+        if self.gate:
+            self.gate.sleep(seconds, self.stop)
+        elif self.stop is not None and self.stop.wait(seconds):
+            raise Interrupted()
+        elif self.stop is None:
+            time.sleep(seconds)
 
     def waits_its_turn(self, failure: AttemptFailed, sent: Tuple[int, int], absorbed: int) -> bool:
         """A 429 in a batch, whose tasks share a limit on requests in flight: the limit is lowered (once a
@@ -294,7 +309,7 @@ class ModelClient:
         wait = min(window, self.settings.backoff_factor * 2 ** absorbed if retry_after is None else retry_after)
         self.trace.retry(f"HTTP 429 with {sent[1]} request(s) allowed in flight (now {self.gate.limit}): a rate"
                          " limit, waited out", 0, self.settings.retries, wait)
-        self.gate.sleep(wait)
+        self.gate.sleep(wait, self.stop)
         return True
 
     def change_form(self, failure: AttemptFailed) -> bool:

@@ -216,12 +216,12 @@ class Broadcast(RunEvents):
 
     def action(self, index: int, count: int, tool: str, args: Any, in_words: bool = False) -> None:
         self.trace.action(index, count, tool, args, in_words)
-        self.emit(ToolCalled(self.number, index, tool, self.redact_values(args)))
+        self.emit(ToolCalled(self.number, index, self.redact(tool), self.redact_values(args)))
 
     def result(self, call: Call, sent: dict) -> None:
         self.trace.result(call, sent)
         args, result = self.redact_values(call.args), self.redact_values(call.result)
-        self.emit(ToolResult(self.number, call.tool, args, result))
+        self.emit(ToolResult(self.number, self.redact(call.tool), args, result))
         if call.tool == "finish" and not result.get("ok") and isinstance(args, dict) and "result" in args:
             self.emit(AnswerRejected(self.number, args["result"], str(result.get("error"))))
 
@@ -231,14 +231,28 @@ class Broadcast(RunEvents):
     def round(self, record: Round) -> None:
         self.trace.round(record)
         redact = self.redact_values  # the trace file redacts the round as it writes it; so does the event
-        calls = [dataclasses.replace(call, args=redact(call.args), result=redact(call.result), check=redact(call.check))
-                 for call in record.calls]
+        calls = [dataclasses.replace(call, **redact({name: getattr(call, name) for name in (
+            "tool", "args", "result", "id", "note", "check")})) for call in record.calls]
         self.emit(RoundDone(dataclasses.replace(record, model_output=self.redact(record.model_output), calls=calls,
                                                 feedback=redact(record.feedback), tool_calls=redact(record.tool_calls))))
 
     def end(self, outcome: Any) -> None:
         self.trace.end(outcome)
         self.emit(Ended(outcome))
+
+
+def told(listener: Optional[Callable[[Any], None]], emit: Optional[Callable[[Any], None]]) -> Optional[Callable]:
+    """Who is told each event: the caller's listener (on_event), then astream's queue, which is told
+    even when the listener raised (astream's last event stays Ended)."""
+    if not (listener and emit):
+        return listener or emit
+
+    def both(event: Any) -> None:
+        try:
+            listener(event)
+        finally:
+            emit(event)
+    return both
 
 
 def broadcasting(trace: RunEvents, emit: Optional[Callable[[Any], None]]) -> RunEvents:

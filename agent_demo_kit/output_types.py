@@ -51,7 +51,19 @@ class OutputType:
     def checked(self, value: Any) -> Tuple[Any, List[dict]]:
         """(the value as read, [] when it fits, else the check that rejected it, as --check's are recorded)."""
         value, problem = self.check(value)
+        if not problem:
+            try:  # what the schema cannot say: a dataclass's own __post_init__, a pydantic validator
+                self.typed(value)
+            except Exception as error:
+                problem = clip(f"result does not make the type: {type(error).__name__}: {error}", MESSAGE_CHARS)
         return value, [{"command": OUTPUT_TYPE_CHECK, "exit_code": 1, "output": problem, "ms": 0}] if problem else []
+
+    def value_of(self, result: Any) -> Any:
+        """The finished run's result (redacted, so it may no longer fit) as the caller's type, or None."""
+        try:
+            return self.typed(result)
+        except Exception:
+            return None
 
     def finish(self) -> Tool:
         """finish with its result held to the schema: the prompt shows it, schema mode's response_format
@@ -88,41 +100,63 @@ def _is_typeddict(kind: type) -> bool:
     return issubclass(kind, dict) and hasattr(kind, "__annotations__") and hasattr(kind, "__total__")
 
 
-def schema_of_hint(hint: Any, where: str = "output_type") -> dict:
-    """The JSON Schema of a type hint: the JSON types, Optional, Union, Literal, List[X], Dict[str, X],
-    dataclasses and TypedDicts (each field required unless it has a default, or the TypedDict says so)."""
+def schema_of_hint(hint: Any, where: str = "output_type", within: Tuple[type, ...] = ()) -> dict:
+    """The JSON Schema of a type hint: the JSON types, Optional, Union, Literal, List[X], Tuple[X, Y],
+    Dict[str, X], dataclasses and TypedDicts (each field required unless it has a default, or the
+    TypedDict says so; a dataclass within itself is any object)."""
     origin, args = typing.get_origin(hint), typing.get_args(hint)
     if hint is Any:
         return {}
     if origin in _UNIONS:
-        return {"anyOf": [schema_of_hint(member, where) for member in args]}
+        return {"anyOf": [schema_of_hint(member, where, within) for member in args]}
     if origin is typing.Literal:
         return {"enum": list(args)}
+    if origin is tuple and args and args[-1] is not Ellipsis:
+        return {"type": "array", "prefixItems": [schema_of_hint(member, where, within) for member in args],
+                "minItems": len(args), "maxItems": len(args)}
     if origin in (list, tuple, set, frozenset):
-        return {"type": "array", **({"items": schema_of_hint(args[0], where)} if args else {})}
+        return {"type": "array", **({"items": schema_of_hint(args[0], where, within)} if args else {})}
     if origin is dict:
-        return {"type": "object", **({"additionalProperties": schema_of_hint(args[1], where)} if args else {})}
+        return {"type": "object", **({"additionalProperties": schema_of_hint(args[1], where, within)} if args else {})}
     if hint in _HINTS:
         return {"type": _HINTS[hint]}
+    if isinstance(hint, type) and hint in within:
+        return {"type": "object"}
     if isinstance(hint, type) and (dataclasses.is_dataclass(hint) or _is_typeddict(hint)):
-        hints = typing.get_type_hints(hint)
+        hints = fields_of(hint, where)
         if dataclasses.is_dataclass(hint):
-            required = [field.name for field in dataclasses.fields(hint) if field.default is dataclasses.MISSING
-                        and field.default_factory is dataclasses.MISSING]
+            required = [field.name for field in dataclasses.fields(hint) if field.init and field.default is
+                        dataclasses.MISSING and field.default_factory is dataclasses.MISSING]
         else:
             required = [name for name in hints if name in getattr(hint, "__required_keys__", hints)]
-        return {"type": "object", "properties": {name: schema_of_hint(value, f"{where}.{name}")
+        return {"type": "object", "properties": {name: schema_of_hint(value, f"{where}.{name}", (*within, hint))
                                                  for name, value in hints.items()},
                 "required": required, "additionalProperties": False}
     raise OutputTypeError(f"{where}: {hint!r} has no JSON form")
+
+
+def fields_of(kind: type, where: str = "output_type") -> Dict[str, Any]:
+    """The fields a value of a dataclass (those its __init__ takes) or a TypedDict holds, with their types."""
+    try:
+        hints = typing.get_type_hints(kind)
+    except Exception as error:  # a name in a hint that cannot be found (a local class under `from __future__ ...`)
+        raise OutputTypeError(f"{where}: the type hints of {kind.__name__} cannot be read ({error})") from None
+    if dataclasses.is_dataclass(kind):
+        return {field.name: hints[field.name] for field in dataclasses.fields(kind) if field.init}
+    return hints
 
 
 def typed_as(hint: Any, value: Any) -> Any:
     """A value that fits hint's schema, as hint: dataclasses made, the rest as JSON holds it."""
     origin, args = typing.get_origin(hint), typing.get_args(hint)
     if isinstance(hint, type) and dataclasses.is_dataclass(hint) and isinstance(value, dict):
-        hints = typing.get_type_hints(hint)
+        hints = fields_of(hint)
         return hint(**{name: typed_as(hints[name], item) for name, item in value.items()})
+    if isinstance(hint, type) and _is_typeddict(hint) and isinstance(value, dict):
+        hints = fields_of(hint)
+        return {name: typed_as(hints[name], item) if name in hints else item for name, item in value.items()}
+    if origin is tuple and args and args[-1] is not Ellipsis and isinstance(value, list):
+        return tuple(typed_as(member, item) for member, item in zip(args, value))
     if origin in _UNIONS:
         fitting = [member for member in args if not schema_problem(schema_of_hint(member), value)]
         return typed_as(fitting[0], value) if fitting else value

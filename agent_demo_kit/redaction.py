@@ -80,6 +80,7 @@ class Redactor:
         self.pattern: Optional["re.Pattern"] = None
         self.secret_pattern: Optional["re.Pattern"] = None  # the real secrets alone, no placeholder
         self.longest = 0
+        self.first_characters: set = set()
         self.add(*secrets)
 
     def add(self, *secrets: Optional[str]) -> None:
@@ -103,6 +104,7 @@ class Redactor:
         every = real + placeholders
         self.pattern = re.compile("|".join(f"(?:{p})" for p in every)) if every else None
         self.longest = max(map(len, self.forms), default=0)
+        self.first_characters = {form[0] for form in self.forms if form}
 
     def __call__(self, text: str, placeholders: bool = True) -> str:
         """text without the secrets; placeholders=False leaves the short placeholder keys in it."""
@@ -180,9 +182,17 @@ class Redactor:
                     if found(form[:size] if first else form[-size:])), default=0)
 
     def unsafe_tail(self, text: str) -> int:
-        """How many characters at the end of text could be the start of a secret still being written."""
-        for size in range(min(len(text), self.longest - 1), 0, -1):
+        """How many characters at the end of text could be the start of a secret still being written,
+        a long one with line breaks in it too (base64 -w 12, fold -w 8)."""
+        wrapped = "\n" in text[-2 * self.longest:]  # a form with a break after each character is twice as long
+        most = min(len(text), 2 * self.longest if wrapped else self.longest - 1)
+        for size in range(most, 0, -1):
             tail = text[-size:]
+            if tail[0] not in self.first_characters:  # most ends of a text: none starts a form
+                continue
             if any(form.startswith(tail) for form in self.forms):
+                return size
+            bare = tail.replace("\r\n", "").replace("\n", "") if wrapped else tail
+            if bare != tail and any(form.startswith(bare) for form in self.long_forms):
                 return size
         return 0

@@ -33,12 +33,12 @@ class RequestGate:
         self._changed = threading.Condition()
 
     @contextlib.contextmanager
-    def slot(self) -> Iterator[Tuple[int, int]]:
-        """Wait for room under the limit (Interrupted once `stop` is set); yields the wave it was sent in
-        and the limit then."""
+    def slot(self, also: Optional[threading.Event] = None) -> Iterator[Tuple[int, int]]:
+        """Wait for room under the limit (Interrupted once `stop`, or the run's own stop `also`, is set);
+        yields the wave it was sent in and the limit then."""
         with self._changed:
             while True:
-                if self.stop.is_set():
+                if self.stop.is_set() or also is not None and also.is_set():
                     raise Interrupted()
                 held = self.held_until - time.monotonic()
                 if held <= 0 and self.in_flight < self.limit:
@@ -75,7 +75,8 @@ class RequestGate:
                 self.limit, self.wave, self.answered = self.limit + 1, self.wave + 1, 0
                 self._changed.notify_all()
 
-    def sleep(self, seconds: float) -> None:
-        """Wait before sending again; Interrupted at once if the batch is told to stop."""
-        if self.stop.wait(seconds):
+    def sleep(self, seconds: float, also: Optional[threading.Event] = None) -> None:
+        """Wait before sending again; Interrupted at once if the batch is told to stop (or the run, `also`:
+        a batch's runs have the batch's stop, an arun()'s its own)."""
+        if (also or self.stop).wait(seconds) or self.stop.is_set():
             raise Interrupted()

@@ -3,7 +3,8 @@ compile, taking at least what the original takes), a value checked against one, 
 goes wrong, and a local $ref followed.
 
 The check covers the keywords structured outputs use: type, enum, const, anyOf and oneOf,
-properties, required, additionalProperties, items, the lengths and bounds, pattern and local $ref.
+properties, required, additionalProperties, items, prefixItems, the lengths and bounds, pattern and
+local $ref.
 Other keywords are not checked.
 
 It imports limits, prompts, records and tools.
@@ -135,9 +136,9 @@ def schema_problem(schema: Any, value: Any, where: str = "result", root: Any = N
     kinds = [kinds] if isinstance(kinds, str) else kinds if isinstance(kinds, list) else []
     if kinds and not any(_is(kind, value) for kind in kinds):
         return f"{where} must be {' or '.join(kinds)}, got {json_kind(value)}"
-    if "const" in schema and value != schema["const"]:
+    if "const" in schema and not _same(value, schema["const"]):
         return f"{where} must be {to_json(schema['const'])}"
-    if isinstance(schema.get("enum"), list) and value not in schema["enum"]:
+    if isinstance(schema.get("enum"), list) and not any(_same(value, each) for each in schema["enum"]):
         return f"{where} must be one of {clip(to_json(schema['enum']), MESSAGE_CHARS)}"
     return _bounds(schema, value, where) or _parts(schema, value, where, root, depth)
 
@@ -179,12 +180,22 @@ def _parts(schema: dict, value: Any, where: str, root: Any, depth: int) -> Optio
                 problem = schema_problem(extra, item, f"{where}.{name}", root, depth + 1)
             if problem:
                 return problem
+    if isinstance(value, list) and isinstance(schema.get("prefixItems"), list):
+        for index, (each, item) in enumerate(zip(schema["prefixItems"], value)):
+            problem = schema_problem(each, item, f"{where}[{index}]", root, depth + 1)
+            if problem:
+                return problem
     if isinstance(value, list) and isinstance(schema.get("items"), dict):
         for index, item in enumerate(value):
             problem = schema_problem(schema["items"], item, f"{where}[{index}]", root, depth + 1)
             if problem:
                 return problem
     return None
+
+
+def _same(value: Any, other: Any) -> bool:
+    """Equal as JSON values: true is not 1, nor false 0 (as Python has them)."""
+    return value == other and isinstance(value, bool) == isinstance(other, bool)
 
 
 def _is(kind: str, value: Any) -> bool:

@@ -114,8 +114,8 @@ def prepare(task: str = "", *, given: Dict[str, Any], environment: Dict[str, str
             task = start["task"]
         else:
             settings = load_settings(given, environment, named=named)
-        if callable(gate):  # arun()'s: the one for this endpoint
-            gate = gate(settings)
+        gate_for = gate if callable(gate) else lambda settings: gate  # arun()'s: the one for each endpoint
+        gate = gate_for(settings)
         redactor.add(*secrets_of({"LLM_API_KEY": settings.api_key or "", "LLM_ESCALATE_KEY": settings.escalate_key
                                   or ""}, settings.url, settings.escalate_url))  # a key= given too, before any child
         # Whole, before it is shown a page at a time: a page's edge must not split a key into parts too short to catch.
@@ -133,7 +133,7 @@ def prepare(task: str = "", *, given: Dict[str, Any], environment: Dict[str, str
         if settings.escalate:  # the stronger model: its own endpoint and key, or the first model's
             stronger = settings.stronger()  # checked with the first model's endpoint settings
             redactor.add(*secrets_of({"LLM_ESCALATE_KEY": stronger.api_key or ""}, stronger.url))
-            second = closing.enter_context(contextlib.closing(ModelClient(stronger, gate=gate)))
+            second = closing.enter_context(contextlib.closing(ModelClient(stronger, gate=gate_for(stronger))))
             escalation = Escalation(settings, client, second)
             if recorded is not None:
                 escalation.restore(recorded.escalations, history)

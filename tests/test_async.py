@@ -196,3 +196,94 @@ def test_no_event_holds_the_key_even_split_across_streamed_pieces(serve):
     assert len(pieces) > 5 and "see?" in "".join(pieces)
     shown = repr(seen)
     assert KEY not in shown and KEY[:12] not in shown and KEY[-12:] not in shown
+
+
+def test_no_event_holds_a_key_written_across_lines_or_as_a_tool_name(serve):
+    from conftest import KEY
+    folded = "\n".join(KEY[n:n + 8] for n in range(0, len(KEY), 8))
+    serve([{"content": f"the key:\n{folded}\nthere. " + act(KEY)}, act("finish", result="done")])
+    seen = []
+    agent_demo.run("x", on_event=seen.append, stream=True)
+    pieces = "".join(event.text for event in seen if isinstance(event, events.Text))
+    assert "there." in pieces and KEY not in pieces.replace("\n", "")
+    shown = repr(seen)
+    assert KEY not in shown and KEY[:12] not in shown
+
+
+@pytest.mark.parametrize("raises_at", [events.ToolCalled, events.Ended])
+def test_an_on_event_that_raises_reaches_the_caller_as_it_was_raised(serve, tmp_path, raises_at):
+    serve([act("finish", result="x")], key=None)
+
+    def fussy(event):
+        if isinstance(event, raises_at):
+            raise ValueError("my listener")
+    with pytest.raises(ValueError, match="my listener"):
+        agent_demo.run("x", on_event=fussy, trace=tmp_path / "run.jsonl")
+    assert json.loads((tmp_path / "run.jsonl").read_text().splitlines()[-1])["event"] == "end"
+
+    async def streamed():
+        seen = []
+        with pytest.raises(ValueError, match="my listener"):
+            async for event in agent_demo.astream("x", on_event=fussy):
+                seen.append(event)
+        return seen
+    assert isinstance(asyncio.run(streamed())[-1], events.Ended), "astream still ends with Ended"
+
+
+def test_cancelling_an_arun_cancels_the_async_tool_it_waits_for(tmp_path):
+    trace = tmp_path / "run.jsonl"
+    started = []
+
+    async def forever(text: str) -> str:
+        """Wait for something that never comes.
+
+        Args:
+            text: anything
+        """
+        started.append(text)
+        await asyncio.Event().wait()
+        return text
+
+    async def cancel_it(server):
+        run = asyncio.ensure_future(agent_demo.arun("x", url=server.url, tools=[forever], trace=trace))
+        while not started:
+            await asyncio.sleep(0.01)
+        run.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await run
+    with ScriptedServer([], screen=two_rounds("forever", text="a")) as server:
+        asyncio.run(cancel_it(server))
+    records = [json.loads(line) for line in trace.read_text().splitlines()]
+    assert (records[-1]["event"], records[-1]["status"]) == ("end", "interrupted")
+    [call] = records[-2]["calls"]
+    assert call["result"] == {"ok": False, "error": "the run was stopped while the tool ran"}
+
+
+def test_a_run_cancelled_while_it_waits_its_turn_sends_nothing(tmp_path):
+    release = threading.Event()
+    asked = []
+
+    def screen(body):
+        asked.append(body["messages"][1]["content"])
+        release.wait(30)  # the first run's request is answered only once the second was cancelled
+        return {"content": act("finish", result="done")}
+
+    async def two(server):
+        first = asyncio.ensure_future(agent_demo.arun("first", url=server.url, parallel=1))
+        while not asked:
+            await asyncio.sleep(0.01)
+        second = asyncio.ensure_future(agent_demo.arun("second", url=server.url, parallel=1,
+                                                       trace=tmp_path / "second.jsonl"))
+        await asyncio.sleep(0.05)  # it has started and waits for the one request allowed in flight
+        second.cancel()
+        for _ in range(3):  # the cancellation reaches the run (its stop is set) before the first answers
+            await asyncio.sleep(0)
+        release.set()
+        with pytest.raises(asyncio.CancelledError):
+            await second
+        return await first
+    with ScriptedServer([], screen=screen) as server:
+        assert asyncio.run(two(server)).status == "finished"
+    assert [text.startswith("Task: first") for text in asked] == [True], "the cancelled run sent nothing"
+    end = json.loads((tmp_path / "second.jsonl").read_text().splitlines()[-1])
+    assert (end["event"], end["status"]) == ("end", "interrupted")

@@ -123,8 +123,8 @@ class SizeWatcher(Recorder):
         super().__init__(*replies, **kwargs)
         self.sizes = []
 
-    def ask(self, request, tools):
-        answer = super().ask(request, tools)
+    def ask(self, request, tools, stop=None):
+        answer = super().ask(request, tools, stop)
         self.sizes.append((request.__self__.size, len(self.bodies[-1])))
         return answer
 

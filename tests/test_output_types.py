@@ -126,3 +126,45 @@ def test_finish_is_constrained_to_the_type_where_the_endpoint_constrains_replies
         held = finish["parameters"]["properties"]["result"]
     assert held["type"] == "object" and held["required"] == ["x", "y"] and held["additionalProperties"] is False
     assert held["properties"]["label"] == {"anyOf": [{"type": "string"}, {"type": "null"}]}
+
+
+@dataclasses.dataclass
+class Tree:
+    name: str
+    children: List["Tree"] = dataclasses.field(default_factory=list)
+    size: int = dataclasses.field(init=False, default=0)
+
+
+def test_shapes_of_types_that_people_write():
+    tree = output_type_of(Tree)
+    assert set(tree.schema["properties"]) == {"name", "children"}, "a field __init__ does not take is no part"
+    value, checks = tree.checked({"name": "a", "children": [{"name": "b"}]})
+    assert checks == [] and tree.value_of(value) == Tree("a", [Tree("b")])
+    from typing import Literal, Tuple
+
+    @dataclasses.dataclass
+    class Vote:
+        choice: Literal[0, 1]
+        where: Tuple[int, str]
+    vote = output_type_of(Vote)
+    assert vote.checked({"choice": True, "where": [1, "a"]})[1][0]["output"] == "result.choice must be one of [0, 1]"
+    assert vote.checked({"choice": 1, "where": [1, 2]})[1][0]["output"] == "result.where[1] must be string, got integer"
+    assert vote.value_of({"choice": 1, "where": [1, "a"]}) == Vote(1, (1, "a"))
+    assert schema_problem({"const": False}, 0) == "result must be false"
+
+
+def test_a_dataclass_whose_hints_cannot_be_read_is_a_config_error():
+    @dataclasses.dataclass
+    class Late:
+        part: "NoSuchName"  # noqa: F821
+    with pytest.raises(agent_demo.ConfigError, match="the type hints of Late cannot be read"):
+        output_type_of(Late)
+
+
+@pytest.mark.processes
+def test_misfits_and_checks_together_are_counted_by_who_rejected_them(serve):
+    serve([act("finish", result={"n": "1"}), act("finish", result={"n": "2"}), act("finish", result={"n": 3})],
+          key=None)
+    result = agent_demo.run("x", output_type=SCHEMA, check="false")
+    assert (result.status, str(result.ending)) == ("failed", "3 answers were rejected: 2 by the output type, 1 by"
+                                                              " the check")
