@@ -427,6 +427,7 @@ def test_a_tools_prints_without_a_last_newline_are_not_glued_to_the_next_trace_l
 
 
 def test_an_mcp_tool_whose_name_clashes_even_with_its_server_name_in_front_is_left_out_with_a_note():
+    pytest.importorskip("jsonschema", reason="the mcp extra brings it (Python 3.10+)")
     from types import SimpleNamespace
     from agent_demo_kit.mcp_client import McpTools
     servers = McpTools()
