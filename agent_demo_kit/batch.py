@@ -29,6 +29,7 @@ from agent_demo_kit.comparison import FAILURES_SHOWN, config_differences, failur
 from agent_demo_kit.endings import ENDED, ConfigError, EndpointError, Interrupted, RunResult, SigTerm, Terminated
 from agent_demo_kit.private_files import in_use, lock, open_private
 from agent_demo_kit.records import number
+from agent_demo_kit.redaction import Redactor
 from agent_demo_kit.request_gate import RequestGate
 from agent_demo_kit.scoring import cost
 from agent_demo_kit.seals import is_sealed, sealed
@@ -36,6 +37,7 @@ from agent_demo_kit.settings import DEFAULT_RETRY_ERRORS, HOSTED_PARALLEL, keywo
 from agent_demo_kit.task_file import BatchTask, read_tasks, task_hash
 from agent_demo_kit.terminal import is_terminal
 from agent_demo_kit.trace_file import has_start, last_run, read_records, sealed_run, started_as
+from agent_demo_kit.urls import secrets_of
 
 LIVE_EVERY = 0.5  # seconds between redraws of the live line
 DOWN_AFTER = 3  # tasks in a row without a connection to the endpoint that stop the batch
@@ -247,11 +249,27 @@ class Batch(Saying):
             self.stopped_by = self.work_through()
             summary = self.say_end()
             put_results_in_order(path, self.tasks)  # while the lock is held
+            self.write_report()
         finally:
             self.results.close()
         if self.stopped_by:
             return self.stopped_by, summary
         return EndpointError.exit_code if self.endpoint_failed else exit_code(summary, needed), summary
+
+    def write_report(self) -> None:
+        """report.html in the output folder: the figures, the charts, a row a task, each trace a click away."""
+        from agent_demo_kit import report_page
+        page = self.out / "report.html"
+        try:
+            redactor = Redactor(*secrets_of({"LLM_API_KEY": self.settings.api_key or "", "LLM_ESCALATE_KEY":
+                                             self.settings.escalate_key or ""}, self.settings.url,
+                                            self.settings.escalate_url))
+            report_page.write_page(page, report_page.folder_pieces(self.out, redactor))
+        except (OSError, ConfigError, ValueError) as error:  # the results stand without it
+            self.say(f"the report page could not be written: {getattr(error, 'strerror', None) or error}")
+            return
+        if not self.quiet:
+            self.say(f"report: {page}")
 
     def work_through(self) -> int:
         """Start the workers and wait; Ctrl-C (or SIGTERM) stops starting tasks and ends the running

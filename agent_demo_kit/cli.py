@@ -14,6 +14,7 @@ from typing import Any, Callable, Dict, List, Optional
 
 from agent_demo_kit import __version__, run_log
 from agent_demo_kit.commands import (json_object, list_runs, report, run_batch, show_config, show_run, show_summary,
+                                     write_report,
                                      show_traceback, start)
 from agent_demo_kit.comparison import MOST_TRIES
 from agent_demo_kit.endings import RUN_STATUSES, ConfigError, EndpointError, Finished, GaveUp, Interrupted, \
@@ -200,6 +201,14 @@ def build_parser() -> Parser:
                             " without DIR of the runs in the run log folder, and exit; with --json, as JSON")
     batch.add_argument("--markdown", action="store_true",
                        help="--summary: print the figures as Markdown tables, to paste into a pull request")
+    batch.add_argument("--report", metavar="DIR", nargs="+",
+                       help="write the report page of the batch results in each DIR (several configurations side"
+                            " by side, the tasks where they differ first): one HTML file, to open in a browser;"
+                            " into DIR/report.html for one DIR, else ./report.html, or -o FILE")
+    batch.add_argument("-o", "--output", metavar="FILE",
+                       help="--report, --show --html: the file the page goes to")
+    parser.add_argument("--html", action="store_true",
+                        help="--show: write the run as a report page (on stdout, or into -o FILE)")
     parser.add_argument("--config", action="store_true",
                         help="show each setting's value and where it came from (a flag, the shell, ./.env, your"
                              " settings file, the default), the key redacted, and exit; with --json, as JSON")
@@ -236,6 +245,10 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
         parser.error(f"{', '.join(batch_only)} go{'es' if len(batch_only) == 1 else ''} with --batch")
     if args.markdown and args.summary is None:
         parser.error("--markdown goes with --summary")
+    if args.html and args.show is None:
+        parser.error("--html goes with --show")
+    if args.output and args.report is None and not args.html:
+        parser.error("-o goes with --report or --show --html")
     args.command = shlex.join(["agent-demo", *(sys.argv[1:] if argv is None else argv)])  # the same command again
     if args.batch is not None:
         clash = [flag for flag, value in (("--resume", args.resume is not None),
@@ -243,7 +256,7 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
                                           ("--show", args.show is not None), ("--trace", args.trace),
                                           ("--no-log", args.no_log), ("--approve", args.approve),
                                           ("--summary", args.summary is not None), ("--config", args.config),
-                                          ("--output-schema", args.output_schema),
+                                          ("--output-schema", args.output_schema), ("--report", args.report),
                                           ("a task", words)) if value]
         if clash:
             parser.error(f"--batch runs the tasks of its file, each with a trace in --out; {clash[0]} does not go"
@@ -252,6 +265,9 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
         return args
     if args.summary is not None:  # the words are folders too: --summary --json DIR
         args.summary, args.task = args.summary + list(args.task), ""
+        return args
+    if args.report is not None:
+        args.report, args.task = args.report + list(args.task), ""
         return args
     if args.resume is None and not args.runs and args.show is None and not args.config:
         if words == "-":
@@ -309,7 +325,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         for note in getattr(environment, "notes", []):  # a ./.env passed by
             print(f"agent-demo: {note}", file=sys.stderr)
         if unreadable or args.runs or args.show is not None or args.config or args.summary is not None \
-                or args.batch is not None:
+                or args.batch is not None or args.report is not None:
             try:
                 if args.config:  # what is wrong with a settings file is one of the things it shows
                     return show_config(args, environment, answer, unreadable)
@@ -317,6 +333,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                     return report(RunResult(unreadable), args, answer)
                 if args.summary is not None:
                     return show_summary(args, environment, answer)
+                if args.report is not None:
+                    return write_report(args, redactor)
                 if args.batch is not None:
                     return run_batch(args, environment, answer)
                 return list_runs(args, environment, answer) if args.runs else show_run(args, environment, answer,

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Dict, Iterator, Optional, Tuple
 
 from agent_demo_kit import prompts
+from agent_demo_kit.batch_folder import write_private
 from agent_demo_kit.output_types import OutputType, output_type_of, schema_file
 from agent_demo import Agent, Job, prepare, run_job
 from agent_demo_kit import run_log, trace_file
@@ -307,6 +308,9 @@ def show_run(args: argparse.Namespace, environment: Dict[str, str], answer: Safe
         records = trace_file.last_run_records(path)
     except OSError as error:
         raise ConfigError(f"--show: cannot read {path}: {error.strerror or error}") from None
+    if args.html:
+        from agent_demo_kit import report_page
+        return write_page(args.output, report_page.page(report_page.run_data(path, redactor), redactor), answer)
     outcome = run_log.replay(records, trace_file.RunLog(screen(args, environment, redactor)))
     outcome.trace = path
     say_material(outcome)
@@ -318,6 +322,35 @@ def show_run(args: argparse.Namespace, environment: Dict[str, str], answer: Safe
         print(outcome.result, file=answer)
     elif outcome.status == "finished":
         answer.write_json(outcome.result, indent=2)
+    return 0
+
+
+def write_report(args: argparse.Namespace, redactor: Redactor) -> int:
+    """--report DIR...: the report page of the result folders, into -o FILE (default: DIR/report.html for
+    one DIR, else ./report.html)."""
+    from agent_demo_kit import report_page
+    try:
+        data = report_page.batch_data(args.report, redactor)
+    except ConfigError as error:
+        raise ConfigError(str(error).replace("--summary:", "--report:", 1)) from None
+    default = Path(args.report[0]) / "report.html" if len(args.report) == 1 else Path("report.html")
+    return write_page(args.output or str(default), report_page.page(data, redactor), None)
+
+
+def write_page(path: Optional[str], page: bytes, answer: Optional[SafeStream]) -> int:
+    """A report page into the file `path`, or, without one, on stdout (`answer`, written as it is: it is
+    HTML, with nothing in it to act on a terminal)."""
+    if path is None and answer is not None:
+        sys.stdout.flush()
+        sys.stdout.buffer.write(page)
+        sys.stdout.buffer.flush()
+        return 0
+    try:
+        write_private(Path(str(path)), [page])
+    except OSError as error:
+        raise ConfigError(f"cannot write the report page {path}: {error.strerror or error}") from None
+    print(f"agent-demo: report page: {path} ({len(page) / 1e6:.1f} MB)" if len(page) >= 100_000 else
+          f"agent-demo: report page: {path}", file=sys.stderr)
     return 0
 
 

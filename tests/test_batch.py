@@ -124,7 +124,7 @@ def test_four_shards_merged_count_as_one_whole_run(tmp_path, cli, monkeypatch):
             folder = tmp_path / ("shared" if index < 2 else f"own{index}")
             assert cli(*common, "--shard", f"{index}/4", "--out", folder)[0] in (0, 1)
     assert sorted(path.name for path in (tmp_path / "shared").iterdir()) == [
-        "results-0of4.jsonl", "results-1of4.jsonl", "summary-0of4.json", "summary-1of4.json", "traces"]
+        "report.html", "results-0of4.jsonl", "results-1of4.jsonl", "summary-0of4.json", "summary-1of4.json", "traces"]
     assert [line["id"] for line in results(tmp_path / "own2", "results-2of4.jsonl")] == ["t2", "t6", "t10"]
     whole = json.loads(cli("--summary", tmp_path / "whole", "--json")[1])
     code, out, _ = cli("--summary", tmp_path / "shared", tmp_path / "own2", tmp_path / "own3", "--json")

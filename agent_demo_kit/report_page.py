@@ -1,0 +1,334 @@
+"""The report page: one HTML file for a batch's results or a comparison of several (report.html,
+--report DIR...), or for one run (--show RUN --html). It opens from disk, asks no network, and shows
+what came from a model, a tool or a task file as text, never as markup or code: the data rides in a
+JSON block escaped for HTML, the page's own script writes it with textContent, and a content
+security policy lets only that script (by its hash) run.
+
+It imports trace_file, run_log, terminal, redaction, comparison and batch_folder.
+"""
+import base64
+import hashlib
+import io
+import json
+import time
+from pathlib import Path
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tuple
+
+from agent_demo_kit import comparison, metrics, run_log, trace_file
+from agent_demo_kit.batch_folder import write_private
+from agent_demo_kit.records import number
+from agent_demo_kit.redaction import Redactor
+from agent_demo_kit.terminal import Screen
+
+TRACE_SHOWN_CHARS = 40_000  # of a task's drawn trace; --show FILE shows the rest
+ANSWER_SHOWN_CHARS = 2_000
+TASK_SHOWN_CHARS = 2_000
+
+
+def drawn(path: Path, redactor: Optional[Redactor] = None) -> Tuple[str, str]:
+    """A trace file's task, and the run as the live trace drew it (as --show does), plain text; ("", "")
+    when it cannot be read."""
+    try:
+        records = trace_file.last_run_records(str(path))
+    except (OSError, ValueError):
+        return "", ""
+    if not records:
+        return "", ""
+    shown = io.StringIO()
+    run_log.replay(records, trace_file.RunLog(Screen(shown, redactor=redactor)))
+    text = shown.getvalue()
+    return str(records[0].get("task") or ""), text if len(text) <= TRACE_SHOWN_CHARS else (
+        text[:TRACE_SHOWN_CHARS] + f"\n[... cut; agent-demo --show {path} shows it whole]")
+
+
+def _clip(value: Any, chars: int) -> Any:
+    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+    return text if len(text) <= chars else text[:chars] + " [...]"
+
+
+def run_entry(line: dict, folders: List[str], redactor: Optional[Redactor]) -> Dict[str, Any]:
+    """One run of a task as a row shows it, and its trace drawn, from its results line."""
+    trace = next((Path(folder) / line["trace"] for folder in folders if isinstance(line.get("trace"), str)
+                  and (Path(folder) / line["trace"]).is_file()), None)
+    tokens = line.get("tokens") if isinstance(line.get("tokens"), dict) else {}
+    task, text = drawn(trace, redactor) if trace else ("", "")
+    return {"status": str(line.get("status")),
+            "correct": line.get("correct") if isinstance(line.get("correct"), bool) else None,
+            "answer": _clip(line.get("answer"), ANSWER_SHOWN_CHARS) if line.get("answer") is not None else "",
+            "rounds": number(line.get("rounds")), "tokens": number(tokens.get("total")),
+            "cost": number(line.get("cost")) if line.get("cost") is not None else None,
+            "seconds": number(line.get("seconds")), "error": _clip(line.get("error") or "", 500),
+            "trace": text, "task": task}
+
+
+def task_entry(key: Any, lines: List[Optional[dict]], folders: List[List[str]], redactor: Optional[Redactor],
+               differs: bool = False) -> Dict[str, Any]:
+    """A row: the task (id, try, text, expected) and each configuration's run of it (None: not run)."""
+    runs = [run_entry(line, where, redactor) if line is not None else None for line, where in zip(lines, folders)]
+    expected = next((line.get("expected") for line in lines if line is not None and line.get("expected") is not None),
+                    None)
+    task = next((run.pop("task") for run in runs if run is not None and run.get("task")), "")
+    for run in runs:
+        if run is not None:
+            run.pop("task", None)
+    return {"id": str(key[0]), "try": key[1], "task": _clip(task, TASK_SHOWN_CHARS),
+            "expected": "" if expected is None else _clip(expected, ANSWER_SHOWN_CHARS), "differs": differs,
+            "runs": runs}
+
+
+def batch_data(names: List[str], redactor: Optional[Redactor] = None) -> Dict[str, Any]:
+    """What the page of these result folders shows (--report): each configuration's figures, and a row a
+    task (a try, with --repeat) with each configuration's run of it; where they differ first."""
+    columns = comparison.columns_of(names)
+    keys = list(dict.fromkeys(key for column in columns for key in column.lines))
+    tasks = []
+    for key in keys:
+        lines = [column.lines.get(key) for column in columns]
+        ran = [line for line in lines if line is not None]
+        differs = len(ran) > 1 and (len({comparison.success(line) for line in ran}) > 1
+                                    or len({line.get("status") for line in ran}) > 1)
+        tasks.append(task_entry(key, lines, [column.folders for column in columns], redactor, differs))
+    tasks.sort(key=lambda task: not task["differs"])  # a comparison's differences first (a stable sort)
+    return {"title": "agent-demo report", "made": time.strftime("%Y-%m-%d %H:%M"),
+            "configurations": [{"label": column.label, "folders": column.folders, "summary": column.summary()}
+                               for column in columns], "tasks": tasks}
+
+
+def folder_pieces(folder: Path, redactor: Optional[Redactor] = None) -> Iterator[bytes]:
+    """A batch's own page, made a task at a time (10,000 tasks cost no more memory than 1,000): its
+    results files read twice, first for which line of each task is the latest, then for the rows."""
+    latest: Dict[Any, float] = {}
+    for path in comparison.results_files(folder):
+        for line in comparison.read_lines(path):
+            key = comparison.result_key(line)
+            latest[key] = max(latest.get(key, float("-inf")), comparison.ended_key(line))
+    tally, config = metrics.Tally(max((key[1] for key in latest), default=1)), None
+
+    def rows() -> Iterator[Dict[str, Any]]:
+        nonlocal config
+        for path in comparison.results_files(folder):
+            for line in comparison.read_lines(path):
+                key = comparison.result_key(line)
+                if latest.get(key) == comparison.ended_key(line):
+                    del latest[key]  # once, even when two lines end at the same time
+                    tally.add(line)
+                    config = config or line.get("config")
+                    yield task_entry(key, [line], [[str(folder)]], redactor)
+
+    def configurations() -> List[Dict[str, Any]]:
+        label = str((config or {}).get("model") or folder.name)
+        return [{"label": label, "folders": [str(folder)], "summary": tally.summary()}]
+    return pieces("agent-demo report", rows(), configurations, redactor)
+
+
+def run_data(path: str, redactor: Optional[Redactor] = None) -> Dict[str, Any]:
+    """The page of one run: its trace, as a one-row report."""
+    records = trace_file.last_run_records(path)
+    outcome = run_log.replay(records, trace_file.RunLog(None))
+    usage = outcome.usage or {}
+    run = {"status": outcome.status, "correct": None, "answer": _clip(outcome.result, ANSWER_SHOWN_CHARS)
+           if outcome.result is not None else "", "rounds": outcome.rounds, "tokens": number(usage.get("total_tokens")),
+           "cost": outcome.cost, "seconds": None, "error": _clip(outcome.error or "", 500),
+           "trace": drawn(Path(path), redactor)[1]}
+    model = str(records[0].get("model") or "") if records else ""
+    return {"title": f"agent-demo run {Path(path).name}", "made": time.strftime("%Y-%m-%d %H:%M"),
+            "configurations": [{"label": model, "folders": [str(path)], "summary": None}],
+            "tasks": [{"id": Path(path).stem, "try": 1, "task": _clip(str(records[0].get("task") or "") if records
+                                                                      else "", TASK_SHOWN_CHARS),
+                       "expected": "", "differs": False, "runs": [run]}]}
+
+
+def page(data: Dict[str, Any], redactor: Optional[Redactor] = None) -> bytes:
+    """The whole page of data made before (--report, --show --html)."""
+    return b"".join(pieces(data["title"], iter(data["tasks"]), lambda: data["configurations"], redactor))
+
+
+def pieces(title: str, tasks: Iterator[Dict[str, Any]], configurations: Callable[[], List[Dict[str, Any]]],
+           redactor: Optional[Redactor] = None) -> Iterator[bytes]:
+    """The page, piece by piece: the data as an inert JSON block (ASCII, so no control character of
+    any terminal either; no key), the page's own style and script allowed by their hashes. The
+    configurations' figures come after the rows, counted as they were written."""
+    policy = (f"default-src 'none'; script-src '{_hash(SCRIPT)}'; style-src '{_hash(STYLE)}'; img-src 'none';"
+              " base-uri 'none'; form-action 'none'")
+    yield (f"<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\n"
+           f"<meta http-equiv=\"Content-Security-Policy\" content=\"{policy}\">\n"
+           f"<meta name=\"viewport\" content=\"width=device-width\"><title>agent-demo report</title>\n"
+           f"<style>{STYLE}</style></head>\n<body>\n<script id=\"data\" type=\"application/json\">").encode()
+    yield _inert_json({"title": title, "made": time.strftime("%Y-%m-%d %H:%M")}, redactor)[:-1] + b', "tasks": ['
+    for number_, task in enumerate(tasks):
+        yield (b", " if number_ else b"") + _inert_json(task, redactor)
+    yield b'], "configurations": ' + _inert_json(configurations(), redactor) + b"}"
+    yield f"</script>\n<script>{SCRIPT}</script>\n</body></html>\n".encode()
+
+
+def _inert_json(value: Any, redactor: Optional[Redactor]) -> bytes:
+    """value as JSON that no HTML parser takes for markup: no "</script>" nor "<!--" can end or bend the block."""
+    text = json.dumps(redactor.values(value) if redactor else value, allow_nan=False, default=str)
+    return text.replace("&", "\\u0026").replace("<", "\\u003c").replace(">", "\\u003e").encode()
+
+
+def _hash(text: str) -> str:
+    return "sha256-" + base64.b64encode(hashlib.sha256(text.encode("utf-8")).digest()).decode()
+
+
+def write_page(path: Path, content: Iterable[bytes]) -> int:
+    """The page written whole under another name, then put in place (readable by the user alone, as the
+    results are); its size in bytes."""
+    size = [0]
+
+    def counted() -> Iterator[bytes]:
+        for piece in content:
+            size[0] += len(piece)
+            yield piece
+    write_private(path, counted())
+    return size[0]
+
+
+STYLE = """
+body{font:14px/1.4 system-ui,sans-serif;margin:1.5em;color:#222}
+h1{font-size:1.3em}h2{font-size:1.1em;margin-top:1.5em}
+table{border-collapse:collapse}th,td{border-bottom:1px solid #ddd;padding:3px 8px;text-align:left;vertical-align:top}
+th{background:#f4f4f4;position:sticky;top:0}td.num{text-align:right}
+tr.task{cursor:pointer}tr.task:hover{background:#f7f7ff}tr.differs td:first-child{border-left:3px solid #c60}
+.finished{color:#060}.failed,.error,.stuck{color:#b00}.max_rounds,.budget,.interrupted{color:#a60}
+pre{white-space:pre-wrap;background:#fafafa;border:1px solid #ddd;padding:8px;max-height:40em;overflow:auto;margin:0}
+.controls{margin:1em 0}.controls>*{margin-right:1em}.figures td{border:none;padding:1px 8px}
+.charts{display:flex;flex-wrap:wrap;gap:2em}.chart text{font-size:11px}.side{display:flex;gap:1em}.side>div{flex:1}
+"""
+
+SCRIPT = r"""
+"use strict";
+const data = JSON.parse(document.getElementById("data").textContent);
+const STATUSES = ["finished","failed","max_rounds","budget","stuck","interrupted","error"];
+const COLOURS = {finished:"#3a3",failed:"#c33",max_rounds:"#d90",budget:"#d90",stuck:"#933",interrupted:"#999",error:"#600"};
+const SVG = "http://www.w3.org/2000/svg";
+function el(tag, text, attributes) {
+  const node = document.createElement(tag);
+  if (text !== undefined && text !== null) node.textContent = String(text);
+  for (const [name, value] of Object.entries(attributes || {})) node.setAttribute(name, value);
+  return node;
+}
+function svg(tag, attributes, text) {
+  const node = document.createElementNS(SVG, tag);
+  for (const [name, value] of Object.entries(attributes || {})) node.setAttribute(name, String(value));
+  if (text !== undefined) node.textContent = String(text);
+  return node;
+}
+function percent(share) { return share === null || share === undefined ? "-" : (100 * share).toFixed(1) + "%"; }
+function figure(value, digits) { return value === null || value === undefined ? "-" : Number(value).toFixed(digits); }
+const body = document.body;
+body.append(el("h1", data.title), el("p", "made " + data.made + "; " + data.tasks.length + " rows"));
+const configs = data.configurations;
+if (configs.some(c => c.summary)) {
+  body.append(el("h2", "Figures"));
+  const table = el("table", null, {class: "figures"});
+  const head = el("tr"); head.append(el("th", ""));
+  for (const c of configs) head.append(el("th", c.label));
+  table.append(head);
+  const rows = [["tasks", s => s.tasks], ["completion", s => percent(s.completion_rate)],
+    ["accuracy", s => s.scored ? percent(s.accuracy) + " of " + s.scored : "-"],
+    ["rounds (mean)", s => s.rounds ? figure(s.rounds.mean, 1) : "-"], ["tokens", s => s.tokens ? s.tokens.total : "-"],
+    ["cost", s => s.cost === null || s.cost === undefined ? "-" : "$" + figure(s.cost, 4)],
+    ["seconds (p50)", s => s.seconds ? figure(s.seconds.p50, 2) : "-"]];
+  for (const [name, value] of rows) {
+    const row = el("tr"); row.append(el("td", name));
+    for (const c of configs) row.append(el("td", c.summary ? value(c.summary) : "-", {class: "num"}));
+    table.append(row);
+  }
+  body.append(table);
+}
+function statusChart() {
+  const width = 420, bar = 22, left = 140, chart = svg("svg", {width: width + left, height: configs.length * (bar + 8) + 30, class: "chart", id: "status-chart"});
+  configs.forEach((c, row) => {
+    const counts = {}; let total = 0;
+    for (const task of data.tasks) { const run = task.runs[row]; if (run) { counts[run.status] = (counts[run.status] || 0) + 1; total++; } }
+    chart.append(svg("text", {x: 0, y: row * (bar + 8) + 15}, c.label.slice(0, 22)));
+    let x = left;
+    for (const status of STATUSES.concat(Object.keys(counts).filter(s => !STATUSES.includes(s)))) {
+      if (!counts[status]) continue;
+      const w = Math.max(1, width * counts[status] / total);
+      const rect = svg("rect", {x: x, y: row * (bar + 8), width: w, height: bar, fill: COLOURS[status] || "#666"});
+      rect.append(svg("title", {}, status + ": " + counts[status]));
+      chart.append(rect); x += w;
+    }
+  });
+  let x = 0; const y = configs.length * (bar + 8) + 18;
+  for (const status of STATUSES) { chart.append(svg("rect", {x: x, y: y - 9, width: 9, height: 9, fill: COLOURS[status]}), svg("text", {x: x + 12, y: y}, status)); x += 12 + status.length * 6.5 + 8; }
+  chart.setAttribute("width", Math.max(width + left, x));
+  return chart;
+}
+function histogram(title, value, id) {
+  const values = []; for (const task of data.tasks) for (const run of task.runs) if (run && value(run) !== null) values.push(value(run));
+  const bins = 20, width = 400, height = 120, most = Math.max(...values, 1e-9), counts = new Array(bins).fill(0);
+  for (const v of values) counts[Math.min(bins - 1, Math.floor(bins * v / most))]++;
+  const top = Math.max(...counts, 1), chart = svg("svg", {width: width + 40, height: height + 30, class: "chart", id: id});
+  chart.append(svg("text", {x: 0, y: 12}, title));
+  counts.forEach((count, n) => {
+    const h = height * count / top, rect = svg("rect", {x: 30 + n * width / bins, y: height + 15 - h, width: width / bins - 2, height: h, fill: "#57a"});
+    rect.append(svg("title", {}, figure(n * most / bins, 2) + " to " + figure((n + 1) * most / bins, 2) + ": " + count));
+    chart.append(rect);
+  });
+  chart.append(svg("text", {x: 30, y: height + 28}, "0"), svg("text", {x: width, y: height + 28}, figure(most, most < 10 ? 2 : 0)));
+  return chart;
+}
+const charts = el("div", null, {class: "charts"});
+charts.append(statusChart(), histogram("rounds per task", r => r.rounds, "rounds-chart"), histogram("seconds per task", r => r.seconds, "seconds-chart"));
+body.append(el("h2", "Charts"), charts);
+body.append(el("h2", "Tasks"));
+const controls = el("div", null, {class: "controls"});
+const statusFilter = el("select", null, {id: "status-filter"}); statusFilter.append(el("option", "any status", {value: ""}));
+for (const status of STATUSES) statusFilter.append(el("option", status, {value: status}));
+const correctFilter = el("select", null, {id: "correct-filter"});
+for (const [value, text] of [["", "right or wrong"], ["true", "right"], ["false", "wrong"], ["none", "not scored"]]) correctFilter.append(el("option", text, {value: value}));
+const search = el("input", null, {id: "search", type: "search", placeholder: "search ids, tasks, answers"});
+const count = el("span", "", {id: "count"});
+controls.append(statusFilter, correctFilter, search, count);
+body.append(controls);
+const table = el("table", null, {id: "tasks"});
+const header = el("tr"); header.append(el("th", "id"), el("th", "task"), el("th", "expected"));
+for (const c of configs) for (const name of ["status", "correct", "answer", "rounds", "tokens", "cost", "s"]) header.append(el("th", configs.length > 1 ? c.label + " " + name : name));
+table.append(el("thead")); table.tHead.append(header);
+const rows = el("tbody"); table.append(rows); body.append(table);
+const more = el("button", "show more", {id: "more"}); body.append(more);
+const PAGE = 200; let shown = PAGE;
+function matches(task) {
+  const status = statusFilter.value, correct = correctFilter.value, words = search.value.toLowerCase();
+  const runs = task.runs.filter(run => run);
+  if (status && !runs.some(run => run.status === status)) return false;
+  if (correct && !runs.some(run => String(run.correct === null ? "none" : run.correct) === correct)) return false;
+  if (words && ![task.id, task.task, task.expected].concat(runs.map(run => run.answer)).some(text => String(text).toLowerCase().includes(words))) return false;
+  return true;
+}
+function detail(task) {
+  const row = el("tr", null, {class: "detail"}), cell = el("td", null, {colspan: 3 + 7 * configs.length}), side = el("div", null, {class: "side"});
+  task.runs.forEach((run, n) => {
+    const part = el("div"); part.append(el("strong", configs.length > 1 ? configs[n].label : "trace"));
+    part.append(el("pre", run ? (run.error ? run.error + "\n\n" : "") + (run.trace || "(no trace)") : "(not run)"));
+    side.append(part);
+  });
+  cell.append(el("p", task.task), side); row.append(cell); return row;
+}
+function draw() {
+  rows.replaceChildren();
+  const found = data.tasks.filter(matches);
+  count.textContent = found.length + " of " + data.tasks.length + " rows";
+  for (const task of found.slice(0, shown)) {
+    const row = el("tr", null, {class: "task" + (task.differs ? " differs" : "")});
+    row.append(el("td", task.try > 1 ? task.id + " #" + task.try : task.id), el("td", task.task.slice(0, 80)), el("td", task.expected));
+    for (const run of task.runs) {
+      if (!run) { for (let i = 0; i < 7; i++) row.append(el("td", "")); continue; }
+      row.append(el("td", run.status, {class: run.status}), el("td", run.correct === null ? "" : run.correct ? "right" : "wrong"),
+        el("td", String(run.answer).slice(0, 120)), el("td", run.rounds, {class: "num"}), el("td", run.tokens, {class: "num"}),
+        el("td", run.cost === null ? "" : figure(run.cost, 4), {class: "num"}), el("td", run.seconds === null ? "" : figure(run.seconds, 2), {class: "num"}));
+    }
+    let open = null;
+    row.addEventListener("click", () => { if (open) { open.remove(); open = null; } else { open = detail(task); row.after(open); } });
+    rows.append(row);
+  }
+  more.hidden = found.length <= shown;
+}
+for (const control of [statusFilter, correctFilter]) control.addEventListener("change", () => { shown = PAGE; draw(); });
+search.addEventListener("input", () => { shown = PAGE; draw(); });
+more.addEventListener("click", () => { shown += PAGE; draw(); });
+draw();
+"""

@@ -1,0 +1,188 @@
+"""The report page (report.html, --report, --show --html): what it holds, that nothing in it runs
+but its own script, and, in headless Chromium where it is installed, what a person sees and does."""
+import json
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+from agent_demo_kit.cli import main
+from agent_demo_kit.report_page import SCRIPT, STYLE, _hash
+from conftest import KEY
+from scripted_server import ScriptedServer, action
+
+HOSTILE = ["</script><script>window.pwned = 1</script>", '<img src=x onerror="window.pwned = 1">',
+           '<a href="javascript:window.pwned = 1">click</a>']
+
+
+def by_tag(body):
+    """[finish] two rounds then 5, [wrong] answers 4, [fail] fails, [hostile N] answers HOSTILE[N]."""
+    task = body["messages"][1]["content"]
+    done = sum(message["role"] == "assistant" for message in body["messages"])
+    tag = re.search(r"\[(\w+)( \d)?\]", task)
+    if tag[1] == "finish":
+        return {"content": action("calculator", expression="2 + 3") if done == 0 else action("finish", result="5")}
+    if tag[1] == "wrong":
+        return {"content": action("finish", result="4")}
+    if tag[1] == "hostile":
+        return {"content": action("finish", result=HOSTILE[int(tag[2])])}
+    return {"content": action("fail", reason="cannot do it")}
+
+
+def run_batch(folder, tags, monkeypatch, model="gpt-4o-mini", screen=by_tag, ids=None):
+    tasks = folder / "tasks.jsonl"
+    tasks.write_text("".join(json.dumps({"id": (ids or {}).get(n, f"t{n}"), "task": f"[{tag}] task {n}",
+                                         "expected": "5"}) + "\n" for n, tag in enumerate(tags)))
+    with ScriptedServer([], screen=screen) as server:
+        monkeypatch.setenv("LLM_API_URL", server.url)
+        monkeypatch.setenv("LLM_API_KEY", KEY)
+        main(["--batch", str(tasks), "--parallel", "4", "-q", "-m", model])
+    return folder / "tasks-results" / model
+
+
+def page_data(path):
+    text = Path(path).read_text()
+    return json.loads(re.search(r'<script id="data" type="application/json">(.*?)</script>', text, re.S)[1])
+
+
+FIFTY = ["finish"] * 30 + ["wrong"] * 10 + ["fail"] * 10
+
+
+@pytest.fixture(scope="module")
+def fifty(tmp_path_factory):
+    monkeypatch = pytest.MonkeyPatch()
+    try:
+        return run_batch(tmp_path_factory.mktemp("fifty"), FIFTY, monkeypatch)
+    finally:
+        monkeypatch.undo()
+
+
+def test_a_batch_writes_its_report_page_with_a_row_a_task(fifty):
+    data = page_data(fifty / "report.html")
+    assert len(data["tasks"]) == 50
+    results = {json.loads(line)["id"]: json.loads(line) for line in (fifty / "results.jsonl").read_text().splitlines()}
+    for task in data["tasks"]:
+        [run] = task["runs"]
+        assert (run["status"], run["correct"], run["answer"]) == (results[task["id"]]["status"],
+                                                                 results[task["id"]]["correct"],
+                                                                 results[task["id"]]["answer"] or "")
+    first = next(task for task in data["tasks"] if task["id"] == "t0")
+    assert first["task"] == "[finish] task 0" and "--- round 2/" in first["runs"][0]["trace"]
+    assert data["configurations"][0]["summary"]["status_counts"] == {"finished": 40, "failed": 10}
+
+
+def test_nothing_from_a_model_or_a_task_file_becomes_markup(tmp_path, monkeypatch):
+    folder = run_batch(tmp_path, ["hostile 0", "hostile 1", "hostile 2"], monkeypatch,
+                       ids={0: HOSTILE[0], 1: HOSTILE[1], 2: HOSTILE[2]})
+    text = (folder / "report.html").read_text()
+    assert text.count("<script") == 2 and text.count("</script>") == 2, "the data block and the page's own script"
+    assert "<img" not in text and "<a " not in text, "a < in the data is written \\u003c"
+    policy = re.search(r'http-equiv="Content-Security-Policy" content="([^"]+)"', text)[1]
+    assert f"script-src '{_hash(SCRIPT)}'" in policy and f"style-src '{_hash(STYLE)}'" in policy
+    assert "default-src 'none'" in policy and "unsafe" not in policy
+    data = page_data(folder / "report.html")
+    assert sorted(task["runs"][0]["answer"] for task in data["tasks"]) == sorted(HOSTILE), "shown as written"
+    assert sorted(task["id"] for task in data["tasks"]) == sorted(HOSTILE)
+
+
+def test_a_report_of_two_models_shows_both_and_the_tasks_they_differ_on_first(tmp_path, monkeypatch, capsys):
+    small = run_batch(tmp_path, ["finish", "finish", "finish", "finish"], monkeypatch, model="small")
+
+    def stronger(body):
+        answer = by_tag(body)
+        task = body["messages"][1]["content"]
+        return {"content": action("fail", reason="no")} if "task 2" in task else answer
+    big = run_batch(tmp_path, ["finish", "finish", "finish", "finish"], monkeypatch, model="big", screen=stronger)
+    assert main(["--report", str(small), str(big), "-o", str(tmp_path / "both.html")]) == 0
+    data = page_data(tmp_path / "both.html")
+    assert [config["label"] for config in data["configurations"]] == ["small", "big"]
+    assert data["tasks"][0]["id"] == "t2" and data["tasks"][0]["differs"]
+    assert [run["status"] for run in data["tasks"][0]["runs"]] == ["finished", "failed"]
+    assert not any(task["differs"] for task in data["tasks"][1:])
+    assert "report page: " in capsys.readouterr().err
+
+
+def test_show_html_writes_one_run_as_a_page(tmp_path, serve, capsysbinary):
+    serve([action("calculator", expression="2 + 3"), action("finish", result="5")])
+    assert main(["--trace", str(tmp_path / "run.jsonl"), "-q", "add"]) == 0
+    capsysbinary.readouterr()
+    assert main(["--show", str(tmp_path / "run.jsonl"), "--html"]) == 0
+    html = capsysbinary.readouterr().out.decode()
+    assert html.startswith("<!DOCTYPE html>")
+    data = json.loads(re.search(r'type="application/json">(.*?)</script>', html, re.S)[1])
+    [task] = data["tasks"]
+    assert task["task"] == "add" and task["runs"][0]["answer"] == "5" and "calculator" in task["runs"][0]["trace"]
+
+
+def test_a_report_holds_no_key(tmp_path, monkeypatch):
+    def leaky(body):
+        return {"content": action("finish", result=f"the key is {KEY}")}
+    folder = run_batch(tmp_path, ["finish"], monkeypatch, screen=leaky)
+    assert KEY not in (folder / "report.html").read_text()
+
+
+# --- in a real browser ----------------------------------------------------------------------------------
+
+def chromium():
+    found = shutil.which("chromium") or shutil.which("chromium-browser")
+    if not found:
+        pytest.skip("no Chromium here (apt-get install chromium)")
+    sync_api = pytest.importorskip("playwright.sync_api", reason="pip install playwright")
+    return found, sync_api
+
+
+@pytest.fixture(scope="module")
+def browser():
+    found, sync_api = chromium()
+    with sync_api.sync_playwright() as playwright:
+        launched = playwright.chromium.launch(executable_path=found, args=["--no-sandbox"])
+        yield launched
+        launched.close()
+
+
+def opened(browser, path):
+    page = browser.new_page()
+    problems = []
+    page.on("console", lambda message: problems.append(message.text) if message.type in ("error", "warning") else None)
+    page.on("pageerror", lambda error: problems.append(str(error)))
+    page.goto(Path(path).as_uri())
+    page.wait_for_selector("#tasks tbody tr")
+    return page, problems
+
+
+@pytest.mark.processes
+def test_in_a_browser_fifty_rows_a_filter_a_click_and_the_charts(browser, fifty):
+    page, problems = opened(browser, fifty / "report.html")
+    assert page.locator("#tasks tbody tr.task").count() == 50
+    page.select_option("#status-filter", "failed")
+    failed = page.locator("#tasks tbody tr.task")
+    assert failed.count() == 10
+    assert set(failed.locator("td:nth-child(4)").all_inner_texts()) == {"failed"}
+    page.select_option("#status-filter", "")
+    page.select_option("#correct-filter", "false")
+    assert page.locator("#tasks tbody tr.task").count() == 20, "10 wrong answers and 10 that failed"
+    page.select_option("#correct-filter", "")
+    page.fill("#search", "task 7")
+    assert page.locator("#tasks tbody tr.task").count() == 1
+    page.locator("#tasks tbody tr.task").first.click()
+    assert "--- round 2/" in page.locator("#tasks tbody tr.detail pre").inner_text()
+    assert page.locator("#status-chart rect").count() >= 2 and page.locator("#rounds-chart rect").count() == 20
+    assert problems == [], "the console is clean"
+    page.close()
+
+
+@pytest.mark.processes
+def test_in_a_browser_a_hostile_answer_and_id_are_text_and_nothing_runs(browser, tmp_path, monkeypatch):
+    folder = run_batch(tmp_path, ["hostile 0", "hostile 1", "hostile 2"], monkeypatch,
+                       ids={0: HOSTILE[0], 1: HOSTILE[1], 2: HOSTILE[2]})
+    page, problems = opened(browser, folder / "report.html")
+    rows = page.locator("#tasks tbody tr.task")
+    assert rows.count() == 3
+    assert sorted(rows.locator("td:nth-child(1)").all_inner_texts()) == sorted(HOSTILE)
+    assert sorted(rows.locator("td:nth-child(6)").all_inner_texts()) == sorted(HOSTILE)
+    for n in range(3):
+        rows.nth(n).click()
+    assert page.evaluate("window.pwned") is None and page.locator("img, a").count() == 0
+    assert problems == []
+    page.close()
