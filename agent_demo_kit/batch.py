@@ -297,6 +297,8 @@ class Batch(Saying):
                 if self.command:
                     self.say(f"to go on: {self.command}")
                 sys.stderr.flush()
+                if "agent_demo_kit.telemetry" in sys.modules:  # os._exit skips atexit: the spans go out first
+                    sys.modules["agent_demo_kit.telemetry"].flush()
                 os._exit(stopped)
         return stopped
 

@@ -26,6 +26,13 @@ DEFAULT_RETRY_ERRORS = 1  # a batch task that ended in an endpoint error is run 
 
 # --- the checks a flag and its variable go through ----------------------------------------------
 
+def otlp_url(text: str) -> str:
+    """An http(s) URL of an OpenTelemetry collector; ValueError otherwise."""
+    if urlsplit(text.strip()).scheme not in ("http", "https") or not urlsplit(text.strip()).hostname:
+        raise ValueError(f"must be an http(s) URL, got {display_url(text)!r}")
+    return text.strip()
+
+
 def seconds(text: str) -> float:
     """A finite number of seconds, more than 0; ValueError otherwise."""
     try:
@@ -205,6 +212,10 @@ class Settings:
     escalate_price: Optional[Tuple[float, float, Optional[float]]] = setting(
         None, "the --escalate model's price, as --price", "--escalate-price", ("LLM_ESCALATE_PRICE",), token_price,
         resume=False, metavar="IN,OUT[,CACHED]", shown="none")
+    otel: Optional[str] = setting(
+        None, "send each run's OpenTelemetry spans (the GenAI conventions) to this OTLP/HTTP collector, the base URL"
+        " (/v1/traces is added); needs pip install 'agent-demo[otel]'", "--otel", ("OTEL_EXPORTER_OTLP_ENDPOINT",),
+        otlp_url, resume=False, metavar="URL", shown="none")
     backoff_factor: float = setting(0.5, "waits 0, 1, 2, 4 ... seconds between retries", resume=False)
     sources: Dict[str, str] = setting({}, "where each setting came from, for messages", resume=False)
 

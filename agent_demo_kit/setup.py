@@ -157,7 +157,7 @@ def prepare(task: str = "", *, given: Dict[str, Any], environment: Dict[str, str
             if trace is True:
                 run_log.prune(Path(path).parent)
         log.recording(start_fields, notes, url_note)
-        log = broadcasting(log, on_event)
+        log = broadcasting(with_telemetry(log, settings, environment), on_event)
         for each in escalation.clients.values() if escalation else [client]:
             each.record_to(log)
         round_limit = None
@@ -173,6 +173,21 @@ def prepare(task: str = "", *, given: Dict[str, Any], environment: Dict[str, str
     except BaseException:
         closing.close()
         raise
+
+
+def with_telemetry(log: Any, settings: Settings, environment: Any) -> Any:
+    """The trace, also made into OpenTelemetry spans when --otel or OTEL_EXPORTER_OTLP_ENDPOINT says so and
+    the otel extra is installed (without it, the variable alone changes nothing; --otel is an error)."""
+    if not settings.otel:
+        return log
+    try:
+        from agent_demo_kit.telemetry import traced
+    except ImportError:
+        if settings.sources.get("otel") != "OTEL_EXPORTER_OTLP_ENDPOINT":  # asked for by name
+            raise ConfigError(f"{settings.named('otel')} needs the OpenTelemetry SDK: pip install 'agent-demo[otel]'") \
+                from None
+        return log
+    return traced(log, settings, environment)
 
 
 def notes_before_the_first_round(settings: Settings, registry: Dict[str, Tool], approver: Optional[Approver],

@@ -1,0 +1,174 @@
+"""OpenTelemetry (the otel extra): a run's spans in memory, then through a real OTLP/HTTP receiver on
+loopback from the command line, SIGTERM included; and nothing of it without the extra or the setting."""
+import http.server
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+
+import pytest
+
+import agent_demo
+from agent_demo_kit.cli import main
+from conftest import KEY, ROOT, child_environment, start_cli
+from scripted_server import ScriptedServer, action as act
+from test_escalation import ByModel
+
+sdk = pytest.importorskip("opentelemetry.sdk.trace", reason="pip install 'agent-demo[otel]'")
+
+
+@pytest.fixture
+def spans(monkeypatch):
+    """The spans a run makes, kept in memory (the SDK's own exporter) instead of sent."""
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+    from agent_demo_kit import telemetry
+    exporter = InMemorySpanExporter()
+    provider = sdk.TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    monkeypatch.setattr(telemetry, "provider", lambda endpoint: provider)
+    return exporter
+
+
+def every_text(span):
+    return json.dumps([span.name, dict(span.attributes), [[event.name, dict(event.attributes)] for event in span.events],
+                       span.status.description])
+
+
+@pytest.mark.parametrize("mode", ["json", "tools"])
+def test_a_two_round_run_with_one_tool_call_is_one_agent_span_two_chats_and_one_tool(spans, serve, mode):
+    calculator = act("calculator", expression="2 + 3") if mode == "json" else {"content": None, "tool_calls": [
+        {"id": "call-1", "type": "function", "function": {"name": "calculator", "arguments": '{"expression": "2 + 3"}'}}]}
+    serve([calculator, act("finish", result=f"5, and the key is {KEY}")])
+    result = agent_demo.run("add", mode=mode, otel="http://127.0.0.1:4318")
+    assert result.status == "finished"
+    done = spans.get_finished_spans()
+    [agent] = [span for span in done if span.name == "invoke_agent agent-demo"]
+    chats = [span for span in done if span.name == "chat gpt-4o-mini"]
+    [tool] = [span for span in done if span.name == "execute_tool calculator"]
+    assert len(done) == 4 and len(chats) == 2
+    assert agent.parent is None and all(span.parent.span_id == agent.context.span_id for span in [*chats, tool])
+    assert all(span.context.trace_id == agent.context.trace_id for span in done)
+    assert agent.attributes["gen_ai.operation.name"] == "invoke_agent" and agent.attributes["gen_ai.request.model"] == \
+        "gpt-4o-mini" and agent.attributes["gen_ai.usage.input_tokens"] == 20
+    first = chats[0].attributes
+    assert (first["gen_ai.operation.name"], first["gen_ai.request.model"], first["gen_ai.usage.input_tokens"],
+            first["gen_ai.usage.output_tokens"], first["server.address"]) == ("chat", "gpt-4o-mini", 10, 5, "127.0.0.1")
+    assert first["gen_ai.response.finish_reasons"] == ("stop",), "as the endpoint said"
+    assert (tool.attributes["gen_ai.operation.name"], tool.attributes["gen_ai.tool.name"]) == ("execute_tool",
+                                                                                               "calculator")
+    assert tool.attributes.get("gen_ai.tool.call.id") == ("call-1" if mode == "tools" else None)
+    assert not any("gen_ai.output.messages" in span.attributes for span in done), "no content unless asked"
+    assert all(KEY not in every_text(span) for span in done)
+
+
+def test_contents_only_when_the_convention_says_so_and_redacted_then(spans, serve, monkeypatch):
+    monkeypatch.setenv("OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT", "true")
+    serve([act("calculator", expression="2 + 3"), act("finish", result=f"the key is {KEY}")])
+    agent_demo.run("add", otel="http://127.0.0.1:4318")
+    done = spans.get_finished_spans()
+    chat = [span for span in done if span.name.startswith("chat")][-1]
+    assert "[redacted]" in chat.attributes["gen_ai.output.messages"]
+    assert all(KEY not in every_text(span) for span in done)
+    [tool] = [span for span in done if span.name.startswith("execute_tool")]
+    assert json.loads(tool.attributes["gen_ai.tool.call.arguments"]) == {"expression": "2 + 3"}
+
+
+def test_an_escalation_is_an_event_and_an_endpoint_error_an_error_type(spans, serve):
+    missing = {"status": 404, "body": {"error": {"message": "model 'small' not found"}}}
+    serve([], screen=ByModel(small=[missing], big=[act("finish", result="5")]))
+    assert agent_demo.run("add", model="small", escalate="big", otel="http://127.0.0.1:4318").status == "finished"
+    [agent] = [span for span in spans.get_finished_spans() if span.name.startswith("invoke_agent")]
+    [event] = agent.events
+    assert (event.name, event.attributes["agent_demo.to_model"]) == ("agent_demo.escalation", "big")
+    failed = [span for span in spans.get_finished_spans() if span.name == "chat small"]
+    assert failed and failed[0].attributes["error.type"] == "EndpointError"
+    spans.clear()
+    serve([{"status": 401, "body": {"error": {"message": f"bad key {KEY}"}}}])
+    assert agent_demo.run("add", otel="http://127.0.0.1:4318").status == "error"
+    [agent] = [span for span in spans.get_finished_spans() if span.name.startswith("invoke_agent")]
+    assert agent.attributes["error.type"] == "EndpointError" and agent.status.status_code.name == "ERROR"
+    assert all(KEY not in every_text(span) for span in spans.get_finished_spans())
+
+
+def test_without_the_extra_the_variable_changes_nothing_and_the_flag_is_a_usage_error(serve, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "agent_demo_kit.telemetry", None)  # as if the SDK were not installed
+    serve([act("finish", result="5")])
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4318")
+    assert main(["--no-log", "-q", "add"]) == 0
+    monkeypatch.delenv("OTEL_EXPORTER_OTLP_ENDPOINT")
+    assert main(["--no-log", "--otel", "http://127.0.0.1:4318", "add"]) == 2
+    assert "--otel needs the OpenTelemetry SDK: pip install 'agent-demo[otel]'" in capsys.readouterr().err
+
+
+@pytest.mark.processes
+def test_without_the_setting_no_opentelemetry_module_is_imported(serve):
+    server = serve([act("finish", result="5")])
+    code = ("import sys, agent_demo; agent_demo.run('add', url=%r);"
+            " print(sorted({m.split('.')[0] for m in sys.modules if m.startswith('opentelemetry')}))" % server.url)
+    shown = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
+                           env=child_environment())
+    assert shown.stdout.strip() == "[]", shown.stderr
+
+
+class Receiver:
+    """An OTLP/HTTP receiver on loopback: the spans of each export request it gets, decoded."""
+
+    def __init__(self):
+        from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+        self.spans, self.got = [], threading.Event()
+        receiver = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self):
+                request = ExportTraceServiceRequest()
+                request.ParseFromString(self.rfile.read(int(self.headers["Content-Length"])))
+                for resource in request.resource_spans:
+                    for scope in resource.scope_spans:
+                        receiver.spans.extend(scope.spans)
+                receiver.path = self.path
+                self.send_response(200)
+                self.send_header("Content-Type", "application/x-protobuf")
+                self.end_headers()
+                receiver.got.set()
+
+            def log_message(self, *args):
+                pass
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_port}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def attributes(self, span):
+        return {item.key: (item.value.string_value or item.value.int_value) for item in span.attributes}
+
+
+@pytest.mark.processes
+def test_the_command_line_sends_its_spans_to_a_receiver_and_flushes_them_on_sigterm(tmp_path):
+    receiver = Receiver()
+    with ScriptedServer([act("calculator", expression="2 + 3"), act("finish", result="5")]) as model:
+        shown = subprocess.run([sys.executable, os.path.join(ROOT, "agent_demo.py"), "--no-log", "-q", "--otel", receiver.url,
+                                "add"], capture_output=True, text=True, env=child_environment(
+                                    {"LLM_API_URL": model.url, "LLM_API_KEY": KEY}), timeout=60)
+    assert (shown.returncode, shown.stdout) == (0, "5\n"), shown.stderr
+    assert receiver.path == "/v1/traces"
+    assert sorted(span.name for span in receiver.spans) == ["chat gpt-4o-mini", "chat gpt-4o-mini",
+                                                            "execute_tool calculator", "invoke_agent agent-demo"]
+    receiver.spans.clear()
+    arrived = threading.Event()
+
+    def slow(body):
+        arrived.set()
+        return {"content": act("finish", result="5"), "delay": 30}
+    with ScriptedServer([], screen=slow) as model:
+        process = start_cli("--no-log", "--otel", receiver.url, "add", new_interpreter=True,
+                            env={"LLM_API_URL": model.url, "LLM_API_KEY": KEY})
+        assert arrived.wait(30)
+        process.send_signal(signal.SIGTERM)
+        process.communicate(timeout=30)
+    assert process.returncode == 143
+    [agent] = [span for span in receiver.spans if span.name.startswith("invoke_agent")]
+    assert receiver.attributes(agent)["agent_demo.status"] == "interrupted"
+    [chat] = [span for span in receiver.spans if span.name.startswith("chat")]
+    assert receiver.attributes(chat)["error.type"] in ("SigTerm", "interrupted")
