@@ -25,9 +25,9 @@ from agent_demo_kit import metrics, scoring
 from agent_demo_kit.batch_view import Saying
 from agent_demo_kit.batch_folder import (check_output_folder, configuration, default_out, put_results_in_order,
                                          results_name)
-from agent_demo_kit.comparison import FAILURES_SHOWN, config_differences, failures, read_results, success
+from agent_demo_kit.comparison import OUTPUT_FILES, FAILURES_SHOWN, config_differences, failures, read_results, success
 from agent_demo_kit.endings import ENDED, ConfigError, EndpointError, Interrupted, RunResult, SigTerm, Terminated
-from agent_demo_kit.private_files import in_use, lock, open_private
+from agent_demo_kit.private_files import in_use, lock, open_private, readable_by_group
 from agent_demo_kit.records import number
 from agent_demo_kit.redaction import Redactor
 from agent_demo_kit.request_gate import RequestGate
@@ -76,7 +76,7 @@ class Batch(Saying):
                  parallel: Optional[int] = None, retry_errors: int = DEFAULT_RETRY_ERRORS, rerun_failed: bool = False,
                  part: Optional[Tuple[int, int]] = None, quiet: bool = False, named: Callable[[str], str] = keyword_name,
                  notes: Iterable[str] = (), match: Optional[str] = None, repeat: int = 1, source: str = "-",
-                 command: Optional[str] = None, task_checks: bool = False):
+                 command: Optional[str] = None, task_checks: bool = False, group_readable: bool = False):
         sliced = tasks if part is None else tasks[part[0]::part[1]]
         self.tasks = sliced if repeat == 1 else [task._replace(repeat=n, file=f"{task.file}@{n}" if n > 1 else task.file)
                                                  for task in sliced for n in range(1, repeat + 1)]
@@ -85,6 +85,7 @@ class Batch(Saying):
         self.settings = load_settings(given, environment, named=named)  # what is wrong is said before any task runs
         self.match, self.tries, self.source, self.command = match, repeat, source, command
         self.task_checks = task_checks  # run the checks task lines name (--task-checks), beside --check
+        self.group_readable = group_readable  # the output folder's group may read it (--group-readable)
         self.prices, self.config = self.settings.prices(), {**configuration(self.settings), "task_checks": task_checks}
         for task in sliced:  # a regex that does not compile is said before anything is sent
             try:
@@ -237,6 +238,9 @@ class Batch(Saying):
             raise ConfigError(f"--out {self.out}: cannot make the output folder there: {error.strerror or error}") \
                 from None
         check_output_folder(self.out)
+        if self.group_readable:  # its own files: the results, summaries, the page, the traces
+            readable_by_group(self.out, lambda name: bool(OUTPUT_FILES.fullmatch(name)) or name == "report.html"
+                              or os.path.dirname(name) == "traces" and name.endswith(".jsonl"))
         path = self.out / results_name(self.part, "results")
         self.results = open(open_private(str(path), "the results file"), "a", encoding="utf-8")
         if not lock(self.results):
@@ -414,7 +418,7 @@ class Batch(Saying):
 
 def run_batch(tasks: Any, out: Any, *, parallel: Optional[int] = None, retry_errors: int = DEFAULT_RETRY_ERRORS,
               rerun_failed: bool = False, shard: Optional[Tuple[int, int]] = None, match: Optional[str] = None,
-              repeat: int = 1, **settings: Any) -> dict:
+              repeat: int = 1, group_readable: bool = False, **settings: Any) -> dict:
     """--batch from Python: run `tasks` (task texts, or dicts with "task" and optionally "id", "check",
     "expected", "match"; ids are their positions from 1 when not given) into the folder `out`, as the
     command line does (the same folder again goes on where it stopped), quietly; the summary.
@@ -428,7 +432,7 @@ def run_batch(tasks: Any, out: Any, *, parallel: Optional[int] = None, retry_err
     text = "".join(json.dumps(item if isinstance(item, dict) else {"task": item}) + "\n" for item in tasks)
     batch = Batch(read_tasks(text, "tasks"), Path(out), settings, read_environment(), parallel=parallel,
                   retry_errors=retry_errors, rerun_failed=rerun_failed, part=shard, quiet=True, match=match,
-                  repeat=repeat)
+                  repeat=repeat, group_readable=group_readable)
     return batch.run()[1]
 
 

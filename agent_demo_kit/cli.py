@@ -188,6 +188,9 @@ def build_parser() -> Parser:
                             " or regex (a task line's \"match\" wins; default: case, quotes, surrounding"
                             " whitespace and final punctuation do not count, and a number is compared with the"
                             " answer's final number)")
+    batch.add_argument("--group-readable", action="store_true",
+                       help="--batch: the output folder's group may read it (never write): for a shared volume, or"
+                            " a --summary or --report run as another user of the group")
     batch.add_argument("--task-checks", action="store_true",
                        help="--batch: run the check commands task lines name (shown before the first request), as"
                             " you, beside --check: both must pass (without it they are not run: a task file is"
@@ -240,7 +243,8 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
                                            ("--retry-errors", args.retry_errors), ("--rerun-failed", args.rerun_failed),
                                            ("--shard", args.shard), ("--pass-rate", args.pass_rate),
                                            ("--match", args.match), ("--repeat", args.repeat),
-                                           ("--task-checks", args.task_checks)) if value]
+                                           ("--task-checks", args.task_checks),
+                                           ("--group-readable", args.group_readable)) if value]
     if batch_only and args.batch is None:
         parser.error(f"{', '.join(batch_only)} go{'es' if len(batch_only) == 1 else ''} with --batch")
     if args.markdown and args.summary is None:

@@ -264,7 +264,7 @@ def run_batch(args: argparse.Namespace, environment: Dict[str, str], answer: Saf
                   retry_errors=DEFAULT_RETRY_ERRORS if args.retry_errors is None else args.retry_errors,
                   rerun_failed=args.rerun_failed, part=args.shard, quiet=args.quiet, named=flag_name, notes=notes,
                   match=args.match, repeat=args.repeat or 1, source=args.batch, command=args.command,
-                  task_checks=args.task_checks)
+                  task_checks=args.task_checks, group_readable=args.group_readable)
     with ending_on_sigterm():
         code, summary = batch.run(args.pass_rate)
     if args.json:

@@ -8,7 +8,7 @@ It imports endings.
 import os
 import stat
 from pathlib import Path
-from typing import IO, Optional
+from typing import IO, Callable, Optional, Set
 
 try:
     import fcntl
@@ -22,6 +22,28 @@ CHECKED = hasattr(os, "getuid")  # ownership and modes mean nothing on Windows
 
 
 _MAX_LINKS = 40  # what the kernel follows before it gives up (ELOOP)
+_group_readable: Set[str] = set()  # folders whose new files and subfolders their group may read (never write)
+
+
+def readable_by_group(folder: Path, ours: Callable[[str], bool]) -> None:
+    """What is made in this folder from now on, and what it holds now that is `ours` (by its path
+    inside), its group may read, never write (--group-readable: a shared volume, a summary job under
+    another uid of the group)."""
+    real = os.path.realpath(folder)
+    _group_readable.add(real)
+    for top, folders, files in os.walk(real):
+        for name in [top, *(os.path.join(top, file) for file in files)]:
+            info = os.lstat(name)
+            if (name == top or ours(os.path.relpath(name, real))) and trusted(info.st_uid) and (
+                    stat.S_ISDIR(info.st_mode) or stat.S_ISREG(info.st_mode)):
+                os.chmod(name, 0o750 if stat.S_ISDIR(info.st_mode) else 0o640)
+
+
+def mode_for(path: str, folder: bool = False) -> int:
+    """0700 or 0600; 0750 or 0640 inside a folder made readable by its group."""
+    real = os.path.realpath(os.path.dirname(path) if not folder else path)
+    shared = any(real == root or real.startswith(root + os.sep) for root in _group_readable)
+    return (0o750 if folder else 0o640) if shared else (0o700 if folder else 0o600)
 
 
 def trusted(uid: int) -> bool:
@@ -161,7 +183,7 @@ def _make_private(made: Path, folder: Path, what: str) -> None:
         info = os.fstat(fd)
         if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
             raise ConfigError(f"{what} {folder}: {made} changed while it was being made")
-        os.fchmod(fd, 0o700)
+        os.fchmod(fd, mode_for(str(made), folder=True))
     finally:
         os.close(fd)
 
@@ -172,8 +194,8 @@ def open_private(path: str, what: str = "the trace file") -> int:
     real = resolve(path, what)
     flags = os.O_RDWR | os.O_APPEND | _NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
     try:
-        fd = os.open(real, flags | os.O_CREAT | os.O_EXCL, 0o600)
-        os.fchmod(fd, 0o600)  # whatever the umask: 0o277 would leave it unwritable to a later resume
+        fd = os.open(real, flags | os.O_CREAT | os.O_EXCL, mode_for(real))
+        os.fchmod(fd, mode_for(real))  # whatever the umask: 0o277 would leave it unwritable to a later resume
     except FileExistsError:
         fd = os.open(real, flags)
     try:

@@ -455,3 +455,23 @@ def test_an_out_that_cannot_be_a_folder_is_a_usage_error(tmp_path, cli, serve):
     serve([], screen=ByTask())
     code, _, err = cli("--batch", tasks, "--out", tmp_path / "afile")
     assert code == 2 and "cannot make the output folder there" in err
+
+
+@pytest.mark.parametrize("group", [False, True])
+def test_group_readable_lets_the_folders_group_read_and_never_write(tmp_path, cli, serve, group):
+    serve([], screen=ByTask())
+    tasks = write_tasks(tmp_path / "tasks.jsonl", ["finish", "fail"])
+    out = tmp_path / "out"
+    out.mkdir(mode=0o700)
+    (out / "notes.txt").write_text("mine")  # not the batch's: left as it is
+    (out / "notes.txt").chmod(0o600)
+    assert cli("--batch", tasks, "--out", out, "-q", *(["--group-readable"] if group else []))[0] == 1
+    modes = {path.relative_to(out).as_posix(): oct(path.stat().st_mode & 0o777)
+             for path in [out, *out.rglob("*")] if path.name != "notes.txt"}
+    folders = {name: mode for name, mode in modes.items() if name in (".", "traces")}
+    files = {name: mode for name, mode in modes.items() if name not in folders}
+    assert set(files) >= {"results.jsonl", "summary.json", "report.html", "traces/t0.jsonl", "traces/t1.jsonl"}
+    assert set(folders.values()) == {"0o750" if group else "0o700"}
+    assert set(files.values()) == {"0o640" if group else "0o600"}, files
+    assert (out / "notes.txt").stat().st_mode & 0o777 == 0o600
+    assert cli("--batch", tasks, "--out", out, "-q")[0] == 1, "the folder is still one a batch takes up"
