@@ -35,7 +35,8 @@ def drawn(path: Path, redactor: Optional[Redactor] = None) -> Tuple[str, str]:
     if not records:
         return "", ""
     shown = io.StringIO()
-    run_log.replay(records, trace_file.RunLog(Screen(shown, redactor=redactor)))
+    screen = Screen(shown, redactor=redactor)
+    run_log.replay(records, trace_file.RunLog(screen), errors=screen.stream)  # in the text, as the terminal had it
     text = shown.getvalue()
     return str(records[0].get("task") or ""), text if len(text) <= TRACE_SHOWN_CHARS else (
         text[:TRACE_SHOWN_CHARS] + f"\n[... cut; agent-demo --show {path} shows it whole]")
@@ -124,7 +125,7 @@ def folder_pieces(folder: Path, redactor: Optional[Redactor] = None) -> Iterator
 def run_data(path: str, redactor: Optional[Redactor] = None) -> Dict[str, Any]:
     """The page of one run: its trace, as a one-row report."""
     records = trace_file.last_run_records(path)
-    outcome = run_log.replay(records, trace_file.RunLog(None))
+    outcome = run_log.replay(records, trace_file.RunLog(None), errors=None)
     usage = outcome.usage or {}
     run = {"status": outcome.status, "correct": None, "answer": _clip(outcome.result, ANSWER_SHOWN_CHARS)
            if outcome.result is not None else "", "rounds": outcome.rounds, "tokens": number(usage.get("total_tokens")),

@@ -278,9 +278,10 @@ def pick_run(name: str, environment: Dict[str, str], flag: str) -> str:
     return latest_run(environment) if flag == "--resume" else latest_to_follow_up(environment)
 
 
-def replay(records: List[dict], log: Any) -> RunResult:
+def replay(records: List[dict], log: Any, errors: Any = "stderr") -> RunResult:
     """Show a recorded run through the same screen calls the live run made; its outcome ("unfinished"
-    when it has no end record)."""
+    when it has no end record). An error ending is one line on `errors` (stderr, as the live run says
+    it; None: not said)."""
     kept, rounds, end = dict(records[0]), [], None
     for record in records:
         event = trace_file.event_of(record)
@@ -315,7 +316,10 @@ def replay(records: List[dict], log: Any) -> RunResult:
                 end = record
         except (KeyError, TypeError, ValueError):  # a record this version cannot show: left out
             continue
-    return ended(end, rounds, log)
+    outcome = ended(end, rounds, log)
+    if outcome.status == "error" and errors is not None:
+        print(f"agent-demo: error: {outcome.error}", file=sys.stderr if errors == "stderr" else errors)
+    return outcome
 
 
 def show_round(record: Round, kept: dict, log: Any) -> None:
@@ -352,6 +356,4 @@ def ended(end: Optional[dict], rounds: List[Round], log: Any) -> RunResult:
     progress = end.get("progress") if isinstance(end.get("progress"), list) else outcome.progress
     log.ended(outcome.status, str(end.get("summary") or outcome.summary()), [str(line) for line in progress],
               outcome.models)
-    if outcome.status == "error":
-        print(f"agent-demo: error: {outcome.error}", file=sys.stderr)
     return outcome

@@ -186,3 +186,15 @@ def test_in_a_browser_a_hostile_answer_and_id_are_text_and_nothing_runs(browser,
     assert page.evaluate("window.pwned") is None and page.locator("img, a").count() == 0
     assert problems == []
     page.close()
+
+
+def test_a_report_says_a_tasks_error_on_the_page_not_on_stderr(tmp_path, monkeypatch, capsys):
+    def crashing(body):
+        return {"status": 500, "body": {"error": {"message": "the model crashed"}}}
+    monkeypatch.setenv("AGENT_RETRIES", "0")
+    folder = run_batch(tmp_path, ["finish"], monkeypatch, screen=crashing)
+    err = capsys.readouterr().err
+    assert main(["--report", str(folder), "-o", str(tmp_path / "page.html")]) == 0
+    assert "agent-demo: error" not in capsys.readouterr().err and "agent-demo: error" not in err.split("report")[-1]
+    [task] = page_data(tmp_path / "page.html")["tasks"]
+    assert "agent-demo: error: HTTP 500" in task["runs"][0]["trace"]
