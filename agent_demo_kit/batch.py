@@ -386,8 +386,10 @@ class Batch(Saying):
             down = self.cut_off >= DOWN_AFTER
         if outcome.key_refused or down:  # every task would fail alike: stop here, once
             self.endpoint_failed = True
-            self.stop_starting(f"the endpoint refused the key ({outcome.error}): no more tasks start; the same"
-                               " command goes on once the key is right" if outcome.key_refused else
+            refused = "the endpoint is not set up for these requests" if getattr(
+                outcome.ending, "set_up_wrong", False) else "the endpoint refused the key"
+            self.stop_starting(f"{refused} ({outcome.error}): no more tasks start; the same command goes on once the"
+                               " key is right" if outcome.key_refused else
                                f"{outcome.error}: no more tasks start; the same command goes on once the endpoint"
                                " answers")
         figures = metrics.run_figures(written if written else read_records(str(trace)))

@@ -28,7 +28,8 @@ from agent_demo_kit.request_gate import MOST_ABSORBED, RequestGate
 from agent_demo_kit.settings import Settings
 from agent_demo_kit.limits import (CHARS_A_TOKEN, CONNECT_SECONDS, DEFAULT_WINDOW_TOKENS, MIN_LIMIT_TOKENS,
                                    REPLY_BYTES_A_CHAR, REPLY_CHARS_A_TOKEN)
-from agent_demo_kit.endpoint_errors import RETRY_STATUSES, describe_http_error, describe_network_error, parse_body
+from agent_demo_kit.endpoint_errors import (RETRY_STATUSES, describe_http_error, describe_network_error, parse_body,
+                                            proxy_set_up_wrong)
 from agent_demo_kit.replies import AttemptFailed, Stalled, TextListener, bounded, pieces_of, read_stream, reply_from_body
 from agent_demo_kit.urls import base_url, server_root
 
@@ -263,14 +264,16 @@ class ModelClient:
         if failure.status and (failure.status not in RETRY_STATUSES  # a 500 that names response_format refuses it
                                or refuses_options(failure.status, failure.said, mode_worked=True)):
             raise EndpointError(describe_http_error(failure.status, failure.text, self.settings, retried=False),
-                                failure.status, failure.said)
+                                failure.status, failure.said,
+                                set_up_wrong=bool(proxy_set_up_wrong(failure.status, failure.text, self.settings)))
         raw = getattr(failure.response, "raw", None)
         try:
             retry = retry.increment("POST", self.url, response=raw, error=None if raw else failure)
         except MaxRetryError:
             if failure.status:
                 raise EndpointError(describe_http_error(failure.status, failure.text, self.settings),
-                                    failure.status, failure.said) from None
+                                    failure.status, failure.said, set_up_wrong=bool(
+                                        proxy_set_up_wrong(failure.status, failure.text, self.settings))) from None
             raise EndpointError(f"{failure} (after {retries} retries)", unreachable=failure.unreachable) from None
         try:
             wait = retry.get_retry_after(raw) if raw is not None else None

@@ -107,9 +107,10 @@ class EndpointError(RunEnded):
     there was no connection at all (a wrong URL, or a server that is down)."""
 
     def __init__(self, message: str, http_status: Optional[int] = None, server_said: str = "",
-                 unreachable: bool = False):
+                 unreachable: bool = False, set_up_wrong: bool = False):
         super().__init__(message)
         self.http_status, self.server_said, self.unreachable = http_status, server_said, unreachable
+        self.set_up_wrong = set_up_wrong  # a proxy that is not set up for these requests (no key, no database)
 
 
 def ending_of(status: str, message: str = "", result: Any = None) -> RunEnded:
@@ -162,8 +163,9 @@ class RunResult:
 
     @property
     def key_refused(self) -> bool:
-        """Did the endpoint refuse the key (HTTP 401 or 403)?"""
-        return isinstance(self.ending, EndpointError) and self.ending.http_status in (401, 403)
+        """Did the endpoint refuse the key (HTTP 401 or 403), or say it cannot take one (a proxy's set-up)?"""
+        return isinstance(self.ending, EndpointError) and (self.ending.http_status in (401, 403)
+                                                           or self.ending.set_up_wrong)
 
     @property
     def resumable(self) -> bool:

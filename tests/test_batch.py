@@ -475,3 +475,23 @@ def test_group_readable_lets_the_folders_group_read_and_never_write(tmp_path, cl
     assert set(files.values()) == {"0o640" if group else "0o600"}, files
     assert (out / "notes.txt").stat().st_mode & 0o777 == 0o600
     assert cli("--batch", tasks, "--out", out, "-q")[0] == 1, "the folder is still one a batch takes up"
+
+
+@pytest.mark.parametrize("answer, key, said", [
+    ({"status": 500, "body": "Internal Server Error"}, None,
+     "HTTP 500 to a request without a key: a proxy that wants one (LiteLLM's, with a master_key) answers so; set"
+     " LLM_API_KEY"),
+    ({"status": 400, "body": {"error": {"message": "No connected db.", "type": "no_db_connection", "code": "400"}}},
+     "sk-wrong-but-long-enough-123", "the proxy has no database to check keys against (HTTP 400: No connected db.):"
+     " give LLM_API_KEY its master key, or connect its database"),
+], ids=["500 without a key", "400 no database"])
+def test_a_proxy_that_is_not_set_up_for_the_requests_stops_the_batch_once(tmp_path, cli, serve, monkeypatch, answer,
+                                                                          key, said):
+    server = serve([], screen=lambda body: answer, key=key)
+    monkeypatch.setenv("AGENT_RETRIES", "1")
+    tasks = write_tasks(tmp_path / "tasks.jsonl", ["finish"] * 12)
+    code, out, err = cli("--batch", tasks, "--parallel", 1)
+    assert code == 3
+    assert f"the endpoint is not set up for these requests ({said}" in err
+    asked = {request["body"]["messages"][1]["content"] for request in server.requests}
+    assert len(asked) == 1, "the first task told it all: no other started"
