@@ -269,7 +269,7 @@ class Batch(Saying):
                                              self.settings.escalate_key or ""}, self.settings.url,
                                             self.settings.escalate_url))
             report_page.write_page(page, report_page.folder_pieces(self.out, redactor))
-        except (OSError, ConfigError, ValueError) as error:  # the results stand without it
+        except Exception as error:  # the results stand without it, and the batch ends as it did
             self.say(f"the report page could not be written: {getattr(error, 'strerror', None) or error}")
             return
         if not self.quiet:
