@@ -69,6 +69,9 @@ def _pattern(form: str, wrapped: bool = False) -> str:
     return (r"(?:\r?\n)?" if wrapped else "").join(pieces)
 
 
+WRAPPED_FIRST_CHARS = 4  # a key wrapped across lines has at least this many characters before its first break
+
+
 class Redactor:
     """Replaces each secret (the keys, a password in the URL), and the forms it takes inside JSON,
     URLs and base64, with [redacted]."""
@@ -193,6 +196,10 @@ class Redactor:
             if any(form.startswith(tail) for form in self.forms):
                 return size
             bare = tail.replace("\r\n", "").replace("\n", "") if wrapped else tail
-            if bare != tail and any(form.startswith(bare) for form in self.long_forms):
+            first_line = tail.split("\n", 1)[0].rstrip("\r")
+            # A line break after a key's first few characters is no wrapping anyone does (fold -w 8,
+            # base64 -w 76): a line that ends in "s" is not held back as the start of "sk-...".
+            if bare != tail and len(first_line) >= WRAPPED_FIRST_CHARS and any(
+                    form.startswith(bare) for form in self.long_forms):
                 return size
         return 0

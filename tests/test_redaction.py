@@ -207,3 +207,11 @@ def test_a_traceback_that_escapes_to_the_top_goes_through_the_redacting_writer()
                           env=child_environment())
     assert "Traceback" in done.stderr and "RuntimeError: key [redacted] and \\x1b[2J" in done.stderr
     assert KEY not in done.stderr and "\x1b" not in done.stderr
+
+
+def test_a_key_written_across_lines_is_held_back_but_a_line_ending_in_its_first_letter_is_not():
+    from agent_demo_kit.redaction import Redactor
+    redactor = Redactor(KEY)
+    assert redactor.unsafe_tail("the key:\n" + KEY[:8] + "\n" + KEY[8:12]) == len(KEY[:8] + "\n" + KEY[8:12])
+    assert redactor.unsafe_tail("round limit reached after 6 round(s), 90 tokens\n") == 0
+    assert redactor.unsafe_tail("it is " + KEY[:5]) == 5
