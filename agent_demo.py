@@ -237,7 +237,7 @@ class Agent:
         if impossible:
             self.trace.note(f"the endpoint reported token counts that cannot be right ({to_json(impossible)});"
                             " this round's tokens are estimated")
-        return count_usage(reply, json_size(messages))
+        return count_usage(reply, lambda: json_size(messages))
 
     def execute(self, parsed: Parsed, number: int) -> Tuple[List[Call], Optional[RunEnded]]:
         """Run a reply's actions in order, one Call each (in tools mode every tool_call id gets its

@@ -8,6 +8,7 @@ It builds every request body from it, and the trace records each change, so a re
 """
 import contextlib
 import ipaddress
+import json
 import re
 import threading
 import time
@@ -22,7 +23,7 @@ from urllib3.exceptions import InvalidHeader, MaxRetryError
 from urllib3.util.retry import Retry
 
 from agent_demo_kit import prompts
-from agent_demo_kit.records import MOST_TOKENS_A_ROUND, Reply, RunEvents, json_size
+from agent_demo_kit.records import MOST_TOKENS_A_ROUND, Reply, RunEvents
 from agent_demo_kit.endings import EndpointError, Interrupted
 from agent_demo_kit.request_gate import MOST_ABSORBED, RequestGate
 from agent_demo_kit.settings import Settings
@@ -53,6 +54,7 @@ STREAM_FIELDS = {"stream": True, "stream_options": {"include_usage": True}}
 
 
 REPLY_CAP_FIELDS = ("max_tokens", "max_completion_tokens")
+JSON_BODY = {"Content-Type": "application/json"}  # what requests says of a json= body
 
 
 @dataclass
@@ -160,6 +162,7 @@ class ModelClient:
         self.window_said = False  # the server said it (else it is DEFAULT_WINDOW_TOKENS)
         self.cap_shrunk = False  # the reply cap was shrunk to fit, and the trace said so
         self.stop: Optional[threading.Event] = None  # the run's, while it asks
+        self.encoded: Tuple[Any, str] = (None, "")  # the last body made, and its JSON as it is sent
 
     def body(self, messages: List[dict], tools: Dict[str, Any]) -> dict:
         """The request body, exactly as sent, in the current form, offering `tools` (every tool in use):
@@ -168,8 +171,12 @@ class ModelClient:
         form, settings = self.form, self.settings
         options = prompts.request_options(form.mode, tools, settings.max_calls, form.schema_variant)
         body = {"model": settings.model, "messages": messages, **options, **(STREAM_FIELDS if form.stream else {})}
-        cap = self.reply_cap(json_size(body))
-        return {**body, form.reply_cap_field: cap} if cap else body
+        text = json.dumps(body, allow_nan=False)  # as requests writes json=: measured and sent, made once
+        cap = self.reply_cap(len(text))
+        if cap:  # the field goes last, as a dict that gets it last is written
+            body, text = {**body, form.reply_cap_field: cap}, f"{text[:-1]}, {json.dumps(form.reply_cap_field)}: {cap}}}"
+        self.encoded = (body, text)
+        return body
 
     def reply_cap(self, request_chars: int) -> int:
         """The reply cap a request of this size gets: --max-reply-tokens (0: none), shrunk to what the
@@ -349,8 +356,10 @@ class ModelClient:
         """One POST and its whole reply; AttemptFailed if the server stays silent for --timeout (no first
         byte, or no next piece): a slow model that keeps writing is never cut off."""
         timeout, asked_at = self.settings.timeout, time.monotonic()
+        text = self.encoded[1] if self.encoded[0] is body else json.dumps(body, allow_nan=False)
         try:  # the read timeout is the longest wait for the next bytes, not for the whole reply
-            response = self.session.post(self.url, json=body, stream=True, timeout=(min(CONNECT_SECONDS, timeout), timeout))
+            response = self.session.post(self.url, data=text.encode("utf-8"), headers=JSON_BODY, stream=True,
+                                         timeout=(min(CONNECT_SECONDS, timeout), timeout))
         except requests.RequestException as error:
             said = describe_network_error(error, self.settings, self.url)
             raise AttemptFailed(said, unanswered=isinstance(error, requests.ReadTimeout),

@@ -8,7 +8,7 @@ import contextlib
 import json
 import math
 from dataclasses import dataclass, field
-from typing import Any, ContextManager, Dict, List, Optional
+from typing import Any, Callable, ContextManager, Dict, List, Optional
 
 from agent_demo_kit.limits import ESTIMATED_CHARS_A_TOKEN
 
@@ -224,9 +224,10 @@ def cached_tokens(usage: dict) -> Optional[int]:
     return None
 
 
-def count_usage(reply: Reply, request_chars: int) -> tuple:
+def count_usage(reply: Reply, request_chars: Callable[[], int]) -> tuple:
     """The round's token counts and whether they are estimated: the endpoint's when they can be
-    true, else about ESTIMATED_CHARS_A_TOKEN characters a token, so no reply can give back the budget it spent."""
+    true, else about ESTIMATED_CHARS_A_TOKEN characters a token, so no reply can give back the budget it spent.
+    request_chars gives the request's size, asked only for an estimate (measuring costs a serialization)."""
     usage = reply.usage or {}
     prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
     cached = cached_tokens(usage)
@@ -237,7 +238,7 @@ def count_usage(reply: Reply, request_chars: int) -> tuple:
             return usage, False
         if is_count(prompt) and is_count(completion):
             return {**usage, "total_tokens": prompt + completion}, False
-    prompt = request_chars // ESTIMATED_CHARS_A_TOKEN
+    prompt = request_chars() // ESTIMATED_CHARS_A_TOKEN
     written = len(reply.content) + (len(to_json(reply.tool_calls)) if reply.tool_calls else 0)
     completion = written // ESTIMATED_CHARS_A_TOKEN
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}, True

@@ -2,7 +2,8 @@
 
     python tests/benchmark.py [--rounds 200 1000] [--think 2000] [--max-context 24000]
 
-For each run length it prints what a prompt cache could reuse (the common prefix
+It prints the machine's load average at the start and the end, the batch figures, then, for each
+run length (the first also without think blocks), it prints what a prompt cache could reuse (the common prefix
 of consecutive requests' messages over their size), how many requests kept less
 than half of the previous one, the largest request against --max-context, and
 the harness time per round next to a bare `requests.Session` loop that posts
@@ -313,12 +314,15 @@ def main() -> None:
     os.environ["AGENT_DEMO_LOG_DIR"] = os.path.join(os.getcwd(), "runs")  # logged as by default, not in your home
 
     os.environ["LLM_API_KEY"] = "sk-benchmark"
+    print(f"machine: {os.cpu_count()} cores, load average {' '.join(f'{load:.2f}' for load in os.getloadavg())}"
+          " (1, 5, 15 min) at the start")
     batch_figures(args.batch[0], 8, args.batch[1])
     if args.only_batch:
         return
-    for rounds in args.rounds:
-        run = measure(rounds, args.think, args.max_context)
-        print(f"long run: {run['rounds']} rounds, status {run['status']}, {args.think}-char think block per reply,"
+    # The first length also without think blocks: what reading long replies costs, apart.
+    for rounds, think in [(args.rounds[0], args.think), (args.rounds[0], 0), *((n, args.think) for n in args.rounds[1:])]:
+        run = measure(rounds, think, args.max_context)
+        print(f"long run: {run['rounds']} rounds, status {run['status']}, {think}-char think block per reply,"
               f" --max-context {args.max_context:,}")
         print(f"  prefix reused               {run['reuse']:.3f} (common prefix with the previous request)")
         print(f"  requests that broke it      {run['broken']} (kept less than half of the previous one)")
@@ -344,6 +348,7 @@ def main() -> None:
     print(f"  agent-demo --help           {help_s * 1000:.0f} ms  ({help_s / imports_s:.2f}x)")
     print(f"  python -c pass              {bare_s * 1000:.0f} ms")
     print(f"  import requests, dotenv     {imports_s * 1000:.0f} ms")
+    print(f"machine: load average {' '.join(f'{load:.2f}' for load in os.getloadavg())} (1, 5, 15 min) at the end")
 
 
 if __name__ == "__main__":

@@ -424,3 +424,21 @@ def test_the_environment_proxy_and_no_proxy_are_obeyed(cli, monkeypatch):
         monkeypatch.setenv("NO_PROXY", "127.0.0.1")
         assert cli("--no-log", "say done")[0] == 0
         assert len(endpoint.requests) == 1 and len(proxy.requests) == 1
+
+
+@pytest.mark.parametrize("overrides", [{}, {"max_reply_tokens": 0}, {"stream": True, "mode": "tools"}],
+                         ids=["with a reply cap", "without one", "streamed, tools mode"])
+@responses.activate
+def test_the_body_is_made_once_and_sent_byte_for_byte_as_requests_would_send_json(overrides):
+    from agent_demo_kit.tools import REGISTRY, in_use
+    responses.post(URL, json=body())
+    asker = client(**overrides)
+    tools = in_use(REGISTRY) if overrides.get("mode") == "tools" else {}
+    messages = [{"role": "user", "content": "non-ASCII: 待支付, a quote \" and a NaN-free 1.5"}]
+    made = asker.body(messages, tools)
+    asker.attempt(made) if not overrides.get("stream") else None
+    expected = requests.Request("POST", URL, json=made).prepare()
+    assert asker.encoded[1].encode("utf-8") == expected.body
+    if not overrides.get("stream"):
+        sent = responses.calls[0].request
+        assert sent.body == expected.body and sent.headers["Content-Type"] == "application/json"
