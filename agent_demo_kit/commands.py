@@ -310,7 +310,7 @@ def show_run(args: argparse.Namespace, environment: Dict[str, str], answer: Safe
         raise ConfigError(f"--show: cannot read {path}: {error.strerror or error}") from None
     if args.html:
         from agent_demo_kit import report_page
-        return write_page(args.output, report_page.page(report_page.run_data(path, redactor), redactor), answer)
+        return write_page(args.output, report_page.page(report_page.run_data(path), redactor), answer)
     outcome = run_log.replay(records, trace_file.RunLog(screen(args, environment, redactor)))
     outcome.trace = path
     say_material(outcome)
@@ -330,7 +330,7 @@ def write_report(args: argparse.Namespace, redactor: Redactor) -> int:
     one DIR, else ./report.html)."""
     from agent_demo_kit import report_page
     try:
-        data = report_page.batch_data(args.report, redactor)
+        data = report_page.batch_data(args.report)
     except ConfigError as error:
         raise ConfigError(str(error).replace("--summary:", "--report:", 1)) from None
     default = Path(args.report[0]) / "report.html" if len(args.report) == 1 else Path("report.html")

@@ -25,9 +25,9 @@ ANSWER_SHOWN_CHARS = 2_000
 TASK_SHOWN_CHARS = 2_000
 
 
-def drawn(path: Path, redactor: Optional[Redactor] = None) -> Tuple[str, str]:
+def drawn(path: Path) -> Tuple[str, str]:
     """A trace file's task, and the run as the live trace drew it (as --show does), plain text; ("", "")
-    when it cannot be read."""
+    when it cannot be read. Not redacted here: the page redacts all it holds, once (pieces)."""
     try:
         records = trace_file.last_run_records(str(path))
     except (OSError, ValueError):
@@ -35,7 +35,7 @@ def drawn(path: Path, redactor: Optional[Redactor] = None) -> Tuple[str, str]:
     if not records:
         return "", ""
     shown = io.StringIO()
-    screen = Screen(shown, redactor=redactor)
+    screen = Screen(shown)
     run_log.replay(records, trace_file.RunLog(screen), errors=screen.stream)  # in the text, as the terminal had it
     text = shown.getvalue()
     return str(records[0].get("task") or ""), text if len(text) <= TRACE_SHOWN_CHARS else (
@@ -47,12 +47,12 @@ def _clip(value: Any, chars: int) -> Any:
     return text if len(text) <= chars else text[:chars] + " [...]"
 
 
-def run_entry(line: dict, folders: List[str], redactor: Optional[Redactor]) -> Dict[str, Any]:
+def run_entry(line: dict, folders: List[str]) -> Dict[str, Any]:
     """One run of a task as a row shows it, and its trace drawn, from its results line."""
     trace = next((Path(folder) / line["trace"] for folder in folders if isinstance(line.get("trace"), str)
                   and (Path(folder) / line["trace"]).is_file()), None)
     tokens = line.get("tokens") if isinstance(line.get("tokens"), dict) else {}
-    task, text = drawn(trace, redactor) if trace else ("", "")
+    task, text = drawn(trace) if trace else ("", "")
     return {"status": str(line.get("status")),
             "correct": line.get("correct") if isinstance(line.get("correct"), bool) else None,
             "answer": _clip(line.get("answer"), ANSWER_SHOWN_CHARS) if line.get("answer") is not None else "",
@@ -62,10 +62,9 @@ def run_entry(line: dict, folders: List[str], redactor: Optional[Redactor]) -> D
             "trace": text, "task": task}
 
 
-def task_entry(key: Any, lines: List[Optional[dict]], folders: List[List[str]], redactor: Optional[Redactor],
-               differs: bool = False) -> Dict[str, Any]:
+def task_entry(key: Any, lines: List[Optional[dict]], folders: List[List[str]], differs: bool = False) -> Dict[str, Any]:
     """A row: the task (id, try, text, expected) and each configuration's run of it (None: not run)."""
-    runs = [run_entry(line, where, redactor) if line is not None else None for line, where in zip(lines, folders)]
+    runs = [run_entry(line, where) if line is not None else None for line, where in zip(lines, folders)]
     expected = next((line.get("expected") for line in lines if line is not None and line.get("expected") is not None),
                     None)
     task = next((run.pop("task") for run in runs if run is not None and run.get("task")), "")
@@ -77,7 +76,7 @@ def task_entry(key: Any, lines: List[Optional[dict]], folders: List[List[str]], 
             "runs": runs}
 
 
-def batch_data(names: List[str], redactor: Optional[Redactor] = None) -> Dict[str, Any]:
+def batch_data(names: List[str]) -> Dict[str, Any]:
     """What the page of these result folders shows (--report): each configuration's figures, and a row a
     task (a try, with --repeat) with each configuration's run of it; where they differ first."""
     columns = comparison.columns_of(names)
@@ -88,7 +87,7 @@ def batch_data(names: List[str], redactor: Optional[Redactor] = None) -> Dict[st
         ran = [line for line in lines if line is not None]
         differs = len(ran) > 1 and (len({comparison.success(line) for line in ran}) > 1
                                     or len({line.get("status") for line in ran}) > 1)
-        tasks.append(task_entry(key, lines, [column.folders for column in columns], redactor, differs))
+        tasks.append(task_entry(key, lines, [column.folders for column in columns], differs))
     tasks.sort(key=lambda task: not task["differs"])  # a comparison's differences first (a stable sort)
     return {"title": "agent-demo report", "made": time.strftime("%Y-%m-%d %H:%M"),
             "configurations": [{"label": column.label, "folders": column.folders, "summary": column.summary()}
@@ -114,7 +113,7 @@ def folder_pieces(folder: Path, redactor: Optional[Redactor] = None) -> Iterator
                     del latest[key]  # once, even when two lines end at the same time
                     tally.add(line)
                     config = config or line.get("config")
-                    yield task_entry(key, [line], [[str(folder)]], redactor)
+                    yield task_entry(key, [line], [[str(folder)]])
 
     def configurations() -> List[Dict[str, Any]]:
         label = str((config or {}).get("model") or folder.name)
@@ -122,7 +121,7 @@ def folder_pieces(folder: Path, redactor: Optional[Redactor] = None) -> Iterator
     return pieces("agent-demo report", rows(), configurations, redactor)
 
 
-def run_data(path: str, redactor: Optional[Redactor] = None) -> Dict[str, Any]:
+def run_data(path: str) -> Dict[str, Any]:
     """The page of one run: its trace, as a one-row report."""
     records = trace_file.last_run_records(path)
     outcome = run_log.replay(records, trace_file.RunLog(None), errors=None)
@@ -130,7 +129,7 @@ def run_data(path: str, redactor: Optional[Redactor] = None) -> Dict[str, Any]:
     run = {"status": outcome.status, "correct": None, "answer": _clip(outcome.result, ANSWER_SHOWN_CHARS)
            if outcome.result is not None else "", "rounds": outcome.rounds, "tokens": number(usage.get("total_tokens")),
            "cost": outcome.cost, "seconds": None, "error": _clip(outcome.error or "", 500),
-           "trace": drawn(Path(path), redactor)[1]}
+           "trace": drawn(Path(path))[1]}
     model = str(records[0].get("model") or "") if records else ""
     return {"title": f"agent-demo run {Path(path).name}", "made": time.strftime("%Y-%m-%d %H:%M"),
             "configurations": [{"label": model, "folders": [str(path)], "summary": None}],
