@@ -172,9 +172,10 @@ def test_resume_keeps_the_check_and_the_attempts_used(serve, tmp_path, capsys):
 def test_a_check_still_running_after_the_tool_timeout_rejects_the_answer(serve, capsys):
     server = serve([act("finish", result="slow"), act("finish", result="fast")], key=None)
     started = time.monotonic()
-    assert main(["--check", "grep -q fast || sleep 60", "--tool-timeout", "0.2", "--quiet", "x"]) == 0
+    # 2 s: long enough for the second check to start and pass on a busy machine, far short of the sleep.
+    assert main(["--check", "grep -q fast || sleep 60", "--tool-timeout", "2", "--quiet", "x"]) == 0
     assert time.monotonic() - started < 30, "the check and what it started were stopped"
-    assert "did not finish within 0.2 s" in server.sent_messages(1)[-1]["content"]
+    assert "did not finish within 2 s" in server.sent_messages(1)[-1]["content"]
 
 
 @pytest.mark.processes
