@@ -27,7 +27,7 @@ from agent_demo_kit.batch_folder import (check_output_folder, configuration, def
                                          results_name)
 from agent_demo_kit.comparison import OUTPUT_FILES, FAILURES_SHOWN, config_differences, failures, read_results, success
 from agent_demo_kit.endings import ENDED, ConfigError, EndpointError, Interrupted, RunResult, SigTerm, Terminated
-from agent_demo_kit.private_files import in_use, lock, open_private, readable_by_group
+from agent_demo_kit.private_files import in_use, lock, only_yours_again, open_private, readable_by_group
 from agent_demo_kit.records import number
 from agent_demo_kit.redaction import Redactor
 from agent_demo_kit.request_gate import RequestGate
@@ -256,6 +256,8 @@ class Batch(Saying):
             self.write_report()
         finally:
             self.results.close()
+            if self.group_readable:
+                only_yours_again(self.out)
         if self.stopped_by:
             return self.stopped_by, summary
         return EndpointError.exit_code if self.endpoint_failed else exit_code(summary, needed), summary

@@ -8,6 +8,7 @@ It imports prompts, tools, settings, private_files, urls, task_file and comparis
 import hashlib
 import json
 import os
+import secrets
 import re
 import stat
 from pathlib import Path
@@ -92,7 +93,7 @@ def iter_lines(file: Any) -> Iterator[Tuple[int, bytes]]:
 def write_private(path: Path, pieces: Iterable[bytes]) -> None:
     """A file readable only by the user, written whole under another name, piece by piece, and then
     renamed over `path`."""
-    temporary = path.with_name(f".{path.name}.{os.getpid()}")
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}")  # pods may share a pid
     with open(open_private(str(temporary), str(path.name)), "wb") as file:
         file.truncate()
         file.writelines(pieces)

@@ -7,14 +7,12 @@ works, schema mode's response_format variant, the reply cap's field name, stream
 It builds every request body from it, and the trace records each change, so a resume starts there.
 """
 import contextlib
-import ipaddress
 import json
 import re
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
-from urllib.parse import urlsplit
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import requests
 import requests.auth
@@ -23,16 +21,17 @@ from urllib3.exceptions import InvalidHeader, MaxRetryError
 from urllib3.util.retry import Retry
 
 from agent_demo_kit import prompts
-from agent_demo_kit.records import MOST_TOKENS_A_ROUND, Reply, RunEvents
+from agent_demo_kit.records import Reply, RunEvents
 from agent_demo_kit.endings import EndpointError, Interrupted
 from agent_demo_kit.request_gate import MOST_ABSORBED, RequestGate
 from agent_demo_kit.settings import Settings
 from agent_demo_kit.limits import (CHARS_A_TOKEN, CONNECT_SECONDS, DEFAULT_WINDOW_TOKENS, MIN_LIMIT_TOKENS,
                                    REPLY_BYTES_A_CHAR, REPLY_CHARS_A_TOKEN)
-from agent_demo_kit.endpoint_errors import (RETRY_STATUSES, describe_http_error, describe_network_error, parse_body,
+from agent_demo_kit.endpoint_errors import (RETRY_STATUSES, describe_http_error, describe_network_error,
                                             proxy_set_up_wrong)
 from agent_demo_kit.replies import AttemptFailed, Stalled, TextListener, bounded, pieces_of, read_stream, reply_from_body
-from agent_demo_kit.urls import base_url, server_root
+from agent_demo_kit.urls import base_url, is_local  # noqa: F401  (is_local: agent_demo_kit.client's too)
+from agent_demo_kit.windows import QUICK_SECONDS, known_window
 
 
 
@@ -41,12 +40,6 @@ from agent_demo_kit.urls import base_url, server_root
 
 # --- asking ---------------------------------------------------------------------------------
 
-WINDOW_ASK_SECONDS = 2.0  # the longest wait for a local server to say its model's window
-WINDOW_KEPT_SECONDS = 300.0  # asked again after this: the server may have restarted with another window
-UNSAID_KEPT_SECONDS = 10.0  # a server that did not say (still starting, perhaps) is asked again sooner
-_windows: Dict[Tuple[str, str], Tuple[Optional[int], float]] = {}  # (URL, model) -> the window said, and when
-_windows_kept = threading.Lock()
-MIN_WINDOW_TOKENS = 256  # a window said smaller than this is not taken for one
 MIN_REPLY_TOKENS = 128  # the smallest reply a request leaves room for
 CAP_FIELD_CHARS = 32  # what the reply cap adds to a request: ', "max_completion_tokens": 4096' and some
 # What a streamed request carries besides a plain one: the client sends it, the budget counts it.
@@ -218,13 +211,7 @@ class ModelClient:
         """The model's context window in tokens: what its server says (llama.cpp's /props, vLLM's
         /v1/models, Ollama's /api/show; asked once, local servers only), else DEFAULT_WINDOW_TOKENS."""
         if self.learned_window is None:
-            key = (self.url, self.settings.model)
-            with _windows_kept:  # what a server said is known to every run in the process a while
-                said, when = _windows.get(key, (None, -WINDOW_KEPT_SECONDS))
-            if time.monotonic() - when >= (WINDOW_KEPT_SECONDS if said else UNSAID_KEPT_SECONDS):
-                said = ask_window(self.session, self.settings) if is_local(self.url) else None
-                with _windows_kept:
-                    _windows[key] = said, time.monotonic()
+            said = known_window(self.session, self.settings) if is_local(self.url) else None
             self.learned_window = said or DEFAULT_WINDOW_TOKENS
             self.window_said = self.learned_window != DEFAULT_WINDOW_TOKENS
         return self.learned_window
@@ -270,17 +257,13 @@ class ModelClient:
                                 " (give it longer with --timeout)")
         if failure.status and (failure.status not in RETRY_STATUSES  # a 500 that names response_format refuses it
                                or refuses_options(failure.status, failure.said, mode_worked=True)):
-            raise EndpointError(describe_http_error(failure.status, failure.text, self.settings, retried=False),
-                                failure.status, failure.said,
-                                set_up_wrong=bool(proxy_set_up_wrong(failure.status, failure.text, self.settings)))
+            raise self.http_error(failure, retried=False)
         raw = getattr(failure.response, "raw", None)
         try:
             retry = retry.increment("POST", self.url, response=raw, error=None if raw else failure)
         except MaxRetryError:
             if failure.status:
-                raise EndpointError(describe_http_error(failure.status, failure.text, self.settings),
-                                    failure.status, failure.said, set_up_wrong=bool(
-                                        proxy_set_up_wrong(failure.status, failure.text, self.settings))) from None
+                raise self.http_error(failure) from None
             raise EndpointError(f"{failure} (after {retries} retries)", unreachable=failure.unreachable) from None
         try:
             wait = retry.get_retry_after(raw) if raw is not None else None
@@ -291,6 +274,23 @@ class ModelClient:
         self.trace.retry(cause, retries - retry.total, retries, wait)
         self.pause(wait)
         return retry
+
+    def http_error(self, failure: AttemptFailed, retried: bool = True) -> EndpointError:
+        """The EndpointError of a failed status: in words, and marked when the endpoint is a proxy that is
+        not set up for these requests (a batch stops on it)."""
+        set_up = proxy_set_up_wrong(failure.status, failure.text, self.settings, self.fails_everything)
+        said = set_up + (f" (after {self.settings.retries} retries)" if retried else "") if set_up else \
+            describe_http_error(failure.status, failure.text, self.settings, retried)
+        return EndpointError(said, failure.status, failure.said, set_up_wrong=bool(set_up))
+
+    def fails_everything(self) -> bool:
+        """Does the server answer a plain question (its list of models) with a plain HTTP 500 too?"""
+        try:
+            response = self.session.get(f"{base_url(self.url)}/models", timeout=min(QUICK_SECONDS,
+                                                                                     self.settings.timeout))
+            return response.status_code == 500 and response.text.strip() == "Internal Server Error"
+        except requests.RequestException:
+            return False
 
     def pause(self, seconds: float) -> None:
         """Wait before sending again; Interrupted at once when the run (or its batch) is told to stop."""
@@ -407,66 +407,6 @@ class ModelClient:
         """The connections stay open in the shared pool, for the next run."""
 
 
-def ask_window(session: requests.Session, settings: Settings) -> Optional[int]:
-    """The context window a local server says its model has, in tokens, or None: llama.cpp's /props
-    (n_ctx), vLLM's /v1/models (max_model_len), Ollama's /api/show (num_ctx, else the model's
-    context_length). Each is asked briefly; one that does not answer is passed by."""
-    root, base = server_root(settings.endpoint), base_url(settings.endpoint)
-    quick = min(WINDOW_ASK_SECONDS, settings.timeout)
-    asks = [("GET", f"{root}/props", None), ("GET", f"{base}/models", None),
-            ("POST", f"{root}/api/show", {"model": settings.model})]
-    for method, url, body in asks:
-        try:  # each ask ends by its deadline, whatever the server sends meanwhile (keep-alives, forever)
-            response = session.request(method, url, json=body, timeout=quick, stream=True)
-            try:  # read whole, so that the connection goes back to the pool
-                text = _within(pieces_of(response), time.monotonic() + quick, WINDOW_BODY_BYTES)
-            except BaseException:
-                response.close()
-                raise
-            found = window_in(parse_body(text.decode("utf-8", "replace")), settings.model) \
-                if response.ok and text else None
-        except (requests.RequestException, urllib3.exceptions.HTTPError, OSError, ValueError, _TooLong):
-            continue
-        if found:
-            return found
-    return None
-
-
-WINDOW_BODY_BYTES = 1 << 20  # a server's answer about its model is smaller than this
-
-
-class _TooLong(Exception):
-    """A body that did not end by its deadline, or within its size."""
-
-
-def _within(pieces: Iterator[bytes], deadline: float, most_bytes: int) -> bytes:
-    """A whole body that ends by the deadline and within most_bytes; _TooLong otherwise."""
-    kept, size = [], 0
-    for piece in pieces:
-        size += len(piece)
-        if size > most_bytes or time.monotonic() > deadline:
-            raise _TooLong()
-        kept.append(piece)
-    return b"".join(kept)
-
-
-def window_in(body: Any, model: str) -> Optional[int]:
-    """The window a server's answer names, if it names one that can be true."""
-    if not isinstance(body, dict):
-        return None
-    found: List[Any] = [body.get("n_ctx"), (body.get("default_generation_settings") or {}).get("n_ctx")
-                        if isinstance(body.get("default_generation_settings"), dict) else None]
-    models = [entry for entry in body.get("data") or [] if isinstance(entry, dict)] \
-        if isinstance(body.get("data"), list) else []
-    found += [entry.get("max_model_len") for entry in models if entry.get("id") == model or len(models) == 1]
-    parameters = body.get("parameters") if isinstance(body.get("parameters"), str) else ""
-    found += [int(match) for match in re.findall(r"^num_ctx\s+(\d+)", parameters, re.M)]
-    if isinstance(body.get("model_info"), dict):
-        found += [value for key, value in body["model_info"].items() if key.endswith(".context_length")]
-    return next((value for value in found if isinstance(value, int) and not isinstance(value, bool)
-                 and MIN_WINDOW_TOKENS <= value <= MOST_TOKENS_A_ROUND), None)
-
-
 def quota_spent(said: str) -> bool:
     """Does a 429 say the account's quota is spent (OpenAI's insufficient_quota), which no wait mends?"""
     return re.search(r"insufficient_quota|exceeded your current quota|billing", said, re.I) is not None
@@ -478,17 +418,3 @@ def refuses_options(status: Optional[int], said: str, mode_worked: bool) -> bool
     if status in (400, 422):  # a first request refused, or one that says why
         return names_them or not mode_worked
     return bool(status and status >= 500 and names_them)
-
-
-def is_local(url: str) -> bool:
-    """Is the endpoint on this machine or this network (a server the user runs, busy with one request at a time)?"""
-    host = (urlsplit(url).hostname or "").lower()
-    if host == "localhost" or host.endswith(".local"):
-        return True
-    try:
-        address = ipaddress.ip_address(host)
-    except ValueError:
-        return False
-    return address.is_loopback or address.is_private or address.is_link_local
-
-

@@ -8,7 +8,7 @@ import html
 import json
 import math
 import re
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 from urllib.parse import urlsplit
 
 import requests
@@ -123,26 +123,31 @@ def _given(settings: Settings, name: str, variable: str) -> str:
     return variable if source in ("default", "the resumed run") else source
 
 
-def proxy_set_up_wrong(status: Optional[int], text: str, settings: Settings) -> Optional[str]:
+def proxy_set_up_wrong(status: Optional[int], text: str, settings: Settings,
+                       fails_everything: Callable[[], bool] = lambda: False) -> Optional[str]:
     """What a proxy's 400 or 500 says of its own set-up (no key given, no database to check keys
     against), in words the user can act on; None for any other answer. Every request would get the
-    same, so a batch stops on it, as on a refused key."""
+    same, so a batch stops on it, as on a refused key. A plain 500 to a request without a key is
+    such only when the server fails a plain question too (`fails_everything`): a server that crashed
+    on one prompt answers it."""
     key = _given(settings, "api_key", "LLM_API_KEY")
-    if status in (400, 500) and re.search(r"no connected db|no_db_connection", text, re.IGNORECASE):
+    try:
+        error = parse_body(text).get("error") if text.lstrip().startswith("{") else None
+    except (ValueError, AttributeError):
+        error = None
+    said = " ".join(str(error.get(name) or "") for name in ("message", "type")) if isinstance(error, dict) else ""
+    if status in (400, 500) and re.search(r"no connected db|no_db_connection", said, re.IGNORECASE):
         return (f"the proxy has no database to check keys against (HTTP {status}: {server_message(text)}): give"
                 f" {key} its master key, or connect its database")
-    if status == 500 and not settings.api_key and text.strip() == "Internal Server Error":
-        return (f"HTTP 500 to a request without a key: a proxy that wants one (LiteLLM's, with a master_key) answers"
-                f" so; set {key}")
+    if status == 500 and not settings.api_key and text.strip() == "Internal Server Error" and fails_everything():
+        return (f"HTTP 500 to every request without a key (its list of models too): a proxy that wants one"
+                f" (LiteLLM's, with a master_key) answers so; set {key}")
     return None
 
 
 def describe_http_error(status: int, text: str, settings: Settings, retried: bool = True) -> str:
     """Name the failed status, what the user can do, and what the server said."""
     message = server_message(text)
-    set_up = proxy_set_up_wrong(status, text, settings)
-    if set_up:
-        return set_up + (f" (after {settings.retries} retries)" if retried and status in RETRY_STATUSES else "")
     if status in (401, 403):
         return f"authentication failed (HTTP {status}): {message} - check {_given(settings, 'api_key', 'LLM_API_KEY')}"
     if status == 404:

@@ -26,23 +26,34 @@ _group_readable: Set[str] = set()  # folders whose new files and subfolders thei
 
 
 def readable_by_group(folder: Path, ours: Callable[[str], bool]) -> None:
-    """What is made in this folder from now on, and what it holds now that is `ours` (by its path
-    inside), its group may read, never write (--group-readable: a shared volume, a summary job under
-    another uid of the group)."""
+    """What a batch makes in this folder and its traces/ from now on, and what of it is there now
+    (`ours`, by its name: the results, summaries, page and traces), its group may read, never write
+    (--group-readable: a shared volume, a summary job under another uid of the group). Nothing else
+    in the folder changes, nor anything that is not the user's own."""
     real = os.path.realpath(folder)
-    _group_readable.add(real)
-    for top, folders, files in os.walk(real):
-        for name in [top, *(os.path.join(top, file) for file in files)]:
+    _group_readable.update({real, os.path.join(real, "traces")})
+    for top in (real, os.path.join(real, "traces")):
+        try:
+            names = [top, *(os.path.join(top, name) for name in os.listdir(top)
+                           if ours(os.path.relpath(os.path.join(top, name), real)))]
+        except OSError:
+            continue
+        for name in names:
             info = os.lstat(name)
-            if (name == top or ours(os.path.relpath(name, real))) and trusted(info.st_uid) and (
-                    stat.S_ISDIR(info.st_mode) or stat.S_ISREG(info.st_mode)):
+            if info.st_uid == os.getuid() and (stat.S_ISDIR(info.st_mode) or stat.S_ISREG(info.st_mode)):
                 os.chmod(name, 0o750 if stat.S_ISDIR(info.st_mode) else 0o640)
+
+
+def only_yours_again(folder: Path) -> None:
+    """What is made in the folder from now on is the user's alone again (the batch that shared it ended)."""
+    real = os.path.realpath(folder)
+    _group_readable.difference_update({real, os.path.join(real, "traces")})
 
 
 def mode_for(path: str, folder: bool = False) -> int:
     """0700 or 0600; 0750 or 0640 inside a folder made readable by its group."""
     real = os.path.realpath(os.path.dirname(path) if not folder else path)
-    shared = any(real == root or real.startswith(root + os.sep) for root in _group_readable)
+    shared = real in _group_readable  # the folder itself or its traces/, not what else is below
     return (0o750 if folder else 0o640) if shared else (0o700 if folder else 0o600)
 
 

@@ -10,12 +10,14 @@ import base64
 import hashlib
 import io
 import json
+import os
 import time
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tuple
 
 from agent_demo_kit import comparison, metrics, run_log, trace_file
 from agent_demo_kit.batch_folder import write_private
+from agent_demo_kit.endings import ConfigError
 from agent_demo_kit.records import number
 from agent_demo_kit.redaction import Redactor
 from agent_demo_kit.terminal import Screen
@@ -30,7 +32,7 @@ def drawn(path: Path) -> Tuple[str, str]:
     when it cannot be read. Not redacted here: the page redacts all it holds, once (pieces)."""
     try:
         records = trace_file.last_run_records(str(path))
-    except (OSError, ValueError):
+    except (OSError, ValueError, ConfigError):  # damaged, or not a trace: the row stands without it
         return "", ""
     if not records:
         return "", ""
@@ -50,7 +52,7 @@ def _clip(value: Any, chars: int) -> Any:
 def run_entry(line: dict, folders: List[str]) -> Dict[str, Any]:
     """One run of a task as a row shows it, and its trace drawn, from its results line."""
     trace = next((Path(folder) / line["trace"] for folder in folders if isinstance(line.get("trace"), str)
-                  and (Path(folder) / line["trace"]).is_file()), None)
+                  and inside_traces(Path(folder), line["trace"])), None)
     tokens = line.get("tokens") if isinstance(line.get("tokens"), dict) else {}
     task, text = drawn(trace) if trace else ("", "")
     return {"status": str(line.get("status")),
@@ -60,6 +62,14 @@ def run_entry(line: dict, folders: List[str]) -> Dict[str, Any]:
             "cost": number(line.get("cost")) if line.get("cost") is not None else None,
             "seconds": number(line.get("seconds")), "error": _clip(line.get("error") or "", 500),
             "trace": text, "task": task}
+
+
+def inside_traces(folder: Path, named: str) -> bool:
+    """Is the trace a results line names a file in the folder's traces/ (a line is data: "../" or an
+    absolute path must not draw another folder's runs, yours, into the page)?"""
+    traces = os.path.realpath(folder / "traces")
+    real = os.path.realpath(folder / named)
+    return real.startswith(traces + os.sep) and os.path.isfile(real)
 
 
 def task_entry(key: Any, lines: List[Optional[dict]], folders: List[List[str]], differs: bool = False) -> Dict[str, Any]:
@@ -97,23 +107,27 @@ def batch_data(names: List[str]) -> Dict[str, Any]:
 def folder_pieces(folder: Path, redactor: Optional[Redactor] = None) -> Iterator[bytes]:
     """A batch's own page, made a task at a time (10,000 tasks cost no more memory than 1,000): its
     results files read twice, first for which line of each task is the latest, then for the rows."""
-    latest: Dict[Any, float] = {}
+    latest: Dict[Any, Tuple[float, int]] = {}  # task -> when its latest line ended, and where that line is
+    position = 0
     for path in comparison.results_files(folder):
         for line in comparison.read_lines(path):
-            key = comparison.result_key(line)
-            latest[key] = max(latest.get(key, float("-inf")), comparison.ended_key(line))
+            key, ended = comparison.result_key(line), comparison.ended_key(line)
+            if key not in latest or ended >= latest[key][0]:  # as --summary reads them: the last of a tie
+                latest[key] = ended, position
+            position += 1
+    kept = {where for _, where in latest.values()}
     tally, config = metrics.Tally(max((key[1] for key in latest), default=1)), None
 
     def rows() -> Iterator[Dict[str, Any]]:
         nonlocal config
+        position = 0
         for path in comparison.results_files(folder):
             for line in comparison.read_lines(path):
-                key = comparison.result_key(line)
-                if latest.get(key) == comparison.ended_key(line):
-                    del latest[key]  # once, even when two lines end at the same time
+                position += 1
+                if position - 1 in kept:
                     tally.add(line)
                     config = config or line.get("config")
-                    yield task_entry(key, [line], [[str(folder)]])
+                    yield task_entry(comparison.result_key(line), [line], [[str(folder)]])
 
     def configurations() -> List[Dict[str, Any]]:
         label = str((config or {}).get("model") or folder.name)
@@ -240,14 +254,14 @@ if (configs.some(c => c.summary)) {
 function statusChart() {
   const width = 420, bar = 22, left = 140, chart = svg("svg", {width: width + left, height: configs.length * (bar + 8) + 30, class: "chart", id: "status-chart"});
   configs.forEach((c, row) => {
-    const counts = {}; let total = 0;
+    const counts = Object.create(null); let total = 0;  // a status named "constructor" is a status
     for (const task of data.tasks) { const run = task.runs[row]; if (run) { counts[run.status] = (counts[run.status] || 0) + 1; total++; } }
     chart.append(svg("text", {x: 0, y: row * (bar + 8) + 15}, c.label.slice(0, 22)));
     let x = left;
     for (const status of STATUSES.concat(Object.keys(counts).filter(s => !STATUSES.includes(s)))) {
       if (!counts[status]) continue;
       const w = Math.max(1, width * counts[status] / total);
-      const rect = svg("rect", {x: x, y: row * (bar + 8), width: w, height: bar, fill: COLOURS[status] || "#666"});
+      const rect = svg("rect", {x: x, y: row * (bar + 8), width: w, height: bar, fill: Object.prototype.hasOwnProperty.call(COLOURS, status) ? COLOURS[status] : "#666"});
       rect.append(svg("title", {}, status + ": " + counts[status]));
       chart.append(rect); x += w;
     }
@@ -259,9 +273,10 @@ function statusChart() {
 }
 function histogram(title, value, id) {
   const values = []; for (const task of data.tasks) for (const run of task.runs) if (run && value(run) !== null) values.push(value(run));
-  const bins = 20, width = 400, height = 120, most = Math.max(...values, 1e-9), counts = new Array(bins).fill(0);
+  let most = 1e-9; for (const v of values) if (v > most) most = v;  // no spread: 100,000 values overflow the stack
+  const bins = 20, width = 400, height = 120, counts = new Array(bins).fill(0);
   for (const v of values) counts[Math.min(bins - 1, Math.floor(bins * v / most))]++;
-  const top = Math.max(...counts, 1), chart = svg("svg", {width: width + 40, height: height + 30, class: "chart", id: id});
+  const top = Math.max(1, ...counts), chart = svg("svg", {width: width + 40, height: height + 30, class: "chart", id: id});
   chart.append(svg("text", {x: 0, y: 12}, title));
   counts.forEach((count, n) => {
     const h = height * count / top, rect = svg("rect", {x: 30 + n * width / bins, y: height + 15 - h, width: width / bins - 2, height: h, fill: "#57a"});

@@ -63,6 +63,9 @@ class Traced(RunEvents):
         self.tracer = provider(settings.otel).get_tracer("agent-demo")
         self.content = str(environment.get(CAPTURE_CONTENT, "")).lower() in ("true", "1")
         self.model, self.url = settings.model, settings.endpoint
+        self.urls = {settings.model: settings.endpoint}  # each model's endpoint: an escalation may change both
+        if settings.escalate:
+            self.urls[settings.escalate.strip()] = settings.stronger().endpoint
         self.agent: Any = None
         self.chat: Any = None
         self.tool: Any = None
@@ -162,7 +165,7 @@ class Traced(RunEvents):
     def escalation(self, after_round: int, from_model: str, to_model: str, trigger: str, reason: str,
                    notice: str) -> None:
         self.inner.escalation(after_round, from_model, to_model, trigger, reason, notice)
-        self.model = to_model
+        self.model, self.url = to_model, self.urls.get(to_model, self.url)
         if self.agent is not None:
             self.agent.add_event("agent_demo.escalation", _plain({
                 "agent_demo.after_round": after_round, "agent_demo.from_model": from_model,

@@ -5,6 +5,7 @@ must never be shown.
 
 It imports nothing of agent-demo's.
 """
+import ipaddress
 import re
 from typing import Dict, List, Optional
 from urllib.parse import unquote, urlsplit, urlunsplit
@@ -86,3 +87,15 @@ def with_v1(url: str) -> str:
     """A base URL with /v1 where the path has none: http://localhost:11434 -> http://localhost:11434/v1."""
     parts = urlsplit(url.strip())
     return urlunsplit(parts._replace(path=base_path(parts.path) + "/v1"))
+
+
+def is_local(url: str) -> bool:
+    """Is the endpoint on this machine or this network (a server the user runs, busy with one request at a time)?"""
+    host = (urlsplit(url).hostname or "").lower()
+    if host == "localhost" or host.endswith(".local"):
+        return True
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return address.is_loopback or address.is_private or address.is_link_local

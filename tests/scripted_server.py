@@ -99,6 +99,7 @@ class ScriptedServer:
         self.requests: List[dict] = []
         self.connections = 0
         self.gets = 0  # GET requests (the window asked for)
+        self.get_answer: Optional[Canned] = None  # tests only: what every GET but /props gets instead of a 404
         self.most_in_flight, self.in_flight, self.peak_in_flight, self.too_many = most_in_flight, 0, 0, 0
         self._lock = threading.Lock()
         server = self
@@ -122,6 +123,8 @@ class ScriptedServer:
                     server.gets += 1
                 if self.path == "/props" and server.window:
                     server._send(self, 200, {"default_generation_settings": {"n_ctx": server.window}})
+                elif server.get_answer is not None:
+                    server._answer(self, server.get_answer)
                 else:
                     server._send(self, 404, {"error": {"message": "not found"}})
 

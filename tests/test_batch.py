@@ -465,22 +465,23 @@ def test_group_readable_lets_the_folders_group_read_and_never_write(tmp_path, cl
     out.mkdir(mode=0o700)
     (out / "notes.txt").write_text("mine")  # not the batch's: left as it is
     (out / "notes.txt").chmod(0o600)
+    (out / "private").mkdir(mode=0o700)  # nor a folder of the user's in it
     assert cli("--batch", tasks, "--out", out, "-q", *(["--group-readable"] if group else []))[0] == 1
     modes = {path.relative_to(out).as_posix(): oct(path.stat().st_mode & 0o777)
-             for path in [out, *out.rglob("*")] if path.name != "notes.txt"}
+             for path in [out, *out.rglob("*")] if path.name not in ("notes.txt", "private")}
     folders = {name: mode for name, mode in modes.items() if name in (".", "traces")}
     files = {name: mode for name, mode in modes.items() if name not in folders}
     assert set(files) >= {"results.jsonl", "summary.json", "report.html", "traces/t0.jsonl", "traces/t1.jsonl"}
     assert set(folders.values()) == {"0o750" if group else "0o700"}
     assert set(files.values()) == {"0o640" if group else "0o600"}, files
-    assert (out / "notes.txt").stat().st_mode & 0o777 == 0o600
+    assert (out / "notes.txt").stat().st_mode & 0o777 == 0o600 and (out / "private").stat().st_mode & 0o777 == 0o700
     assert cli("--batch", tasks, "--out", out, "-q")[0] == 1, "the folder is still one a batch takes up"
 
 
 @pytest.mark.parametrize("answer, key, said", [
     ({"status": 500, "body": "Internal Server Error"}, None,
-     "HTTP 500 to a request without a key: a proxy that wants one (LiteLLM's, with a master_key) answers so; set"
-     " LLM_API_KEY"),
+     "HTTP 500 to every request without a key (its list of models too): a proxy that wants one (LiteLLM's, with"
+     " a master_key) answers so; set LLM_API_KEY"),
     ({"status": 400, "body": {"error": {"message": "No connected db.", "type": "no_db_connection", "code": "400"}}},
      "sk-wrong-but-long-enough-123", "the proxy has no database to check keys against (HTTP 400: No connected db.):"
      " give LLM_API_KEY its master key, or connect its database"),
@@ -488,6 +489,7 @@ def test_group_readable_lets_the_folders_group_read_and_never_write(tmp_path, cl
 def test_a_proxy_that_is_not_set_up_for_the_requests_stops_the_batch_once(tmp_path, cli, serve, monkeypatch, answer,
                                                                           key, said):
     server = serve([], screen=lambda body: answer, key=key)
+    server.get_answer = answer  # a proxy that wants a key fails its list of models too
     monkeypatch.setenv("AGENT_RETRIES", "1")
     tasks = write_tasks(tmp_path / "tasks.jsonl", ["finish"] * 12)
     code, out, err = cli("--batch", tasks, "--parallel", 1)
@@ -495,3 +497,16 @@ def test_a_proxy_that_is_not_set_up_for_the_requests_stops_the_batch_once(tmp_pa
     assert f"the endpoint is not set up for these requests ({said}" in err
     asked = {request["body"]["messages"][1]["content"] for request in server.requests}
     assert len(asked) == 1, "the first task told it all: no other started"
+
+
+def test_a_keyless_server_that_crashed_on_one_prompt_is_no_set_up_problem(tmp_path, cli, serve, monkeypatch):
+    def screen(body):
+        crash = "task 0" in body["messages"][1]["content"]
+        return {"status": 500, "body": "Internal Server Error"} if crash else {"content": action("finish", result="5")}
+    serve([], screen=screen, key=None)  # its list of models answers (a 404 here): only that prompt fails
+    monkeypatch.setenv("AGENT_RETRIES", "0")
+    tasks = write_tasks(tmp_path / "tasks.jsonl", ["finish"] * 4)
+    code, out, err = cli("--batch", tasks, "--parallel", 1)
+    assert code == 1 and "not set up" not in err
+    assert [line["status"] for line in results(tmp_path / "tasks-results" / "gpt-4o-mini")] == \
+        ["error", "finished", "finished", "finished"]

@@ -198,3 +198,47 @@ def test_a_report_says_a_tasks_error_on_the_page_not_on_stderr(tmp_path, monkeyp
     assert "agent-demo: error" not in capsys.readouterr().err and "agent-demo: error" not in err.split("report")[-1]
     [task] = page_data(tmp_path / "page.html")["tasks"]
     assert "agent-demo: error: HTTP 500" in task["runs"][0]["trace"]
+
+
+def test_a_damaged_trace_or_one_outside_the_folder_leaves_the_row_without_a_trace(tmp_path, monkeypatch):
+    folder = run_batch(tmp_path, ["finish", "finish", "finish"], monkeypatch)
+    (folder / "traces" / "t1.jsonl").write_text('{"event": "round"}\n')  # damaged: no start record
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "private.jsonl").write_text((folder / "traces" / "t2.jsonl").read_text().replace("task 2", "my secret"))
+    lines = (folder / "results.jsonl").read_text().splitlines()
+    lines[2] = lines[2].replace('"traces/t2.jsonl"', json.dumps(str(mine / "private.jsonl")))
+    (folder / "results.jsonl").write_text("\n".join(lines) + "\n")
+    assert main(["--report", str(folder), "-o", str(tmp_path / "page.html")]) == 0
+    rows = {task["id"]: task for task in page_data(tmp_path / "page.html")["tasks"]}
+    assert "--- round 2/" in rows["t0"]["runs"][0]["trace"]
+    assert rows["t1"]["runs"][0]["trace"] == "" and rows["t2"]["runs"][0]["trace"] == ""
+    assert "my secret" not in (tmp_path / "page.html").read_text()
+
+
+def test_the_page_takes_the_line_of_a_task_that_summary_takes(tmp_path, monkeypatch):
+    folder = run_batch(tmp_path, ["finish", "fail"], monkeypatch)
+    lines = [json.loads(line) for line in (folder / "results.jsonl").read_text().splitlines()]
+    again = {**lines[0], "status": "failed", "answer": None}  # a second line for t0, ended at the same time
+    (folder / "results.jsonl").write_text("".join(json.dumps(line) + "\n" for line in [*lines, again]))
+    from agent_demo_kit import report_page
+    from agent_demo_kit.comparison import summarize
+    page = b"".join(report_page.folder_pieces(folder))
+    data = json.loads(re.search(rb'type="application/json">(.*?)</script>', page, re.S)[1])
+    rows = {task["id"]: task["runs"][0]["status"] for task in data["tasks"]}
+    assert rows == {"t0": "failed", "t1": "failed"} and len(data["tasks"]) == 2
+    assert data["configurations"][0]["summary"]["status_counts"] == summarize([str(folder)])["status_counts"]
+
+
+@pytest.mark.processes
+def test_in_a_browser_odd_statuses_from_a_results_file_draw_cleanly(browser, tmp_path, monkeypatch):
+    folder = run_batch(tmp_path, ["finish", "fail", "wrong"], monkeypatch)
+    lines = [json.loads(line) for line in (folder / "results.jsonl").read_text().splitlines()]
+    for line, status in zip(lines, ["constructor", "__proto__", "toString"]):
+        line["status"] = status
+    (folder / "results.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    assert main(["--report", str(folder), "-o", str(tmp_path / "page.html")]) == 0
+    page, problems = opened(browser, tmp_path / "page.html")
+    assert page.locator("#tasks tbody tr.task").count() == 3
+    assert page.locator("#status-chart rect").count() >= 3 and problems == []
+    page.close()

@@ -172,3 +172,14 @@ def test_the_command_line_sends_its_spans_to_a_receiver_and_flushes_them_on_sigt
     assert receiver.attributes(agent)["agent_demo.status"] == "interrupted"
     [chat] = [span for span in receiver.spans if span.name.startswith("chat")]
     assert receiver.attributes(chat)["error.type"] in ("SigTerm", "interrupted")
+
+
+def test_spans_after_an_escalation_name_the_stronger_models_own_server(spans, serve):
+    missing = {"status": 404, "body": {"error": {"message": "model 'small' not found"}}}
+    first = serve([missing])
+    with ScriptedServer([act("finish", result="5")]) as strong:
+        assert agent_demo.run("add", model="small", escalate="big", escalate_url=strong.url,
+                              otel="http://127.0.0.1:4318").status == "finished"
+    [chat] = [span for span in spans.get_finished_spans() if span.name == "chat big"]
+    assert chat.attributes["server.port"] == int(strong.url.split(":")[2].split("/")[0]) != \
+        int(first.url.split(":")[2].split("/")[0])

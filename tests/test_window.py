@@ -3,7 +3,8 @@ import json
 
 import pytest
 
-from agent_demo_kit.client import ModelClient, window_in
+from agent_demo_kit.client import ModelClient
+from agent_demo_kit.windows import window_in
 from agent_demo_kit.settings import Settings
 from scripted_server import action as act
 
