@@ -54,6 +54,12 @@ def clean_environment(monkeypatch, tmp_path):
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))  # no settings file of the developer's
     monkeypatch.setenv("AGENT_MAX_RETRY_WAIT", "0.05")  # no real waits between retries, unless a test sets its own
     monkeypatch.chdir(tmp_path)
+    # What a process keeps for its runs a while: a scripted server of an earlier test may have had this
+    # test's port, with another window (or none), and connections of its own.
+    from agent_demo_kit import windows
+    from agent_demo_kit.client import shared_connections
+    windows._windows.clear()
+    shared_connections().close()
 
 
 @pytest.fixture
