@@ -2,7 +2,8 @@
 and its printed outcome with how to go on; --batch, --runs, --show, --summary and --config. Each
 goes through the same entrance as a Python caller (`agent_demo.prepare`, `run_job`).
 
-It imports agent_demo, batch, comparison, run_log, trace_file, the terminal and the settings.
+It imports agent_demo, batch, comparison, run_log, trace_file, report_page, output_types, the terminal and
+the settings.
 """
 import argparse
 import contextlib

@@ -3,7 +3,7 @@ user names (--mcp, --mcp-config) and their short names, each tool's input schema
 every mode (grammar engines compile it) with its arguments checked against the server's own
 schema, and a tool's result read as data.
 
-It imports limits, prompts and tools.
+It imports limits, prompts, tools and schemas.
 """
 import json
 import os

@@ -5,7 +5,7 @@ calls, the checks; made once, whole, and handed to `agent_demo.Agent`. What it o
 is closed with the Job.
 
 It imports prompts, tools, records, endings, events, settings, environment, urls, the client, escalation,
-conversation, terminal, trace_file, run_log, checks and the tool sources.
+conversation, terminal, trace_file, run_log, checks, the tool sources and (with --otel) telemetry.
 """
 import contextlib
 import os

@@ -10,7 +10,7 @@ the file instead of guessing. A file may hold several runs (--trace FILE again):
 its start record, and the records that set a run up carry the user's seal (seals.py). A run still
 going holds a lock on its file.
 
-It imports records, endings, seals, private_files, settings and terminal.
+It imports records, endings, events, seals, private_files, settings and terminal.
 """
 import contextlib
 import json
