@@ -128,17 +128,25 @@ def show_traceback(outcome: RunResult) -> None:
         print("".join(traceback.format_exception(type(error), error, error.__traceback__)), file=sys.stderr, end="")
 
 
+def print_answer(outcome: RunResult, args: argparse.Namespace, answer: SafeStream) -> None:
+    """A finished run's answer on stdout: text as it is, anything else (or with --output-schema) as JSON."""
+    if outcome.status != "finished":
+        return
+    if args.output_schema:  # JSON, whatever its type
+        answer.write_json(outcome.result)
+    elif isinstance(outcome.result, str):
+        print(outcome.result, file=answer)
+    else:
+        answer.write_json(outcome.result, indent=2)
+
+
 def report(outcome: RunResult, args: argparse.Namespace, answer: SafeStream, agent: Optional[Agent] = None) -> int:
     """Print the outcome the way the flags ask for (the answer, or the --json object, on `answer`;
     the rest on stderr, with how to continue a run cut short); returns the exit code."""
     if args.json:
         answer.write_json(json_object(outcome))
-    elif outcome.status == "finished" and args.output_schema:  # JSON, whatever its type
-        answer.write_json(outcome.result)
-    elif outcome.status == "finished" and isinstance(outcome.result, str):
-        print(outcome.result, file=answer)
-    elif outcome.status == "finished":
-        answer.write_json(outcome.result, indent=2)
+    else:
+        print_answer(outcome, args, answer)
     say_material(outcome)
     refused = sum(call["result"].get("error") == prompts.NO_TERMINAL for call in outcome.calls)
     if refused:  # even under --quiet: the run may have "finished" without doing what was asked
@@ -317,12 +325,8 @@ def show_run(args: argparse.Namespace, environment: Dict[str, str], answer: Safe
     say_material(outcome)
     if args.json:
         answer.write_json({"task": records[0].get("task"), **json_object(outcome)})
-    elif outcome.status == "finished" and args.output_schema:  # JSON, whatever its type
-        answer.write_json(outcome.result)
-    elif outcome.status == "finished" and isinstance(outcome.result, str):
-        print(outcome.result, file=answer)
-    elif outcome.status == "finished":
-        answer.write_json(outcome.result, indent=2)
+    else:
+        print_answer(outcome, args, answer)
     return 0
 
 
