@@ -12,7 +12,7 @@ import re
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import requests
 import requests.auth
@@ -373,11 +373,7 @@ class ModelClient:
             if streamed:
                 reply = read_stream(pieces, self.on_text, asked_at + allowed, most_chars, self.settings.max_calls,
                                     allowed)
-                if reply.unread:  # a limit was reached: the rest may never end
-                    response.close()
-                else:
-                    for _ in pieces:  # what follows [DONE], so the connection goes back to the pool
-                        pass
+                let_go(response, pieces, reply.unread)
             else:
                 text = bounded(pieces, most_chars * REPLY_BYTES_A_CHAR, asked_at + allowed, allowed).decode(
                     response.encoding or "utf-8", "replace")
@@ -405,6 +401,26 @@ class ModelClient:
 
     def close(self) -> None:
         """The connections stay open in the shared pool, for the next run."""
+
+
+LINGER_SECONDS = 1.0  # how long what follows a streamed reply's [DONE] is read, for its connection's sake
+
+
+def let_go(response: requests.Response, pieces: Iterator[bytes], unread: Optional[str]) -> None:
+    """After a whole reply, what follows its [DONE] is read for LINGER_SECONDS at most, so that the
+    connection goes back to the pool; a stream that goes on (keep-alives after [DONE]), or a reply cut
+    at a limit (`unread`: the rest may never end), loses its connection instead."""
+    if unread:
+        response.close()
+        return
+    until = time.monotonic() + LINGER_SECONDS
+    try:
+        for _ in pieces:  # each piece as it comes: a keep-alive, or a byte of one, is seen at once
+            if time.monotonic() > until:
+                response.close()
+                return
+    except (requests.RequestException, urllib3.exceptions.HTTPError, OSError):
+        response.close()
 
 
 def quota_spent(said: str) -> bool:

@@ -11,8 +11,11 @@ A canned reply is either a string (the assistant's content) or a dict:
    with a plain JSON body, "piece_delay": seconds between the events of a streamed reply,
    "keep_alive": seconds between the comments (and empty pieces) a streamed reply sends forever
    after its content, "pings": how many ": ping" comments come before it, "ping_every" seconds apart
-   (as llama-cpp-python's server sends while it reads a long prompt), "endless": true to stream its content again and again, never ending; for
-   ENDLESS_SECONDS, so that a reader that does not stop fails its test instead of hanging it}
+   (as llama-cpp-python's server sends while it reads a long prompt), "endless": true to stream its content again and again, never ending,
+   "drip": seconds between the bytes of a first event that never ends, inside one announced chunk,
+   "linger": seconds between the keep-alives it sends after [DONE] instead of ending the stream; each
+   of the three for ENDLESS_SECONDS, so that a reader that does not stop fails its test instead of
+   hanging it (`hung_up` counts the streams whose reader went away first)}
 A request with "stream": true gets its reply as server-sent events, a few characters an event
 (but "short", "gzip" and "trickle" are about a plain body: those replies come as one, as from a
 server that ignores "stream").
@@ -101,7 +104,9 @@ class ScriptedServer:
         self.gets = 0  # GET requests (the window asked for)
         self.get_answer: Optional[Canned] = None  # tests only: what every GET but /props gets instead of a 404
         self.most_in_flight, self.in_flight, self.peak_in_flight, self.too_many = most_in_flight, 0, 0, 0
+        self.hung_up = 0  # endless, dripping or lingering streams whose reader hung up before ENDLESS_SECONDS
         self._lock = threading.Lock()
+        self._hang_up = threading.Condition(self._lock)
         server = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -219,8 +224,7 @@ class ScriptedServer:
         else:
             handler.wfile.write(data)
 
-    @staticmethod
-    def _stream(handler: BaseHTTPRequestHandler, spec: dict) -> None:
+    def _stream(self, handler: BaseHTTPRequestHandler, spec: dict) -> None:
         """The reply as server-sent events: content a few characters an event, tool calls in two pieces."""
         handler.send_response(200)
         handler.send_header("Content-Type", "text/event-stream")
@@ -244,6 +248,17 @@ class ScriptedServer:
                 handler.wfile.flush()
         except OSError:
             return
+        if spec.get("drip"):  # one event's chunk announced whole, then its bytes one at a time
+            until = time.monotonic() + ENDLESS_SECONDS
+            try:
+                handler.wfile.write(b"100000\r\n: ")
+                while time.monotonic() < until:
+                    handler.wfile.write(b".")
+                    handler.wfile.flush()
+                    time.sleep(spec["drip"])
+            except OSError:
+                self._count_hang_up()
+            return
         content = spec.get("content") or ""
         size = 7 if len(content) < 500 else 250 if len(content) < 5000 else 4000  # long replies in bigger pieces
         until = time.monotonic() + ENDLESS_SECONDS
@@ -258,6 +273,7 @@ class ScriptedServer:
                 if not spec.get("endless") or time.monotonic() > until:
                     break
         except OSError:  # the reader stopped reading: as it should
+            self._count_hang_up()
             return
         for index, call in enumerate(spec.get("tool_calls") or []):
             arguments = call["function"].get("arguments", "")
@@ -272,6 +288,15 @@ class ScriptedServer:
         if usage is not None:
             send(json.dumps({"object": "chat.completion.chunk", "choices": [], "usage": usage}))
         send("[DONE]")
+        until = time.monotonic() + ENDLESS_SECONDS
+        try:
+            while spec.get("linger") and time.monotonic() < until:
+                handler.wfile.write(b"d\r\n: keep-alive\n\r\n")
+                handler.wfile.flush()
+                time.sleep(spec["linger"])
+        except OSError:
+            self._count_hang_up()
+            return
         handler.wfile.write(b"0\r\n\r\n")
 
     def __enter__(self) -> "ScriptedServer":
@@ -281,6 +306,18 @@ class ScriptedServer:
     def __exit__(self, *exc) -> None:
         self.httpd.shutdown()
         self.httpd.server_close()
+
+    def _count_hang_up(self) -> None:
+        with self._hang_up:
+            self.hung_up += 1
+            self._hang_up.notify_all()
+
+    def hang_ups(self, at_least: int) -> int:
+        """hung_up, once it is at_least (a server notices its reader gone at its next write), or after
+        ENDLESS_SECONDS."""
+        with self._hang_up:
+            self._hang_up.wait_for(lambda: self.hung_up >= at_least, ENDLESS_SECONDS)
+            return self.hung_up
 
     def restart(self) -> None:
         """Play the script again from its first reply, with no requests recorded."""

@@ -345,6 +345,21 @@ def test_a_stream_of_keep_alives_ends_at_the_reply_deadline_and_is_not_sent_agai
     assert "the reply did not end within --reply-deadline 0.4 s (its server kept sending" in capsys.readouterr().err
 
 
+def test_a_piece_that_drips_a_byte_at_a_time_ends_at_the_reply_deadline(serve, capsys):
+    # Each byte comes well within --timeout, inside one chunk the server announced whole.
+    server = serve([{"content": "x", "drip": 0.02}], key=None)
+    assert main(["--timeout", "0.2", "--reply-deadline", "0.4", "x"]) == 3
+    assert len(server.requests) == 1 and server.hang_ups(1) == 1, "cut at its deadline, not when the server gave up"
+    assert "the reply did not end within --reply-deadline 0.4 s (its server kept sending" in capsys.readouterr().err
+
+
+def test_a_complete_reply_whose_stream_lingers_after_done_is_used_and_its_connection_dropped(serve, capsys):
+    server = serve([{"content": act("finish", result="done"), "linger": 0.02}], key=None)
+    assert main(["--timeout", "0.2", "x"]) == 0, capsys.readouterr().err
+    assert server.hang_ups(1) == 1, "the run went on without waiting for the stream's end"
+    assert "done" in capsys.readouterr().out
+
+
 def test_keep_alives_while_a_local_server_reads_a_long_prompt_keep_the_reply_alive_past_the_timeout(serve, capsys):
     server = serve([{"content": act("finish", result="done"), "pings": 6, "ping_every": 0.1}], key=None)
     assert main(["--timeout", "0.25", "x"]) == 0, capsys.readouterr().err  # 0.6 s of pings
