@@ -50,9 +50,12 @@ def only_yours_again(folder: Path) -> None:
     _group_readable.difference_update({real, os.path.join(real, "traces")})
 
 
-def mode_for(path: str, folder: bool = False) -> int:
-    """0700 or 0600; 0750 or 0640 inside a folder made readable by its group."""
-    real = os.path.realpath(os.path.dirname(path) if not folder else path)
+def mode_for(path: str, folder: bool = False, resolved: bool = False) -> int:
+    """0700 or 0600; 0750 or 0640 inside a folder made readable by its group (`resolved`: the path has
+    no symlink left in it, as resolve() gives it, and needs no realpath: a file a task costs no lstat
+    of each folder above it)."""
+    where = os.path.dirname(path) if not folder else path
+    real = where if resolved else os.path.realpath(where)
     shared = real in _group_readable  # the folder itself or its traces/, not what else is below
     return (0o750 if folder else 0o640) if shared else (0o700 if folder else 0o600)
 
@@ -205,8 +208,9 @@ def open_private(path: str, what: str = "the trace file") -> int:
     real = resolve(path, what)
     flags = os.O_RDWR | os.O_APPEND | _NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
     try:
-        fd = os.open(real, flags | os.O_CREAT | os.O_EXCL, mode_for(real))
-        os.fchmod(fd, mode_for(real))  # whatever the umask: 0o277 would leave it unwritable to a later resume
+        mode = mode_for(real, resolved=True)
+        fd = os.open(real, flags | os.O_CREAT | os.O_EXCL, mode)
+        os.fchmod(fd, mode)  # whatever the umask: 0o277 would leave it unwritable to a later resume
     except FileExistsError:
         fd = os.open(real, flags)
     try:

@@ -5,9 +5,10 @@ truncation, or split over lines, becomes [redacted], in text and in JSON data al
 It imports records and prompts.
 """
 import base64
+import functools
 import json
 import re
-from typing import Any, Callable, List, Optional
+from typing import Any, Callable, List, Optional, Tuple
 from urllib.parse import quote, quote_plus
 
 from agent_demo_kit.prompts import TRUNCATED
@@ -46,7 +47,8 @@ def _json_text(value: Any, indent: Optional[int] = None) -> Optional[str]:
         return None
 
 
-def _forms(secret: str) -> List[str]:
+@functools.lru_cache(maxsize=64)  # a batch builds a redactor a task for the same few secrets
+def _forms(secret: str) -> Tuple[str, ...]:
     """The ways a secret is written: as is, JSON- and URL-escaped, and, when it is long enough to be
     a real one, in base64 (standard and URL-safe, alone or inside Basic auth's "user:key")."""
     forms = {secret, json.dumps(secret)[1:-1], quote(secret, safe=""), quote_plus(secret)}
@@ -58,9 +60,10 @@ def _forms(secret: str) -> List[str]:
             shifted = base64.b64encode(b"\0" * shift + raw).decode()
             core = shifted[-(-8 * shift // 6):8 * (shift + len(raw)) // 6]  # made of the key's bits alone
             forms |= {core, core.translate(_URL_SAFE)}
-    return sorted(forms, key=len, reverse=True)
+    return tuple(sorted(forms, key=len, reverse=True))
 
 
+@functools.lru_cache(maxsize=512)
 def _pattern(form: str, wrapped: bool = False) -> str:
     """A form as a regular expression in which a percent escape matches in either case (%2b, %2B);
     wrapped: and a line may break anywhere in it (base64 -w 12, fold -w 8)."""
@@ -88,11 +91,14 @@ class Redactor:
 
     def add(self, *secrets: Optional[str]) -> None:
         """Redact these too (a URL password known only once the flags are read)."""
-        self.secrets += [secret for secret in secrets if secret and secret not in self.secrets]
+        new = [secret for secret in dict.fromkeys(secrets) if secret and secret not in self.secrets]
+        if not new and self.pattern is not None:
+            return
+        self.secrets += new
         real, placeholders = [], []
         self.forms, self.long_forms = [], []
         for secret in self.secrets:
-            forms = _forms(secret)
+            forms = list(_forms(secret))
             long = len(secret) >= MIN_SECRET_CHARS
             either = "|".join(_pattern(form, wrapped=long) for form in forms)
             self.forms += forms

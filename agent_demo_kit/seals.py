@@ -25,20 +25,22 @@ _KEYS: Dict[str, bytes] = {}
 _LOCK = threading.Lock()
 
 
+def _state_folder(environment: Dict[str, str]) -> str:
+    return environment.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+
+
 def key_path(environment: Optional[Dict[str, str]] = None) -> Path:
-    environment = os.environ if environment is None else environment
-    state = environment.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
-    return Path(state) / "agent-demo" / "seal.key"
+    return Path(_state_folder(os.environ if environment is None else environment)) / "agent-demo" / "seal.key"
 
 
 def seal_key() -> bytes:
     """This user's sealing key, made on first use; ConfigError when its file or folder is not theirs
     alone."""
-    path = key_path()
+    state = _state_folder(os.environ)  # a record's seal asks for it: no Path made once it is known
     with _LOCK:
-        if str(path) not in _KEYS:
-            _KEYS[str(path)] = _read_or_make(path)
-        return _KEYS[str(path)]
+        if state not in _KEYS:
+            _KEYS[state] = _read_or_make(key_path())
+        return _KEYS[state]
 
 
 def _read_or_make(path: Path) -> bytes:
