@@ -29,7 +29,8 @@ from agent_demo_kit.limits import (CHARS_A_TOKEN, CONNECT_SECONDS, DEFAULT_WINDO
                                    REPLY_BYTES_A_CHAR, REPLY_CHARS_A_TOKEN)
 from agent_demo_kit.endpoint_errors import (RETRY_STATUSES, describe_http_error, describe_network_error,
                                             proxy_set_up_wrong)
-from agent_demo_kit.replies import AttemptFailed, Stalled, TextListener, bounded, pieces_of, read_stream, reply_from_body
+from agent_demo_kit.replies import (CUTOFFS, AttemptFailed, Stalled, TextListener, bounded, past_deadline, pieces_of,
+                                    read_stream, reply_from_body)
 from agent_demo_kit.urls import base_url, is_local  # noqa: F401  (is_local: agent_demo_kit.client's too)
 from agent_demo_kit.windows import QUICK_SECONDS, known_window
 
@@ -366,19 +367,23 @@ class ModelClient:
                                 unreachable=said.startswith("cannot reach")) from None
         streamed = body.get("stream") and response.ok and "text/event-stream" in response.headers.get(
             "Content-Type", "")
-        pieces = pieces_of(response)
+        pieces = pieces_of(response, whole_chunks=True)
         most_chars = max(body.get(self.form.reply_cap_field) or self.window(), MIN_LIMIT_TOKENS) * REPLY_CHARS_A_TOKEN
         allowed = self.settings.reply_deadline
         try:
+            with CUTOFFS.at(response, asked_at + allowed):  # a chunk that never ends is cut at the deadline
+                if streamed:
+                    reply = read_stream(pieces, self.on_text, asked_at + allowed, most_chars,
+                                        self.settings.max_calls, allowed)
+                else:
+                    text = bounded(pieces, most_chars * REPLY_BYTES_A_CHAR, asked_at + allowed, allowed).decode(
+                        response.encoding or "utf-8", "replace")
             if streamed:
-                reply = read_stream(pieces, self.on_text, asked_at + allowed, most_chars, self.settings.max_calls,
-                                    allowed)
                 let_go(response, pieces, reply.unread)
-            else:
-                text = bounded(pieces, most_chars * REPLY_BYTES_A_CHAR, asked_at + allowed, allowed).decode(
-                    response.encoding or "utf-8", "replace")
         except (requests.RequestException, urllib3.exceptions.HTTPError, OSError) as error:
             response.close()
+            if time.monotonic() >= asked_at + allowed:  # cut off inside a chunk (CUTOFFS)
+                raise past_deadline(allowed) from None
             if "timed out" in str(error).lower():
                 raise AttemptFailed(f"the reply stopped arriving: nothing more came within {timeout:g} s") from None
             raise AttemptFailed(f"the reply stopped arriving: the connection broke mid-reply"
@@ -415,10 +420,11 @@ def let_go(response: requests.Response, pieces: Iterator[bytes], unread: Optiona
         return
     until = time.monotonic() + LINGER_SECONDS
     try:
-        for _ in pieces:  # each piece as it comes: a keep-alive, or a byte of one, is seen at once
-            if time.monotonic() > until:
-                response.close()
-                return
+        with CUTOFFS.at(response, until):
+            for _ in pieces:
+                if time.monotonic() > until:
+                    response.close()
+                    return
     except (requests.RequestException, urllib3.exceptions.HTTPError, OSError):
         response.close()
 

@@ -7,6 +7,11 @@ arguments in pieces. All of it is folded into the same Reply a plain request giv
 
 It imports prompts, records, endings, settings and endpoint_errors.
 """
+import contextlib
+import heapq
+import itertools
+import socket
+import threading
 import time
 from typing import Any, Callable, Dict, Iterator, List, Optional
 
@@ -171,8 +176,7 @@ def read_stream(chunks: Iterator[bytes], on_text: Optional[TextListener] = None,
     def watched() -> Iterator[bytes]:
         for chunk in chunks:
             if deadline is not None and time.monotonic() > deadline:
-                raise Stalled(f"the reply did not end within --reply-deadline {allowed:g} s (its server kept"
-                              " sending, keep-alives or pieces): cut off")
+                raise past_deadline(allowed)
             yield chunk
     max_line = None if max_chars is None else max_chars * REPLY_BYTES_A_CHAR
     try:
@@ -195,6 +199,11 @@ def read_stream(chunks: Iterator[bytes], on_text: Optional[TextListener] = None,
     return reply.reply()
 
 
+def past_deadline(allowed: float) -> "Stalled":
+    return Stalled(f"the reply did not end within --reply-deadline {allowed:g} s (its server kept sending,"
+                   " keep-alives or pieces): cut off")
+
+
 def bounded(pieces: Iterator[bytes], most_bytes: int, deadline: float, allowed: float) -> bytes:
     """A whole body, or AttemptFailed once it passes most_bytes (no reply is that long), Stalled once
     it has not ended by the deadline."""
@@ -212,11 +221,73 @@ def bounded(pieces: Iterator[bytes], most_bytes: int, deadline: float, allowed: 
     return b"".join(kept)
 
 
-def pieces_of(response: requests.Response) -> Iterator[bytes]:
-    """The body as it arrives, each piece as soon as it does (the socket's read timeout is --timeout)."""
-    read_some = getattr(response.raw, "read1", None)  # what has arrived, without waiting for a full buffer
+def pieces_of(response: requests.Response, whole_chunks: bool = False) -> Iterator[bytes]:
+    """The body as it arrives, each piece as soon as it does (the socket's read timeout is --timeout).
+    whole_chunks: a chunked body a chunk at a time (each event of a stream is one, or a few), which
+    costs a third of a read per arrival; a chunk that never ends is then the caller's to cut (CUTOFFS)."""
+    raw = response.raw
+    if whole_chunks and getattr(raw, "chunked", False) and getattr(raw, "supports_chunked_reads", bool)():
+        return raw.read_chunked(65536, decode_content=True)
+    read_some = getattr(raw, "read1", None)  # what has arrived, without waiting for a full buffer
     return (iter(lambda: read_some(65536, decode_content=True), b"") if read_some
             else response.iter_content(1024))  # urllib3 1.x has no read1
+
+
+class Cutoffs:
+    """Ends the connection of a reply still being read once its deadline has passed: a read that waits
+    inside one chunk (a server that says a long one is coming, then sends it a byte at a time, each
+    within --timeout) returns, and the reader finds the time past. One thread for the process looks
+    each CUTOFF_TICK, while replies are being read: a reply costs two turns of a lock, no wake-up."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._due: List[list] = []  # a heap of [when, n, the response, its socket (None once read)]
+        self._numbers = itertools.count()
+        self._thread: Optional[threading.Thread] = None
+
+    @contextlib.contextmanager
+    def at(self, response: requests.Response, when: float) -> Iterator[None]:
+        """While the body is read, its connection is cut once `when` (time.monotonic) has passed."""
+        sock = getattr(getattr(response.raw, "connection", None), "sock", None)
+        entry = [when, next(self._numbers), response.raw, sock]
+        if sock is not None:
+            with self._lock:
+                while self._due and self._due[0][3] is None:  # the replies read since: let go of them
+                    heapq.heappop(self._due)
+                heapq.heappush(self._due, entry)
+                if self._thread is None or not self._thread.is_alive():  # none yet, idle, or a forked child's
+                    self._thread = threading.Thread(target=self._watch, daemon=True, name="reply-deadlines")
+                    self._thread.start()
+        try:
+            yield
+        finally:
+            with self._lock:
+                entry[3] = None
+
+    def _watch(self) -> None:
+        idle_since = time.monotonic()
+        while True:
+            time.sleep(CUTOFF_TICK)
+            now = time.monotonic()
+            with self._lock:
+                while self._due and (self._due[0][3] is None or self._due[0][0] <= now):
+                    _, _, raw, sock = heapq.heappop(self._due)
+                    connection = getattr(raw, "connection", None)  # None once the reply was read whole
+                    if sock is not None and connection is not None and getattr(connection, "sock", None) is sock:
+                        with contextlib.suppress(OSError):
+                            sock.shutdown(socket.SHUT_RDWR)
+                if self._due:
+                    idle_since = now
+                elif now - idle_since > CUTOFF_IDLE:  # nothing read for a while: the next reply starts another
+                    self._thread = None
+                    return
+
+
+CUTOFF_TICK = 0.1  # how late past its deadline a reply waiting inside a chunk is cut, at most
+CUTOFF_IDLE = 60.0  # seconds with no reply being read before the thread that cuts them ends
+
+
+CUTOFFS = Cutoffs()
 
 
 def reply_from_body(text: str) -> Reply:

@@ -13,7 +13,8 @@ A canned reply is either a string (the assistant's content) or a dict:
    after its content, "pings": how many ": ping" comments come before it, "ping_every" seconds apart
    (as llama-cpp-python's server sends while it reads a long prompt), "endless": true to stream its content again and again, never ending,
    "drip": seconds between the bytes of a first event that never ends, inside one announced chunk,
-   "linger": seconds between the keep-alives it sends after [DONE] instead of ending the stream; each
+   "linger": seconds between the keep-alives it sends after [DONE] instead of ending the stream (with
+   "drip": between the bytes of a chunk after [DONE] that never ends); each
    of the three for ENDLESS_SECONDS, so that a reader that does not stop fails its test instead of
    hanging it (`hung_up` counts the streams whose reader went away first)}
 A request with "stream": true gets its reply as server-sent events, a few characters an event
@@ -248,7 +249,7 @@ class ScriptedServer:
                 handler.wfile.flush()
         except OSError:
             return
-        if spec.get("drip"):  # one event's chunk announced whole, then its bytes one at a time
+        if spec.get("drip") and not spec.get("linger"):  # one event's chunk announced whole, then its bytes one at a time
             until = time.monotonic() + ENDLESS_SECONDS
             try:
                 handler.wfile.write(b"100000\r\n: ")
@@ -290,8 +291,10 @@ class ScriptedServer:
         send("[DONE]")
         until = time.monotonic() + ENDLESS_SECONDS
         try:
+            if spec.get("linger") and spec.get("drip"):  # [DONE], then a chunk that never ends
+                handler.wfile.write(b"100000\r\n: ")
             while spec.get("linger") and time.monotonic() < until:
-                handler.wfile.write(b"d\r\n: keep-alive\n\r\n")
+                handler.wfile.write(b"." if spec.get("drip") else b"d\r\n: keep-alive\n\r\n")
                 handler.wfile.flush()
                 time.sleep(spec["linger"])
         except OSError:

@@ -8,7 +8,7 @@ import responses
 from agent_demo_kit.cli import main
 from agent_demo_kit.client import ModelClient
 from agent_demo_kit.endpoint_errors import server_message
-from agent_demo_kit.replies import read_stream
+from agent_demo_kit.replies import CUTOFFS, read_stream
 from agent_demo_kit.endings import EndpointError
 from agent_demo_kit.settings import Settings
 from agent_demo_kit.limits import MIN_LIMIT_TOKENS, REPLY_CHARS_A_TOKEN
@@ -353,11 +353,24 @@ def test_a_piece_that_drips_a_byte_at_a_time_ends_at_the_reply_deadline(serve, c
     assert "the reply did not end within --reply-deadline 0.4 s (its server kept sending" in capsys.readouterr().err
 
 
-def test_a_complete_reply_whose_stream_lingers_after_done_is_used_and_its_connection_dropped(serve, capsys):
-    server = serve([{"content": act("finish", result="done"), "linger": 0.02}], key=None)
+@pytest.mark.parametrize("after_done", [{"linger": 0.02}, {"linger": 0.02, "drip": True}],
+                         ids=["keep-alives", "a chunk that drips"])
+def test_a_complete_reply_whose_stream_lingers_after_done_is_used_and_its_connection_dropped(serve, capsys, after_done):
+    server = serve([{"content": act("finish", result="done"), **after_done}], key=None)
     assert main(["--timeout", "0.2", "x"]) == 0, capsys.readouterr().err
     assert server.hang_ups(1) == 1, "the run went on without waiting for the stream's end"
     assert "done" in capsys.readouterr().out
+
+
+def test_the_deadlines_of_replies_read_whole_are_let_go_and_cut_no_connection(serve, capsys):
+    server = serve([act("calculator", expression=f"{n} + 1") for n in range(30)] + [act("finish", result="ok")],
+                   key=None)
+    assert main(["--max-rounds", "40", "x"]) == 0, capsys.readouterr().err
+    with CUTOFFS._lock:
+        kept = [entry for entry in CUTOFFS._due if entry[3] is not None]
+        waiting = len(CUTOFFS._due)
+    assert kept == [] and waiting <= 2, "31 replies read: none still watched, none piling up"
+    assert server.connections == 1
 
 
 def test_keep_alives_while_a_local_server_reads_a_long_prompt_keep_the_reply_alive_past_the_timeout(serve, capsys):
