@@ -381,8 +381,10 @@ class Conversation:
         self.on_compaction(compaction)
 
     def body_size(self, messages: List[dict]) -> int:
-        """Characters of the whole request body as it goes on the wire."""
-        return json_size(self.client.body(messages, self.tools))
+        """Characters of the whole request body as it goes on the wire (body() writes it once)."""
+        body = self.client.body(messages, self.tools)
+        made, text = getattr(self.client, "encoded", (None, ""))
+        return len(text) if made is body else json_size(body)
 
     @property
     def budget(self) -> int:

@@ -85,6 +85,7 @@ class Redactor:
         self.long_forms: List[str] = []  # of the real secrets: what a cut may leave in part
         self.pattern: Optional["re.Pattern"] = None
         self.secret_pattern: Optional["re.Pattern"] = None  # the real secrets alone, no placeholder
+        self.seed_pattern: Optional["re.Pattern"] = None  # a long secret's first or last characters
         self.longest = 0
         self.first_characters: set = set()
         self.add(*secrets)
@@ -112,6 +113,10 @@ class Redactor:
         self.json_plain = all(json.dumps(form, ensure_ascii=False)[1:-1] == form for form in self.forms)
         every = real + placeholders
         self.pattern = re.compile("|".join(f"(?:{p})" for p in every)) if every else None
+        seeds = {piece for form in self.long_forms if len(form) > FRAGMENT_CHARS
+                 for piece in (form[:FRAGMENT_CHARS], form[-FRAGMENT_CHARS:])}
+        # One search for them all first: most texts hold none, and need no look per form.
+        self.seed_pattern = re.compile("|".join(map(re.escape, sorted(seeds)))) if seeds else None
         self.longest = max(map(len, self.forms), default=0)
         self.first_characters = {form[0] for form in self.forms if form}
 
@@ -160,7 +165,7 @@ class Redactor:
         """A long secret's beginning or end left by a cut (a server message or a result shortened to a
         length): FRAGMENT_CHARS or more of its first or last characters anywhere, and
         FRAGMENT_AT_A_CUT or more beside the marker prompts.clip leaves."""
-        for form in self.long_forms:
+        for form in self.long_forms if self.seed_pattern is not None and self.seed_pattern.search(text) else ():
             if len(form) <= FRAGMENT_CHARS:
                 continue
             head, tail = form[:FRAGMENT_CHARS], form[-FRAGMENT_CHARS:]
