@@ -11,6 +11,7 @@ import hashlib
 import io
 import json
 import os
+import stat
 import time
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tuple
@@ -65,11 +66,16 @@ def run_entry(line: dict, folders: List[str]) -> Dict[str, Any]:
 
 
 def inside_traces(folder: Path, named: str) -> bool:
-    """Is the trace a results line names a file in the folder's traces/ (a line is data: "../" or an
-    absolute path must not draw another folder's runs, yours, into the page)?"""
-    traces = os.path.realpath(folder / "traces")
-    real = os.path.realpath(folder / named)
-    return real.startswith(traces + os.sep) and os.path.isfile(real)
+    """Is the trace a results line names a plain file right in the folder's traces/, as a batch names
+    them (a line is data: "../", an absolute path or a link must not draw another folder's runs, yours,
+    into the page)? One lstat, not one a folder above it."""
+    name = named[len("traces/"):] if named.startswith("traces/") else ""
+    if name in ("", ".", "..") or "/" in name or os.sep in name or "\0" in name:
+        return False
+    try:
+        return stat.S_ISREG(os.lstat(folder / "traces" / name).st_mode)
+    except (OSError, ValueError):
+        return False
 
 
 def task_entry(key: Any, lines: List[Optional[dict]], folders: List[List[str]], differs: bool = False) -> Dict[str, Any]:

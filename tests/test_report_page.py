@@ -200,14 +200,18 @@ def test_a_report_says_a_tasks_error_on_the_page_not_on_stderr(tmp_path, monkeyp
     assert "agent-demo: error: HTTP 500" in task["runs"][0]["trace"]
 
 
-def test_a_damaged_trace_or_one_outside_the_folder_leaves_the_row_without_a_trace(tmp_path, monkeypatch):
+@pytest.mark.parametrize("elsewhere", ["absolute", "up", "link"])
+def test_a_damaged_trace_or_one_outside_the_folder_leaves_the_row_without_a_trace(tmp_path, monkeypatch, elsewhere):
     folder = run_batch(tmp_path, ["finish", "finish", "finish"], monkeypatch)
     (folder / "traces" / "t1.jsonl").write_text('{"event": "round"}\n')  # damaged: no start record
     mine = tmp_path / "mine"
     mine.mkdir()
     (mine / "private.jsonl").write_text((folder / "traces" / "t2.jsonl").read_text().replace("task 2", "my secret"))
+    named = {"absolute": str(mine / "private.jsonl"), "up": "traces/../../mine/private.jsonl",
+             "link": "traces/t2-link.jsonl"}[elsewhere]
+    (folder / "traces" / "t2-link.jsonl").symlink_to(mine / "private.jsonl")
     lines = (folder / "results.jsonl").read_text().splitlines()
-    lines[2] = lines[2].replace('"traces/t2.jsonl"', json.dumps(str(mine / "private.jsonl")))
+    lines[2] = lines[2].replace('"traces/t2.jsonl"', json.dumps(named))
     (folder / "results.jsonl").write_text("\n".join(lines) + "\n")
     assert main(["--report", str(folder), "-o", str(tmp_path / "page.html")]) == 0
     rows = {task["id"]: task for task in page_data(tmp_path / "page.html")["tasks"]}
