@@ -136,10 +136,16 @@ class Redactor:
 
     def dumps(self, value: Any, indent: Optional[int] = None) -> str:
         """value's JSON text (non-ASCII kept) with its strings redacted."""
+        return self.redacted(value, indent)[0]
+
+    def redacted(self, value: Any, indent: Optional[int] = None) -> Tuple[str, Any]:
+        """dumps(value) and values(value) at once, the JSON written and searched once: a record is
+        written and kept alike."""
         text = _json_text(value, indent) if self.json_plain else None
         if text is not None and self(text, placeholders=False) == text:
-            return text
-        return json.dumps(self._values(value), ensure_ascii=False, indent=indent)
+            return text, value
+        clean = self._values(value)
+        return json.dumps(clean, ensure_ascii=False, indent=indent), clean
 
     def nothing_in(self, value: Any) -> bool:
         """Is there surely nothing to redact in this value? Its JSON text is searched once, which is

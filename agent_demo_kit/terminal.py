@@ -117,7 +117,11 @@ class SafeStream:
     def write_json(self, value: Any, indent: Optional[int] = None) -> None:
         """value as JSON and a newline. Its strings are redacted, not its text, so no key, however
         short, changes its structure or its data (a placeholder key 5 and the number 5)."""
-        text = self.redactor.dumps(value, indent) + "\n"
+        self.write_line(self.redactor.dumps(value, indent))
+
+    def write_line(self, text: str) -> None:
+        """A line of JSON its writer has redacted already (Redactor.redacted), and a newline."""
+        text += "\n"
         with self._lock:
             self._emit(hold=0)
             self._guarded(lambda: self.stream.write(self._shown(text)))

@@ -227,10 +227,11 @@ class RunLog(RunEvents):
                 at = os.fstat(self.trace_file.fileno()).st_size  # every record before it is flushed
                 record = sealed(self.redactor.values({**record, "run": self.run_id, "at": at}))
             try:  # its strings redacted, not its text: every line parses, whatever the key
-                self.trace_file.write_json(record)
+                text, kept = self.redactor.redacted(record)
+                self.trace_file.write_line(text)
                 self.trace_file.flush()  # a crash loses at most the round in flight
                 if self.written is not None:
-                    self.written.append(self.redactor.values(record))
+                    self.written.append(kept)
             except OSError as error:
                 self.close()  # nothing more can be recorded; the end is still shown
                 raise TraceWriteError(f"cannot write the trace file: {error.strerror or error}") from None
