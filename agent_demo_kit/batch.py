@@ -375,7 +375,8 @@ class Batch(Saying):
         try:
             with prepare(task.task, given=self.given, environment=self.environment, named=self.named,
                          trace=None if resume else str(trace), resume=str(trace) if resume else None,
-                         session=session, task_check=own_check, gate=self.gate, written=written) as job:
+                         session=session, task_check=own_check, gate=self.gate, written=written,
+                         settings=self.settings) as job:
                 outcome, _ = run_job(job, stop=self.stop,
                                      expected=None if task.expected is None else scoring.expected_text(task.expected))
         except ConfigError as error:  # this task's own check cannot start, its trace cannot be taken up, ...

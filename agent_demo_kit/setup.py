@@ -70,7 +70,8 @@ def prepare(task: str = "", *, given: Dict[str, Any], environment: Dict[str, str
             follow_up: Optional[str] = None, screen: Any = None, redactor: Any = None,
             approver: Optional[Approver] = None, confirm: Optional[Callable[[str], bool]] = None,
             session: Any = None, task_check: Optional[Tuple[str, str]] = None, gate: Any = None,
-            written: Optional[List[dict]] = None, on_event: Optional[Callable[[Any], None]] = None) -> Job:
+            written: Optional[List[dict]] = None, on_event: Optional[Callable[[Any], None]] = None,
+            settings: Optional[Settings] = None) -> Job:
     """A run made ready from what a caller gave: settings by name (`given`, named for messages by
     `named`), tool functions, the task and its material, where to record it (a path, True for the
     run log folder, None), or the trace of a run to take up again (`resume`, with the user's
@@ -80,8 +81,9 @@ def prepare(task: str = "", *, given: Dict[str, Any], environment: Dict[str, str
     a task line's own check (its command and how to name it), which the user said to run beside
     --check; a shared limit on requests in flight (`gate`: a batch's, or a function of the settings
     that gives arun()'s for the endpoint), a list to keep each record written in (`written`), and
-    who is told each event as well as the trace (`on_event`). ConfigError if it cannot start; what
-    it opened is closed then."""
+    who is told each event as well as the trace (`on_event`); `settings`: what `given` and
+    `environment` make, when the caller made them already (a batch, once for all its new tasks).
+    ConfigError if it cannot start; what it opened is closed then."""
     from agent_demo_kit import run_log, trace_file
     from agent_demo_kit.client import ModelClient, RequestForm
     from agent_demo_kit.redaction import Redactor
@@ -113,7 +115,7 @@ def prepare(task: str = "", *, given: Dict[str, Any], environment: Dict[str, str
             check_endpoint_settings(settings)
             task = start["task"]
         else:
-            settings = load_settings(given, environment, named=named)
+            settings = settings or load_settings(given, environment, named=named)
         gate_for = gate if callable(gate) else lambda settings: gate  # arun()'s: the one for each endpoint
         gate = gate_for(settings)
         redactor.add(*secrets_of({"LLM_API_KEY": settings.api_key or "", "LLM_ESCALATE_KEY": settings.escalate_key
