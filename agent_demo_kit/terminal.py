@@ -92,6 +92,9 @@ class SafeStream:
 
     def write(self, text: str) -> int:
         with self._lock:
+            if not self.redactor.forms and not self._pending:  # no secret to hold back or to redact (a page's)
+                self._guarded(lambda: self.stream.write(self._shown(text)))
+                return len(text)
             self._pending += text
             self._emit(hold=self.redactor.unsafe_tail(self._pending))
         return len(text)
