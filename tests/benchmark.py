@@ -11,12 +11,19 @@ the same request bodies, in the same process, to the same server. Then what a
 hostile endpoint costs (100,000 calls in one reply, a 32 MB event line, endless
 keep-alives), and the start-up time of --help next to a bare interpreter. Compare figures as ratios
 within one run: the machines are shared and noisy.
+
+    python tests/benchmark.py --instructions
+
+counts instead (with valgrind's callgrind): the instructions a two-round batch task takes next to a
+bare requests loop making its two requests, each answered from bytes recorded from the scripted
+server, so that no network, no server and no other job on the machine is counted.
 """
 import argparse
 import contextlib
 import io
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -290,6 +297,50 @@ def batch_figures(tasks: int, parallel: int, large: int) -> None:
           f" at {large:,} ({large_peak / small_peak:.2f}x)")
 
 
+def replayed(tasks: int, bare: bool) -> None:
+    """`tasks` two-round tasks with no network: each request is answered from the bytes the scripted
+    server sent for it, so that only the work of this process is counted (--instructions runs it under
+    callgrind). bare: the same requests, posted by a bare requests loop."""
+    import urllib3
+    import requests.adapters
+    with ScriptedServer([], screen=two_rounds) as server:
+        _, _, bodies = batch_run(server, 1, 1)
+        server.restart()
+        with requests.Session() as session:
+            answers = [session.post(server.url + "/chat/completions", json=body).content for body in bodies[0]]
+
+    def answer(adapter, request, **_: object) -> requests.Response:
+        chat = request.url.endswith("/chat/completions")  # a local server's window is not asked here
+        first = chat and sum(message["role"] == "assistant" for message in json.loads(request.body)["messages"]) == 0
+        raw = urllib3.HTTPResponse(body=io.BytesIO(answers[not first] if chat else b"{}"), status=200 if chat else 404,
+                                   headers={"Content-Type": "text/event-stream" if chat else "application/json"},
+                                   preload_content=False)
+        return adapter.build_response(request, raw)
+    requests.adapters.HTTPAdapter.send = answer
+    os.environ["LLM_API_URL"] = server.url
+    if bare:
+        with requests.Session() as session:
+            for _ in range(tasks):
+                for body in bodies[0]:
+                    session.post(server.url + "/chat/completions", json=body).content
+        return
+    folder = tempfile.mkdtemp()
+    with contextlib.redirect_stdout(io.StringIO()):
+        cli_main(["--batch", task_file(folder, tasks), "--parallel", "1", "--out", os.path.join(folder, "out"), "-q"])
+
+
+def instructions_a_task(bare: bool, few: int = 20, more: int = 60) -> float:
+    """Instructions a replayed task takes, counted by callgrind: the difference between `more` tasks and
+    `few`, so that start-up counts for nothing."""
+    counted = []
+    for tasks in (few, more):
+        command = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", sys.executable, __file__,
+                   "--replay", str(tasks), *(["--bare"] if bare else [])]
+        run = subprocess.run(command, capture_output=True, text=True, check=True)
+        counted.append(int(re.search(r"Collected : (\d+)", run.stderr).group(1)))
+    return (counted[1] - counted[0]) / (more - few)
+
+
 def median_seconds(command: list, times: int = 7) -> float:
     samples = []
     for _ in range(times):
@@ -307,6 +358,11 @@ def main() -> None:
     parser.add_argument("--batch", type=int, nargs=2, default=[1000, 10000], metavar=("TASKS", "LARGE"),
                         help="batch figures: time per task at TASKS tasks, memory at TASKS and at LARGE")
     parser.add_argument("--only-batch", action="store_true", help="only the batch figures")
+    parser.add_argument("--instructions", action="store_true",
+                        help="only the instructions a batch task takes against the bare loop's, counted by callgrind"
+                             " with no network: the same on a busy machine as on an idle one (needs valgrind)")
+    parser.add_argument("--replay", type=int, metavar="TASKS", help=argparse.SUPPRESS)  # what --instructions counts
+    parser.add_argument("--bare", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     for name in [name for name in os.environ if name.startswith(("LLM_", "AGENT_"))]:
         del os.environ[name]
@@ -314,6 +370,14 @@ def main() -> None:
     os.environ["AGENT_DEMO_LOG_DIR"] = os.path.join(os.getcwd(), "runs")  # logged as by default, not in your home
 
     os.environ["LLM_API_KEY"] = "sk-benchmark"
+    if args.replay:
+        replayed(args.replay, args.bare)
+        return
+    if args.instructions:
+        harness, bare = instructions_a_task(bare=False), instructions_a_task(bare=True)
+        print(f"instructions a two-round batch task, no network: {harness / 1e6:.2f} M ({harness / bare:.2f}x a bare"
+              f" requests loop making the same 2 requests: {bare / 1e6:.2f} M)")
+        return
     print(f"machine: {os.cpu_count()} cores, load average {' '.join(f'{load:.2f}' for load in os.getloadavg())}"
           " (1, 5, 15 min) at the start")
     batch_figures(args.batch[0], 8, args.batch[1])
