@@ -367,11 +367,11 @@ class ModelClient:
                                 unreachable=said.startswith("cannot reach")) from None
         streamed = body.get("stream") and response.ok and "text/event-stream" in response.headers.get(
             "Content-Type", "")
-        pieces = pieces_of(response, whole_chunks=True)
         most_chars = max(body.get(self.form.reply_cap_field) or self.window(), MIN_LIMIT_TOKENS) * REPLY_CHARS_A_TOKEN
         allowed = self.settings.reply_deadline
         try:
-            with CUTOFFS.at(response, asked_at + allowed):  # a chunk that never ends is cut at the deadline
+            with CUTOFFS.at(response, asked_at + allowed) as watched:  # a chunk that never ends is cut then
+                pieces = pieces_of(response, whole_chunks=watched)
                 if streamed:
                     reply = read_stream(pieces, self.on_text, asked_at + allowed, most_chars,
                                         self.settings.max_calls, allowed)
@@ -420,7 +420,10 @@ def let_go(response: requests.Response, pieces: Iterator[bytes], unread: Optiona
         return
     until = time.monotonic() + LINGER_SECONDS
     try:
-        with CUTOFFS.at(response, until):
+        with CUTOFFS.at(response, until) as watched:
+            if not watched:  # a connection that closes after this reply: nothing to keep it for
+                response.close()
+                return
             for _ in pieces:
                 if time.monotonic() > until:
                     response.close()

@@ -242,12 +242,15 @@ class Cutoffs:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._due: List[list] = []  # a heap of [when, n, the response, its socket (None once read)]
+        self._watched = 0  # entries of _due still being read
         self._numbers = itertools.count()
         self._thread: Optional[threading.Thread] = None
 
     @contextlib.contextmanager
-    def at(self, response: requests.Response, when: float) -> Iterator[None]:
-        """While the body is read, its connection is cut once `when` (time.monotonic) has passed."""
+    def at(self, response: requests.Response, when: float) -> Iterator[bool]:
+        """While the body is read, its connection is cut once `when` (time.monotonic) has passed. Gives
+        whether it can be: not when its connection has given up its socket (a reply that says
+        "Connection: close" owns it); that body must be read a piece as it arrives, each piece timed."""
         sock = getattr(getattr(response.raw, "connection", None), "sock", None)
         entry = [when, next(self._numbers), response.raw, sock]
         if sock is not None:
@@ -255,14 +258,17 @@ class Cutoffs:
                 while self._due and self._due[0][3] is None:  # the replies read since: let go of them
                     heapq.heappop(self._due)
                 heapq.heappush(self._due, entry)
+                self._watched += 1
                 if self._thread is None or not self._thread.is_alive():  # none yet, idle, or a forked child's
                     self._thread = threading.Thread(target=self._watch, daemon=True, name="reply-deadlines")
                     self._thread.start()
         try:
-            yield
+            yield sock is not None
         finally:
-            with self._lock:
-                entry[3] = None
+            if sock is not None:
+                with self._lock:
+                    entry[3] = None
+                    self._watched -= 1
 
     def _watch(self) -> None:
         idle_since = time.monotonic()
@@ -270,17 +276,30 @@ class Cutoffs:
             time.sleep(CUTOFF_TICK)
             now = time.monotonic()
             with self._lock:
+                if len(self._due) > 2 * self._watched + 64:  # read ones behind a long one still being read
+                    self._due = [entry for entry in self._due if entry[3] is not None]
+                    heapq.heapify(self._due)
                 while self._due and (self._due[0][3] is None or self._due[0][0] <= now):
                     _, _, raw, sock = heapq.heappop(self._due)
                     connection = getattr(raw, "connection", None)  # None once the reply was read whole
                     if sock is not None and connection is not None and getattr(connection, "sock", None) is sock:
-                        with contextlib.suppress(OSError):
-                            sock.shutdown(socket.SHUT_RDWR)
+                        _shut(sock)
                 if self._due:
                     idle_since = now
                 elif now - idle_since > CUTOFF_IDLE:  # nothing read for a while: the next reply starts another
                     self._thread = None
                     return
+
+
+def _shut(sock: Any) -> None:
+    """Shut a connection's socket both ways; through a proxy, HTTPS inside HTTPS is urllib3's
+    SSLTransport, which has none of its own: the socket it wraps is shut."""
+    shutdown = getattr(sock, "shutdown", None) or getattr(getattr(sock, "socket", None), "shutdown", None)
+    try:
+        if shutdown is not None:
+            shutdown(socket.SHUT_RDWR)
+    except Exception:  # noqa: BLE001 - whatever a socket says, the watcher goes on for the other replies
+        pass
 
 
 CUTOFF_TICK = 0.1  # how late past its deadline a reply waiting inside a chunk is cut, at most

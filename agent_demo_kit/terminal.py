@@ -92,7 +92,7 @@ class SafeStream:
 
     def write(self, text: str) -> int:
         with self._lock:
-            if not self.redactor.forms and not self._pending:  # no secret to hold back or to redact (a page's)
+            if not self.redactor.secrets and not self._pending:  # no secret to hold back or redact (a page's)
                 self._guarded(lambda: self.stream.write(self._shown(text)))
                 return len(text)
             self._pending += text

@@ -13,6 +13,7 @@ A canned reply is either a string (the assistant's content) or a dict:
    after its content, "pings": how many ": ping" comments come before it, "ping_every" seconds apart
    (as llama-cpp-python's server sends while it reads a long prompt), "endless": true to stream its content again and again, never ending,
    "drip": seconds between the bytes of a first event that never ends, inside one announced chunk,
+   "close": true to say "Connection: close" with a streamed reply,
    "linger": seconds between the keep-alives it sends after [DONE] instead of ending the stream (with
    "drip": between the bytes of a chunk after [DONE] that never ends); each
    of the three for ENDLESS_SECONDS, so that a reader that does not stop fails its test instead of
@@ -230,6 +231,9 @@ class ScriptedServer:
         handler.send_response(200)
         handler.send_header("Content-Type", "text/event-stream")
         handler.send_header("Transfer-Encoding", "chunked")
+        if spec.get("close"):  # the connection ends with this reply (nginx says so on a keep-alive's last)
+            handler.send_header("Connection", "close")
+            handler.close_connection = True
         handler.end_headers()
 
         def send(data: str) -> None:

@@ -1,5 +1,7 @@
 import json
+import socket
 import time
+import types
 
 import pytest
 import requests
@@ -345,16 +347,18 @@ def test_a_stream_of_keep_alives_ends_at_the_reply_deadline_and_is_not_sent_agai
     assert "the reply did not end within --reply-deadline 0.4 s (its server kept sending" in capsys.readouterr().err
 
 
-def test_a_piece_that_drips_a_byte_at_a_time_ends_at_the_reply_deadline(serve, capsys):
+@pytest.mark.parametrize("closing", [False, True], ids=["kept-alive", "Connection: close"])
+def test_a_piece_that_drips_a_byte_at_a_time_ends_at_the_reply_deadline(serve, capsys, closing):
     # Each byte comes well within --timeout, inside one chunk the server announced whole.
-    server = serve([{"content": "x", "drip": 0.02}], key=None)
+    server = serve([{"content": "x", "drip": 0.02, "close": closing}], key=None)
     assert main(["--timeout", "0.2", "--reply-deadline", "0.4", "x"]) == 3
     assert len(server.requests) == 1 and server.hang_ups(1) == 1, "cut at its deadline, not when the server gave up"
     assert "the reply did not end within --reply-deadline 0.4 s (its server kept sending" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("after_done", [{"linger": 0.02}, {"linger": 0.02, "drip": True}],
-                         ids=["keep-alives", "a chunk that drips"])
+@pytest.mark.parametrize("after_done", [{"linger": 0.02}, {"linger": 0.02, "drip": True},
+                                        {"linger": 0.02, "drip": True, "close": True}],
+                         ids=["keep-alives", "a chunk that drips", "a chunk that drips, Connection: close"])
 def test_a_complete_reply_whose_stream_lingers_after_done_is_used_and_its_connection_dropped(serve, capsys, after_done):
     server = serve([{"content": act("finish", result="done"), **after_done}], key=None)
     assert main(["--timeout", "0.2", "x"]) == 0, capsys.readouterr().err
@@ -371,6 +375,26 @@ def test_the_deadlines_of_replies_read_whole_are_let_go_and_cut_no_connection(se
         waiting = len(CUTOFFS._due)
     assert kept == [] and waiting <= 2, "31 replies read: none still watched, none piling up"
     assert server.connections == 1
+
+
+def test_a_connection_whose_socket_has_no_shutdown_of_its_own_is_cut_through_the_one_it_wraps():
+    # HTTPS inside an HTTPS proxy: urllib3's SSLTransport has no shutdown, the socket under it has.
+    mine, theirs = socket.socketpair()
+    theirs.settimeout(10)
+    wrapped = types.SimpleNamespace(socket=mine)
+    response = types.SimpleNamespace(raw=types.SimpleNamespace(connection=types.SimpleNamespace(sock=wrapped)))
+    with CUTOFFS.at(response, time.monotonic()) as watched:
+        assert watched and theirs.recv(1) == b"", "cut: the other end sees the connection end"
+    mine.close(), theirs.close()
+    held = types.SimpleNamespace(socket=None)  # nothing to shut: the watcher goes on for the others
+    response.raw.connection.sock = held
+    with CUTOFFS.at(response, time.monotonic()):
+        mine, theirs = socket.socketpair()
+        theirs.settimeout(10)
+        response2 = types.SimpleNamespace(raw=types.SimpleNamespace(connection=types.SimpleNamespace(sock=mine)))
+        with CUTOFFS.at(response2, time.monotonic()):
+            assert theirs.recv(1) == b""
+    mine.close(), theirs.close()
 
 
 def test_keep_alives_while_a_local_server_reads_a_long_prompt_keep_the_reply_alive_past_the_timeout(serve, capsys):
