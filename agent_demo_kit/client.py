@@ -378,6 +378,8 @@ class ModelClient:
                 else:
                     text = bounded(pieces, most_chars * REPLY_BYTES_A_CHAR, asked_at + allowed, allowed).decode(
                         response.encoding or "utf-8", "replace")
+                    if time.monotonic() >= asked_at + allowed:  # a body that ends at its close was cut there
+                        raise past_deadline(allowed)
             if streamed:
                 let_go(response, pieces, reply.unread)
         except (requests.RequestException, urllib3.exceptions.HTTPError, OSError) as error:
@@ -393,6 +395,8 @@ class ModelClient:
             raise
         except (AttemptFailed, EndpointError) as error:
             response.close()
+            if time.monotonic() >= asked_at + allowed:  # a stream that ends at its close, cut there
+                raise past_deadline(allowed) from None
             raise AttemptFailed(str(error)) from None
         if streamed:
             return reply

@@ -241,7 +241,8 @@ class Cutoffs:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._due: List[list] = []  # a heap of [when, n, the response, its socket (None once read)]
+        self._due: List[list] = []  # a heap of [when, n, the response (None: it owns the socket), its socket
+        # (None once read)]
         self._watched = 0  # entries of _due still being read
         self._numbers = itertools.count()
         self._thread: Optional[threading.Thread] = None
@@ -249,10 +250,11 @@ class Cutoffs:
     @contextlib.contextmanager
     def at(self, response: requests.Response, when: float) -> Iterator[bool]:
         """While the body is read, its connection is cut once `when` (time.monotonic) has passed. Gives
-        whether it can be: not when its connection has given up its socket (a reply that says
-        "Connection: close" owns it); that body must be read a piece as it arrives, each piece timed."""
-        sock = getattr(getattr(response.raw, "connection", None), "sock", None)
-        entry = [when, next(self._numbers), response.raw, sock]
+        whether it can be (when no socket is found, the body must be read a piece as it arrives, each
+        piece timed)."""
+        pooled = getattr(getattr(response.raw, "connection", None), "sock", None)
+        sock = pooled if pooled is not None else _owned_socket(response.raw)
+        entry = [when, next(self._numbers), response.raw if pooled is not None else None, sock]
         if sock is not None:
             with self._lock:
                 while self._due and self._due[0][3] is None:  # the replies read since: let go of them
@@ -281,14 +283,29 @@ class Cutoffs:
                     heapq.heapify(self._due)
                 while self._due and (self._due[0][3] is None or self._due[0][0] <= now):
                     _, _, raw, sock = heapq.heappop(self._due)
+                    if sock is None:
+                        continue
+                    if raw is None:  # the reply's own socket: no other request will use it
+                        _shut(sock)
+                        continue
                     connection = getattr(raw, "connection", None)  # None once the reply was read whole
-                    if sock is not None and connection is not None and getattr(connection, "sock", None) is sock:
+                    if connection is not None and getattr(connection, "sock", None) is sock:  # not back in the pool
                         _shut(sock)
                 if self._due:
                     idle_since = now
                 elif now - idle_since > CUTOFF_IDLE:  # nothing read for a while: the next reply starts another
                     self._thread = None
                     return
+
+
+def _owned_socket(raw: Any) -> Any:
+    """The socket of a reply that says "Connection: close": http.client hands it from the connection
+    to the response, which closes it after the body; it is reached through the response's file
+    (private attributes of http.client and socket, the same from Python 3.6 to 3.13), or None."""
+    try:
+        return raw._fp.fp.raw._sock
+    except AttributeError:
+        return None
 
 
 def _shut(sock: Any) -> None:

@@ -13,7 +13,8 @@ A canned reply is either a string (the assistant's content) or a dict:
    after its content, "pings": how many ": ping" comments come before it, "ping_every" seconds apart
    (as llama-cpp-python's server sends while it reads a long prompt), "endless": true to stream its content again and again, never ending,
    "drip": seconds between the bytes of a first event that never ends, inside one announced chunk,
-   "close": true to say "Connection: close" with a streamed reply,
+   "close": true to say "Connection: close" with a streamed reply ("size_line": true, with "drip":
+   the chunk's size line is what drips),
    "linger": seconds between the keep-alives it sends after [DONE] instead of ending the stream (with
    "drip": between the bytes of a chunk after [DONE] that never ends); each
    of the three for ENDLESS_SECONDS, so that a reader that does not stop fails its test instead of
@@ -256,9 +257,9 @@ class ScriptedServer:
         if spec.get("drip") and not spec.get("linger"):  # one event's chunk announced whole, then its bytes one at a time
             until = time.monotonic() + ENDLESS_SECONDS
             try:
-                handler.wfile.write(b"100000\r\n: ")
+                handler.wfile.write(b"1" if spec.get("size_line") else b"100000\r\n: ")
                 while time.monotonic() < until:
-                    handler.wfile.write(b".")
+                    handler.wfile.write(b"0" if spec.get("size_line") else b".")
                     handler.wfile.flush()
                     time.sleep(spec["drip"])
             except OSError:

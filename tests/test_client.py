@@ -347,10 +347,11 @@ def test_a_stream_of_keep_alives_ends_at_the_reply_deadline_and_is_not_sent_agai
     assert "the reply did not end within --reply-deadline 0.4 s (its server kept sending" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("closing", [False, True], ids=["kept-alive", "Connection: close"])
-def test_a_piece_that_drips_a_byte_at_a_time_ends_at_the_reply_deadline(serve, capsys, closing):
-    # Each byte comes well within --timeout, inside one chunk the server announced whole.
-    server = serve([{"content": "x", "drip": 0.02, "close": closing}], key=None)
+@pytest.mark.parametrize("how", [{}, {"close": True}, {"size_line": True}, {"close": True, "size_line": True}],
+                         ids=["kept-alive", "Connection: close", "its size line", "its size line, Connection: close"])
+def test_a_piece_that_drips_a_byte_at_a_time_ends_at_the_reply_deadline(serve, capsys, how):
+    # Each byte comes well within --timeout, inside one chunk the server announced whole (or its size).
+    server = serve([{"content": "x", "drip": 0.02, **how}], key=None)
     assert main(["--timeout", "0.2", "--reply-deadline", "0.4", "x"]) == 3
     assert len(server.requests) == 1 and server.hang_ups(1) == 1, "cut at its deadline, not when the server gave up"
     assert "the reply did not end within --reply-deadline 0.4 s (its server kept sending" in capsys.readouterr().err
