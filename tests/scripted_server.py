@@ -255,15 +255,8 @@ class ScriptedServer:
         except OSError:
             return
         if spec.get("drip") and not spec.get("linger"):  # one event's chunk announced whole, then its bytes one at a time
-            until = time.monotonic() + ENDLESS_SECONDS
-            try:
-                handler.wfile.write(b"1" if spec.get("size_line") else b"100000\r\n: ")
-                while time.monotonic() < until:
-                    handler.wfile.write(b"0" if spec.get("size_line") else b".")
-                    handler.wfile.flush()
-                    time.sleep(spec["drip"])
-            except OSError:
-                self._count_hang_up()
+            self._for_a_while(handler, b"1" if spec.get("size_line") else b"100000\r\n: ",
+                              b"0" if spec.get("size_line") else b".", spec["drip"])
             return
         content = spec.get("content") or ""
         size = 7 if len(content) < 500 else 250 if len(content) < 5000 else 4000  # long replies in bigger pieces
@@ -294,18 +287,27 @@ class ScriptedServer:
         if usage is not None:
             send(json.dumps({"object": "chat.completion.chunk", "choices": [], "usage": usage}))
         send("[DONE]")
+        if spec.get("linger"):  # [DONE], then keep-alives, or a chunk that never ends
+            drip = bool(spec.get("drip"))
+            if not self._for_a_while(handler, b"100000\r\n: " if drip else b"",
+                                     b"." if drip else b"d\r\n: keep-alive\n\r\n", spec["linger"]):
+                return
+        handler.wfile.write(b"0\r\n\r\n")
+
+    def _for_a_while(self, handler: BaseHTTPRequestHandler, first: bytes, each: bytes, every: float) -> bool:
+        """Write `first`, then `each` every `every` seconds for ENDLESS_SECONDS; False (and counted in
+        hung_up) when the reader hung up first."""
         until = time.monotonic() + ENDLESS_SECONDS
         try:
-            if spec.get("linger") and spec.get("drip"):  # [DONE], then a chunk that never ends
-                handler.wfile.write(b"100000\r\n: ")
-            while spec.get("linger") and time.monotonic() < until:
-                handler.wfile.write(b"." if spec.get("drip") else b"d\r\n: keep-alive\n\r\n")
+            handler.wfile.write(first)
+            while time.monotonic() < until:
+                handler.wfile.write(each)
                 handler.wfile.flush()
-                time.sleep(spec["linger"])
+                time.sleep(every)
         except OSError:
             self._count_hang_up()
-            return
-        handler.wfile.write(b"0\r\n\r\n")
+            return False
+        return True
 
     def __enter__(self) -> "ScriptedServer":
         self._thread.start()
