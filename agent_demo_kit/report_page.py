@@ -28,11 +28,11 @@ ANSWER_SHOWN_CHARS = 2_000
 TASK_SHOWN_CHARS = 2_000
 
 
-def drawn(path: Path) -> Tuple[str, str]:
+def drawn(path: str) -> Tuple[str, str]:
     """A trace file's task, and the run as the live trace drew it (as --show does), plain text; ("", "")
     when it cannot be read. Not redacted here: the page redacts all it holds, once (pieces)."""
     try:
-        records = trace_file.last_run_records(str(path))
+        records = trace_file.last_run_records(path)
     except (OSError, ValueError, ConfigError):  # damaged, or not a trace: the row stands without it
         return "", ""
     if not records:
@@ -52,8 +52,8 @@ def _clip(value: Any, chars: int) -> Any:
 
 def run_entry(line: dict, folders: List[str]) -> Dict[str, Any]:
     """One run of a task as a row shows it, and its trace drawn, from its results line."""
-    trace = next((Path(folder) / line["trace"] for folder in folders if isinstance(line.get("trace"), str)
-                  and inside_traces(Path(folder), line["trace"])), None)
+    trace = next((os.path.join(folder, line["trace"]) for folder in folders if isinstance(line.get("trace"), str)
+                  and inside_traces(folder, line["trace"])), None)
     tokens = line.get("tokens") if isinstance(line.get("tokens"), dict) else {}
     task, text = drawn(trace) if trace else ("", "")
     return {"status": str(line.get("status")),
@@ -65,7 +65,7 @@ def run_entry(line: dict, folders: List[str]) -> Dict[str, Any]:
             "trace": text, "task": task}
 
 
-def inside_traces(folder: Path, named: str) -> bool:
+def inside_traces(folder: str, named: str) -> bool:
     """Is the trace a results line names a plain file right in the folder's traces/, as a batch names
     them (a line is data: "../", an absolute path or a link must not draw another folder's runs, yours,
     into the page)? One lstat, not one a folder above it."""
@@ -73,7 +73,7 @@ def inside_traces(folder: Path, named: str) -> bool:
     if name in ("", ".", "..") or "/" in name or os.sep in name or "\0" in name:
         return False
     try:
-        return stat.S_ISREG(os.lstat(folder / "traces" / name).st_mode)
+        return stat.S_ISREG(os.lstat(os.path.join(folder, "traces", name)).st_mode)
     except (OSError, ValueError):
         return False
 
@@ -149,7 +149,7 @@ def run_data(path: str) -> Dict[str, Any]:
     run = {"status": outcome.status, "correct": None, "answer": _clip(outcome.result, ANSWER_SHOWN_CHARS)
            if outcome.result is not None else "", "rounds": outcome.rounds, "tokens": number(usage.get("total_tokens")),
            "cost": outcome.cost, "seconds": None, "error": _clip(outcome.error or "", 500),
-           "trace": drawn(Path(path))[1]}
+           "trace": drawn(path)[1]}
     model = str(records[0].get("model") or "") if records else ""
     return {"title": f"agent-demo run {Path(path).name}", "made": time.strftime("%Y-%m-%d %H:%M"),
             "configurations": [{"label": model, "folders": [str(path)], "summary": None}],

@@ -93,7 +93,7 @@ class SafeStream:
     def write(self, text: str) -> int:
         with self._lock:
             if not self.redactor.secrets and not self._pending:  # no secret to hold back or redact (a page's)
-                self._guarded(lambda: self.stream.write(self._shown(text)))
+                self._put(self._shown(text))
                 return len(text)
             self._pending += text
             self._emit(hold=self.redactor.unsafe_tail(self._pending))
@@ -101,7 +101,8 @@ class SafeStream:
 
     def flush(self) -> None:
         with self._lock:
-            self._emit(hold=self.redactor.unsafe_tail(self._pending))
+            if self._pending:
+                self._emit(hold=self.redactor.unsafe_tail(self._pending))
             self._guarded(self.stream.flush)
 
     def finish(self) -> None:
@@ -115,7 +116,7 @@ class SafeStream:
         line), written as it is after everything before it."""
         with self._lock:
             self._emit(hold=0)
-            self._guarded(lambda: self.stream.write(code))
+            self._put(code)
 
     def write_json(self, value: Any, indent: Optional[int] = None) -> None:
         """value as JSON and a newline. Its strings are redacted, not its text, so no key, however
@@ -127,7 +128,7 @@ class SafeStream:
         text += "\n"
         with self._lock:
             self._emit(hold=0)
-            self._guarded(lambda: self.stream.write(self._shown(text)))
+            self._put(self._shown(text))
 
     def close(self) -> None:
         try:
@@ -139,23 +140,34 @@ class SafeStream:
         cut = len(self._pending) - hold
         ready, self._pending = self._pending[:cut], self._pending[cut:]
         if ready:
-            self._guarded(lambda: self.stream.write(self._shown(self.redactor(ready))))
+            self._put(self._shown(self.redactor(ready)))
 
     def _shown(self, text: str) -> str:
-        return printable(inert(text) if self.inert else text)
+        return inert(text) if self.inert else printable(text)  # inert text holds no lone surrogate
+
+    def _put(self, text: str) -> None:
+        if self.broken:
+            return
+        try:
+            self.stream.write(text)
+        except (OSError, ValueError) as error:  # ValueError: the stream was closed under us
+            self._broke(error)
 
     def _guarded(self, write) -> None:
         if self.broken:
             return
         try:
             write()
-        except (OSError, ValueError) as error:  # ValueError: the stream was closed under us
-            if self.if_broken == "raise":
-                raise
-            self.broken = True
-            _silence(self.stream)
-            if self.if_broken == "end":
-                raise OutputClosed(f"the output could not be written: {error}") from None
+        except (OSError, ValueError) as error:
+            self._broke(error)
+
+    def _broke(self, error: Exception) -> None:
+        if self.if_broken == "raise":
+            raise error
+        self.broken = True
+        _silence(self.stream)
+        if self.if_broken == "end":
+            raise OutputClosed(f"the output could not be written: {error}") from None
 
     def __getattr__(self, name: str):  # isatty, fileno, encoding, ... of the stream underneath
         return getattr(self.stream, name)
@@ -261,8 +273,11 @@ class Screen:
     def say(self, text: str, kind: Optional[str] = None) -> None:
         with self._lock:
             self._clear_status()
-            self.paint(kind, text)
-            self.stream.write("\n")
+            if self.colour and kind in _COLOURS or text.endswith("\r"):  # a "\r" that ends text is shown
+                self.paint(kind, text)
+                self.stream.write("\n")
+            else:
+                self.stream.write(text + "\n")
             self.stream.flush()
 
     def show_reply(self, number: int, limit: int, reply: Any, prose: str, usage: dict, estimated: bool) -> None:

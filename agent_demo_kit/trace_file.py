@@ -329,7 +329,8 @@ class RunLog(RunEvents):
         """Append the round to the trace file (its calls were shown as they ran)."""
         if self.screen and not record.calls:
             self.screen.say(f"result: {to_json(record.result)}", "error")
-        self.record(ROUND, **record.to_line(), ts=time.time())
+        if self.trace_file:  # a replay draws rounds it does not write
+            self.record(ROUND, **record.to_line(), ts=time.time())
 
     def end(self, outcome: RunResult) -> None:
         self.ended(outcome.status, outcome.summary(), outcome.progress, outcome.models)

@@ -134,6 +134,17 @@ def test_the_trace_shows_escape_codes_from_the_model_tools_and_endpoint_as_text(
     assert records[1]["model_output"].startswith(HOSTILE), "the trace file keeps the exact text"
 
 
+@pytest.mark.processes
+def test_a_carriage_return_ending_a_line_of_a_result_is_shown_there(serve, capsys, tmp_path):
+    tools = tmp_path / "crlf.py"
+    tools.write_text('from tools import tool\n\n\n@tool\ndef report() -> str:\n    """A report."""\n'
+                     '    return "first\\r\\nsecond\\r\\n"\n')
+    serve([{"content": act("report")}, {"content": act("finish", result="read")}])
+    assert main(["--tools-file", str(tools), "hi"]) == 0
+    err = capsys.readouterr().err
+    assert "  | first\\r\n  | second\\r\n" in err, "the data's CRLF lines, each \\r in view where it is"
+
+
 def test_the_answer_is_exact_data_off_a_terminal_and_inert_on_one(serve, capsysbinary, monkeypatch):
     serve([act("finish", result=HOSTILE)], key=None)
     assert main(["--quiet", "hi"]) == 0
