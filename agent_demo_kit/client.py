@@ -157,6 +157,7 @@ class ModelClient:
         self.cap_shrunk = False  # the reply cap was shrunk to fit, and the trace said so
         self.stop: Optional[threading.Event] = None  # the run's, while it asks
         self.encoded: Tuple[Any, str] = (None, "")  # the last body made, and its JSON as it is sent
+        self.encoded_for: tuple = ()  # what it was made of, when its messages were plain
 
     def body(self, messages: List[dict], tools: Dict[str, Any]) -> dict:
         """The request body, exactly as sent, in the current form, offering `tools` (every tool in use):
@@ -164,12 +165,17 @@ class ModelClient:
         model's window leaves beside the request when that is less."""
         form, settings = self.form, self.settings
         options = prompts.request_options(form.mode, tools, settings.max_calls, form.schema_variant)
+        # The same plain messages again (the checks that the task fits, then the first request): the
+        # body made for them, not written again. Kept as text, which no later change to a message reaches.
+        same = plain_messages(messages), options, form.shape(), settings.model
+        if same[0] is not None and same == self.encoded_for:
+            return self.encoded[0]
         body = {"model": settings.model, "messages": messages, **options, **(STREAM_FIELDS if form.stream else {})}
         text = json.dumps(body, allow_nan=False)  # as requests writes json=: measured and sent, made once
         cap = self.reply_cap(len(text))
         if cap:  # the field goes last, as a dict that gets it last is written
             body, text = {**body, form.reply_cap_field: cap}, f"{text[:-1]}, {json.dumps(form.reply_cap_field)}: {cap}}}"
-        self.encoded = (body, text)
+        self.encoded, self.encoded_for = (body, text), same
         return body
 
     def reply_cap(self, request_chars: int) -> int:
@@ -410,6 +416,16 @@ class ModelClient:
 
     def close(self) -> None:
         """The connections stay open in the shared pool, for the next run."""
+
+
+def plain_messages(messages: List[dict]) -> Optional[Tuple[str, ...]]:
+    """The roles and texts of messages that hold nothing else, as they stand now; else None."""
+    said: List[str] = []
+    for message in messages:
+        if len(message) != 2 or not isinstance(message.get("role"), str) or not isinstance(message.get("content"), str):
+            return None
+        said += (message["role"], message["content"])
+    return tuple(said)
 
 
 LINGER_SECONDS = 1.0  # how long what follows a streamed reply's [DONE] is read, for its connection's sake

@@ -495,3 +495,22 @@ def test_the_body_is_made_once_and_sent_byte_for_byte_as_requests_would_send_jso
     if not overrides.get("stream"):
         sent = responses.calls[0].request
         assert sent.body == expected.body and sent.headers["Content-Type"] == "application/json"
+
+
+@pytest.mark.parametrize("change", ["a message edited in place", "another mode", "another tool"])
+def test_a_body_made_again_is_the_same_only_while_what_it_is_made_of_is(change):
+    from agent_demo_kit.tools import REGISTRY, in_use
+    asker, tools = client(mode="tools"), in_use(REGISTRY)
+    messages = [{"role": "system", "content": "rules"}, {"role": "user", "content": "task"}]
+    first = asker.body(messages, tools)
+    first_sent = asker.encoded[1]
+    assert asker.body([dict(message) for message in messages], tools) is first, "made once for the same messages"
+    if change == "a message edited in place":
+        messages[1]["content"] = "another task"
+    elif change == "another mode":
+        asker.form.mode = "json"
+    else:
+        tools = {name: tool for name, tool in tools.items() if name == "calculator"}
+    asker.body(messages, tools)
+    assert asker.encoded[1].encode("utf-8") == requests.Request("POST", URL, json=asker.encoded[0]).prepare().body
+    assert asker.encoded[1] != first_sent, "what is sent follows the change"
