@@ -8,7 +8,7 @@ import base64
 import functools
 import json
 import re
-from typing import Any, Callable, List, Optional, Tuple
+from typing import Any, Callable, FrozenSet, List, Optional, Tuple
 from urllib.parse import quote, quote_plus
 
 from agent_demo_kit.prompts import TRUNCATED
@@ -72,6 +72,37 @@ def _pattern(form: str, wrapped: bool = False) -> str:
     return (r"(?:\r?\n)?" if wrapped else "").join(pieces)
 
 
+@functools.lru_cache(maxsize=64)  # a batch builds redactors for the same few secrets, task after task
+def _searches(secrets: Tuple[str, ...]) -> tuple:
+    """What a Redactor of these secrets looks for: every form, the real secrets' forms, the patterns of
+    the real secrets and of all, whether JSON writes every form as it is, the pattern of the long
+    forms' first and last characters, the longest form, and the characters forms start with."""
+    real, placeholders = [], []
+    forms: List[str] = []
+    long_forms: List[str] = []
+    for secret in secrets:
+        its = list(_forms(secret))
+        long = len(secret) >= MIN_SECRET_CHARS
+        either = "|".join(_pattern(form, wrapped=long) for form in its)
+        forms += its
+        if long:
+            long_forms += its
+            real.append(either)
+        else:
+            placeholders.append(rf"(?<![A-Za-z0-9])(?:{either})(?![A-Za-z0-9])")
+    secret_pattern = re.compile("|".join(f"(?:{p})" for p in real)) if real else None
+    # Each form is written in JSON as it is: a form in any string of a value is in its JSON text too.
+    json_plain = all(json.dumps(form, ensure_ascii=False)[1:-1] == form for form in forms)
+    every = real + placeholders
+    pattern = re.compile("|".join(f"(?:{p})" for p in every)) if every else None
+    seeds = {piece for form in long_forms if len(form) > FRAGMENT_CHARS
+             for piece in (form[:FRAGMENT_CHARS], form[-FRAGMENT_CHARS:])}
+    # One search for them all first: most texts hold none, and need no look per form.
+    seed_pattern = re.compile("|".join(map(re.escape, sorted(seeds)))) if seeds else None
+    return (tuple(forms), tuple(long_forms), secret_pattern, json_plain, pattern, seed_pattern,
+            max(map(len, forms), default=0), frozenset(form[0] for form in forms if form))
+
+
 WRAPPED_FIRST_CHARS = 4  # a key wrapped across lines has at least this many characters before its first break
 
 
@@ -81,13 +112,13 @@ class Redactor:
 
     def __init__(self, *secrets: Optional[str]):
         self.secrets: List[str] = []
-        self.forms: List[str] = []  # of every secret: what a stream holds back
-        self.long_forms: List[str] = []  # of the real secrets: what a cut may leave in part
+        self.forms: Tuple[str, ...] = ()  # of every secret: what a stream holds back
+        self.long_forms: Tuple[str, ...] = ()  # of the real secrets: what a cut may leave in part
         self.pattern: Optional["re.Pattern"] = None
         self.secret_pattern: Optional["re.Pattern"] = None  # the real secrets alone, no placeholder
         self.seed_pattern: Optional["re.Pattern"] = None  # a long secret's first or last characters
         self.longest = 0
-        self.first_characters: set = set()
+        self.first_characters: FrozenSet[str] = frozenset()
         self.add(*secrets)
 
     def add(self, *secrets: Optional[str]) -> None:
@@ -95,30 +126,9 @@ class Redactor:
         new = [secret for secret in dict.fromkeys(secrets) if secret and secret not in self.secrets]
         if not new and self.pattern is not None:
             return
-        self.secrets += new
-        real, placeholders = [], []
-        self.forms, self.long_forms = [], []
-        for secret in self.secrets:
-            forms = list(_forms(secret))
-            long = len(secret) >= MIN_SECRET_CHARS
-            either = "|".join(_pattern(form, wrapped=long) for form in forms)
-            self.forms += forms
-            if long:
-                self.long_forms += forms
-                real.append(either)
-            else:
-                placeholders.append(rf"(?<![A-Za-z0-9])(?:{either})(?![A-Za-z0-9])")
-        self.secret_pattern = re.compile("|".join(f"(?:{p})" for p in real)) if real else None
-        # Each form is written in JSON as it is: a form in any string of a value is in its JSON text too.
-        self.json_plain = all(json.dumps(form, ensure_ascii=False)[1:-1] == form for form in self.forms)
-        every = real + placeholders
-        self.pattern = re.compile("|".join(f"(?:{p})" for p in every)) if every else None
-        seeds = {piece for form in self.long_forms if len(form) > FRAGMENT_CHARS
-                 for piece in (form[:FRAGMENT_CHARS], form[-FRAGMENT_CHARS:])}
-        # One search for them all first: most texts hold none, and need no look per form.
-        self.seed_pattern = re.compile("|".join(map(re.escape, sorted(seeds)))) if seeds else None
-        self.longest = max(map(len, self.forms), default=0)
-        self.first_characters = {form[0] for form in self.forms if form}
+        (self.forms, self.long_forms, self.secret_pattern, self.json_plain, self.pattern, self.seed_pattern,
+         self.longest, self.first_characters) = _searches((*self.secrets, *new))
+        self.secrets += new  # last: a stream that sees a secret finds the searches for it made
 
     def __call__(self, text: str, placeholders: bool = True) -> str:
         """text without the secrets; placeholders=False leaves the short placeholder keys in it."""

@@ -215,3 +215,12 @@ def test_a_key_written_across_lines_is_held_back_but_a_line_ending_in_its_first_
     assert redactor.unsafe_tail("the key:\n" + KEY[:8] + "\n" + KEY[8:12]) == len(KEY[:8] + "\n" + KEY[8:12])
     assert redactor.unsafe_tail("round limit reached after 6 round(s), 90 tokens\n") == 0
     assert redactor.unsafe_tail("it is " + KEY[:5]) == 5
+
+
+def test_redactors_of_the_same_secrets_share_nothing_a_later_secret_changes():
+    first, second = Redactor("sk-shared-secret-0123456789"), Redactor("sk-shared-secret-0123456789")
+    first.add("sk-only-the-first-knows-this-one")
+    text = "sk-shared-secret-0123456789 and sk-only-the-first-knows-this-one"
+    assert first(text) == f"{REDACTED} and {REDACTED}"
+    assert second(text) == f"{REDACTED} and sk-only-the-first-knows-this-one", "its own secrets alone"
+    assert Redactor("sk-shared-secret-0123456789").unsafe_tail("... sk-only-the-first") == 0
