@@ -76,7 +76,7 @@ def resolve(path: str, what: str) -> str:
     """The path with every symlink on the way followed, each one checked to be the user's or root's."""
     if not CHECKED:
         return os.path.abspath(path)
-    pending = list(Path(os.path.join(os.getcwd(), path)).parts[1:])
+    pending = list(Path(path if os.path.isabs(path) else os.path.join(os.getcwd(), path)).parts[1:])
     real, hops = os.sep, 0
     while pending:
         part = pending.pop(0)
@@ -207,15 +207,17 @@ def open_private(path: str, what: str = "the trace file") -> int:
     an existing one is opened without following a symlink and checked once open."""
     real = resolve(path, what)
     flags = os.O_RDWR | os.O_APPEND | _NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+    mode: Optional[int] = mode_for(real, resolved=True)
     try:
-        mode = mode_for(real, resolved=True)
         fd = os.open(real, flags | os.O_CREAT | os.O_EXCL, mode)
-        os.fchmod(fd, mode)  # whatever the umask: 0o277 would leave it unwritable to a later resume
     except FileExistsError:
-        fd = os.open(real, flags)
+        fd, mode = os.open(real, flags), None
     try:
-        require_ours(os.fstat(fd), path, what)
-    except ConfigError:
+        info = os.fstat(fd)
+        require_ours(info, path, what)
+        if mode is not None and stat.S_IMODE(info.st_mode) != mode:  # a umask of 0o277 would leave it
+            os.fchmod(fd, mode)  # unwritable to a later resume
+    except (ConfigError, OSError):
         os.close(fd)
         raise
     return fd
