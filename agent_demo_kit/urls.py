@@ -5,9 +5,10 @@ must never be shown.
 
 It imports nothing of agent-demo's.
 """
+import functools
 import ipaddress
 import re
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 from urllib.parse import unquote, urlsplit, urlunsplit
 
 CHAT_PATH = "/chat/completions"
@@ -72,15 +73,21 @@ def secrets_of(environment: Dict[str, str], *urls: Optional[str]) -> List[str]:
     as written and as sent (a short query value such as ?page=1 is hidden in the URL, not everywhere)."""
     found = [(environment.get(name) or "").strip() for name in ("LLM_API_KEY", "OPENAI_API_KEY", "LLM_ESCALATE_KEY")]
     for url in (*urls, *(environment.get(name) for name in ("LLM_API_URL", "OPENAI_BASE_URL", "LLM_ESCALATE_URL"))):
-        try:
-            parts = urlsplit((url or "").strip())
-            password = parts.password
-        except ValueError:
-            continue
-        query_secrets = [value for value in _hidden_query(parts.query)[1] if len(unquote(value)) >= 8]
-        for secret in ([password] if password else []) + query_secrets:
-            found += [secret, unquote(secret)]
+        found += _url_secrets(url or "")
     return [secret for secret in found if secret]
+
+
+@functools.lru_cache(maxsize=64)  # a batch asks for the same few URLs' task after task
+def _url_secrets(url: str) -> Tuple[str, ...]:
+    """A URL's password and query values (but plain ones), as written and as sent."""
+    try:
+        parts = urlsplit(url.strip())
+        password = parts.password
+    except ValueError:
+        return ()
+    query_secrets = [value for value in _hidden_query(parts.query)[1] if len(unquote(value)) >= 8]
+    return tuple(form for secret in ([password] if password else []) + query_secrets
+                 for form in (secret, unquote(secret)))
 
 
 def with_v1(url: str) -> str:
