@@ -93,13 +93,14 @@ def _searches(secrets: Tuple[str, ...]) -> tuple:
     secret_pattern = re.compile("|".join(f"(?:{p})" for p in real)) if real else None
     # Each form is written in JSON as it is: a form in any string of a value is in its JSON text too.
     json_plain = all(json.dumps(form, ensure_ascii=False)[1:-1] == form for form in forms)
+    ascii_plain = json_plain and all(form.isascii() for form in forms)  # and in JSON that escapes the rest
     every = real + placeholders
     pattern = re.compile("|".join(f"(?:{p})" for p in every)) if every else None
     seeds = {piece for form in long_forms if len(form) > FRAGMENT_CHARS
              for piece in (form[:FRAGMENT_CHARS], form[-FRAGMENT_CHARS:])}
     # One search for them all first: most texts hold none, and need no look per form.
     seed_pattern = re.compile("|".join(map(re.escape, sorted(seeds)))) if seeds else None
-    return (tuple(forms), tuple(long_forms), secret_pattern, json_plain, pattern, seed_pattern,
+    return (tuple(forms), tuple(long_forms), secret_pattern, json_plain, ascii_plain, pattern, seed_pattern,
             max(map(len, forms), default=0), frozenset(form[0] for form in forms if form))
 
 
@@ -115,6 +116,7 @@ class Redactor:
         self.forms: Tuple[str, ...] = ()  # of every secret: what a stream holds back
         self.long_forms: Tuple[str, ...] = ()  # of the real secrets: what a cut may leave in part
         self.pattern: Optional["re.Pattern"] = None
+        self.json_plain = self.ascii_plain = True  # JSON text shows every form as it is (escaping non-ASCII too)
         self.secret_pattern: Optional["re.Pattern"] = None  # the real secrets alone, no placeholder
         self.seed_pattern: Optional["re.Pattern"] = None  # a long secret's first or last characters
         self.longest = 0
@@ -126,8 +128,8 @@ class Redactor:
         new = [secret for secret in dict.fromkeys(secrets) if secret and secret not in self.secrets]
         if not new and self.pattern is not None:
             return
-        (self.forms, self.long_forms, self.secret_pattern, self.json_plain, self.pattern, self.seed_pattern,
-         self.longest, self.first_characters) = _searches((*self.secrets, *new))
+        (self.forms, self.long_forms, self.secret_pattern, self.json_plain, self.ascii_plain, self.pattern,
+         self.seed_pattern, self.longest, self.first_characters) = _searches((*self.secrets, *new))
         self.secrets += new  # last: a stream that sees a secret finds the searches for it made
 
     def __call__(self, text: str, placeholders: bool = True) -> str:
@@ -156,6 +158,14 @@ class Redactor:
             return text, value
         clean = self._values(value)
         return json.dumps(clean, ensure_ascii=False, indent=indent), clean
+
+    def ascii_dumps(self, value: Any) -> str:
+        """value's JSON text, every non-ASCII character escaped, with its strings redacted (NaN refused,
+        what JSON cannot hold written as its str()): written and searched once when nothing in it is secret."""
+        text = json.dumps(value, allow_nan=False, default=str)
+        if self.ascii_plain and self(text, placeholders=False) == text:
+            return text
+        return json.dumps(self._values(value), allow_nan=False, default=str)
 
     def nothing_in(self, value: Any) -> bool:
         """Is there surely nothing to redact in this value? Its JSON text is searched once, which is

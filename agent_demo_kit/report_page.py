@@ -183,7 +183,7 @@ def pieces(title: str, tasks: Iterator[Dict[str, Any]], configurations: Callable
 
 def _inert_json(value: Any, redactor: Optional[Redactor]) -> bytes:
     """value as JSON that no HTML parser takes for markup: no "</script>" nor "<!--" can end or bend the block."""
-    text = json.dumps(redactor.values(value) if redactor else value, allow_nan=False, default=str)
+    text = redactor.ascii_dumps(value) if redactor else json.dumps(value, allow_nan=False, default=str)
     return text.replace("&", "\\u0026").replace("<", "\\u003c").replace(">", "\\u003e").encode()
 
 

@@ -246,3 +246,15 @@ def test_in_a_browser_odd_statuses_from_a_results_file_draw_cleanly(browser, tmp
     assert page.locator("#tasks tbody tr.task").count() == 3
     assert page.locator("#status-chart rect").count() >= 3 and problems == []
     page.close()
+
+
+@pytest.mark.parametrize("key", ["sk-ascii-key-0123456789abcdef", "sk-é0123-é4567-é89ab-écdef-é"], ids=["ascii", "non-ascii"])
+def test_a_page_holds_no_key_in_the_form_its_json_writes_it(key):
+    from agent_demo_kit import report_page
+    from agent_demo_kit.redaction import Redactor
+    run = {"status": "finished", "answer": key, "trace": f"model: é {key}", "error": ""}
+    data = {"title": "t", "configurations": [], "tasks": [{"id": "1", "try": 1, "task": f"use {key}", "expected": "",
+                                                             "differs": False, "runs": [run]}]}
+    html = report_page.page(data, Redactor(key)).decode()
+    assert key not in html and json.dumps(key)[1:-1] not in html, "neither as it is nor as ASCII JSON writes it"
+    assert html.count("[redacted]") == 3
