@@ -8,7 +8,7 @@ import base64
 import functools
 import json
 import re
-from typing import Any, Callable, FrozenSet, List, Optional, Tuple
+from typing import Any, Callable, FrozenSet, List, NamedTuple, Optional, Tuple
 from urllib.parse import quote, quote_plus
 
 from agent_demo_kit.prompts import TRUNCATED
@@ -72,8 +72,22 @@ def _pattern(form: str, wrapped: bool = False) -> str:
     return (r"(?:\r?\n)?" if wrapped else "").join(pieces)
 
 
+class _Searches(NamedTuple):
+    forms: Tuple[str, ...]
+    long_forms: Tuple[str, ...]
+    secret_pattern: Optional["re.Pattern"]
+    json_plain: bool
+    ascii_plain: bool
+    pattern: Optional["re.Pattern"]
+    seed_pattern: Optional["re.Pattern"]
+    seeds: Tuple[str, ...]
+    unbroken: bool  # no form holds a line break: a text without forms, once its breaks are gone, holds none
+    longest: int
+    first_characters: FrozenSet[str]
+
+
 @functools.lru_cache(maxsize=64)  # a batch builds redactors for the same few secrets, task after task
-def _searches(secrets: Tuple[str, ...]) -> tuple:
+def _searches(secrets: Tuple[str, ...]) -> _Searches:
     """What a Redactor of these secrets looks for: every form, the real secrets' forms, the patterns of
     the real secrets and of all, whether JSON writes every form as it is, the pattern of the long
     forms' first and last characters, the longest form, and the characters forms start with."""
@@ -100,8 +114,12 @@ def _searches(secrets: Tuple[str, ...]) -> tuple:
              for piece in (form[:FRAGMENT_CHARS], form[-FRAGMENT_CHARS:])}
     # One search for them all first: most texts hold none, and need no look per form.
     seed_pattern = re.compile("|".join(map(re.escape, sorted(seeds)))) if seeds else None
-    return (tuple(forms), tuple(long_forms), secret_pattern, json_plain, ascii_plain, pattern, seed_pattern,
-            max(map(len, forms), default=0), frozenset(form[0] for form in forms if form))
+    return _Searches(tuple(forms), tuple(long_forms), secret_pattern, json_plain, ascii_plain, pattern,
+                     seed_pattern, tuple(sorted(seeds)), not any("\r" in form or "\n" in form for form in forms),
+                     max(map(len, forms), default=0), frozenset(form[0] for form in forms if form))
+
+
+_CUT_OPENING = f" ...{TRUNCATED}".split("{count}")[0]  # what every cut marker starts with
 
 
 WRAPPED_FIRST_CHARS = 4  # a key wrapped across lines has at least this many characters before its first break
@@ -119,6 +137,8 @@ class Redactor:
         self.json_plain = self.ascii_plain = True  # JSON text shows every form as it is (escaping non-ASCII too)
         self.secret_pattern: Optional["re.Pattern"] = None  # the real secrets alone, no placeholder
         self.seed_pattern: Optional["re.Pattern"] = None  # a long secret's first or last characters
+        self.seeds: Tuple[str, ...] = ()  # those characters
+        self.unbroken = True
         self.longest = 0
         self.first_characters: FrozenSet[str] = frozenset()
         self.add(*secrets)
@@ -129,15 +149,27 @@ class Redactor:
         if not new and self.pattern is not None:
             return
         (self.forms, self.long_forms, self.secret_pattern, self.json_plain, self.ascii_plain, self.pattern,
-         self.seed_pattern, self.longest, self.first_characters) = _searches((*self.secrets, *new))
+         self.seed_pattern, self.seeds, self.unbroken, self.longest,
+         self.first_characters) = _searches((*self.secrets, *new))
         self.secrets += new  # last: a stream that sees a secret finds the searches for it made
 
     def __call__(self, text: str, placeholders: bool = True) -> str:
         """text without the secrets; placeholders=False leaves the short placeholder keys in it."""
         pattern = self.pattern if placeholders else self.secret_pattern
-        if not pattern:
+        if not pattern or self._surely_clean(text, placeholders):
             return text
         return self._fragments(pattern.sub(REDACTED, text))
+
+    def _surely_clean(self, text: str, placeholders: bool) -> bool:
+        """Does text hold nothing to redact, as plain substring searches show (most texts, at a fraction
+        of the patterns' cost)? No form, nor a long one's first or last characters, in it once its line
+        breaks are gone (a wrapped key is whole again), no percent escape (which matches in either
+        case), and no cut marker (beside which a few characters are redacted)."""
+        if not self.unbroken or "%" in text or _CUT_OPENING in text:
+            return False
+        joined = text.replace("\r", "").replace("\n", "") if "\n" in text or "\r" in text else text
+        return not any(form in joined for form in (self.forms if placeholders else self.long_forms)) \
+            and not any(seed in joined for seed in self.seeds)
 
     def values(self, value: Any) -> Any:
         """value (what JSON holds, data) with each of its strings redacted, never its numbers or its

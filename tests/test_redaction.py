@@ -224,3 +224,31 @@ def test_redactors_of_the_same_secrets_share_nothing_a_later_secret_changes():
     assert first(text) == f"{REDACTED} and {REDACTED}"
     assert second(text) == f"{REDACTED} and sk-only-the-first-knows-this-one", "its own secrets alone"
     assert Redactor("sk-shared-secret-0123456789").unsafe_tail("... sk-only-the-first") == 0
+
+
+@pytest.mark.parametrize("secret", ["sk-proj-Abc123/def+GHI=jkl", "short5", "sk-benchmark", "pässwörd-1234",
+                                    "sk-line\nbreak-0123"])
+def test_the_quick_look_for_secrets_redacts_exactly_what_the_patterns_do(secret):
+    import random
+    from agent_demo_kit.prompts import TRUNCATED
+    redactor = Redactor(secret)
+    rng = random.Random(7)
+
+    def wrapped(form):  # broken over lines, as base64 -w and fold write it
+        cut = rng.randrange(1, len(form)) if len(form) > 1 else 1
+        return form[:cut] + rng.choice(["\n", "\r\n"]) + form[cut:]
+
+    def risky():
+        form = rng.choice(redactor.forms)
+        return rng.choice([
+            form, wrapped(form), re.sub(r"%[0-9A-F]{2}", lambda escape: escape.group().lower(), form),
+            rng.choice(redactor.seeds or (form,)), form[:rng.randint(4, len(form))], form[-rng.randint(1, len(form)):],
+            form[:6] + f" ...{TRUNCATED.format(count=12)}... ", f" ...{TRUNCATED.format(count=3)}... " + form[-6:]])
+    filler = ["data", " ", "\n", "\r\n", "%", '{"a": "', '"}', "x1", "é"]
+    for _ in range(4000):
+        text = "".join(rng.choice(filler) for _ in range(rng.randint(0, 4)))
+        text += risky() + "".join(rng.choice(filler) for _ in range(rng.randint(0, 4)))
+        for placeholders in (True, False):
+            pattern = redactor.pattern if placeholders else redactor.secret_pattern
+            by_patterns = redactor._fragments(pattern.sub(REDACTED, text)) if pattern else text
+            assert redactor(text, placeholders=placeholders) == by_patterns, (text, placeholders)
