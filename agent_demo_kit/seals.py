@@ -80,7 +80,12 @@ def _digest(record: dict, key: bytes) -> str:
 
 def sealed(record: dict) -> dict:
     """The record with its seal (trace_file.py seals the records that set a run up)."""
-    return {**record, "seal": _digest(record, seal_key())}
+    return {**record, "seal": seal_of(record)}
+
+
+def seal_of(record: dict) -> str:
+    """The seal of a record as it stands (its own "seal" left out)."""
+    return _digest(record, seal_key())
 
 
 def is_sealed(record: dict) -> bool:

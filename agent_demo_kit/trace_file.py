@@ -27,7 +27,7 @@ from typing import Any, ContextManager, Dict, List, Optional
 from agent_demo_kit.records import Call, Compaction, Reply, Round, RunEvents, Working, to_json
 from agent_demo_kit.endings import RESUMABLE, ConfigError, RunResult
 from agent_demo_kit.events import compaction_said, fallback_said, retry_said
-from agent_demo_kit.seals import is_sealed, sealed
+from agent_demo_kit.seals import is_sealed, seal_of
 from agent_demo_kit.private_files import lock, open_private
 from agent_demo_kit.limits import TASK_SHOWN_CHARS
 from agent_demo_kit.terminal import SafeStream, Screen
@@ -225,9 +225,13 @@ class RunLog(RunEvents):
                 if event == START:
                     self.run_id = secrets.token_hex(8)
                 at = os.fstat(self.trace_file.fileno()).st_size  # every record before it is flushed
-                record = sealed(self.redactor.values({**record, "run": self.run_id, "at": at}))
+                record.pop("seal", None)
+                record.update(run=self.run_id, at=at)
             try:  # its strings redacted, not its text: every line parses, whatever the key
                 text, kept = self.redactor.redacted(record)
+                if event in SETS_UP:  # the seal goes last, as a dict that gets it last is written
+                    seal = seal_of(kept)
+                    text, kept = f"{text[:-1]}, \"seal\": \"{seal}\"}}", {**kept, "seal": seal}
                 self.trace_file.write_line(text)
                 self.trace_file.flush()  # a crash loses at most the round in flight
                 if self.written is not None:

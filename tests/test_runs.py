@@ -393,3 +393,20 @@ def test_a_run_with_large_material_is_listed_by_the_words_asked_and_wide_charact
     assert run["task"] == "总结 \"this\" 日志 –\ttab"
     rows = cli("--runs")[1].splitlines()
     assert sum(2 if unicodedata.east_asian_width(c) in "WF" else 1 for c in rows[1]) <= 80
+
+
+@pytest.mark.parametrize("task", ["add 2 and 3", "the key is {key}"], ids=["nothing to redact", "a key to redact"])
+def test_the_records_that_set_a_run_up_are_plain_json_sealed_last(serve, tmp_path, task):
+    from agent_demo_kit.seals import is_sealed
+    from conftest import KEY
+    serve([{"content": act("calculator", expression="2 + 3")}, {"content": act("finish", result="5")}])
+    trace = tmp_path / "run.jsonl"
+    assert main(["--trace", str(trace), "--max-rounds", "1", "--quiet", task.format(key=KEY)]) == 1
+    assert main(["--resume", str(trace), "--quiet"]) == 0
+    lines = trace.read_text().splitlines()
+    setting_up = [line for line in lines if json.loads(line)["event"] in ("start", "resume")]
+    assert len(setting_up) == 2 and KEY not in trace.read_text()
+    for line in setting_up:
+        record = json.loads(line)
+        assert line == json.dumps(record, ensure_ascii=False), "written as JSON writes it"
+        assert list(record)[-1] == "seal" and is_sealed(record)
