@@ -51,10 +51,17 @@ ACTIVE = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\xad\u0600-\u0605\u061c
                      "\ue000-\uf8ff\U000f0000-\U000ffffd\U00100000-\U0010fffd]|\r(?!\n)")
 
 
+# What ACTIVE can match in ASCII text, a carriage return before a newline too: ASCII text without
+# any of these holds nothing to escape (most lines), found without ACTIVE's long alternatives.
+_ASCII_CONTROLS = re.compile("[\x00-\x08\x0b-\x1f\x7f]")
+
+
 def inert(text: str) -> str:
     """text a terminal shows and never acts on: each such character as a visible escape (\\x1b,
     \\u202e, \\r); newlines and tabs stay. JSON text stays JSON that means the same, since JSON
     escapes the C0 controls itself and \\uXXXX (a surrogate pair beyond U+FFFF) is its own escape."""
+    if text.isascii() and not _ASCII_CONTROLS.search(text):
+        return text
     return ACTIVE.sub(_escape, text)
 
 

@@ -113,6 +113,13 @@ def test_a_question_escapes_every_invisible_character_even_those_text_keeps():
     assert question_line("approve x 订单 é ok", 80) == "approve x 订单 é ok"
 
 
+def test_ascii_text_is_made_inert_as_the_whole_rule_makes_it():
+    from agent_demo_kit.terminal import ACTIVE, _escape
+    for code in range(128):
+        for text in (chr(code), f"a{chr(code)}", f"{chr(code)}\n", f"line {chr(code)} and more\r\n"):
+            assert inert(text) == ACTIVE.sub(_escape, text), repr(text)
+
+
 def test_inert_json_is_still_json_meaning_the_same():
     value = {"path": "\x1b[2J\x7f\x9b\u202e\r\n\u2028\U000e0041"}
     text = inert(json.dumps(value, ensure_ascii=False))
