@@ -254,6 +254,11 @@ def parse_actions(text: str, known: Iterable[str] = ()) -> Parsed:
     inside one of its strings is text and reaches the tool unchanged. A reply without JSON actions
     is read leniently (Python quoting, unquoted keys, trailing commas: `repaired` says what); one
     that tries to be an action and cannot be read is a problem, never words to keep."""
+    whole = _whole_value(text)
+    read = as_actions(whole[2], known) if whole else None
+    if read and isinstance(read[0][0].get("args", {}), dict):  # most replies: one action, and nothing else
+        return Parsed([Action(value["tool"], value.get("args", {})) for value in read[0]],
+                      prose=text[:whole[0]] + text[whole[1]:], repaired=", ".join(dict.fromkeys(read[1])))
     spans = json_spans(text)
     plain = [(start, end) for opening, start, end, closing in _pieces(text, spans) if not (opening or closing)]
     found, saw_json, index, action_spans, reshaped = [], False, 0, [], []
@@ -289,6 +294,19 @@ def parse_actions(text: str, known: Iterable[str] = ()) -> Parsed:
     if not isinstance(actions[0].args, dict):
         return Parsed([], f"\"args\" of {actions[0].tool} must be a JSON object")
     return Parsed(actions, prose=_without(text, action_spans), repaired=", ".join(dict.fromkeys(reshaped)))
+
+
+def _whole_value(text: str) -> Optional[Tuple[int, int, Any]]:
+    """A reply that is one JSON object or array of objects and nothing but whitespace around it, with no
+    think tag and no fence: (start, end, value), as json_spans finds it; else None."""
+    start = len(text) - len(text.lstrip())
+    if len(text) > MAX_PARSED_CHARS or "<" in text or "`" in text or not _JSON_START.match(text, start):
+        return None
+    try:
+        value, end = DECODER.raw_decode(text, start)
+    except (ValueError, RecursionError):
+        return None
+    return (start, end, _printable(value)) if end == len(text) or text[end:].isspace() else None
 
 
 def said_besides_actions(text: str) -> str:

@@ -1,5 +1,5 @@
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given, settings, strategies as st
 
 from agent_demo_kit.actions import Action, parse_actions, parse_reply, strip_think
 from agent_demo_kit.records import Reply
@@ -185,3 +185,27 @@ def test_a_reply_that_tries_to_be_an_action_and_cannot_be_read_is_never_words(re
 def test_actions_written_as_python_calls_or_other_shapes_are_read(reply, actions):
     parsed = parse_actions(reply, KNOWN)
     assert [(action.tool, action.args) for action in parsed.actions] == actions and parsed.repaired
+
+
+JSON_VALUES = st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=8) | st.just("\ud83d"),
+                           lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner,
+                                                                                         max_size=3), max_leaves=8)
+
+
+@given(st.one_of(
+    st.fixed_dictionaries({"tool": st.sampled_from(["calculator", "finish", ""]), "args": JSON_VALUES}),
+    st.fixed_dictionaries({"name": st.sampled_from(["calculator", "x"]), "arguments": JSON_VALUES | st.text()}),
+    st.fixed_dictionaries({"actions": st.lists(st.fixed_dictionaries({"tool": st.text(max_size=5)}), max_size=2)}),
+    st.lists(st.fixed_dictionaries({"tool": st.text(max_size=5), "args": JSON_VALUES}), max_size=2),
+    st.dictionaries(st.sampled_from(["calculator", "tool", "args"]), JSON_VALUES, max_size=2), JSON_VALUES),
+    st.sampled_from(["", " ", "\n", "\u00a0", "\u2028"]),
+    st.sampled_from(["", " \n", "\t", "x", "}", "```", "<think>", ' {"tool": "finish"}', '[{"tool": "x"}]']))
+@settings(max_examples=400)
+def test_a_reply_that_is_one_json_value_is_read_as_the_whole_reading_reads_it(value, before, after):
+    import json
+    from unittest import mock
+    text = before + json.dumps(value, ensure_ascii=False) + after
+    known = ("calculator", "get_order_status")
+    with mock.patch("agent_demo_kit.actions._whole_value", return_value=None):
+        whole_reading = parse_actions(text, known)
+    assert parse_actions(text, known) == whole_reading
