@@ -186,7 +186,7 @@ class Redactor:
         """dumps(value) and values(value) at once, the JSON written and searched once: a record is
         written and kept alike."""
         text = _json_text(value, indent) if self.json_plain else None
-        if text is not None and self(text, placeholders=False) == text:
+        if text is not None and self._none_in_json(text):
             return text, value
         clean = self._values(value)
         return json.dumps(clean, ensure_ascii=False, indent=indent), clean
@@ -195,7 +195,7 @@ class Redactor:
         """value's JSON text, every non-ASCII character escaped, with its strings redacted (NaN refused,
         what JSON cannot hold written as its str()): written and searched once when nothing in it is secret."""
         text = json.dumps(value, allow_nan=False, default=str)
-        if self.ascii_plain and self(text, placeholders=False) == text:
+        if self.ascii_plain and self._none_in_json(text):
             return text
         return json.dumps(self._values(value), allow_nan=False, default=str)
 
@@ -205,7 +205,14 @@ class Redactor:
         if isinstance(value, str) or value is None or isinstance(value, (bool, int, float)) or not self.json_plain:
             return False
         text = _json_text(value)
-        return text is not None and self(text, placeholders=False) == text
+        return text is not None and self._none_in_json(text)
+
+    def _none_in_json(self, text: str) -> bool:
+        """Does a value's JSON text show no secret in any of its strings? Its escaped line breaks are
+        searched as the breaks they stand for: a key a string holds across lines (fold -w 8, base64
+        -w 76) is a key, which JSON writes as pieces joined by "\\n"."""
+        probe = text.replace("\\r", "\r").replace("\\n", "\n") if "\\" in text else text
+        return self(probe, placeholders=False) == probe
 
     def _values(self, value: Any) -> Any:
         if isinstance(value, str):

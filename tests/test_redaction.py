@@ -188,6 +188,23 @@ def test_a_tools_file_cannot_read_the_key_and_one_it_returns_is_not_sent_to_the_
     assert "key=[redacted]" in sent[3], "a key it found elsewhere goes no further"
 
 
+@pytest.mark.processes
+@pytest.mark.parametrize("width", [8, 12])
+def test_a_key_a_tool_returns_across_lines_is_sent_and_recorded_redacted(serve, tmp_path, width):
+    import textwrap
+    folded = "\n".join(textwrap.wrap(f"key={KEY}", width, break_on_hyphens=False))  # as fold -w writes it
+    (tmp_path / "folded.txt").write_text(folded)
+    tools_file = tmp_path / "files.py"
+    tools_file.write_text('def read_file(path: str) -> str:\n    """A file."""\n    return open(path).read()\n')
+    server = serve([act("read_file", path=str(tmp_path / "folded.txt")), act("finish", result="done")])
+    trace = tmp_path / "run.jsonl"
+    assert main(["--quiet", "--tools-file", str(tools_file), "--trace", str(trace), "hi"]) == 0
+    sent = json.dumps(server.requests[1]["body"])
+    for where in (sent, trace.read_text()):
+        joined = re.sub(r"\\*\n|\\+n", "", where)  # its line breaks gone, as written or escaped once or twice
+        assert KEY not in joined and "[redacted]" in where
+
+
 def test_piped_material_with_the_key_is_not_sent_to_the_endpoint(serve, cli):
     server = serve([act("finish", result="summed up")])
     code, out, _ = cli("summarize this", stdin=f"config: api_key={KEY}\n")

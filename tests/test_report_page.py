@@ -248,13 +248,16 @@ def test_in_a_browser_odd_statuses_from_a_results_file_draw_cleanly(browser, tmp
     page.close()
 
 
-@pytest.mark.parametrize("key", ["sk-ascii-key-0123456789abcdef", "sk-é0123-é4567-é89ab-écdef-é"], ids=["ascii", "non-ascii"])
-def test_a_page_holds_no_key_in_the_form_its_json_writes_it(key):
+@pytest.mark.parametrize("key, folded", [("sk-ascii-key-0123456789abcdef", False), ("sk-é0123-é4567-é89ab-écdef-é", False),
+                                         ("sk-ascii-key-0123456789abcdef", True)], ids=["ascii", "non-ascii", "across lines"])
+def test_a_page_holds_no_key_in_the_form_its_json_writes_it(key, folded):
     from agent_demo_kit import report_page
     from agent_demo_kit.redaction import Redactor
-    run = {"status": "finished", "answer": key, "trace": f"model: é {key}", "error": ""}
-    data = {"title": "t", "configurations": [], "tasks": [{"id": "1", "try": 1, "task": f"use {key}", "expected": "",
+    said = "\n".join(key[at:at + 8] for at in range(0, len(key), 8)) if folded else key  # fold -w 8
+    run = {"status": "finished", "answer": said, "trace": f"model: é {said}", "error": ""}
+    data = {"title": "t", "configurations": [], "tasks": [{"id": "1", "try": 1, "task": f"use {said}", "expected": "",
                                                              "differs": False, "runs": [run]}]}
     html = report_page.page(data, Redactor(key)).decode()
-    assert key not in html and json.dumps(key)[1:-1] not in html, "neither as it is nor as ASCII JSON writes it"
+    assert key not in html.replace("\\n", "") and json.dumps(key)[1:-1] not in html, \
+        "neither as it is, nor as ASCII JSON writes it, nor across lines"
     assert html.count("[redacted]") == 3
