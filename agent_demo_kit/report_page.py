@@ -13,6 +13,7 @@ import json
 import os
 import stat
 import time
+from array import array
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tuple
 
@@ -113,15 +114,15 @@ def batch_data(names: List[str]) -> Dict[str, Any]:
 def folder_pieces(folder: Path, redactor: Optional[Redactor] = None) -> Iterator[bytes]:
     """A batch's own page, made a task at a time (10,000 tasks cost no more memory than 1,000): its
     results files read twice, first for which line of each task is the latest, then for the rows."""
-    latest: Dict[Any, Tuple[float, int]] = {}  # task -> when its latest line ended, and where that line is
-    position = 0
+    latest: Dict[Any, int] = {}  # task -> where its latest line is
+    ended = array("d")  # when each line's run ended, by where the line is
     for path in comparison.results_files(folder):
         for line in comparison.read_lines(path):
-            key, ended = comparison.result_key(line), comparison.ended_key(line)
-            if key not in latest or ended >= latest[key][0]:  # as --summary reads them: the last of a tie
-                latest[key] = ended, position
-            position += 1
-    kept = {where for _, where in latest.values()}
+            key, when = comparison.result_key(line), comparison.ended_key(line)
+            if key not in latest or when >= ended[latest[key]]:  # as --summary reads them: the last of a tie
+                latest[key] = len(ended)
+            ended.append(when)
+    del ended  # not needed while the rows are made
     tally, config = metrics.Tally(max((key[1] for key in latest), default=1)), None
 
     def rows() -> Iterator[Dict[str, Any]]:
@@ -130,7 +131,7 @@ def folder_pieces(folder: Path, redactor: Optional[Redactor] = None) -> Iterator
         for path in comparison.results_files(folder):
             for line in comparison.read_lines(path):
                 position += 1
-                if position - 1 in kept:
+                if latest.get(comparison.result_key(line)) == position - 1:
                     tally.add(line)
                     config = config or line.get("config")
                     yield task_entry(comparison.result_key(line), [line], [[str(folder)]])
