@@ -165,9 +165,9 @@ class ModelClient:
         model's window leaves beside the request when that is less."""
         form, settings = self.form, self.settings
         options = prompts.request_options(form.mode, tools, settings.max_calls, form.schema_variant)
-        # The same plain messages again (the checks that the task fits, then the first request): the
-        # body made for them, not written again. Kept as text, which no later change to a message reaches.
-        same = plain_messages(messages), options, form.shape(), settings.model
+        # The system prompt and the task again (the checks that the task fits, then the first request):
+        # the body made for them, not written again. Kept as text, which no later change to them reaches.
+        same = plain_messages(messages) if len(messages) <= 2 else None, options, form.shape(), settings.model
         if same[0] is not None and same == self.encoded_for:
             return self.encoded[0]
         body = {"model": settings.model, "messages": messages, **options, **(STREAM_FIELDS if form.stream else {})}
