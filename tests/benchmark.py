@@ -15,8 +15,9 @@ within one run: the machines are shared and noisy.
     python tests/benchmark.py --instructions
 
 counts instead (with valgrind's callgrind): the instructions a two-round batch task takes next to a
-bare requests loop making its two requests, each answered from bytes recorded from the scripted
-server, so that no network, no server and no other job on the machine is counted.
+bare requests loop making its two requests, and a round of a long run (rounds 61 to 180, with and
+without think blocks) next to a bare loop posting the same bodies, each request answered from bytes
+recorded from the scripted server, so that no network, no server and no other job is counted.
 """
 import argparse
 import contextlib
@@ -31,6 +32,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import List
 
 import requests
 
@@ -297,48 +299,97 @@ def batch_figures(tasks: int, parallel: int, large: int) -> None:
           f" at {large:,} ({large_peak / small_peak:.2f}x)")
 
 
-def replayed(tasks: int, bare: bool) -> None:
-    """`tasks` two-round tasks with no network: each request is answered from the bytes the scripted
-    server sent for it, so that only the work of this process is counted (--instructions runs it under
-    callgrind). bare: the same requests, posted by a bare requests loop."""
+def answered_from(answers: List[bytes]) -> None:
+    """From now on each chat request of this process is answered with the next of `answers` (the bytes
+    the scripted server sent), and nothing else is asked of the network (a local server's window: 404)."""
     import urllib3
     import requests.adapters
-    with ScriptedServer([], screen=two_rounds) as server:
-        _, _, bodies = batch_run(server, 1, 1)
-        server.restart()
-        with requests.Session() as session:
-            answers = [session.post(server.url + "/chat/completions", json=body).content for body in bodies[0]]
+    left = iter(answers)
 
     def answer(adapter, request, **_: object) -> requests.Response:
-        chat = request.url.endswith("/chat/completions")  # a local server's window is not asked here
-        first = chat and sum(message["role"] == "assistant" for message in json.loads(request.body)["messages"]) == 0
-        raw = urllib3.HTTPResponse(body=io.BytesIO(answers[not first] if chat else b"{}"), status=200 if chat else 404,
+        chat = request.url.endswith("/chat/completions")
+        raw = urllib3.HTTPResponse(body=io.BytesIO(next(left) if chat else b"{}"), status=200 if chat else 404,
                                    headers={"Content-Type": "text/event-stream" if chat else "application/json"},
                                    preload_content=False)
         return adapter.build_response(request, raw)
     requests.adapters.HTTPAdapter.send = answer
+
+
+def recorded(server: ScriptedServer, bodies: List[dict]) -> List[bytes]:
+    """What the scripted server sends for these bodies, played again from its first reply."""
+    server.restart()
+    with requests.Session() as session:
+        return [session.post(server.url + "/chat/completions", json=body).content for body in bodies]
+
+
+def post_all(url: str, bodies: List[dict]) -> None:
+    with requests.Session() as session:
+        for body in bodies:
+            session.post(url + "/chat/completions", json=body).content
+
+
+def replayed(tasks: int, bare: bool) -> None:
+    """`tasks` two-round tasks with no network: each request is answered from the bytes the scripted
+    server sent for it, so that only the work of this process is counted (--instructions runs it under
+    callgrind). bare: the same requests, posted by a bare requests loop."""
+    with ScriptedServer([], screen=two_rounds) as server:
+        _, _, bodies = batch_run(server, 1, 1)
+        answers = recorded(server, bodies[0])
+    answered_from(answers * tasks)
     os.environ["LLM_API_URL"] = server.url
     if bare:
-        with requests.Session() as session:
-            for _ in range(tasks):
-                for body in bodies[0]:
-                    session.post(server.url + "/chat/completions", json=body).content
+        post_all(server.url, bodies[0] * tasks)
         return
-    folder = tempfile.mkdtemp()
-    with contextlib.redirect_stdout(io.StringIO()):
-        cli_main(["--batch", task_file(folder, tasks), "--parallel", "1", "--out", os.path.join(folder, "out"), "-q"])
+    folder, said = tempfile.mkdtemp(), io.StringIO()
+    with contextlib.redirect_stdout(said):
+        cli_main(["--batch", task_file(folder, tasks), "--parallel", "1", "--out", os.path.join(folder, "out"), "-q",
+                  "--json"])
+    assert json.loads(said.getvalue())["status_counts"] == {"finished": tasks}  # as the server's tasks went
 
 
-def instructions_a_task(bare: bool, few: int = 20, more: int = 60) -> float:
-    """Instructions a replayed task takes, counted by callgrind: the difference between `more` tasks and
-    `few`, so that start-up counts for nothing."""
+ROUNDS_COUNTED = 60, 180  # a long run's rounds 61 to 180: past its first compactions
+
+
+def replayed_rounds(rounds: int, think: int, max_context: int, bare: bool) -> None:
+    """The first `rounds` rounds of a long run with no network, as replayed() does for a batch; bare:
+    their bodies posted by a bare requests loop. The run recorded is as long whatever `rounds` is, so
+    that recording it counts alike at every length."""
+    with ScriptedServer(long_run_replies(ROUNDS_COUNTED[1], think)) as server:
+        _, _, bodies, _ = harness_run(server, ROUNDS_COUNTED[1], max_context)
+        answers = recorded(server, bodies)
+    answered_from(answers[:rounds])
+    if bare:
+        post_all(server.url, bodies[:rounds])
+        return
+    said = io.StringIO()
+    with contextlib.redirect_stdout(said):
+        cli_main(["--quiet", "--json", "--max-rounds", str(rounds), "--max-context", str(max_context), "add up"])
+    assert json.loads(said.getvalue())["rounds"] == rounds, said.getvalue()[:300]  # as the server's run went
+
+
+def instructions_each(replay: List[str], few: int, more: int) -> float:
+    """Instructions each task or round of a replay takes, counted by callgrind: the difference between
+    `more` of them and `few`, so that start-up counts for nothing."""
     counted = []
-    for tasks in (few, more):
+    for units in (few, more):
         command = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", sys.executable, __file__,
-                   "--replay", str(tasks), *(["--bare"] if bare else [])]
+                   *replay, str(units)]
         run = subprocess.run(command, capture_output=True, text=True, check=True)
         counted.append(int(re.search(r"Collected : (\d+)", run.stderr).group(1)))
     return (counted[1] - counted[0]) / (more - few)
+
+
+def instruction_figures(think: int, max_context: int) -> None:
+    """A batch task's instructions and a long run's per round, each next to the bare loop's."""
+    harness, bare = (instructions_each([*flags, "--replay"], 20, 60) for flags in ([], ["--bare"]))
+    print(f"instructions a two-round batch task, no network: {harness / 1e6:.2f} M ({harness / bare:.2f}x a bare"
+          f" requests loop making the same 2 requests: {bare / 1e6:.2f} M)")
+    for chars in (think, 0):
+        flags = ["--think", str(chars), "--max-context", str(max_context)]
+        harness, bare = (instructions_each([*flags, *extra, "--replay-rounds"], *ROUNDS_COUNTED)
+                         for extra in ([], ["--bare"]))
+        print(f"instructions a round of a long run, {chars}-char think blocks, no network: {harness / 1e6:.2f} M"
+              f" ({harness / bare:.2f}x a bare requests loop posting the same bodies: {bare / 1e6:.2f} M)")
 
 
 def median_seconds(command: list, times: int = 7) -> float:
@@ -359,9 +410,11 @@ def main() -> None:
                         help="batch figures: time per task at TASKS tasks, memory at TASKS and at LARGE")
     parser.add_argument("--only-batch", action="store_true", help="only the batch figures")
     parser.add_argument("--instructions", action="store_true",
-                        help="only the instructions a batch task takes against the bare loop's, counted by callgrind"
-                             " with no network: the same on a busy machine as on an idle one (needs valgrind)")
+                        help="only the instructions a batch task and a long run's round take against the bare loop's,"
+                             " counted by callgrind with no network: the same on a busy machine as on an idle one"
+                             " (needs valgrind)")
     parser.add_argument("--replay", type=int, metavar="TASKS", help=argparse.SUPPRESS)  # what --instructions counts
+    parser.add_argument("--replay-rounds", type=int, metavar="ROUNDS", help=argparse.SUPPRESS)  # and this
     parser.add_argument("--bare", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     for name in [name for name in os.environ if name.startswith(("LLM_", "AGENT_"))]:
@@ -373,10 +426,11 @@ def main() -> None:
     if args.replay:
         replayed(args.replay, args.bare)
         return
+    if args.replay_rounds:
+        replayed_rounds(args.replay_rounds, args.think, args.max_context, args.bare)
+        return
     if args.instructions:
-        harness, bare = instructions_a_task(bare=False), instructions_a_task(bare=True)
-        print(f"instructions a two-round batch task, no network: {harness / 1e6:.2f} M ({harness / bare:.2f}x a bare"
-              f" requests loop making the same 2 requests: {bare / 1e6:.2f} M)")
+        instruction_figures(args.think, args.max_context)
         return
     print(f"machine: {os.cpu_count()} cores, load average {' '.join(f'{load:.2f}' for load in os.getloadavg())}"
           " (1, 5, 15 min) at the start")
