@@ -214,9 +214,10 @@ def open_private(path: str, what: str = "the trace file") -> int:
         fd, mode = os.open(real, flags), None
     try:
         info = os.fstat(fd)
-        require_ours(info, path, what)
         if mode is not None and stat.S_IMODE(info.st_mode) != mode:  # a umask of 0o277 would leave it
             os.fchmod(fd, mode)  # unwritable to a later resume
+            info = os.fstat(fd)
+        require_ours(info, path, what)
     except (ConfigError, OSError):
         os.close(fd)
         raise

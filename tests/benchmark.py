@@ -347,7 +347,7 @@ def replayed(tasks: int, bare: bool) -> None:
     assert json.loads(said.getvalue())["status_counts"] == {"finished": tasks}  # as the server's tasks went
 
 
-ROUNDS_COUNTED = 60, 180  # a long run's rounds 61 to 180: past its first compactions
+ROUNDS_COUNTED = 60, 180  # a long run's rounds 61 to 180, over which it is compacted four times
 
 
 def replayed_rounds(rounds: int, think: int, max_context: int, bare: bool) -> None:
