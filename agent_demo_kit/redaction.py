@@ -77,7 +77,6 @@ class _Searches(NamedTuple):
     long_forms: Tuple[str, ...]
     secret_pattern: Optional["re.Pattern"]
     json_plain: bool
-    ascii_plain: bool
     pattern: Optional["re.Pattern"]
     seed_pattern: Optional["re.Pattern"]
     seeds: Tuple[str, ...]
@@ -107,14 +106,13 @@ def _searches(secrets: Tuple[str, ...]) -> _Searches:
     secret_pattern = re.compile("|".join(f"(?:{p})" for p in real)) if real else None
     # Each form is written in JSON as it is: a form in any string of a value is in its JSON text too.
     json_plain = all(json.dumps(form, ensure_ascii=False)[1:-1] == form for form in forms)
-    ascii_plain = json_plain and all(form.isascii() for form in forms)  # and in JSON that escapes the rest
     every = real + placeholders
     pattern = re.compile("|".join(f"(?:{p})" for p in every)) if every else None
     seeds = {piece for form in long_forms if len(form) > FRAGMENT_CHARS
              for piece in (form[:FRAGMENT_CHARS], form[-FRAGMENT_CHARS:])}
     # One search for them all first: most texts hold none, and need no look per form.
     seed_pattern = re.compile("|".join(map(re.escape, sorted(seeds)))) if seeds else None
-    return _Searches(tuple(forms), tuple(long_forms), secret_pattern, json_plain, ascii_plain, pattern,
+    return _Searches(tuple(forms), tuple(long_forms), secret_pattern, json_plain, pattern,
                      seed_pattern, tuple(sorted(seeds)), not any("\r" in form or "\n" in form for form in forms),
                      max(map(len, forms), default=0), frozenset(form[0] for form in forms if form))
 
@@ -134,7 +132,7 @@ class Redactor:
         self.forms: Tuple[str, ...] = ()  # of every secret: what a stream holds back
         self.long_forms: Tuple[str, ...] = ()  # of the real secrets: what a cut may leave in part
         self.pattern: Optional["re.Pattern"] = None
-        self.json_plain = self.ascii_plain = True  # JSON text shows every form as it is (escaping non-ASCII too)
+        self.json_plain = True  # JSON text shows every form as it is
         self.secret_pattern: Optional["re.Pattern"] = None  # the real secrets alone, no placeholder
         self.seed_pattern: Optional["re.Pattern"] = None  # a long secret's first or last characters
         self.seeds: Tuple[str, ...] = ()  # those characters
@@ -148,7 +146,7 @@ class Redactor:
         new = [secret for secret in dict.fromkeys(secrets) if secret and secret not in self.secrets]
         if not new and self.pattern is not None:
             return
-        (self.forms, self.long_forms, self.secret_pattern, self.json_plain, self.ascii_plain, self.pattern,
+        (self.forms, self.long_forms, self.secret_pattern, self.json_plain, self.pattern,
          self.seed_pattern, self.seeds, self.unbroken, self.longest,
          self.first_characters) = _searches((*self.secrets, *new))
         self.secrets += new  # last: a stream that sees a secret finds the searches for it made
@@ -195,7 +193,8 @@ class Redactor:
         """value's JSON text, every non-ASCII character escaped, with its strings redacted (NaN refused,
         what JSON cannot hold written as its str()): written and searched once when nothing in it is secret."""
         text = json.dumps(value, allow_nan=False, default=str)
-        if self.ascii_plain and self._none_in_json(text):
+        # json_plain holds for ASCII keys alone: a non-ASCII key's forms include its \u spelling.
+        if self.json_plain and self._none_in_json(text):
             return text
         return json.dumps(self._values(value), allow_nan=False, default=str)
 
