@@ -51,9 +51,9 @@ def _json_text(value: Any, indent: Optional[int] = None) -> Optional[str]:
 def _forms(secret: str) -> Tuple[str, ...]:
     """The ways a secret is written: as is, JSON- and URL-escaped, and, when it is long enough to be
     a real one, in base64 (standard and URL-safe, alone or inside Basic auth's "user:key")."""
-    forms = {secret, json.dumps(secret)[1:-1], quote(secret, safe=""), quote_plus(secret)}
+    raw = _bytes_of(secret)
+    forms = {secret, json.dumps(secret)[1:-1], quote(raw, safe=""), quote_plus(raw)}
     if len(secret) >= MIN_SECRET_CHARS:
-        raw = secret.encode("utf-8", "replace")
         whole = base64.b64encode(raw).decode()
         forms |= {whole, whole.translate(_URL_SAFE)}
         for shift in range(3):  # after "user:" the key's bytes start at any offset modulo 3
@@ -61,6 +61,16 @@ def _forms(secret: str) -> Tuple[str, ...]:
             core = shifted[-(-8 * shift // 6):8 * (shift + len(raw)) // 6]  # made of the key's bits alone
             forms |= {core, core.translate(_URL_SAFE)}
     return tuple(sorted(forms, key=len, reverse=True))
+
+
+def _bytes_of(secret: str) -> bytes:
+    """The bytes a secret stands for: a byte of the environment that is not UTF-8 is the lone surrogate
+    Python reads it as (surrogateescape), which is turned back into that byte; any other lone surrogate
+    is kept as UTF-8 would write it, so that no secret, however odd, makes the redactor fail."""
+    try:
+        return secret.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:
+        return secret.encode("utf-8", "surrogatepass")
 
 
 @functools.lru_cache(maxsize=512)

@@ -9,7 +9,7 @@ import os
 import re
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Callable, Dict, List, Optional, Tuple
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 from agent_demo_kit.endings import ConfigError
 from agent_demo_kit.limits import MIN_RESULT_CHARS
@@ -385,6 +385,11 @@ def check_endpoint_settings(settings: Settings, key_named: str = "LLM_API_KEY (o
     if not host or urlsplit(settings.url).scheme not in ("http", "https"):
         source = settings.sources["url"] if settings.sources["url"] != "default" else "LLM_API_URL"
         raise ConfigError(f"{source} must be an http(s) URL, got {display_url(settings.url)!r}")
+    if not sendable_as_basic_auth(settings.url):
+        source = settings.sources["url"] if settings.sources["url"] != "default" else "LLM_API_URL"
+        raise ConfigError(f"{source} holds a user name or password with a character Basic auth cannot send (it goes"
+                          " as Latin-1, whether written as it is or %-escaped): use an ASCII password, or a key in"
+                          " LLM_API_KEY")
     key = settings.api_key or ""
     if key and not re.fullmatch(r"[\x21-\x7e]+", key) or re.search(r"[\"'\\]", key):
         raise ConfigError(f"{settings.sources['api_key']} holds spaces or characters that cannot go in an HTTP"
@@ -393,6 +398,16 @@ def check_endpoint_settings(settings: Settings, key_named: str = "LLM_API_KEY (o
         raise ConfigError(f"{key_named} is not set, and {host} needs one (see .env.example)")
     if escalation:
         check_escalation(settings)
+
+
+def sendable_as_basic_auth(url: str) -> bool:
+    """Can requests send the user name and password of this URL (unescaped, as Latin-1)?"""
+    parts = urlsplit(url)
+    try:
+        (unquote(parts.username or "") + unquote(parts.password or "")).encode("latin-1")
+    except UnicodeEncodeError:  # beyond Latin-1, or a byte of the environment that is not UTF-8
+        return False
+    return True
 
 
 def check_escalation(settings: Settings) -> None:

@@ -1,4 +1,5 @@
 """Hostile edges: no traceback, no lost reply, no leaked secret, and a trace that always ends."""
+import base64
 import json
 import shlex
 import os
@@ -9,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from agent_demo_kit.cli import main
+from agent_demo_kit.redaction import Redactor
 from conftest import KEY, run_cli as run_to_end, said_lines, signal_once, start_cli
 from scripted_server import ScriptedServer, action as act
 from agent_demo_kit.urls import chat_completions_url
@@ -343,6 +345,42 @@ def test_a_key_with_a_stray_quote_or_backslash_is_refused(serve, monkeypatch, ca
     monkeypatch.setenv("LLM_API_KEY", key)
     assert main(["hi"]) == 2
     assert "stray quote" in capsys.readouterr().err and server.requests == []
+
+
+def test_a_key_holding_a_byte_that_is_not_utf8_is_refused_like_any_other_odd_key(serve, monkeypatch, capsys):
+    server = serve([act("finish", result="ok")], key=None)
+    monkeypatch.setenv("LLM_API_KEY", os.fsdecode(b"sk-test-abc\xffdef0123456789"))  # as Python reads such a byte
+    assert main(["hi"]) == 2
+    assert "non-ASCII character" in capsys.readouterr().err and server.requests == []
+
+
+@pytest.mark.parametrize("password", ["pa€ss", "pa%E2%82%ACss", os.fsdecode(b"pa\xffss")])
+def test_a_url_password_basic_auth_cannot_send_is_refused_before_any_run(serve, monkeypatch, capsys, password):
+    server = serve([act("finish", result="ok")], key=None)
+    monkeypatch.setenv("LLM_API_URL", server.url.replace("http://", f"http://user:{password}@"))
+    assert main(["hi"]) == 2
+    err = capsys.readouterr().err
+    assert "Basic auth cannot send" in err and password not in err and server.requests == []
+
+
+def test_a_url_password_in_latin1_is_sent(serve, monkeypatch):
+    server = serve([act("finish", result="ok")], key=None)
+    monkeypatch.setenv("LLM_API_URL", server.url.replace("http://", "http://user:paéss@"))
+    assert main(["-q", "hi"]) == 0
+    assert server.requests[0]["headers"]["Authorization"] == "Basic " + base64.b64encode(b"user:pa\xe9ss").decode()
+
+
+@pytest.mark.parametrize("secret", ["sk-test-abc\udcffdef0123456789", "sk-test-abc\ud800def0123456789"])
+def test_a_secret_with_a_lone_surrogate_is_redacted_in_text_json_and_data(secret):
+    redactor = Redactor(secret)
+    shown = redactor(f"key {secret} as JSON {json.dumps(secret)}")
+    assert secret not in shown and json.dumps(secret) not in shown and shown.count("[redacted]") == 2
+    assert secret not in redactor.values({"key": secret})["key"]
+
+
+def test_a_key_byte_that_is_not_utf8_is_redacted_percent_encoded_as_that_byte():
+    secret = os.fsdecode(b"sk-test-abc\xffdef0123456789")
+    assert Redactor(secret)("url ?key=sk-test-abc%FFdef0123456789 end") == "url ?key=[redacted] end"
 
 
 @pytest.mark.processes
