@@ -76,10 +76,11 @@ def _bytes_of(secret: str) -> bytes:
 @functools.lru_cache(maxsize=512)
 def _pattern(form: str, wrapped: bool = False) -> str:
     """A form as a regular expression in which a percent escape matches in either case (%2b, %2B);
-    wrapped: and a line may break anywhere in it (base64 -w 12, fold -w 8)."""
+    wrapped: and a line may break anywhere in it (base64 -w 12, fold -w 8), with any line ending, a
+    blank line between too."""
     pieces = [f"(?i:{piece})" if len(piece) == 3 else re.escape(piece)
               for piece in re.findall(r"%[0-9A-F]{2}|.", form, re.DOTALL)]
-    return (r"(?:\r?\n)?" if wrapped else "").join(pieces)
+    return (r"(?:\r?\n|\r){0,2}" if wrapped else "").join(pieces)
 
 
 class _Searches(NamedTuple):
@@ -131,6 +132,10 @@ _CUT_OPENING = f" ...{TRUNCATED}".split("{count}")[0]  # what every cut marker s
 
 
 WRAPPED_FIRST_CHARS = 4  # a key wrapped across lines has at least this many characters before its first break
+# How much longer than itself a wrapped key may be: a break of up to four characters ("\r\n\r\n") after
+# every WRAPPED_FIRST_CHARS of it, or a one-character break after each.
+WRAPPED_TIMES = 3
+_LINE_BREAK = re.compile("[\r\n]")
 
 
 class Redactor:
@@ -272,16 +277,17 @@ class Redactor:
     def unsafe_tail(self, text: str) -> int:
         """How many characters at the end of text could be the start of a secret still being written,
         a long one with line breaks in it too (base64 -w 12, fold -w 8)."""
-        wrapped = "\n" in text[-2 * self.longest:]  # a form with a break after each character is twice as long
-        most = min(len(text), 2 * self.longest if wrapped else self.longest - 1)
+        window = text[-WRAPPED_TIMES * self.longest:]
+        wrapped = "\n" in window or "\r" in window
+        most = min(len(text), WRAPPED_TIMES * self.longest if wrapped else self.longest - 1)
         for size in range(most, 0, -1):
             tail = text[-size:]
             if tail[0] not in self.first_characters:  # most ends of a text: none starts a form
                 continue
             if any(form.startswith(tail) for form in self.forms):
                 return size
-            bare = tail.replace("\r\n", "").replace("\n", "") if wrapped else tail
-            first_line = tail.split("\n", 1)[0].rstrip("\r")
+            bare = tail.replace("\r", "").replace("\n", "") if wrapped else tail
+            first_line = _LINE_BREAK.split(tail, 1)[0]
             # A line break after a key's first few characters is no wrapping anyone does (fold -w 8,
             # base64 -w 76): a line that ends in "s" is not held back as the start of "sk-...".
             if bare != tail and len(first_line) >= WRAPPED_FIRST_CHARS and any(

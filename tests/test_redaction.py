@@ -234,6 +234,22 @@ def test_a_key_written_across_lines_is_held_back_but_a_line_ending_in_its_first_
     assert redactor.unsafe_tail("it is " + KEY[:5]) == 5
 
 
+@pytest.mark.parametrize("break_", ["\r", "\n\n", "\r\n\r\n", "\r\r"])
+def test_a_key_split_by_a_lone_carriage_return_or_a_blank_line_is_a_key(break_):
+    redactor = Redactor(KEY)
+    split = KEY[:10] + break_ + KEY[10:20] + break_ + KEY[20:]
+    assert redactor(f"key: {split} end") == f"key: {REDACTED} end"
+    assert KEY[:10] not in redactor.dumps({"result": f"key: {split}"})
+    assert redactor.unsafe_tail("key: " + KEY[:10] + break_ + KEY[10:14]) == len(KEY[:10] + break_ + KEY[10:14])
+    shown = []
+    stream = SafeStream(type("Sink", (), {"write": lambda self, text: shown.append(text),
+                                         "flush": lambda self: None})(), redactor)
+    for piece in re.findall(".{1,3}", f"key: {split} end", re.DOTALL):  # streamed a few characters at a time
+        stream.write(piece)
+    stream.finish()
+    assert KEY[:10] not in "".join(shown) and REDACTED in "".join(shown)
+
+
 def test_redactors_of_the_same_secrets_share_nothing_a_later_secret_changes():
     first, second = Redactor("sk-shared-secret-0123456789"), Redactor("sk-shared-secret-0123456789")
     first.add("sk-only-the-first-knows-this-one")
@@ -253,7 +269,7 @@ def test_the_quick_look_for_secrets_redacts_exactly_what_the_patterns_do(secret)
 
     def wrapped(form):  # broken over lines, as base64 -w and fold write it
         cut = rng.randrange(1, len(form)) if len(form) > 1 else 1
-        return form[:cut] + rng.choice(["\n", "\r\n"]) + form[cut:]
+        return form[:cut] + rng.choice(["\n", "\r\n", "\r", "\n\n", "\r\n\r\n"]) + form[cut:]
 
     def risky():
         form = rng.choice(redactor.forms)
