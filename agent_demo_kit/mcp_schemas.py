@@ -3,7 +3,7 @@ user names (--mcp, --mcp-config) and their short names, each tool's input schema
 every mode (grammar engines compile it) with its arguments checked against the server's own
 schema, and a tool's result read as data.
 
-It imports limits, prompts, tools and schemas.
+It imports limits, prompts, tools, schemas and urls.
 """
 import json
 import os
@@ -16,6 +16,7 @@ from urllib.parse import urlsplit
 from agent_demo_kit.limits import FUNCTION_NAME_CHARS, MESSAGE_CHARS
 from agent_demo_kit.schemas import flatten, simplify_schema
 from agent_demo_kit.prompts import clip
+from agent_demo_kit.urls import display_url, url_problem
 from agent_demo_kit.tools import ToolError
 
 INSTALL_HINT = "MCP servers need the mcp package: pip install 'agent-demo[mcp]' (Python 3.10 or later)"
@@ -36,7 +37,7 @@ class ServerSpec:
 
     def shown(self) -> str:
         """The server as the user gave it, for messages."""
-        return self.url or shlex.join(self.command)
+        return display_url(self.url) if self.url else shlex.join(self.command)
 
 
 def parse_server_specs(mcp_args: Iterable[str], config_path: Optional[str] = None, named: str = "--mcp",
@@ -46,7 +47,7 @@ def parse_server_specs(mcp_args: Iterable[str], config_path: Optional[str] = Non
     specs = []
     for argument in mcp_args:
         if re.match(r"https?://", argument, re.IGNORECASE):
-            specs.append(ServerSpec(_url_name(argument), url=argument))
+            specs.append(ServerSpec(_url_name(_checked(argument, f"{named}:")), url=argument))
             continue
         try:
             command = shlex.split(argument)
@@ -63,6 +64,15 @@ def parse_server_specs(mcp_args: Iterable[str], config_path: Optional[str] = Non
             name = f"{safe_name(spec.name)}_{number}"
         named.append(ServerSpec(name, spec.command, spec.env, spec.url))
     return named
+
+
+def _checked(url: str, where: str) -> str:
+    """An MCP server's URL that requests can send to the host it shows; McpError says why not (not
+    showing the URL, which may hold a password)."""
+    problem = url_problem(url)
+    if problem:
+        raise McpError(f"{where} the URL {problem}")
+    return url
 
 
 def _read_config(path: str, named: str) -> List[ServerSpec]:
@@ -86,7 +96,7 @@ def _read_config(path: str, named: str) -> List[ServerSpec]:
         if url is not None and not re.match(r"https?://", str(url), re.IGNORECASE):
             raise McpError(f'{where}: server {name}: "url" must be an http:// or https:// URL')
         if url is not None:
-            specs.append(ServerSpec(name, url=url))
+            specs.append(ServerSpec(name, url=_checked(url, f"{where}: server {name}:")))
         elif not (isinstance(command, str) and command.strip()):
             raise McpError(f'{where}: server {name} has neither "command" nor "url"')
         elif not (isinstance(args, list) and all(isinstance(arg, str) for arg in args)):

@@ -9,11 +9,11 @@ import os
 import re
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Callable, Dict, List, Optional, Tuple
-from urllib.parse import unquote, urlsplit
+from urllib.parse import urlsplit
 
 from agent_demo_kit.endings import ConfigError
 from agent_demo_kit.limits import MIN_RESULT_CHARS
-from agent_demo_kit.urls import chat_completions_url, display_url
+from agent_demo_kit.urls import chat_completions_url, display_url, url_problem
 
 MODES = ("json", "schema", "tools")
 # Hosted endpoints that always need a key: without one, fail before any request.
@@ -378,18 +378,16 @@ def check_endpoint_settings(settings: Settings, key_named: str = "LLM_API_KEY (o
                             escalation: bool = True) -> None:
     """ConfigError for a URL that is not http(s), a key that cannot go in a header, or a hosted endpoint
     without a key (the variable to set: key_named); and for --escalate settings that cannot work."""
+    source = settings.sources["url"] if settings.sources["url"] != "default" else "LLM_API_URL"
     try:
-        host = urlsplit(settings.endpoint).hostname
-    except ValueError:  # a port that is not a number, a bracket left open
-        host = None
-    if not host or urlsplit(settings.url).scheme not in ("http", "https"):
-        source = settings.sources["url"] if settings.sources["url"] != "default" else "LLM_API_URL"
+        host, scheme = urlsplit(settings.endpoint).hostname, urlsplit(settings.url).scheme
+    except ValueError:  # a bracket left open
+        host, scheme = None, None
+    if not host or scheme not in ("http", "https"):
         raise ConfigError(f"{source} must be an http(s) URL, got {display_url(settings.url)!r}")
-    if not sendable_as_basic_auth(settings.url):
-        source = settings.sources["url"] if settings.sources["url"] != "default" else "LLM_API_URL"
-        raise ConfigError(f"{source} holds a user name or password with a character Basic auth cannot send (it goes"
-                          " as Latin-1, whether written as it is or %-escaped): use an ASCII password, or a key in"
-                          " LLM_API_KEY")
+    problem = url_problem(settings.url)
+    if problem:  # what requests could not send, or would send elsewhere than shown
+        raise ConfigError(f"{source} {problem}")
     key = settings.api_key or ""
     if key and not re.fullmatch(r"[\x21-\x7e]+", key) or re.search(r"[\"'\\]", key):
         raise ConfigError(f"{settings.sources['api_key']} holds spaces or characters that cannot go in an HTTP"
@@ -398,16 +396,6 @@ def check_endpoint_settings(settings: Settings, key_named: str = "LLM_API_KEY (o
         raise ConfigError(f"{key_named} is not set, and {host} needs one (see .env.example)")
     if escalation:
         check_escalation(settings)
-
-
-def sendable_as_basic_auth(url: str) -> bool:
-    """Can requests send the user name and password of this URL (unescaped, as Latin-1)?"""
-    parts = urlsplit(url)
-    try:
-        (unquote(parts.username or "") + unquote(parts.password or "")).encode("latin-1")
-    except UnicodeEncodeError:  # beyond Latin-1, or a byte of the environment that is not UTF-8
-        return False
-    return True
 
 
 def check_escalation(settings: Settings) -> None:
@@ -423,6 +411,9 @@ def check_escalation(settings: Settings) -> None:
         return
     if not settings.escalate.strip():
         raise ConfigError(f"{settings.named('escalate')} must name a model")
+    problem = url_problem(settings.escalate_url) if settings.escalate_url else None
+    if problem:  # one that cannot even be read is said so before its endpoint is worked out
+        raise ConfigError(f"{settings.named('escalate_url')} {problem}")
     stronger = settings.stronger()
     if stronger.model == settings.model and stronger.endpoint == settings.endpoint:
         raise ConfigError(f"{settings.named('escalate')} names the model the run starts with; name a stronger one,"

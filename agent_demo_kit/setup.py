@@ -122,7 +122,9 @@ def prepare(task: str = "", *, given: Dict[str, Any], environment: Dict[str, str
                                   or ""}, settings.url, settings.escalate_url))  # a key= given too, before any child
         # Whole, before it is shown a page at a time: a page's edge must not split a key into parts too short to catch.
         material = redactor(material, placeholders=False) if material else material
-        registry, start_fields, notes = tool_registry(settings, functions, redactor.secrets, closing, start)
+        # An MCP server's URL may hold a password or a token: what is said of it is redacted from now on.
+        redactor.add(*secrets_of({}, *(server for server in settings.mcp_servers if "://" in server)))
+        registry, start_fields, notes = tool_registry(settings, functions, redactor, closing, start)
         form = RequestForm.resumed(settings, start, any(record.mode == settings.mode for record in history)) \
             if start is not None else RequestForm.asked_for(settings)
         client = closing.enter_context(contextlib.closing(ModelClient(settings, form=form, session=session,
@@ -251,7 +253,7 @@ def settle_differences(settings: Settings, start: dict, confirm: Optional[Callab
                                 for name, value in differ.items()}, sources=sources)
 
 
-def tool_registry(settings: Settings, functions: Sequence[Callable], secrets: List[str],
+def tool_registry(settings: Settings, functions: Sequence[Callable], redactor: Any,
                   closing: contextlib.ExitStack, start: Optional[dict]) -> Tuple[Dict[str, Tool], dict, List[str]]:
     """The tools a run offers besides finish, fail, recall and note: the built-in ones, the caller's
     functions, each --tools-file's (run by a worker process) and each MCP server's, cut down to
@@ -272,8 +274,8 @@ def tool_registry(settings: Settings, functions: Sequence[Callable], secrets: Li
     notes: List[str] = []
     if settings.tools_files:
         from agent_demo_kit.tools_worker import load_tools_files
-        registry.update(load_tools_files(settings.tools_files, settings.tool_timeout, secrets, in_use(registry),
-                                         closing, settings.named("tools_files")))
+        registry.update(load_tools_files(settings.tools_files, settings.tool_timeout, redactor.secrets,
+                                         in_use(registry), closing, settings.named("tools_files")))
     if settings.mcp_servers or settings.mcp_config:
         from agent_demo_kit.mcp_client import McpTools
         from agent_demo_kit.mcp_schemas import McpError, parse_server_specs
@@ -281,6 +283,7 @@ def tool_registry(settings: Settings, functions: Sequence[Callable], secrets: Li
         try:
             specs = parse_server_specs(settings.mcp_servers, settings.mcp_config, settings.named("mcp_servers"),
                                        settings.named("mcp_config"))
+            redactor.add(*secrets_of({}, *(spec.url for spec in specs)))  # a password or token in a server's URL
             registry.update(servers.start(specs, settings.tool_timeout, taken_names=in_use(registry),
                                           stderr=sys.stderr))
         except McpError as error:

@@ -51,12 +51,19 @@ def _hidden_query(query: str) -> "tuple[str, List[str]]":
         if equals and value and unquote(name).strip().lower() not in _PLAIN_PARAMETERS:
             secrets.append(value)
             field_text = f"{name}=***"
+        elif not equals and name not in ("", "&", ";") and unquote(name).strip().lower() not in _PLAIN_PARAMETERS:
+            secrets.append(name)  # a bare token (?sig...): a credential as much as a value is
+            field_text = "***"
         fields_shown.append(field_text)
     return "".join(fields_shown), secrets
 
 
 def display_url(url: str) -> str:
-    """A URL as it may be shown and recorded: its password and query values (but plain ones) become ***."""
+    """A URL as it may be shown and recorded: its password, query values (but plain ones) and fragment
+    become ***; so does all before an @ that urlsplit leaves out of the host (a password with "/")."""
+    stray = _stray_userinfo(url)
+    if stray is not None:
+        url = url.replace(stray + "@", "***@", 1)
     try:
         parts = urlsplit(url)
         password = parts.password
@@ -65,7 +72,58 @@ def display_url(url: str) -> str:
     if password is not None:
         host = parts.netloc.rpartition("@")[2]
         parts = parts._replace(netloc=f"{parts.username}:***@{host}")
-    return urlunsplit(parts._replace(query=_hidden_query(parts.query)[0]))
+    return urlunsplit(parts._replace(query=_hidden_query(parts.query)[0], fragment="***" if parts.fragment else ""))
+
+
+def url_problem(url: str) -> Optional[str]:
+    """Why requests could not send to this URL, or not to the host it is shown and checked with
+    (None: it can); said without the URL, which may hold a password."""
+    if re.search(r"[\x00-\x20\x7f]", url):
+        return "holds a space or a control character"
+    if _stray_userinfo(url) is not None:
+        return ('holds an "@" after where its host ends: a user name or password with "/", "?" or "#" in it'
+                " must have them %-escaped (%2F, %3F, %23)")
+    try:
+        parts = urlsplit(url)
+        parts.port  # a port that is not a number raises only when asked for
+    except ValueError as error:
+        return ("has a port that is not a number from 0 to 65535" if "port" in str(error).lower()
+                else "cannot be read as a URL (a bracket left open?)")
+    if "\\" in parts.netloc:
+        return "holds a backslash in its host part, which requests and this check would read as different hosts"
+    host = parts.hostname or ""
+    labels = host[:-1].split(".") if host.endswith(".") else host.split(".")
+    if ":" not in host and (len(host) > 253 or any(not 0 < len(label) <= 63 for label in labels)):
+        return "has a host name with an empty part or a part longer than 63 characters"
+    try:
+        (unquote(parts.username or "") + unquote(parts.password or "")).encode("latin-1")
+    except UnicodeEncodeError:  # beyond Latin-1, or a byte of the environment that is not UTF-8
+        return ("holds a user name or password with a character Basic auth cannot send (it goes as Latin-1,"
+                " whether written as it is or %-escaped): use an ASCII password, or a key in LLM_API_KEY")
+    return None
+
+
+def _stray_userinfo(url: str) -> Optional[str]:
+    """What stands between "//" and a URL's last @ when urlsplit does not take it for the user name and
+    password: one that holds "/", "?" or "#" unescaped (the host urlsplit finds is then the user name, and
+    its port the start of the password). An @ in a query after a host that can be read is the query's."""
+    rest = url.partition("://")[2]
+    if "@" not in rest:
+        return None
+    userinfo = rest.rpartition("@")[0]
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return userinfo
+    if "@" in parts.netloc:
+        return None  # read as a user name and password already
+    if "@" in parts.path or "@" in parts.fragment:
+        return userinfo
+    try:
+        parts.port
+    except ValueError:  # "user:pass?word@host": the port urlsplit sees is the password's start
+        return userinfo
+    return None
 
 
 def secrets_of(environment: Dict[str, str], *urls: Optional[str]) -> List[str]:
@@ -80,14 +138,18 @@ def secrets_of(environment: Dict[str, str], *urls: Optional[str]) -> List[str]:
 @functools.lru_cache(maxsize=64)  # a batch asks for the same few URLs' task after task
 def _url_secrets(url: str) -> Tuple[str, ...]:
     """A URL's password and query values (but plain ones), as written and as sent."""
+    url = url.strip()
+    stray = _stray_userinfo(url)
     try:
-        parts = urlsplit(url.strip())
+        parts = urlsplit(url)
         password = parts.password
     except ValueError:
-        return ()
+        return tuple(filter(None, [stray, stray and stray.partition(":")[2]]))
     query_secrets = [value for value in _hidden_query(parts.query)[1] if len(unquote(value)) >= 8]
-    return tuple(form for secret in ([password] if password else []) + query_secrets
-                 for form in (secret, unquote(secret)))
+    found = ([password] if password else []) + query_secrets + ([parts.fragment] if len(parts.fragment) >= 8 else [])
+    if stray is not None:
+        found += [stray, *filter(None, [stray.partition(":")[2]])]
+    return tuple(form for secret in found for form in (secret, unquote(secret)))
 
 
 def with_v1(url: str) -> str:

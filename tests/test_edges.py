@@ -370,6 +370,45 @@ def test_a_url_password_in_latin1_is_sent(serve, monkeypatch):
     assert server.requests[0]["headers"]["Authorization"] == "Basic " + base64.b64encode(b"user:pa\xe9ss").decode()
 
 
+@pytest.mark.parametrize("url, said", [
+    ("http://user:hunter2SECRET/pw@{host}/v1", 'an "@" after where its host ends'),
+    ("http://user:hunter2SECRET?pw@{host}/v1", 'an "@" after where its host ends'),
+    ("http://{ip}:abc/v1", "port that is not a number"),
+    ("http://{ip}:99999/v1", "port that is not a number"),
+    ("http://a..b/v1", "empty part"),
+    ("http://" + "a" * 64 + ".example/v1", "longer than 63"),
+    ("http://{host}\\@127.0.0.2:9/v1", "backslash"),
+    ("http://{ip}\x01:9/v1", "control character"),
+])
+def test_a_url_requests_cannot_send_or_would_send_elsewhere_is_refused_before_any_run(serve, monkeypatch, capsys,
+                                                                                      url, said):
+    server = serve([act("finish", result="ok")], key=None)
+    host = server.url.split("//")[1].split("/")[0]
+    monkeypatch.setenv("LLM_API_URL", url.format(host=host, ip=host.split(":")[0]))
+    assert main(["hi"]) == 2
+    err = capsys.readouterr().err
+    assert said in err and "hunter2SECRET" not in err and "Traceback" not in err and server.requests == []
+
+
+def test_an_escalation_url_that_cannot_be_read_is_refused_as_its_variable(serve, monkeypatch, capsys):
+    server = serve([act("finish", result="ok")], key=None)
+    monkeypatch.setenv("LLM_ESCALATE_MODEL", "bigger")
+    monkeypatch.setenv("LLM_ESCALATE_URL", "http://[::1/v1")
+    assert main(["hi"]) == 2
+    assert "LLM_ESCALATE_URL cannot be read as a URL" in capsys.readouterr().err and server.requests == []
+
+
+def test_a_url_fragment_and_a_bare_query_token_are_shown_and_recorded_hidden(serve, monkeypatch, capsys, tmp_path):
+    server = serve([act("finish", result="ok")], key=None)
+    monkeypatch.setenv("LLM_API_URL", server.url + "?tokenVALUE12345678#fragVALUE12345678")
+    trace = tmp_path / "run.jsonl"
+    assert main(["--trace", str(trace), "hi"]) == 0
+    shown = capsys.readouterr().err + trace.read_text()
+    assert "VALUE12345678" not in shown and "?***#***" in shown
+    assert main(["--config"]) == 0
+    assert "VALUE12345678" not in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("secret", ["sk-test-abc\udcffdef0123456789", "sk-test-abc\ud800def0123456789"])
 def test_a_secret_with_a_lone_surrogate_is_redacted_in_text_json_and_data(secret):
     redactor = Redactor(secret)

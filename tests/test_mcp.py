@@ -57,6 +57,28 @@ def is_gone(pid: int) -> bool:
 
 # --- naming servers -----------------------------------------------------------------------------
 
+@pytest.mark.parametrize("url", ["http://user:mcpPASSWORD1@127.0.0.1:9/mcp", "http://127.0.0.1:9/mcp?token=mcpTOKEN12345"])
+def test_a_secret_in_an_mcp_server_s_url_is_never_shown(serve, capsys, url):
+    serve([act("finish", result="ok")])
+    assert main(["--json", "--mcp", url, "hi"]) == 2  # nobody listens on port 9
+    out, err = capsys.readouterr()
+    assert "MCP server local_9" in err and "***" in err
+    assert "mcpPASSWORD1" not in out + err and "mcpTOKEN12345" not in out + err
+
+
+@pytest.mark.parametrize("url, said", [("http://127.0.0.1:abc/mcp", "port"), ("http://[::1/mcp", "cannot be read"),
+                                       ("http://u:p/w@127.0.0.1:9/mcp", '"@" after where its host ends')])
+def test_an_mcp_url_that_cannot_be_sent_to_is_a_one_line_error(serve, capsys, tmp_path, url, said):
+    serve([act("finish", result="ok")])
+    assert main(["--mcp", url, "hi"]) == 2
+    assert said in capsys.readouterr().err
+    config = tmp_path / "mcp.json"
+    config.write_text(json.dumps({"mcpServers": {"docs": {"url": url}}}))
+    assert main(["--mcp-config", str(config), "hi"]) == 2
+    err = capsys.readouterr().err
+    assert said in err and "server docs" in err and "Traceback" not in err
+
+
 def test_each_server_gets_a_short_name_from_its_command_url_or_config(tmp_path):
     config = tmp_path / "mcp.json"
     config.write_text(json.dumps({"mcpServers": {
