@@ -218,7 +218,7 @@ Price = Tuple[float, float, Optional[float]]  # dollars per million input, outpu
 
 def cost(models: Dict[str, dict], prices: Dict[str, Price]) -> Optional[float]:
     """What the tokens of a run cost in dollars, by each model's price (cached input at the cached
-    price, else the input price); None when a model that was used has no price."""
+    price, else the input price); None when a model that was used has no price (or it is past counting)."""
     total = 0.0  # not rounded: micro-dollars a task add up to cents
     for name, used in models.items():
         if not isinstance(used, dict) or not number(used.get("rounds")) and not number(used.get("tokens")):
@@ -229,4 +229,4 @@ def cost(models: Dict[str, dict], prices: Dict[str, Price]) -> Optional[float]:
         prompt, completion = number(used.get("prompt")), number(used.get("completion"))
         hits = min(number(used.get("cached")), prompt)
         total += ((prompt - hits) * into + hits * (into if cached is None else cached) + completion * out) / 1e6
-    return round(total, 12)
+    return round(total, 12) if math.isfinite(total) else None  # JSON has no Infinity

@@ -44,8 +44,8 @@ def seconds(text: str) -> float:
     return value
 
 
-def whole_number(least: int) -> Callable[[str], int]:
-    """A parser for a whole number of at least `least`; ValueError otherwise."""
+def whole_number(least: int, most: Optional[int] = None) -> Callable[[str], int]:
+    """A parser for a whole number of at least `least` (and at most `most`); ValueError otherwise."""
     def parse(text: str) -> int:
         try:
             value = int(text)
@@ -53,6 +53,8 @@ def whole_number(least: int) -> Callable[[str], int]:
             raise ValueError(f"must be a whole number, got {text!r}") from None
         if value < least:
             raise ValueError(f"must be at least {least}, got {value}")
+        if most is not None and value > most:
+            raise ValueError(f"must be at most {most:,}, got {value}")
         return value
     parse.__name__ = f"whole number of at least {least}"  # what argparse names in its error
     return parse
@@ -78,6 +80,10 @@ def pass_rate(text: str) -> float:
     return value
 
 
+MOST_RETRIES = 1_000  # past about 1,024 the back-off requests' urllib3 works out is too large a float
+MOST_A_PRICE = 1_000_000  # dollars per million tokens: more is a typo (1e308), and would make the cost infinite
+
+
 def token_price(text: str) -> Tuple[float, float, Optional[float]]:
     """--price IN,OUT[,CACHED]: dollars per million input, output (and cached input) tokens."""
     parts = [part.strip() for part in text.split(",")]
@@ -85,9 +91,9 @@ def token_price(text: str) -> Tuple[float, float, Optional[float]]:
         values = [float(part) for part in parts]
     except ValueError:
         values = []
-    if len(values) not in (2, 3) or not all(math.isfinite(value) and value >= 0 for value in values):
+    if len(values) not in (2, 3) or not all(0 <= value <= MOST_A_PRICE for value in values):
         raise ValueError(f"must be IN,OUT or IN,OUT,CACHED: dollars per million input, output and cached input"
-                         f" tokens, such as 0.15,0.60; got {text!r}")
+                         f" tokens (each at most {MOST_A_PRICE:,}), such as 0.15,0.60; got {text!r}")
     return values[0], values[1], values[2] if len(values) == 3 else None
 
 
@@ -182,7 +188,7 @@ class Settings:
                                     " endless stream is not", "--reply-deadline", ("AGENT_REPLY_DEADLINE",), seconds,
                                     metavar="SECONDS")
     retries: int = setting(3, "retries on 429, 5xx, dropped connections and timeouts", "--retries",
-                           ("AGENT_RETRIES",), whole_number(0), metavar="N")
+                           ("AGENT_RETRIES",), whole_number(0, MOST_RETRIES), metavar="N")
     max_retry_wait: float = setting(30.0, "the longest wait before a retry, in seconds",
                                     variables=("AGENT_MAX_RETRY_WAIT",), parse=seconds)
     stream: bool = setting(True, "ask for the reply as server-sent events (an endpoint that refuses it is asked"
@@ -388,6 +394,10 @@ def check_endpoint_settings(settings: Settings, key_named: str = "LLM_API_KEY (o
     problem = url_problem(settings.url)
     if problem:  # what requests could not send, or would send elsewhere than shown
         raise ConfigError(f"{source} {problem}")
+    for name in ("model", "escalate"):
+        if not is_text(getattr(settings, name) or ""):
+            raise ConfigError(f"{settings.named(name)} holds a byte that is not UTF-8 text: no endpoint knows such"
+                              " a model")
     key = settings.api_key or ""
     if key and not re.fullmatch(r"[\x21-\x7e]+", key) or re.search(r"[\"'\\]", key):
         raise ConfigError(f"{settings.sources['api_key']} holds spaces or characters that cannot go in an HTTP"
@@ -396,6 +406,15 @@ def check_endpoint_settings(settings: Settings, key_named: str = "LLM_API_KEY (o
         raise ConfigError(f"{key_named} is not set, and {host} needs one (see .env.example)")
     if escalation:
         check_escalation(settings)
+
+
+def is_text(value: str) -> bool:
+    """Can the text be written as UTF-8 (no lone surrogate: the environment's bytes that are not UTF-8)?"""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def check_escalation(settings: Settings) -> None:

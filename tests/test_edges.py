@@ -409,6 +409,36 @@ def test_a_url_fragment_and_a_bare_query_token_are_shown_and_recorded_hidden(ser
     assert "VALUE12345678" not in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("flags, said", [(["--retries", "1030"], "at most 1,000"),
+                                         (["--price", "1.7e308,1.7e308"], "at most 1,000,000")])
+def test_a_number_too_large_to_work_with_is_refused_as_its_flag(serve, capsys, flags, said):
+    server = serve([act("finish", result="ok")], key=None)
+    with pytest.raises(SystemExit) as ended:  # as argparse ends on a flag it cannot take
+        main([*flags, "hi"])
+    assert ended.value.code == 2 and said in capsys.readouterr().err and server.requests == []
+
+
+def test_a_cost_past_counting_is_unknown_not_infinity():
+    from agent_demo_kit.scoring import cost
+    used = {"m": {"rounds": 1, "prompt": 10 ** 15, "completion": 10 ** 15}}
+    assert cost(used, {"m": (1.7e308, 1.7e308, None)}) is None
+    assert cost(used, {"m": (1.0, 2.0, None)}) == 3e9
+
+
+@pytest.mark.parametrize("where", ["LLM_MODEL", "--model", "--escalate"])
+def test_a_model_name_with_a_byte_that_is_not_utf8_is_refused(serve, monkeypatch, capsys, tmp_path, where):
+    server = serve([act("finish", result="ok")], key=None)
+    name = os.fsdecode(b"model-\xff")
+    if where == "LLM_MODEL":
+        monkeypatch.setenv(where, name)
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text("add 2 and 3\n")
+    flags = [where, name] if where.startswith("--") else []
+    for run in (["hi"], ["--batch", str(tasks)]):
+        assert main([*flags, *run]) == 2
+        assert "not UTF-8 text" in capsys.readouterr().err and server.requests == []
+
+
 @pytest.mark.parametrize("secret", ["sk-test-abc\udcffdef0123456789", "sk-test-abc\ud800def0123456789"])
 def test_a_secret_with_a_lone_surrogate_is_redacted_in_text_json_and_data(secret):
     redactor = Redactor(secret)
