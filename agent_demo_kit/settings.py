@@ -13,7 +13,7 @@ from urllib.parse import urlsplit
 
 from agent_demo_kit.endings import ConfigError
 from agent_demo_kit.limits import MIN_RESULT_CHARS
-from agent_demo_kit.urls import chat_completions_url, display_url, url_problem
+from agent_demo_kit.urls import chat_completions_url, display_url, proxy_problem, url_problem
 
 MODES = ("json", "schema", "tools")
 # Hosted endpoints that always need a key: without one, fail before any request.
@@ -394,6 +394,9 @@ def check_endpoint_settings(settings: Settings, key_named: str = "LLM_API_KEY (o
     problem = url_problem(settings.url)
     if problem:  # what requests could not send, or would send elsewhere than shown
         raise ConfigError(f"{source} {problem}")
+    problem = proxy_problem(settings.endpoint)
+    if problem:
+        raise ConfigError(problem)
     for name in ("model", "escalate"):
         if not is_text(getattr(settings, name) or ""):
             raise ConfigError(f"{settings.named(name)} holds a byte that is not UTF-8 text: no endpoint knows such"

@@ -6,6 +6,7 @@ must never be shown.
 It imports nothing of agent-demo's.
 """
 import functools
+import importlib.util
 import ipaddress
 import re
 from typing import Dict, List, Optional, Tuple
@@ -99,7 +100,32 @@ def url_problem(url: str) -> Optional[str]:
         (unquote(parts.username or "") + unquote(parts.password or "")).encode("latin-1")
     except UnicodeEncodeError:  # beyond Latin-1, or a byte of the environment that is not UTF-8
         return ("holds a user name or password with a character Basic auth cannot send (it goes as Latin-1,"
-                " whether written as it is or %-escaped): use an ASCII password, or a key in LLM_API_KEY")
+                " whether written as it is or %-escaped): use an ASCII password")
+    return None
+
+
+def proxy_problem(url: str) -> Optional[str]:
+    """What is wrong with the proxy the environment names for this URL (HTTPS_PROXY and the like, unless
+    NO_PROXY leaves it out), which requests would find out only on every request; None if nothing is."""
+    import requests  # imported here: the proxy that counts is the one requests picks
+    proxy = requests.utils.select_proxy(url, requests.utils.get_environ_proxies(url))
+    if not proxy:
+        return None
+    which = "the proxy the environment names for this endpoint (HTTP_PROXY, HTTPS_PROXY or ALL_PROXY)"
+    try:
+        proxy = requests.utils.prepend_scheme_if_needed(proxy, "http")
+    except ValueError:  # urllib3 could not read it (a port that is not a number): neither could a request
+        problem = url_problem(proxy if "://" in proxy else f"http://{proxy}")
+        return f"{which} {problem or 'cannot be read as a URL'}"
+    problem = url_problem(proxy)
+    if problem:
+        return f"{which} {problem}"
+    scheme = urlsplit(proxy).scheme.lower()
+    if scheme.startswith("socks"):
+        if importlib.util.find_spec("socks") is None:  # PySocks, what requests' SOCKS support needs
+            return f"{which} is a SOCKS proxy, which needs PySocks: pip install 'requests[socks]'"
+    elif scheme not in ("http", "https"):
+        return f"{which} is a {scheme}: URL; requests takes http, https or socks5 proxies"
     return None
 
 

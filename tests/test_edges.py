@@ -439,6 +439,21 @@ def test_a_model_name_with_a_byte_that_is_not_utf8_is_refused(serve, monkeypatch
         assert "not UTF-8 text" in capsys.readouterr().err and server.requests == []
 
 
+@pytest.mark.parametrize("proxy, said", [("http://u:pwключ@127.0.0.1:9", "Basic auth cannot send"),
+                                         ("http://127.0.0.1:abc", "port that is not a number"),
+                                         ("http://a..b:9", "empty part"), ("ftp://127.0.0.1:9", "is a ftp: URL")])
+def test_a_proxy_that_cannot_work_is_refused_before_any_run(serve, monkeypatch, capsys, proxy, said):
+    server = serve([act("finish", result="ok")], key=None)
+    for name in ("NO_PROXY", "no_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HTTP_PROXY", proxy)
+    assert main(["hi"]) == 2
+    err = capsys.readouterr().err
+    assert "the proxy the environment names" in err and said in err and server.requests == []
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1")  # a proxy the endpoint does not go through is not its business
+    assert main(["-q", "hi"]) == 0
+
+
 @pytest.mark.parametrize("secret", ["sk-test-abc\udcffdef0123456789", "sk-test-abc\ud800def0123456789"])
 def test_a_secret_with_a_lone_surrogate_is_redacted_in_text_json_and_data(secret):
     redactor = Redactor(secret)
