@@ -152,7 +152,7 @@ def folders_of(names: List[str]) -> List[Path]:
     found: List[Path] = []
     for name in dict.fromkeys(os.path.realpath(name) for name in names):  # a folder named twice is read once
         folder = Path(name)
-        if not folder.is_dir():
+        if not os.path.isdir(folder):  # False for a name too long too (Path.is_dir raises)
             raise ConfigError(f"--summary: {name} is not a folder of batch results")
         inside = [folder] if results_files(folder) else sorted(
             sub for sub in folder.iterdir() if sub.is_dir() and results_files(sub))

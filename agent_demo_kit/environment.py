@@ -66,9 +66,12 @@ def read_environment() -> Environment:
     notes: List[str] = []
     user_file = user_config_file()
     if os.path.lexists(user_file):
-        require_ours(os.stat(resolve(str(user_file.parent), "the settings folder")), str(user_file.parent),
-              "the settings folder")
-        info = os.stat(resolve(str(user_file), "the settings file"))
+        try:
+            require_ours(os.stat(resolve(str(user_file.parent), "the settings folder")), str(user_file.parent),
+                         "the settings folder")
+            info = os.stat(resolve(str(user_file), "the settings file"))
+        except OSError as error:  # a link to nothing, a loop of links
+            raise ConfigError(f"the settings file {user_file} cannot be read: {error.strerror or error}") from None
         require_ours(info, str(user_file), "the settings file")
         if CHECKED and stat.S_ISREG(info.st_mode) and info.st_mode & 0o044:
             raise ConfigError(f"the settings file {user_file} can be read by {'others' if info.st_mode & 0o004 else 'its group'}"
@@ -79,7 +82,7 @@ def read_environment() -> Environment:
         notes.append(f"./.env not read: {why_not}; whoever can write it could choose where your key goes and"
                      " what runs as you")
     for path, origin in ((user_file, str(user_file)), (local, "./.env")):
-        if path.is_file() and not (path == local and why_not):
+        if os.path.isfile(path) and not (path == local and why_not):  # False for a name too long too
             found = _dotenv_values(path)
             values.update(found)
             origins.update(dict.fromkeys(found, origin))

@@ -155,6 +155,8 @@ def checked_folder(folder: Path, what: str = "the run log folder") -> Optional[P
         info = os.stat(real)
     except FileNotFoundError:
         return None
+    except OSError as error:  # a file where a folder should be above it, a name too long
+        raise ConfigError(f"{what} {folder} cannot be looked at: {error.strerror or error}") from None
     require_ours(info, str(folder), what)
     return Path(real)
 
@@ -214,6 +216,8 @@ def open_private(path: str, what: str = "the trace file") -> int:
         fd, mode = os.open(real, flags), None
     try:
         info = os.fstat(fd)
+        if not (stat.S_ISREG(info.st_mode) or stat.S_ISCHR(info.st_mode)):  # a FIFO cannot be appended to and read
+            raise ConfigError(f"{what} {path} is not a file (a FIFO or a socket): name a file, or /dev/null")
         if mode is not None and stat.S_IMODE(info.st_mode) != mode:  # a umask of 0o277 would leave it
             os.fchmod(fd, mode)  # unwritable to a later resume
             info = os.fstat(fd)
@@ -235,7 +239,10 @@ def not_yours(path: Path) -> Optional[str]:
         except OSError as error:
             return f"{what} cannot be looked at ({error.strerror or error})"
         if stat.S_ISLNK(info.st_mode):
-            target = os.stat(each)
+            try:
+                target = os.stat(each)
+            except OSError as error:  # a link to nothing, or a loop of links
+                return f"it is a link to nothing that can be read ({error.strerror or error})"
             if not trusted(info.st_uid) or not trusted(target.st_uid):
                 return f"it is a link that is not yours to {os.readlink(each)}"
             info = target

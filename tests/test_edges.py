@@ -454,6 +454,23 @@ def test_a_proxy_that_cannot_work_is_refused_before_any_run(serve, monkeypatch, 
     assert main(["-q", "hi"]) == 0
 
 
+def test_odd_paths_in_settings_are_one_line_errors_or_passed_by(serve, monkeypatch, capsys, tmp_path):
+    serve([act("finish", result="ok")], key=None)
+    (tmp_path / "a-file").write_text("")
+    monkeypatch.setenv("AGENT_DEMO_LOG_DIR", str(tmp_path / "a-file" / "runs"))
+    assert main(["--runs"]) == 2 and "cannot be looked at: Not a directory" in capsys.readouterr().err
+    assert main(["--summary", str(tmp_path / ("x" * 300))]) == 2 and "not a folder" in capsys.readouterr().err
+    monkeypatch.setenv("AGENT_DEMO_LOG_DIR", str(tmp_path / "runs"))
+    os.mkfifo(tmp_path / "fifo")
+    assert main(["--trace", str(tmp_path / "fifo"), "hi"]) == 2 and "is not a file" in capsys.readouterr().err
+    (tmp_path / ".env").symlink_to(tmp_path / "nowhere")  # ./.env, a link to nothing: passed by, said why
+    assert main(["-q", "hi"]) == 0 and "./.env not read: it is a link to nothing" in capsys.readouterr().err
+    settings = Path(os.environ["XDG_CONFIG_HOME"]) / "agent-demo" / ".env"
+    settings.parent.mkdir(parents=True)
+    settings.symlink_to(tmp_path / "nowhere")
+    assert main(["hi"]) == 2 and "the settings file" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("secret", ["sk-test-abc\udcffdef0123456789", "sk-test-abc\ud800def0123456789"])
 def test_a_secret_with_a_lone_surrogate_is_redacted_in_text_json_and_data(secret):
     redactor = Redactor(secret)
