@@ -37,7 +37,7 @@ from agent_demo_kit.settings import DEFAULT_RETRY_ERRORS, HOSTED_PARALLEL, keywo
 from agent_demo_kit.task_file import BatchTask, read_tasks, task_hash
 from agent_demo_kit.terminal import is_terminal
 from agent_demo_kit.trace_file import has_start, last_run, read_records, sealed_run, started_as
-from agent_demo_kit.urls import secrets_of
+from agent_demo_kit.urls import mcp_urls, secrets_of
 
 LIVE_EVERY = 0.5  # seconds between redraws of the live line
 DOWN_AFTER = 3  # tasks in a row without a connection to the endpoint that stop the batch
@@ -269,7 +269,7 @@ class Batch(Saying):
         try:
             redactor = Redactor(*secrets_of({"LLM_API_KEY": self.settings.api_key or "", "LLM_ESCALATE_KEY":
                                              self.settings.escalate_key or ""}, self.settings.url,
-                                            self.settings.escalate_url))
+                                            self.settings.escalate_url, *mcp_urls(self.settings.mcp_servers)))
             report_page.write_page(page, report_page.folder_pieces(self.out, redactor))
         except Exception as error:  # the results stand without it, and the batch ends as it did
             self.say(f"the report page could not be written: {getattr(error, 'strerror', None) or error}")

@@ -23,6 +23,7 @@ from agent_demo_kit.settings import Settings
 from agent_demo_kit.task_file import BatchTask, Key
 from agent_demo_kit.tools import REGISTRY
 from agent_demo_kit.tools import in_use as offered_tools
+from agent_demo_kit.urls import display_url, mcp_urls
 
 
 def default_out(source: str, model: str) -> Path:
@@ -43,7 +44,7 @@ def configuration(settings: Settings) -> dict:
                if settings.tool_names is None or name in settings.tool_names}
     system = prompts.render_system_prompt(offered_tools(offered), settings.mode, settings.max_calls)
     tools = [*(settings.tool_names or ["all"]), *(f"file {os.path.basename(path)}" for path in settings.tools_files),
-             *(f"mcp {server}" for server in settings.mcp_servers),
+             *(f"mcp {display_url(server) if mcp_urls([server]) else server}" for server in settings.mcp_servers),
              *([f"mcp-config {os.path.basename(settings.mcp_config)}"] if settings.mcp_config else [])]
     return {"model": settings.model.strip(), "endpoint": urlsplit(settings.endpoint).hostname, "mode": settings.mode,
             "tools": tools, "prompt": hashlib.sha256(system.encode("utf-8")).hexdigest()[:12],

@@ -25,7 +25,7 @@ from agent_demo_kit.scoring import MATCHES
 from agent_demo_kit.settings import (DEFAULT_RETRY_ERRORS, HOSTED_PARALLEL, MODES, pass_rate, setting_fields,
                                      shard_of_n, shown_default, whole_number)
 from agent_demo_kit.terminal import is_terminal, protected
-from agent_demo_kit.urls import secrets_of
+from agent_demo_kit.urls import mcp_urls, secrets_of
 from agent_demo_kit.tools import REGISTRY
 
 HELP_START = """Run a task with a tool-calling LLM agent loop over any OpenAI-compatible endpoint.
@@ -325,7 +325,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             return Interrupted.exit_code
         except OutputClosed:  # --help or --version into a reader that went away (| head): it took what it wanted
             return 0
-        redactor.add(*secrets_of(environment, args.url))
+        redactor.add(*secrets_of(environment, args.url, *mcp_urls(args.mcp_servers or [])))
         for note in getattr(environment, "notes", []):  # a ./.env passed by
             print(f"agent-demo: {note}", file=sys.stderr)
         if unreadable or args.runs or args.show is not None or args.config or args.summary is not None \

@@ -69,7 +69,7 @@ def parse_server_specs(mcp_args: Iterable[str], config_path: Optional[str] = Non
 def _checked(url: str, where: str) -> str:
     """An MCP server's URL that requests can send to the host it shows; McpError says why not (not
     showing the URL, which may hold a password)."""
-    problem = url_problem(url)
+    problem = url_problem(url, basic_auth=False)  # the MCP SDK's httpx sends a login as UTF-8
     if problem:
         raise McpError(f"{where} the URL {problem}")
     return url

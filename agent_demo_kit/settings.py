@@ -391,7 +391,7 @@ def check_endpoint_settings(settings: Settings, key_named: str = "LLM_API_KEY (o
         host, scheme = None, None
     if not host or scheme not in ("http", "https"):
         raise ConfigError(f"{source} must be an http(s) URL, got {display_url(settings.url)!r}")
-    problem = url_problem(settings.url)
+    problem = url_problem(settings.url, basic_auth=not settings.api_key)  # a key is sent instead of a login
     if problem:  # what requests could not send, or would send elsewhere than shown
         raise ConfigError(f"{source} {problem}")
     problem = proxy_problem(settings.endpoint)
@@ -433,7 +433,7 @@ def check_escalation(settings: Settings) -> None:
         return
     if not settings.escalate.strip():
         raise ConfigError(f"{settings.named('escalate')} must name a model")
-    problem = url_problem(settings.escalate_url) if settings.escalate_url else None
+    problem = url_problem(settings.escalate_url, basic_auth=False) if settings.escalate_url else None
     if problem:  # one that cannot even be read is said so before its endpoint is worked out
         raise ConfigError(f"{settings.named('escalate_url')} {problem}")
     stronger = settings.stronger()

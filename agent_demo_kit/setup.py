@@ -26,7 +26,7 @@ from agent_demo_kit.records import Call, Round
 from agent_demo_kit.settings import (OBEYED_ONLY_WHEN_GIVEN, Settings, check_endpoint_settings, flag_name,
                                      keyword_name, load_settings, recorded_differences)
 from agent_demo_kit.limits import MATERIAL_SHOWN_CHARS, PAGE_MARGIN_CHARS, VALUE_SHOWN_CHARS
-from agent_demo_kit.urls import display_url, secrets_of
+from agent_demo_kit.urls import display_url, mcp_urls, secrets_of
 from agent_demo_kit.tools import REGISTRY, Tool, ToolDefinitionError, clash_message, describe, in_use, material_reader
 
 
@@ -123,7 +123,7 @@ def prepare(task: str = "", *, given: Dict[str, Any], environment: Dict[str, str
         # Whole, before it is shown a page at a time: a page's edge must not split a key into parts too short to catch.
         material = redactor(material, placeholders=False) if material else material
         # An MCP server's URL may hold a password or a token: what is said of it is redacted from now on.
-        redactor.add(*secrets_of({}, *(server for server in settings.mcp_servers if "://" in server)))
+        redactor.add(*secrets_of({}, *mcp_urls(settings.mcp_servers)))
         registry, start_fields, notes = tool_registry(settings, functions, redactor, closing, start)
         form = RequestForm.resumed(settings, start, any(record.mode == settings.mode for record in history)) \
             if start is not None else RequestForm.asked_for(settings)

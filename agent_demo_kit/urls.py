@@ -76,9 +76,11 @@ def display_url(url: str) -> str:
     return urlunsplit(parts._replace(query=_hidden_query(parts.query)[0], fragment="***" if parts.fragment else ""))
 
 
-def url_problem(url: str) -> Optional[str]:
+def url_problem(url: str, basic_auth: bool = True) -> Optional[str]:
     """Why requests could not send to this URL, or not to the host it is shown and checked with
-    (None: it can); said without the URL, which may hold a password."""
+    (None: it can); said without the URL, which may hold a password. basic_auth: its user name and
+    password are sent (requests sends them as Latin-1, unless a key is sent instead)."""
+    url = url.strip()  # as it is sent
     if re.search(r"[\x00-\x20\x7f]", url):
         return "holds a space or a control character"
     if _stray_userinfo(url) is not None:
@@ -97,7 +99,7 @@ def url_problem(url: str) -> Optional[str]:
     if ":" not in host and (len(host) > 253 or any(not 0 < len(label) <= 63 for label in labels)):
         return "has a host name with an empty part or a part longer than 63 characters"
     try:
-        (unquote(parts.username or "") + unquote(parts.password or "")).encode("latin-1")
+        (unquote(parts.username or "") + unquote(parts.password or "")).encode("latin-1" if basic_auth else "utf-8")
     except UnicodeEncodeError:  # beyond Latin-1, or a byte of the environment that is not UTF-8
         return ("holds a user name or password with a character Basic auth cannot send (it goes as Latin-1,"
                 " whether written as it is or %-escaped): use an ASCII password")
@@ -108,7 +110,7 @@ def proxy_problem(url: str) -> Optional[str]:
     """What is wrong with the proxy the environment names for this URL (HTTPS_PROXY and the like, unless
     NO_PROXY leaves it out), which requests would find out only on every request; None if nothing is."""
     import requests  # imported here: the proxy that counts is the one requests picks
-    proxy = requests.utils.select_proxy(url, requests.utils.get_environ_proxies(url))
+    proxy = given = requests.utils.select_proxy(url, requests.utils.get_environ_proxies(url))
     if not proxy:
         return None
     which = "the proxy the environment names for this endpoint (HTTP_PROXY, HTTPS_PROXY or ALL_PROXY)"
@@ -119,7 +121,7 @@ def proxy_problem(url: str) -> Optional[str]:
         return f"{which} {problem or 'cannot be read as a URL'}"
     problem = url_problem(proxy)
     if problem:
-        return f"{which} {problem}"
+        return f"{which} {problem}" + ("" if "://" in given else " (it names no scheme: begin it with http://)")
     scheme = urlsplit(proxy).scheme.lower()
     if scheme.startswith("socks"):
         if importlib.util.find_spec("socks") is None:  # PySocks, what requests' SOCKS support needs
@@ -132,7 +134,7 @@ def proxy_problem(url: str) -> Optional[str]:
 def _stray_userinfo(url: str) -> Optional[str]:
     """What stands between "//" and a URL's last @ when urlsplit does not take it for the user name and
     password: one that holds "/", "?" or "#" unescaped (the host urlsplit finds is then the user name, and
-    its port the start of the password). An @ in a query after a host that can be read is the query's."""
+    its port the start of the password, which no request can use)."""
     rest = url.partition("://")[2]
     if "@" not in rest:
         return None
@@ -143,13 +145,11 @@ def _stray_userinfo(url: str) -> Optional[str]:
         return userinfo
     if "@" in parts.netloc:
         return None  # read as a user name and password already
-    if "@" in parts.path or "@" in parts.fragment:
-        return userinfo
     try:
         parts.port
-    except ValueError:  # "user:pass?word@host": the port urlsplit sees is the password's start
+    except ValueError:  # "user:pass/word@host": the port urlsplit sees is the password's start
         return userinfo
-    return None
+    return None  # an @ in a path (/@cf/, Smithery's /@user/server), a query or a fragment is theirs
 
 
 def secrets_of(environment: Dict[str, str], *urls: Optional[str]) -> List[str]:
@@ -159,6 +159,11 @@ def secrets_of(environment: Dict[str, str], *urls: Optional[str]) -> List[str]:
     for url in (*urls, *(environment.get(name) for name in ("LLM_API_URL", "OPENAI_BASE_URL", "LLM_ESCALATE_URL"))):
         found += _url_secrets(url or "")
     return [secret for secret in found if secret]
+
+
+def mcp_urls(servers: List[str]) -> List[str]:
+    """The --mcp servers given as URLs (the others are commands), whose secrets are redacted too."""
+    return [server for server in servers if re.match(r"\s*https?://", server, re.IGNORECASE)]
 
 
 @functools.lru_cache(maxsize=64)  # a batch asks for the same few URLs' task after task

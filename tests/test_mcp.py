@@ -66,6 +66,26 @@ def test_a_secret_in_an_mcp_server_s_url_is_never_shown(serve, capsys, url):
     assert "mcpPASSWORD1" not in out + err and "mcpTOKEN12345" not in out + err
 
 
+def test_an_mcp_url_with_an_at_in_its_path_or_a_utf8_login_is_taken():
+    specs = parse_server_specs(["https://server.smithery.ai/@upstash/context7-mcp/mcp", "https://u:密码@example.com/mcp"])
+    assert [spec.url for spec in specs] == ["https://server.smithery.ai/@upstash/context7-mcp/mcp",
+                                            "https://u:密码@example.com/mcp"]
+
+
+def test_an_mcp_url_s_secret_is_not_in_config_nor_in_a_batch_s_results(serve, capsys, tmp_path):
+    serve([act("finish", result="ok")])
+    url = "http://user:mcpPASSWORD1@127.0.0.1:9/mcp?token=mcpTOKEN12345"
+    assert main(["--config", "--mcp", url]) == 0
+    assert main(["--config", "--json", "--mcp", url]) == 0
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text("add 2 and 3\n")
+    main(["--batch", str(tasks), "--out", str(tmp_path / "out"), "--mcp", url])  # the server is not there
+    assert (tmp_path / "out" / "results.jsonl").exists()
+    written = "".join(path.read_text() for path in (tmp_path / "out").rglob("*") if path.is_file())
+    shown = "".join(capsys.readouterr()) + written
+    assert "mcpPASSWORD1" not in shown and "mcpTOKEN12345" not in shown
+
+
 @pytest.mark.parametrize("url, said", [("http://127.0.0.1:abc/mcp", "port"), ("http://[::1/mcp", "cannot be read"),
                                        ("http://u:p/w@127.0.0.1:9/mcp", '"@" after where its host ends')])
 def test_an_mcp_url_that_cannot_be_sent_to_is_a_one_line_error(serve, capsys, tmp_path, url, said):

@@ -250,6 +250,23 @@ def test_a_key_split_by_a_lone_carriage_return_or_a_blank_line_is_a_key(break_):
     assert KEY[:10] not in "".join(shown) and REDACTED in "".join(shown)
 
 
+@pytest.mark.processes
+def test_a_near_miss_of_a_key_wrapped_a_character_a_line_is_found_out_at_once():
+    # In a process of its own: a regular expression that backtracks holds the interpreter until it is done.
+    program = ("import sys; sys.path.insert(0, sys.argv[1])\n"
+               "from agent_demo_kit.redaction import Redactor\n"
+               "key = 'sk-proj-' + 'a1B2c3D4' * 5\n"
+               "redactor = Redactor(key)\n"
+               "redactor('\\r\\n'.join(key[:-1]) + '\\r\\nX')\n"  # 2**47 ways to read its breaks with alternatives
+               "print(redactor('\\r\\n'.join(key)))\n")
+    try:
+        done = subprocess.run([sys.executable, "-c", program, str(ROOT)], capture_output=True, text=True, timeout=60,
+                              env=child_environment())
+    except subprocess.TimeoutExpired:
+        pytest.fail("the pattern backtracks through every way to read the line breaks")
+    assert done.stdout == REDACTED + "\n", done.stderr
+
+
 def test_redactors_of_the_same_secrets_share_nothing_a_later_secret_changes():
     first, second = Redactor("sk-shared-secret-0123456789"), Redactor("sk-shared-secret-0123456789")
     first.add("sk-only-the-first-knows-this-one")
