@@ -81,8 +81,9 @@ def url_problem(url: str, basic_auth: bool = True) -> Optional[str]:
     (None: it can); said without the URL, which may hold a password. basic_auth: its user name and
     password are sent (requests sends them as Latin-1, unless a key is sent instead)."""
     url = url.strip()  # as it is sent
-    if re.search(r"[\x00-\x20\x7f]", url):
-        return "holds a space or a control character"
+    authority = re.split(r"[/?#]", url.partition("://")[2], 1)[0]
+    if re.search(r"[\x00-\x20\x7f]", authority):  # in a path or a query, requests escapes them
+        return "holds a space or a control character in its host part"
     if _stray_userinfo(url) is not None:
         return ('holds an "@" after where its host ends: a user name or password with "/", "?" or "#" in it'
                 " must have them %-escaped (%2F, %3F, %23)")

@@ -390,7 +390,7 @@ def test_a_url_requests_cannot_send_or_would_send_elsewhere_is_refused_before_an
     assert said in err and "hunter2SECRET" not in err and "Traceback" not in err and server.requests == []
 
 
-@pytest.mark.parametrize("url", ["{base}/@cf/", " {base} ", "http://user:密码@{host}/v1"])
+@pytest.mark.parametrize("url", ["{base}/@cf/", " {base} ", "http://user:密码@{host}/v1", "{base}?note=a b"])
 def test_a_url_requests_can_send_is_taken(serve, monkeypatch, url):
     server = serve([act("finish", result="ok")])  # with a key, which goes instead of the URL's login
     monkeypatch.setenv("LLM_API_URL", url.format(base=server.url, host=server.url.split("//")[1].split("/")[0]))
