@@ -16,7 +16,7 @@ from urllib.parse import urlsplit
 from agent_demo_kit.limits import FUNCTION_NAME_CHARS, MESSAGE_CHARS
 from agent_demo_kit.schemas import flatten, simplify_schema
 from agent_demo_kit.prompts import clip
-from agent_demo_kit.urls import display_url, url_problem
+from agent_demo_kit.urls import display_url, is_http_url, url_problem
 from agent_demo_kit.tools import ToolError
 
 INSTALL_HINT = "MCP servers need the mcp package: pip install 'agent-demo[mcp]' (Python 3.10 or later)"
@@ -46,7 +46,7 @@ def parse_server_specs(mcp_args: Iterable[str], config_path: Optional[str] = Non
     McpError says in one line what is wrong."""
     specs = []
     for argument in mcp_args:
-        if re.match(r"https?://", argument, re.IGNORECASE):
+        if is_http_url(argument):
             specs.append(ServerSpec(_url_name(_checked(argument, f"{named}:")), url=argument))
             continue
         try:
@@ -93,7 +93,7 @@ def _read_config(path: str, named: str) -> List[ServerSpec]:
     for name, entry in servers.items():
         entry = entry if isinstance(entry, dict) else {}
         command, args, env, url = entry.get("command"), entry.get("args", []), entry.get("env", {}), entry.get("url")
-        if url is not None and not re.match(r"https?://", str(url), re.IGNORECASE):
+        if url is not None and not is_http_url(str(url)):
             raise McpError(f'{where}: server {name}: "url" must be an http:// or https:// URL')
         if url is not None:
             specs.append(ServerSpec(name, url=_checked(url, f"{where}: server {name}:")))

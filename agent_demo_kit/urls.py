@@ -162,9 +162,14 @@ def secrets_of(environment: Dict[str, str], *urls: Optional[str]) -> List[str]:
     return [secret for secret in found if secret]
 
 
+def is_http_url(text: str) -> bool:
+    """Does an --mcp server (or a --mcp-config "url") name a URL, not a command?"""
+    return re.match(r"https?://", text, re.IGNORECASE) is not None
+
+
 def mcp_urls(servers: List[str]) -> List[str]:
     """The --mcp servers given as URLs (the others are commands), whose secrets are redacted too."""
-    return [server for server in servers if re.match(r"\s*https?://", server, re.IGNORECASE)]
+    return [server for server in servers if is_http_url(server)]
 
 
 @functools.lru_cache(maxsize=64)  # a batch asks for the same few URLs' task after task
