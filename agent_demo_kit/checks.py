@@ -39,6 +39,14 @@ def without_secrets(environment: Any, secrets: Iterable[str] = ()) -> Dict[str, 
             and not any(key in value for key in keys)}
 
 
+def child_environment(environment: Any, secrets: Iterable[str] = ()) -> Dict[str, str]:
+    """What every child the user named (a check, the tools worker, an MCP server) starts with: no key,
+    and PYTHONSAFEPATH=1, so a Python it runs (`python -c`, `python -m`, a script) does not put the
+    folder it runs in (or the script's) first on sys.path: a json.py that someone left beside a task
+    file, or in a team folder, is not imported. PYTHONPATH still says where to look, when that is wanted."""
+    return {**without_secrets(environment, secrets), "PYTHONSAFEPATH": "1"}
+
+
 SHELL_SYNTAX = set("|&;<>()$`*?[]{}~\n")
 
 
@@ -75,7 +83,8 @@ def check_command(command: str, named: str = "--check") -> List[str]:
             raise ConfigError(f"{named} cannot be read: {error}") from None
     if SHELL_SYNTAX & set(command) or words[0] in SHELL_WORDS or "=" in words[0]:
         shell = ["/bin/sh", "-c", command]
-        syntax = subprocess.run(["/bin/sh", "-n", "-c", command], capture_output=True, text=True, errors="replace")
+        syntax = subprocess.run(["/bin/sh", "-n", "-c", command], capture_output=True, text=True, errors="replace",
+                                env=child_environment(os.environ))
         if syntax.returncode:
             said = (syntax.stderr.strip().splitlines() or ["a syntax error"])[-1]
             raise ConfigError(f"{named} cannot be read by /bin/sh: {clip(said, SNIPPET_CHARS)}")
@@ -111,7 +120,7 @@ def run_check(argv: List[str], command: str, answer: str, task: str, timeout: fl
     did not finish within `timeout` seconds. The check is over when its own process exits, whoever
     still holds its output pipe; then it is stopped, with whatever it started. It gets no key
     (secrets: the run's keys, wherever they came from)."""
-    environment = {**without_secrets(os.environ, secrets), "AGENT_ANSWER": _variable(answer),
+    environment = {**child_environment(os.environ, secrets), "AGENT_ANSWER": _variable(answer),
                    "AGENT_TASK": _variable(task)}
     if expected is not None:  # a batch task's "expected"
         environment["AGENT_EXPECTED"] = _variable(expected)

@@ -94,7 +94,7 @@ class _Server:
     async def _stdio(self) -> Any:
         from mcp import StdioServerParameters, stdio_client
         parameters = StdioServerParameters(command=self.spec.command[0], args=list(self.spec.command[1:]),
-                                           env=self.spec.env or None)
+                                           env={"PYTHONSAFEPATH": "1", **self.spec.env})
         read_end, write_end = os.pipe()  # the server's stderr goes to the sink, never to stdout
         self.stderr_copier = threading.Thread(target=self._copy_stderr, args=(read_end,), daemon=True)
         self.stderr_copier.start()

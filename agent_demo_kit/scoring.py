@@ -105,8 +105,10 @@ class RegexJudge:
 
     def _ask(self, pattern: str, text: str) -> bool:
         if self.process is None or self.process.poll() is not None:
-            self.process = subprocess.Popen([sys.executable, "-c", _SEARCHER], stdin=subprocess.PIPE,
-                                            stdout=subprocess.PIPE, start_new_session=False)
+            # Isolated (-I: neither the current folder nor PYTHON* variables reach its sys.path), from /, with
+            # no environment: a json.py beside a task file must not run, and the judge needs no key.
+            self.process = subprocess.Popen([sys.executable, "-I", "-c", _SEARCHER], stdin=subprocess.PIPE,
+                                            stdout=subprocess.PIPE, start_new_session=False, cwd="/", env={})
         self.process.stdin.write(json.dumps([pattern, text]).encode() + b"\n")
         self.process.stdin.flush()
         ready, _, _ = select.select([self.process.stdout], [], [], REGEX_SECONDS)

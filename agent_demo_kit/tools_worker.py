@@ -25,7 +25,7 @@ import threading
 import time
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
-from agent_demo_kit.checks import without_secrets
+from agent_demo_kit.checks import child_environment
 from agent_demo_kit.endings import ConfigError
 from agent_demo_kit.tools import (Converted, Tool, ToolDefinitionError, ToolError, as_json, awaited, clash_message,
                                   registry_of)
@@ -111,10 +111,10 @@ class ToolWorker:
         read_end, write_end = os.pipe()  # what it and its children print: shown by us, inert
         with theirs:
             try:
-                self.process = subprocess.Popen(
-                    [sys.executable, "-c", _BOOT, _ROOT, str(theirs.fileno())], pass_fds=[theirs.fileno()],
+                self.process = subprocess.Popen(  # -I: no PYTHON* variable and not the current folder
+                    [sys.executable, "-I", "-c", _BOOT, _ROOT, str(theirs.fileno())], pass_fds=[theirs.fileno()],
                     start_new_session=True, stdin=subprocess.DEVNULL, stdout=write_end, stderr=write_end,
-                    env=without_secrets(os.environ, self.secrets))
+                    env=child_environment(os.environ, self.secrets))
             finally:
                 os.close(write_end)
         self.shown, self.answered = _Shown(), 0
