@@ -23,8 +23,8 @@ from typing import Any, Callable, Deque, Dict, Iterable, List, NamedTuple, Optio
 from agent_demo import prepare, run_job
 from agent_demo_kit import metrics, scoring
 from agent_demo_kit.batch_view import Saying
-from agent_demo_kit.batch_folder import (check_output_folder, configuration, default_out, put_results_in_order,
-                                         results_name)
+from agent_demo_kit.batch_folder import (check_output_folder, check_output_parents, configuration, default_out,
+                                         put_results_in_order, results_name)
 from agent_demo_kit.comparison import OUTPUT_FILES, FAILURES_SHOWN, config_differences, failures, read_results, success
 from agent_demo_kit.endings import ENDED, ConfigError, EndpointError, Interrupted, RunResult, SigTerm, Terminated
 from agent_demo_kit.private_files import in_use, lock, only_yours_again, open_private, readable_by_group
@@ -231,6 +231,7 @@ class Batch(Saying):
     def run(self, needed: Optional[float] = None) -> Tuple[int, dict]:
         """Run what the plan leaves, `parallel` at a time: the exit code of the whole (0 when every task
         finished, or the `needed` share of them; 1 otherwise; 130 or 143 when stopped) and the summary."""
+        check_output_parents(self.out)  # before anything is made in it
         try:
             self.out.mkdir(parents=True, exist_ok=True, mode=0o700)
             self.traces.mkdir(exist_ok=True, mode=0o700)
@@ -366,6 +367,10 @@ class Batch(Saying):
                 return None, False
             figures = metrics.run_figures(read_records(str(trace))) if not planned.fresh else None
             if figures and figures["status"] in ENDED:  # ended by another process since the plan
+                if not sealed_run(trace):  # or put there by someone: not a result, and not to be run on from
+                    return self.line(task, {**metrics.no_figures(), "status": "error", "errors": 1, "error":
+                                            f"{trace} ended without your seal: it was not written by agent-demo"
+                                            " as you; move it away and the task runs again"}), False
                 return self.line(task, figures), False
         resume = not planned.fresh and planned.traced and has_start(trace)
         # A task file is data: its line's check runs only when the user said so, beside --check.

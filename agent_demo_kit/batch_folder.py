@@ -18,7 +18,7 @@ from urllib.parse import urlsplit
 from agent_demo_kit import prompts
 from agent_demo_kit.comparison import OUTPUT_FILES, result_key
 from agent_demo_kit.endings import ConfigError
-from agent_demo_kit.private_files import open_private, require_ours, resolve
+from agent_demo_kit.private_files import check_parents, open_private, require_ours, resolve
 from agent_demo_kit.settings import Settings
 from agent_demo_kit.task_file import BatchTask, Key
 from agent_demo_kit.tools import REGISTRY
@@ -58,12 +58,24 @@ def results_name(part: Optional[Tuple[int, int]], kind: str) -> str:
     return f"{kind}{tail}.{'jsonl' if kind == 'results' else 'json'}"
 
 
+def check_output_parents(out: Path) -> Path:
+    """The output folder's real path, once every folder above it is checked as the run log's are: yours
+    or root's, writable by nobody else unless sticky (as /tmp is). Someone who can write a folder above
+    it (a co-user who made FILE-results/, a group-writable team folder) could swap the folder, or what is
+    in it, for their own mid-batch: ConfigError, before anything is made or sent."""
+    what = "the output folder"
+    real = resolve(str(out), what)
+    check_parents(real, str(out), what)
+    check_parents(os.path.abspath(out), str(out), what)  # and where a symlink on the way stands
+    return Path(real)
+
+
 def check_output_folder(out: Path) -> None:
     """The output folder, its traces and its results files are used only when they are yours and
-    writable by nobody else, with no links out (a link of yours on the way to the folder is
-    followed); ConfigError naming the first that is not, before anything is sent."""
+    writable by nobody else, inside folders only you can change, with no links out (a link of yours on
+    the way to the folder is followed); ConfigError naming the first that is not, before anything is sent."""
     what = "the output folder"
-    real = Path(resolve(str(out), what))
+    real = check_output_parents(out)
     for folder in (real, real / "traces"):
         info = os.lstat(folder)
         if not stat.S_ISDIR(info.st_mode):
@@ -81,6 +93,25 @@ def check_output_folder(out: Path) -> None:
                     raise ConfigError(f"{what}: {entry.path} is {kind}: a batch reads only files it wrote; move it"
                                       " away")
                 require_ours(info, entry.path, what)
+
+
+def open_plain(path: Path) -> Any:
+    """A results file opened to read, never through a link and never a FIFO (which would hold the
+    batch at its end); ConfigError when it is not a plain file of yours."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
+    except OSError as error:
+        raise ConfigError(f"{path} cannot be read: {error.strerror or error}") from None
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):
+        os.close(fd)
+        raise ConfigError(f"{path} is not a plain file any more: a batch reads only files it wrote")
+    try:
+        require_ours(info, str(path), "the results file")
+    except ConfigError:
+        os.close(fd)
+        raise
+    return open(fd, "rb")
 
 
 def iter_lines(file: Any) -> Iterator[Tuple[int, bytes]]:
@@ -108,7 +139,7 @@ def put_results_in_order(path: Path, tasks: List[BatchTask]) -> None:
     latest: Dict[Key, int] = {}  # id and try -> where its last line starts
     order = {task.key: n for n, task in enumerate(tasks)}
     count, last, in_order = 0, -1, True
-    with open(path, "rb") as results:
+    with open_plain(path) as results:
         for offset, raw in iter_lines(results):
             try:
                 ident = result_key(json.loads(raw))
