@@ -13,7 +13,6 @@ import re
 import stat
 from pathlib import Path
 from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple
-from urllib.parse import urlsplit
 
 from agent_demo_kit import prompts
 from agent_demo_kit.comparison import OUTPUT_FILES, result_key
@@ -23,7 +22,7 @@ from agent_demo_kit.settings import Settings
 from agent_demo_kit.task_file import BatchTask, Key
 from agent_demo_kit.tools import REGISTRY
 from agent_demo_kit.tools import in_use as offered_tools
-from agent_demo_kit.urls import display_url, mcp_urls
+from agent_demo_kit.urls import display_url, endpoint_of, mcp_urls
 
 
 def default_out(source: str, model: str) -> Path:
@@ -37,7 +36,7 @@ def default_out(source: str, model: str) -> Path:
 
 
 def configuration(settings: Settings) -> dict:
-    """What decides an answer, as each results line records it: the model, the endpoint's host, the
+    """What decides an answer, as each results line records it: the model, the endpoint (its base URL, no login), the
     mode, the tools, the system prompt's version (a hash of it), --max-rounds, the check and --escalate.
     A rerun into a folder of another configuration is refused; --summary puts them side by side."""
     offered = {name: tool for name, tool in REGISTRY.items()
@@ -46,7 +45,7 @@ def configuration(settings: Settings) -> dict:
     tools = [*(settings.tool_names or ["all"]), *(f"file {os.path.basename(path)}" for path in settings.tools_files),
              *(f"mcp {display_url(server) if mcp_urls([server]) else server}" for server in settings.mcp_servers),
              *([f"mcp-config {os.path.basename(settings.mcp_config)}"] if settings.mcp_config else [])]
-    return {"model": settings.model.strip(), "endpoint": urlsplit(settings.endpoint).hostname, "mode": settings.mode,
+    return {"model": settings.model.strip(), "endpoint": endpoint_of(settings.endpoint), "mode": settings.mode,
             "tools": tools, "prompt": hashlib.sha256(system.encode("utf-8")).hexdigest()[:12],
             "max_rounds": settings.max_rounds, "check": settings.check,
             "escalate": settings.escalate.strip() if settings.escalate else None}

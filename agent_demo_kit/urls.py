@@ -32,6 +32,17 @@ def server_root(url: str) -> str:
     return urlunsplit(urlsplit(url.strip())._replace(path="", query=""))
 
 
+def endpoint_of(url: str) -> str:
+    """What names an endpoint in a batch's configuration: its base URL with the port (two local servers on
+    one host are two endpoints), without a login, and with the values of its query hidden as when shown."""
+    parts = urlsplit(url.strip())
+    host = parts.hostname or ""
+    host = f"[{host}]" if ":" in host else host
+    port = f":{parts.port}" if parts.port else ""
+    plain = parts._replace(netloc=host + port, path=base_path(parts.path), fragment="")
+    return urlunsplit(plain._replace(query=_hidden_query(plain.query)[0]))
+
+
 def base_path(path: str) -> str:
     """A URL's path without /chat/completions and the slash at its end: the one place it is taken off."""
     path = path.rstrip("/")

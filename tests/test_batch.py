@@ -405,7 +405,10 @@ def test_a_refused_key_or_a_dead_endpoint_costs_no_retry_and_the_same_command_go
     with ScriptedServer([{"status": 401, "body": {"error": {"message": "bad key"}}}]) as refusing:
         monkeypatch.setenv("LLM_API_URL", refusing.url)
         assert cli("--batch", tasks, "--parallel", 1, "-q")[0] == 3
-    monkeypatch.setenv("LLM_API_URL", "http://127.0.0.1:9/v1")
+    # The same endpoint, now down: its server has stopped (another port would be another configuration),
+    # and no connection to it is kept open.
+    from agent_demo_kit.client import shared_connections
+    shared_connections().close()
     monkeypatch.setenv("AGENT_RETRIES", "0")
     code, out, err = cli("--batch", tasks, "--parallel", 1, "--json")
     assert code == 3 and err.count("no more tasks start") == 1, err
@@ -413,8 +416,7 @@ def test_a_refused_key_or_a_dead_endpoint_costs_no_retry_and_the_same_command_go
     said = [line for line in err.splitlines() if "cannot reach" in line]
     assert len([line for line in said if line.startswith("[")]) == 3, "three tasks without a connection, each a line"
     assert len([line for line in said if "no more tasks start" in line]) == 1, "then a stop said once"
-    with ScriptedServer([], screen=ByTask()) as good:
-        monkeypatch.setenv("LLM_API_URL", good.url)
+    with ScriptedServer([], screen=ByTask(), port=int(refusing.url.split(":")[2].split("/")[0])):  # up again
         code, out, err = cli("--batch", tasks, "--json", "--retry-errors", 0)
     assert (code, json.loads(out)["status_counts"]) == (0, {"finished": 3}), err
 

@@ -94,3 +94,18 @@ def test_a_fifo_in_place_of_the_results_file_at_the_end_stops_with_a_line_not_a_
     os.mkfifo(tmp_path / "results.jsonl")
     with pytest.raises(ConfigError, match="not a plain file"):
         put_results_in_order(tmp_path / "results.jsonl", [])
+
+
+def test_two_local_servers_on_one_host_are_two_configurations_and_a_folder_of_the_other_is_refused(
+        tmp_path, cli, monkeypatch):
+    tasks = tasks_in(tmp_path, "q1", "q2")
+    with ScriptedServer([], screen=lambda body: action("finish", result="1")) as first, \
+            ScriptedServer([], screen=lambda body: action("finish", result="1")) as second:
+        monkeypatch.setenv("LLM_API_URL", first.url)
+        cli("--batch", tasks, "-m", "local")
+        monkeypatch.setenv("LLM_API_URL", second.url)
+        code, out, err = cli("--batch", tasks, "-m", "local")
+    assert (code, len(second.requests)) == (2, 0), err
+    assert "another configuration" in err and f"127.0.0.1:{second.url.split(':')[2].split('/')[0]}" in err
+    config = json.loads((tmp_path / "tasks-results" / "local" / "results.jsonl").read_text().splitlines()[0])["config"]
+    assert config["endpoint"] == first.url.rstrip("/")
