@@ -48,6 +48,12 @@ FREED_WITHIN = 5.0  # seconds a task's trace may stay locked after its last run 
 # --- the output folder -------------------------------------------------------------------------
 
 
+def _same(recorded: Any, expected: Any) -> bool:
+    """Is what a results line recorded as expected what the task file expects now (1 and 1.0 differ,
+    and so do 1 and true: the line was scored against the value as it was written)?"""
+    return json.dumps(recorded, sort_keys=True) == json.dumps(expected, sort_keys=True)
+
+
 def summarize_runs(traces: List[Path]) -> dict:
     """--summary without a folder: the table of these runs (the run log folder's)."""
     tally = metrics.Tally()
@@ -201,6 +207,10 @@ class Batch(Saying):
         match = task.match or self.match
         line.update(expected=task.expected, match=match, correct=None if task.expected is None else
                     line.get("status") == "finished" and scoring.score(line.get("answer"), task.expected, match))
+        return self.price(line)
+
+    def price(self, line: dict) -> dict:
+        """The line with its cost by --price now, when --price is given."""
         models = line.get("models") if isinstance(line.get("models"), dict) else {}
         if self.prices:
             line["cost"] = cost(models, self.prices)
@@ -213,7 +223,12 @@ class Batch(Saying):
         """A line read back, scored against what the file expects now (and priced by --price now),
         written again when that changed something."""
         before = {name: line.get(name) for name in ("expected", "match", "correct", "cost")}
-        line = self.scored(dict(line), task)
+        if _same(before["expected"], task.expected) and before["match"] == (task.match or self.match) \
+                and isinstance(before["correct"], bool) == (task.expected is not None):
+            line = dict(line)  # scored once, when it ended (a sealed line): a regex is not run again
+            self.price(line)
+        else:
+            line = self.scored(dict(line), task)
         if any(line.get(name) != value for name, value in before.items()):
             self.write(line)
         return line

@@ -7,6 +7,7 @@ punctuation do not count, and a numeric expectation is compared with the answer'
 It imports only records.
 """
 import atexit
+import contextlib
 import json
 import math
 import re
@@ -87,46 +88,74 @@ def matches(answer: str, expected: Any, match: Optional[str]) -> bool:
 class RegexJudge:
     """re.search of a pattern a task file gave, with a time limit: a pattern such as ^(a|a)+$ takes
     exponential time on some answers, and Python's re holds the interpreter meanwhile (no Ctrl-C, no
-    other task). So the search runs in a child process of its own, started once and reused; one that
-    takes longer than REGEX_SECONDS is stopped, and the answer counts as not matching."""
+    other task). So each search runs in a child process, started when needed and reused; one that
+    takes longer than REGEX_SECONDS is stopped, and the answer counts as not matching. Searches at the
+    same time (a batch's tasks ending together) each get a child of their own, so as many run at once
+    as the batch runs tasks."""
 
     def __init__(self) -> None:
-        self.process: Optional[subprocess.Popen] = None
-        self.lock = threading.Lock()
+        self.idle: List[subprocess.Popen] = []  # children waiting for a search
+        self.children: set = set()  # every child, searching or idle: what close() ends
+        self.closes = 0  # times close() ended them all
+        self.lock = threading.Lock()  # over the above: a search holds no lock while it runs
 
     def search(self, pattern: str, text: str) -> bool:
         with self.lock:
-            for _ in range(2):  # a child that died meanwhile (Ctrl-C reaches it too) is started again once
-                try:
-                    return self._ask(pattern, text)
-                except (OSError, ValueError):
-                    self.close()
-            return False
+            closes = self.closes
+        for _ in range(2):  # a child that died meanwhile (Ctrl-C reaches it too) is started again once
+            with self.lock:
+                process = self.idle.pop() if self.idle else None
+            try:
+                return self._ask(process or self._start(), pattern, text)
+            except (OSError, ValueError):
+                with self.lock:
+                    if self.closes != closes:  # ended by close(): not a match, and not searched again
+                        return False
+        return False
 
-    def _ask(self, pattern: str, text: str) -> bool:
-        if self.process is None or self.process.poll() is not None:
-            # Isolated (-I: neither the current folder nor PYTHON* variables reach its sys.path), from /, with
-            # no environment: a json.py beside a task file must not run, and the judge needs no key.
-            self.process = subprocess.Popen([sys.executable, "-I", "-c", _SEARCHER], stdin=subprocess.PIPE,
-                                            stdout=subprocess.PIPE, start_new_session=False, cwd="/", env={})
-        self.process.stdin.write(json.dumps([pattern, text]).encode() + b"\n")
-        self.process.stdin.flush()
-        ready, _, _ = select.select([self.process.stdout], [], [], REGEX_SECONDS)
-        if not ready:  # out of time: stopped, and not a match
-            self.close()
+    def _start(self) -> subprocess.Popen:
+        # Isolated (-I: neither the current folder nor PYTHON* variables reach its sys.path), from /, with
+        # no environment: a json.py beside a task file must not run, and the judge needs no key.
+        process = subprocess.Popen([sys.executable, "-I", "-c", _SEARCHER], stdin=subprocess.PIPE,
+                                   stdout=subprocess.PIPE, start_new_session=False, cwd="/", env={})
+        with self.lock:
+            self.children.add(process)
+        return process
+
+    def _ask(self, process: subprocess.Popen, pattern: str, text: str) -> bool:
+        try:
+            process.stdin.write(json.dumps([pattern, text]).encode() + b"\n")
+            process.stdin.flush()
+            ready, _, _ = select.select([process.stdout], [], [], REGEX_SECONDS)
+            said = process.stdout.readline() if ready else None
+        except BaseException:
+            self._end(process)
+            raise
+        if said is None:  # out of time: stopped, and not a match
+            self._end(process)
             return False
-        said = self.process.stdout.readline()
         if not said:
+            self._end(process)
             raise ValueError("the searcher ended")
+        with self.lock:
+            self.idle.append(process)
         return said.strip() == b"1"
 
     def close(self) -> None:
-        if self.process is not None:
-            self.process.kill()
-            self.process.wait()
-            for pipe in (self.process.stdin, self.process.stdout):
+        """End every child, a search still running included (it then counts as not matching)."""
+        with self.lock:
+            children, self.idle, self.closes = list(self.children), [], self.closes + 1
+        for process in children:
+            self._end(process)
+
+    def _end(self, process: subprocess.Popen) -> None:
+        with self.lock:
+            self.children.discard(process)
+        process.kill()
+        process.wait()
+        for pipe in (process.stdin, process.stdout):
+            with contextlib.suppress(OSError):
                 pipe.close()
-            self.process = None
 
 
 REGEX_SECONDS = 2.0  # the longest one regex search of an answer may take

@@ -87,3 +87,47 @@ def test_an_mcp_server_s_python_imports_nothing_from_the_current_folder(planted,
         code, out, err = cli("--mcp", server_command, "say hi")
     assert not planted.exists(), planted.read_text()
     assert code == 0 and out.strip() == "said"
+
+
+# --- finding 10: a regex is scored once, and judges run side by side --------------------------------
+
+def test_a_rerun_with_nothing_to_run_scores_no_regex_again(tmp_path, cli, monkeypatch):
+    from agent_demo_kit import scoring
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text("".join(json.dumps({"id": f"t{n}", "task": f"compute {n}", "expected": r"^\d+$",
+                                         "match": "regex"}) + "\n" for n in range(3)))
+    searched = []
+    search = scoring.REGEX.search
+    monkeypatch.setattr(scoring.REGEX, "search", lambda pattern, text: searched.append(text) or search(pattern, text))
+    with ScriptedServer([], screen=lambda body: action("finish", result="42")) as server:
+        monkeypatch.setenv("LLM_API_URL", server.url)
+        monkeypatch.setenv("LLM_API_KEY", KEY)
+        first = cli("--batch", tasks, "--json")
+        assert len(searched) == 3 and json.loads(first[1])["correct"] == 3
+        again = cli("--batch", tasks, "--json")
+    assert len(searched) == 3, "the second run scored the ended tasks again"
+    assert json.loads(again[1])["correct"] == 3 and len(server.requests) == 3
+
+
+def test_a_slow_regex_holds_up_no_other_search(monkeypatch):
+    import subprocess
+    import threading
+    from agent_demo_kit import scoring
+    monkeypatch.setattr(scoring, "REGEX_SECONDS", 30.0)
+    started, popen = threading.Event(), subprocess.Popen
+
+    def starting(*args, **kwargs):
+        process = popen(*args, **kwargs)
+        started.set()
+        return process
+    monkeypatch.setattr(subprocess, "Popen", starting)
+    judge = scoring.RegexJudge()
+    slow = threading.Thread(target=judge.search, args=(r"^(a|a)+$", "a" * 40 + "!"), daemon=True)
+    try:
+        slow.start()
+        assert started.wait(30), "the slow search started its judge"
+        assert judge.search(r"^\d+$", "1536") is True
+        assert slow.is_alive(), "the quick search waited for the slow one"
+    finally:
+        judge.close()
+        slow.join(35)
