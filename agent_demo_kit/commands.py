@@ -179,8 +179,9 @@ def json_object(outcome: RunResult) -> dict:
 
 def continue_hint(outcome: RunResult, agent: Optional[Agent], args: argparse.Namespace) -> str:
     """How to go on with a run cut short: agent-demo --resume and the run's id, with only the flags that
-    matter. The model and URL given as flags are given again (the environment would win over the
-    record), unless they caused the error: then the hint says what to fix first. After a round limit
+    matter. The model given as a flag is given again (the environment would win over the record), and
+    the URL given anywhere (a trace decides no URL on its own: LLM_API_URL=... agent-demo "task" would
+    otherwise leave the resume without one), unless they caused the error: then the hint says what to fix first. After a round limit
     a bare --resume gives another --max-rounds of rounds; after the token budget, the budget doubles."""
     command = f"agent-demo --resume {run_name(outcome.trace, args)}"
     ending, settings = outcome.ending, agent and agent.settings
@@ -193,7 +194,8 @@ def continue_hint(outcome: RunResult, agent: Optional[Agent], args: argparse.Nam
     if settings and settings.escalate and settings.sources.get("escalate", "").startswith(("-", "the resumed run")) \
             and not (model_wrong and stronger):
         command += f" --escalate {shlex.quote(settings.escalate)}"
-    if settings and args.url and not (url_wrong and not stronger) and "***" not in display_url(settings.url):
+    url_named = args.url or settings and settings.sources.get("url") not in (None, "default", "the resumed run")
+    if settings and url_named and not (url_wrong and not stronger) and "***" not in display_url(settings.url):
         command += f" --url {shlex.quote(settings.url)}"
     for name in ("tools_files", "mcp_servers", "mcp_config", "check", "escalate_url"):  # named, never decided
         if name == "escalate_url" and "***" in display_url(settings.escalate_url or ""):

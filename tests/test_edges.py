@@ -286,13 +286,12 @@ def test_a_run_still_going_is_neither_resumed_nor_picked_by_resume_alone(serve, 
 
 def test_the_continue_command_keeps_a_model_given_as_a_flag(serve, tmp_path, capsys):
     (tmp_path / ".env").write_text("LLM_MODEL=model-from-dotenv\n")
-    serve([act("calculator", expression="1 + 1")])
+    server = serve([act("calculator", expression="1 + 1"), act("finish", result="2")])
     assert main(["-m", "model-from-flag", "--max-rounds", "1", "hi"]) == 1
     command = capsys.readouterr().err.split("agent-demo: to continue: ", 1)[1].strip()
-    assert command.startswith("agent-demo --resume ") and command.endswith(" -m model-from-flag")
-    server = serve([act("finish", result="2")])
+    assert command.startswith("agent-demo --resume ") and f" -m model-from-flag --url {server.url}" in command
     assert main(shlex.split(command)[1:] + ["--quiet"]) == 0, "the hint works as printed"
-    assert server.requests[0]["body"]["model"] == "model-from-flag"
+    assert server.requests[1]["body"]["model"] == "model-from-flag"
 
 
 @pytest.mark.parametrize("lines", [

@@ -188,7 +188,8 @@ def test_a_run_cut_short_says_how_to_continue_and_resume_alone_picks_it_up(serve
     assert main(["--max-rounds", "1", "hi"]) == 1
     err = capsys.readouterr().err
     [command] = [line for line in err.splitlines() if line.startswith("agent-demo: to continue: ")]
-    assert re.fullmatch(r"agent-demo: to continue: agent-demo --resume [0-9a-f]{6}", command)
+    assert re.fullmatch(r"agent-demo: to continue: agent-demo --resume [0-9a-f]{6} --url http://127\.0\.0\.1:\d+/v1",
+                        command), "the URL came from the environment: the hint gives it again"
     assert main(["--resume", "--quiet"]) == 1, "a bare --resume gives another --max-rounds (1) of rounds"
     assert main(["--resume", "--quiet"]) == 0
     assert capsys.readouterr().out == "done\n"
@@ -212,7 +213,8 @@ def test_the_continue_command_works_as_printed(tmp_path):
         code, out, err = run_cli("--max-rounds", "1", "hi", env=env)
         assert code == 1
         command = err.split("agent-demo: to continue: ", 1)[1].strip()
-        assert command.startswith("agent-demo --resume ") and "/" not in command, "no interpreter, no trace path"
+        assert command.startswith("agent-demo --resume ") and command.endswith(f" --url {server.url}")
+        assert "/" not in command.partition(" --url ")[0], "no interpreter, no trace path"
         on_path = {"PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")}
         finished = subprocess.run(command, shell=True, capture_output=True, text=True,  # as a user pastes it
                                   timeout=60, stdin=subprocess.DEVNULL, env=child_environment({**env, **on_path}))

@@ -2,6 +2,7 @@
 import json
 import os
 import re
+import shlex
 import unicodedata
 import time
 from pathlib import Path
@@ -139,7 +140,8 @@ def test_a_refused_key_after_some_rounds_says_what_to_fix_and_resume_takes_the_r
     err = capsys.readouterr().err
     [hint] = continue_hints(err)
     assert "authentication failed" in err and re.fullmatch(
-        r"agent-demo: to continue: check LLM_API_KEY, then: agent-demo --resume [0-9a-f]{6}", hint)
+        r"agent-demo: to continue: check LLM_API_KEY, then: agent-demo --resume [0-9a-f]{6}"
+        r" --url http://127\.0\.0\.1:\d+/v1", hint)
     server = serve([FINISH])
     assert main(["--resume", "--quiet"]) == 0, "once the key is fixed, the run goes on"
     assert len(server.sent_messages(0)) == 4
@@ -318,7 +320,8 @@ def test_a_run_whose_url_held_a_password_asks_for_it_again(serve, tmp_path, caps
 @pytest.mark.parametrize("reply, flags, hint", [
     ({"status": 404, "body": {"error": {"message": "model gpt-5-turbo not found"}}}, ["-m", "gpt-5-turbo"],
      r"give a model the endpoint has \(-m NAME\) or its right URL \(--url\), then: agent-demo --resume [0-9a-f]{6}"),
-    ({"status": 503, "body": "busy"}, ["-m", "small"], r"agent-demo --resume [0-9a-f]{6} -m small"),
+    ({"status": 503, "body": "busy"}, ["-m", "small"],
+     r"agent-demo --resume [0-9a-f]{6} -m small --url http://127\.0\.0\.1:\d+/v1"),
 ])
 def test_a_hint_never_repeats_the_flag_that_caused_the_error(serve, capsys, reply, flags, hint):
     serve([act("calculator", expression="1 + 1"), reply])
@@ -410,3 +413,12 @@ def test_the_records_that_set_a_run_up_are_plain_json_sealed_last(serve, tmp_pat
         record = json.loads(line)
         assert line == json.dumps(record, ensure_ascii=False), "written as JSON writes it"
         assert list(record)[-1] == "seal" and is_sealed(record)
+
+
+def test_the_hint_gives_again_a_url_that_came_from_the_environment_and_the_hint_works(serve, capsys, monkeypatch):
+    server = serve([act("calculator", expression="1 + 1"), act("finish", result="2")])
+    assert main(["--max-rounds", "1", "hi"]) == 1  # LLM_API_URL=... agent-demo "hi", the URL said inline
+    [said] = continue_hints(capsys.readouterr().err)
+    assert said.endswith(f" --url {server.url}")
+    monkeypatch.delenv("LLM_API_URL")  # the next command, in the same shell, without the inline variable
+    assert main(shlex.split(said.partition("to continue: agent-demo ")[2])) == 0
