@@ -374,7 +374,7 @@ def show_config(args: argparse.Namespace, environment: Any, answer: SafeStream,
         where = ("default" if source == "default" else f"flag {source}" if source.startswith("-")
                  else f"{source} in {environment.origin(source)}")
         shown[item.name] = {"value": config_value(item, getattr(settings, item.name)), "source": where}
-    files = {str(path): path.is_file() for path in (Path.cwd() / ".env", user_config_file(environment))}
+    files = {str(path): path in environment.read for path in (Path.cwd() / ".env", user_config_file(environment))}
     try:
         check_endpoint_settings(settings)
         problem = str(unreadable) if unreadable else None
@@ -387,7 +387,8 @@ def show_config(args: argparse.Namespace, environment: Any, answer: SafeStream,
     for name, entry in shown.items():
         print(f"{name:<{width}}  {entry['value']:<32}  {entry['source']}", file=answer)
     for path, found in files.items():
-        print(f"{'read' if found else 'none'}: {path}", file=answer)
+        passed_by = not found and os.path.lexists(path)  # there, and not read: the note above said why
+        print(f"{'read' if found else 'not read' if passed_by else 'none'}: {path}", file=answer)
     if problem:
         print(f"problem: {problem}", file=answer)
     return 0

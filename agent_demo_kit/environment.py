@@ -18,12 +18,14 @@ from agent_demo_kit.private_files import CHECKED, not_yours, require_ours, resol
 class Environment(dict):
     """The variables a run reads, each from where it was found first: the shell, ./.env, or the
     user's own file (`origins`: variable -> "the shell", "./.env" or the user file's path); `notes`:
-    what was not read, and why (a ./.env someone else could have written)."""
+    what was not read, and why (a ./.env someone else could have written); `read`: the files read."""
 
-    def __init__(self, values: Dict[str, str], origins: Dict[str, str], notes: Optional[List[str]] = None):
+    def __init__(self, values: Dict[str, str], origins: Dict[str, str], notes: Optional[List[str]] = None,
+                 read: Optional[List[Path]] = None):
         super().__init__(values)
         self.origins = origins
         self.notes = notes or []
+        self.read = read or []
 
     def origin(self, variable: str) -> str:
         return self.origins.get(variable, "the shell")
@@ -64,6 +66,7 @@ def read_environment() -> Environment:
     values: Dict[str, str] = {}
     origins: Dict[str, str] = {}
     notes: List[str] = []
+    read: List[Path] = []
     user_file = user_config_file()
     if os.path.lexists(user_file):
         try:
@@ -84,11 +87,12 @@ def read_environment() -> Environment:
     for path, origin in ((user_file, str(user_file)), (local, "./.env")):
         if os.path.isfile(path) and not (path == local and why_not):  # False for a name too long too
             found = _dotenv_values(path)
+            read.append(path)
             values.update(found)
             origins.update(dict.fromkeys(found, origin))
     for name in os.environ:
         origins.pop(name, None)
-    return Environment({**values, **os.environ}, origins, notes)
+    return Environment({**values, **os.environ}, origins, notes, read)
 
 
 def _dotenv_values(path: Path) -> Dict[str, str]:

@@ -406,7 +406,7 @@ def check_endpoint_settings(settings: Settings, key_named: str = "LLM_API_KEY (o
         raise ConfigError(f"{settings.sources['api_key']} holds spaces or characters that cannot go in an HTTP"
                           " header; check for a stray quote, zero-width space or non-ASCII character")
     if not key and host in HOSTS_NEEDING_A_KEY:
-        raise ConfigError(f"{key_named} is not set, and {host} needs one (see .env.example)")
+        raise ConfigError(f"{key_named} is not set, and {host} needs one ({where_a_key_goes()})")
     if escalation:
         check_escalation(settings)
 
@@ -418,6 +418,14 @@ def is_text(value: str) -> bool:
     except UnicodeEncodeError:
         return False
     return True
+
+
+def where_a_key_goes() -> str:
+    """Where to put a key: the examples file where there is one (a checkout; a wheel has none)."""
+    example = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), ".env.example")
+    if os.path.isfile(example):
+        return "see .env.example"
+    return "set it in the shell, in ./.env or in ~/.config/agent-demo/.env; agent-demo --help says more"
 
 
 def check_escalation(settings: Settings) -> None:

@@ -285,3 +285,12 @@ def test_runs_in_threads_share_connections_to_the_endpoint(serve):
         worker.join()
     assert [result.status for result in results] == ["finished"] * 40
     assert 1 <= server.connections <= threads, "no more connections than runs at once"
+
+
+@pytest.mark.processes
+def test_an_installed_agent_without_a_key_says_where_one_goes_not_a_file_it_lacks(installed, tmp_path):
+    site, _ = installed
+    shown = subprocess.run([sys.executable, "-c", "import sys; from agent_demo_kit.cli import main; sys.exit(main(['hi']))"],
+                           capture_output=True, text=True, cwd=tmp_path, env=child_environment({"PYTHONPATH": str(site)}))
+    assert shown.returncode == 2, shown.stderr
+    assert ".env.example" not in shown.stderr and "~/.config/agent-demo/.env" in shown.stderr

@@ -118,3 +118,15 @@ def test_a_flag_a_keyword_and_a_variable_go_through_the_same_check(given, enviro
 def test_the_defaults_need_nothing_given():
     assert Settings().endpoint == "https://api.openai.com/v1/chat/completions"
     assert Settings(url="http://127.0.0.1:8080/v1/").endpoint == "http://127.0.0.1:8080/v1/chat/completions"
+
+
+def test_config_does_not_list_a_dot_env_it_refused_as_read(tmp_path, capsys):
+    from agent_demo_kit.cli import main
+    (tmp_path / ".env").write_text("LLM_MODEL=from-dotenv\n")
+    (tmp_path / ".env").chmod(0o666)
+    assert main(["--config"]) == 0
+    out = capsys.readouterr().out
+    assert f"not read: {tmp_path / '.env'}" in out and "from-dotenv" not in out
+    (tmp_path / ".env").chmod(0o644)
+    assert main(["--config"]) == 0
+    assert f"\nread: {tmp_path / '.env'}" in capsys.readouterr().out
