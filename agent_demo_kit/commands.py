@@ -237,8 +237,8 @@ def run_name(path: str, args: argparse.Namespace) -> str:
 
 
 def list_runs(args: argparse.Namespace, environment: Dict[str, str], answer: SafeStream) -> int:
-    """--runs: the recent runs in the run log folder, newest first, a line a run, as wide as the terminal
-    (80 columns into a pipe or a file); with --json, a list of objects."""
+    """--runs: the recent runs in the run log folder, newest first, a line a run, as wide as COLUMNS says,
+    else the terminal (80 columns into a pipe or a file); with --json, a list of objects."""
     folder = run_log.log_dir(environment)
     checked_folder(folder)
     runs = run_log.recent_runs(folder, args.count or 20, args.status)
@@ -246,7 +246,7 @@ def list_runs(args: argparse.Namespace, environment: Dict[str, str], answer: Saf
     if args.json:
         answer.write_json([run.to_json(ids[run.path]) for run in runs])
         return 0
-    width = shutil.get_terminal_size().columns if is_terminal(sys.stdout) else 80
+    width = shutil.get_terminal_size().columns  # COLUMNS first, then the terminal; 80 into a pipe without it
     print(run_log.render_runs(runs, folder, ids, width) if runs or not args.status
           else f"no runs that ended {args.status} in {folder}")
     return 0

@@ -92,7 +92,8 @@ def test_resume_by_an_id_that_fits_no_run_says_where_it_looked_with_exit_2(tmp_p
 
 # --- the --runs table ---------------------------------------------------------------------------
 
-def test_runs_fits_80_columns_and_its_ids_resume_the_runs(serve, tmp_path, capsys):
+def test_runs_fits_80_columns_and_its_ids_resume_the_runs(serve, tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("COLUMNS", raising=False)
     write_runs(run_folder(tmp_path), 3, task="a task with many words " * 10)
     serve([act("calculator", expression="1 + 1"), FINISH])
     assert main(["--max-rounds", "1", "--quiet", "the newest task, cut short by its round limit"]) == 1
@@ -107,6 +108,14 @@ def test_runs_fits_80_columns_and_its_ids_resume_the_runs(serve, tmp_path, capsy
     assert lines[2].endswith("…")
     assert main(["--resume", newest[0], "--max-rounds", "2", "--quiet"]) == 0
     assert capsys.readouterr().out == "done\n"
+
+
+def test_runs_into_a_pipe_is_as_wide_as_columns_says(tmp_path, capsys, monkeypatch):
+    write_runs(run_folder(tmp_path), 2, task="a task with many words " * 10)
+    monkeypatch.setenv("COLUMNS", "160")
+    assert main(["--runs"]) == 0
+    rows = capsys.readouterr().out.splitlines()[1:3]
+    assert all(120 < len(row) <= 160 for row in rows), rows
 
 
 # --- no "to continue" where continuing cannot help ---------------------------------------------
