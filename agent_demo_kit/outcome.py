@@ -24,7 +24,8 @@ def run_result(ending: RunEnded, rounds: Sequence[Round], usage: dict, redact: C
     ending.args, ending.result = tuple(redact(list(ending.args))), redact(ending.result)
     return RunResult(ending, rounds=len(rounds), usage=usage,
                      calls=redact([{"round": record.number, "tool": call.tool, "args": call.args,
-                                    "result": call.result} for record in rounds for call in record.calls]),
+                                    "result": call.result} for record in rounds for call in record.calls
+                                   if call.note != prompts.ANSWERED_IN_WORDS]),  # words are no call
                      progress=redact(progress(ending, words)), last_words=redact(words),
                      checks=redact([{"round": record.number, **call.check} for record in rounds
                                     for call in record.calls if call.check]),

@@ -1,8 +1,6 @@
 """Settings: what a run needs to know, each defined once (its default, flag, variables, check and
 help), loaded from what the caller gave (flags, or `agent_demo.run` keywords) and the environment
-(environment.py), checked once, and never changed after; and every size limit on text, by name.
-
-It imports endings and urls."""
+(environment.py), checked once, and never changed after. It imports endings, limits and urls."""
 import copy
 import math
 import os
@@ -406,7 +404,9 @@ def check_endpoint_settings(settings: Settings, key_named: str = "LLM_API_KEY (o
         raise ConfigError(f"{settings.sources['api_key']} holds spaces or characters that cannot go in an HTTP"
                           " header; check for a stray quote, zero-width space or non-ASCII character")
     if not key and host in HOSTS_NEEDING_A_KEY:
-        raise ConfigError(f"{key_named} is not set, and {host} needs one ({where_a_key_goes()})")
+        example = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), ".env.example")
+        raise ConfigError(f"{key_named} is not set, and {host} needs one (" + ("see .env.example" if os.path.isfile(
+            example) else "set it in the shell, in ./.env or in ~/.config/agent-demo/.env") + ")")  # a wheel has none
     if escalation:
         check_escalation(settings)
 
@@ -418,14 +418,6 @@ def is_text(value: str) -> bool:
     except UnicodeEncodeError:
         return False
     return True
-
-
-def where_a_key_goes() -> str:
-    """Where to put a key: the examples file where there is one (a checkout; a wheel has none)."""
-    example = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), ".env.example")
-    if os.path.isfile(example):
-        return "see .env.example"
-    return "set it in the shell, in ./.env or in ~/.config/agent-demo/.env; agent-demo --help says more"
 
 
 def check_escalation(settings: Settings) -> None:

@@ -304,7 +304,11 @@ class Screen:
 
     def show_action(self, index: int, count: int, tool: str, args: Any, in_words: bool = False) -> None:
         """One action of `count` in the reply, before it runs: name(arguments)."""
-        label = "answer in words" if in_words else f"action {index}/{count}" if count > 1 else "action"
+        if in_words:  # no action at all: its words stand as the answer, which is printed once, at the end
+            self.say("answer in words: the reply held no action, so its words are taken as the answer"
+                     " (not a finish call)", "action")
+            return
+        label = f"action {index}/{count}" if count > 1 else "action"
         if isinstance(args, dict) and tool in ENDINGS:  # the answer is printed once, at the end
             args = {name: "..." if name == "result" else value for name, value in args.items()}
         shown = ", ".join(f"{name}={to_json(value)}" for name, value in args.items()) if isinstance(args, dict) \
