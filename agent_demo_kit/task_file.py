@@ -4,6 +4,7 @@ choose to run. Nothing in it runs or decides anything on its own.
 
 It imports endings and scoring.
 """
+import difflib
 import hashlib
 import io
 import json
@@ -66,16 +67,27 @@ def read_tasks(tasks: Any, source: str, notes: Optional[List[str]] = None) -> Li
     """The tasks of a JSON Lines file (a binary stream, or text): a JSON object a line ({"id", "task",
     "check", "expected", "match"}; only task is needed), or a line of plain text that is a task; blank
     lines are passed by. The id is the line number when none is given. ConfigError naming the line
-    for anything else, for an id used twice and for a file that is not text. notes, when given, gets a
-    line about keys no task line knows (a typo such as "chek" is no check)."""
+    for anything else: a key no task line knows (a typo such as "expectd" would score nothing), a line
+    of another format (a CSV header, a JSON array, YAML), an id used twice, a file that is not text.
+    notes is kept for callers that pass it."""
     found: List[BatchTask] = []
-    unknown: Dict[str, int] = {}
     seen: set = set()
     files: set = set()  # the trace names taken, as a file system that ignores case sees them
+    suffix = source.rpartition(".")[2].lower() if "." in source.rpartition("/")[2] else ""
+    if suffix in OTHER_FORMATS:
+        raise ConfigError(f"{source} is {OTHER_FORMATS[suffix]} by its name, not a task file: a task file is JSON Lines,"
+                          ' a {"task": ...} object a line, or a line of plain text a task')
+    first = True
     for number, raw in text_lines(tasks, source):  # number: the line's
         line = raw.strip()
         if not line:
             continue
+        seen_as = structured(line, first)
+        first = False
+        if seen_as:
+            raise ConfigError(f"{source} line {number} looks like {seen_as}, not a task: a task file is JSON Lines,"
+                              ' a {"task": ...} object a line, or a line of plain text a task (what a task expects'
+                              " must never reach the model as its text)")
         if line.startswith("{"):
             try:
                 item = json.loads(line)
@@ -90,8 +102,11 @@ def read_tasks(tasks: Any, source: str, notes: Optional[List[str]] = None) -> Li
             if not isinstance(ident, (str, int)) or isinstance(ident, bool) or str(ident).strip() == "" \
                     or re.search(r"[\x00-\x1f\x7f]", str(ident)):
                 raise ConfigError(f'{source} line {number}: "id" must be a whole number or a text of one line')
-            for key in item.keys() - set(TASK_KEYS):
-                unknown.setdefault(key, number)
+            for key in sorted(item.keys() - set(TASK_KEYS)):
+                near = difflib.get_close_matches(key, TASK_KEYS, n=1, cutoff=0.6)
+                raise ConfigError(f"{source} line {number}: {json.dumps(key)} is no key of a task line"
+                                  + (f' (did you mean "{near[0]}"?)' if near else "")
+                                  + f"; a task line knows {', '.join(TASK_KEYS)}")
             expected, match = item.get("expected"), item.get("match")
             if match is not None and match not in scoring.MATCHES:
                 raise ConfigError(f'{source} line {number}: "match" must be one of {", ".join(scoring.MATCHES)}')
@@ -117,11 +132,35 @@ def read_tasks(tasks: Any, source: str, notes: Optional[List[str]] = None) -> Li
             folded = name.lower()
         files.add(name if folded == name else folded)
         found[-1] = found[-1]._replace(file=name)
-    if unknown and notes is not None:
-        listed = ", ".join(f"{key!r} (line {line})" for key, line in list(unknown.items())[:5])
-        notes.append(f"{source}: keys a task line does not know are passed by: {listed}; a task line knows"
-                     f" {', '.join(TASK_KEYS)}")
     return found
+
+
+OTHER_FORMATS = {"csv": "CSV", "tsv": "TSV", "yaml": "YAML", "yml": "YAML", "parquet": "Parquet", "xlsx": "a spreadsheet",
+                 "arrow": "Arrow"}
+# What a line of another format looks like, where this file's format would take it for a task's text.
+_HEADER_FIELD = re.compile(r'\s*"?[A-Za-z_][A-Za-z0-9_.-]*"?\s*')
+_KEYED = re.compile(r"""^-?\s*["']?(task|input|question|prompt|expected|answer|target|ideal|id|vars|assert)["']?\s*:(\s|$)"""
+                    r"""|["'](expected|answer|target|ideal|label|solution)["']\s*:""", re.IGNORECASE)
+
+
+def structured(line: str, first: bool) -> Optional[str]:
+    """What a line that does not start with "{" looks like when it is data of another format (a CSV or
+    TSV header, a JSON array or value, YAML), or None for a line of plain text: such a line would
+    reach the model as a task, with what it expects in it."""
+    if line.startswith("{"):
+        return None
+    for delimiter, name in (("\t", "TSV"), (",", "CSV"), (";", "CSV"), ("|", "a table")):
+        fields = line.split(delimiter)
+        if first and len(fields) > 1 and all(_HEADER_FIELD.fullmatch(field) for field in fields):
+            return f"{name} with a header ({','.join(field.strip().strip(chr(34)) for field in fields)[:80]})"
+    if line.startswith("["):
+        return "a JSON array"
+    try:
+        value = json.loads(line)
+    except ValueError:
+        keyed = _KEYED.search(line)
+        return f"YAML or a mapping (its key {(keyed.group(1) or keyed.group(3))!r})" if keyed else None
+    return f"a JSON {'text' if isinstance(value, str) else 'value'}"
 
 
 def file_name(ident: str) -> str:

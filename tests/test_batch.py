@@ -437,13 +437,12 @@ def test_a_task_whose_text_changed_or_whose_trace_is_gone_runs_again(tmp_path, c
     server = serve([], screen=ByTask())
     cli("--batch", path, "-q")
     path.write_text('\ufeff{"id": "a", "task": "[finish] one"}\n{"id": "b", "task": "[finish] two, now"}\n'
-                    '{"id": "c", "task": "[finish] three", "chek": "false"}\n')
+                    '{"id": "c", "task": "[finish] three"}\n')
     (tmp_path / "tasks-results" / "gpt-4o-mini" / "traces" / "c.jsonl").unlink()
     server.requests.clear()
     code, out, err = cli("--batch", path, "--json")
     assert code == 0 and json.loads(out)["status_counts"] == {"finished": 3}, err
     assert "1 task(s) say something else than when they last ran (b): they start again" in err
-    assert "'chek' (line 3)" in err
     asked = {request["body"]["messages"][1]["content"] for request in server.requests}
     assert asked == {"Task: [finish] two, now", "Task: [finish] three"}, "a with its BOM is the same task"
     path.write_text('{"id": "a", "task": "[finish] one"}\n')
