@@ -31,7 +31,7 @@ from agent_demo_kit.endpoint_errors import (RETRY_STATUSES, describe_http_error,
                                             proxy_set_up_wrong)
 from agent_demo_kit.replies import (CUTOFFS, AttemptFailed, Stalled, TextListener, bounded, past_deadline, pieces_of,
                                     read_stream, reply_from_body)
-from agent_demo_kit.urls import base_url, is_local  # noqa: F401  (is_local: agent_demo_kit.client's too)
+from agent_demo_kit.urls import base_url, display_url, is_local  # noqa: F401  (is_local: agent_demo_kit.client's too)
 from agent_demo_kit.windows import QUICK_SECONDS, known_window
 
 
@@ -366,11 +366,17 @@ class ModelClient:
         text = self.encoded[1] if self.encoded[0] is body else json.dumps(body, allow_nan=False)
         try:  # the read timeout is the longest wait for the next bytes, not for the whole reply
             response = self.session.post(self.url, data=text.encode("utf-8"), headers=JSON_BODY, stream=True,
-                                         timeout=(min(CONNECT_SECONDS, timeout), timeout))
+                                         timeout=(min(CONNECT_SECONDS, timeout), timeout), allow_redirects=False)
         except requests.RequestException as error:
             said = describe_network_error(error, self.settings, self.url)
             raise AttemptFailed(said, unanswered=isinstance(error, requests.ReadTimeout),
                                 unreachable=said.startswith("cannot reach")) from None
+        if response.is_redirect:  # followed, the whole conversation would go where the endpoint says
+            response.close()
+            where = display_url(requests.compat.urljoin(self.url, response.headers.get("Location", "")))
+            raise EndpointError(f"the endpoint answered HTTP {response.status_code}, a redirect to {where}: a request is"
+                                " not sent on to another address (the whole conversation would go with it); give"
+                                " that URL with --url if it is where the model is")
         streamed = body.get("stream") and response.ok and "text/event-stream" in response.headers.get(
             "Content-Type", "")
         most_chars = max(body.get(self.form.reply_cap_field) or self.window(), MIN_LIMIT_TOKENS) * REPLY_CHARS_A_TOKEN

@@ -49,7 +49,7 @@ def ask_window(session: requests.Session, settings: Settings) -> Optional[int]:
             ("POST", f"{root}/api/show", {"model": settings.model})]
     for method, url, body in asks:
         try:  # each ask ends by its deadline, whatever the server sends meanwhile (keep-alives, forever)
-            response = session.request(method, url, json=body, timeout=quick, stream=True)
+            response = session.request(method, url, json=body, timeout=quick, stream=True, allow_redirects=False)
             try:  # read whole, so that the connection goes back to the pool
                 text = _within(pieces_of(response), time.monotonic() + quick, WINDOW_BODY_BYTES)
             except BaseException:

@@ -15,6 +15,7 @@ from agent_demo_kit.endings import EndpointError
 from agent_demo_kit.settings import Settings
 from agent_demo_kit.limits import MIN_LIMIT_TOKENS, REPLY_CHARS_A_TOKEN
 from scripted_server import ScriptedServer, action as act
+from conftest import KEY
 
 URL = "https://llm.example.test/v1/chat/completions"
 MESSAGES = [{"role": "user", "content": "hi"}]
@@ -514,3 +515,16 @@ def test_a_body_made_again_is_the_same_only_while_what_it_is_made_of_is(change):
     asker.body(messages, tools)
     assert asker.encoded[1].encode("utf-8") == requests.Request("POST", URL, json=asker.encoded[0]).prepare().body
     assert asker.encoded[1] != first_sent, "what is sent follows the change"
+
+
+@pytest.mark.parametrize("status", [301, 302, 307, 308])
+def test_a_redirect_to_another_host_is_not_followed_and_the_conversation_stays_here(cli, monkeypatch, status):
+    with ScriptedServer([act("finish", result="elsewhere")]) as elsewhere:
+        target = elsewhere.url + "/chat/completions?token=SECRETTOKEN123"
+        with ScriptedServer([{"status": status, "headers": {"Location": target}, "body": ""}]) as endpoint:
+            monkeypatch.setenv("LLM_API_URL", endpoint.url)
+            monkeypatch.setenv("LLM_API_KEY", KEY)
+            code, out, err = cli("--retries", "0", "a secret task")
+        assert elsewhere.requests == [], "the conversation went to where the redirect pointed"
+    assert code == 3 and f"HTTP {status}, a redirect to {elsewhere.url}/chat/completions?token=***" in err
+    assert "SECRETTOKEN123" not in err
