@@ -161,7 +161,7 @@ def prepare(task: str = "", *, given: Dict[str, Any], environment: Dict[str, str
             if trace is True:
                 run_log.prune(Path(path).parent)
         log.recording(start_fields, notes, url_note)
-        log = broadcasting(with_telemetry(log, settings, environment), on_event)
+        log = broadcasting(with_telemetry(log, settings, environment, registry), on_event)
         for each in escalation.clients.values() if escalation else [client]:
             each.record_to(log)
         round_limit = None
@@ -179,7 +179,7 @@ def prepare(task: str = "", *, given: Dict[str, Any], environment: Dict[str, str
         raise
 
 
-def with_telemetry(log: Any, settings: Settings, environment: Any) -> Any:
+def with_telemetry(log: Any, settings: Settings, environment: Any, tools: Any = ()) -> Any:
     """The trace, also made into OpenTelemetry spans when --otel or OTEL_EXPORTER_OTLP_ENDPOINT says so and
     the otel extra is installed (without it, the variable alone changes nothing; --otel is an error)."""
     if not settings.otel:
@@ -191,7 +191,7 @@ def with_telemetry(log: Any, settings: Settings, environment: Any) -> Any:
             raise ConfigError(f"{settings.named('otel')} needs the OpenTelemetry SDK: pip install 'agent-demo[otel]'") \
                 from None
         return log
-    return traced(log, settings, environment)
+    return traced(log, settings, environment, tools)
 
 
 def notes_before_the_first_round(settings: Settings, registry: Dict[str, Tool], approver: Optional[Approver],

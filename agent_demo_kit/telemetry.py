@@ -8,15 +8,18 @@ from values already redacted: no key reaches a span. Message contents are record
 OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT is true. Spans go out in batches and are flushed
 at exit (Ctrl-C and SIGTERM end a run like any ending; a batch's second Ctrl-C flushes first).
 
-It imports records, prompts, urls and the opentelemetry SDK.
+It imports records, prompts, replies, urls and the opentelemetry SDK.
 """
 import atexit
 import contextlib
 import json
 import threading
-from typing import Any, Dict, Iterator, Optional
+import time
+from typing import Any, Dict, Iterable, Iterator, Optional
 from urllib.parse import urlsplit
 
+import requests
+import urllib3
 from opentelemetry import trace
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.sdk.resources import Resource
@@ -26,11 +29,43 @@ from opentelemetry.trace import Status, StatusCode
 
 from agent_demo_kit.prompts import ENDINGS
 from agent_demo_kit.records import Call, Reply, RunEvents, Working
+from agent_demo_kit.replies import CUTOFFS, pieces_of
 from agent_demo_kit.urls import display_url
 
 CAPTURE_CONTENT = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
+UNKNOWN_TOOL = "unknown_tool"  # a span's name for a call of a tool the run does not have, with capture off
+FINISH_REASONS = {"stop", "length", "tool_calls", "content_filter", "function_call"}
 _own: Optional[TracerProvider] = None
 _made = threading.Lock()
+
+
+EXPORT_SECONDS = 3.0  # the longest an export (and so exit, for the spans still waiting) may take
+COLLECTOR_REPLY_BYTES = 64 << 10  # what of a collector's answer is read: it says "ok" or why not, briefly
+
+
+class BoundedSession(requests.Session):
+    """The exporter's session: a collector's answer is read within EXPORT_SECONDS and COLLECTOR_REPLY_BYTES,
+    like every answer agent-demo reads, so an endless, huge or dripping body costs neither memory nor
+    time (requests would read the whole body, as long as it keeps coming)."""
+
+    def request(self, method: str, url: str, *args: Any, **kwargs: Any) -> requests.Response:
+        deadline = time.monotonic() + EXPORT_SECONDS
+        kwargs.update(stream=True, allow_redirects=False)  # a collector's redirect takes no spans elsewhere
+        kwargs["timeout"] = min(kwargs.get("timeout") or EXPORT_SECONDS, EXPORT_SECONDS)
+        response = super().request(method, url, *args, **kwargs)
+        kept = bytearray()
+        try:
+            with CUTOFFS.at(response, deadline):  # a read that waits inside one piece is cut then too
+                for piece in pieces_of(response):
+                    kept += piece[:COLLECTOR_REPLY_BYTES - len(kept)]
+                    if len(kept) >= COLLECTOR_REPLY_BYTES or time.monotonic() >= deadline:
+                        break
+        except (requests.RequestException, urllib3.exceptions.HTTPError, OSError):
+            pass  # what came is what there is: the status says whether the spans were taken
+        finally:
+            response.close()
+        response._content, response._content_consumed = bytes(kept), True  # what requests keeps a read body in
+        return response
 
 
 def provider(endpoint: str) -> Any:
@@ -44,7 +79,8 @@ def provider(endpoint: str) -> Any:
         if _own is None:
             _own = TracerProvider(resource=Resource.create({"service.name": "agent-demo"}))
             _own.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(
-                endpoint=endpoint.rstrip("/") + "/v1/traces")))
+                endpoint=endpoint.rstrip("/") + "/v1/traces", timeout=EXPORT_SECONDS, session=BoundedSession()),
+                export_timeout_millis=EXPORT_SECONDS * 1000))
             atexit.register(_own.shutdown)
         return _own
 
@@ -52,14 +88,15 @@ def provider(endpoint: str) -> Any:
 def flush() -> None:
     """Send what is waiting now (before an exit that skips atexit)."""
     if _own is not None:
-        _own.force_flush()
+        _own.force_flush(int(EXPORT_SECONDS * 1000))
 
 
 class Traced(RunEvents):
     """The run's trace, with each report also made into spans (after the trace took it)."""
 
-    def __init__(self, inner: RunEvents, settings: Any, environment: Any):
+    def __init__(self, inner: RunEvents, settings: Any, environment: Any, tools: Iterable[str] = ()):
         self.inner = inner
+        self.tools = set(tools)  # the tools the user configured: their names may name a span
         self.tracer = provider(settings.otel).get_tracer("agent-demo")
         self.content = str(environment.get(CAPTURE_CONTENT, "")).lower() in ("true", "1")
         self.model, self.url = settings.model, settings.endpoint
@@ -121,7 +158,8 @@ class Traced(RunEvents):
             with self.inner.working(label) as status:
                 yield status
         except BaseException as error:  # the request failed: its span says how, and ends
-            _failed(self.chat, type(error).__name__, self.redact(str(error)))
+            _failed(self.chat, type(error).__name__, self.redact(str(error)) if self.content else
+                    "the request failed")  # its error quotes the endpoint's own text
             self.chat = None
             raise
 
@@ -132,7 +170,7 @@ class Traced(RunEvents):
         self.chat.set_attributes(_plain({
             "gen_ai.usage.input_tokens": usage.get("prompt_tokens"), "gen_ai.usage.output_tokens":
             usage.get("completion_tokens"), "gen_ai.usage.cache_read.input_tokens": usage.get("cached_tokens"),
-            "gen_ai.response.finish_reasons": [reply.finish_reason or ("tool_calls" if reply.tool_calls else "stop")],
+            "gen_ai.response.finish_reasons": [self.reason(reply)],
             "gen_ai.response.model": self.model, "agent_demo.round": number,
             "agent_demo.usage_estimated": estimated or None,
             **({"gen_ai.output.messages": json.dumps([{"role": "assistant", "parts": [
@@ -140,24 +178,32 @@ class Traced(RunEvents):
         self.chat.end()
         self.chat = None
 
+    def reason(self, reply: Reply) -> str:
+        """Why the reply ended, as the endpoint said it: one of the known reasons, else "other" (its text)."""
+        said = reply.finish_reason or ("tool_calls" if reply.tool_calls else "stop")
+        return said if self.content or said in FINISH_REASONS else "other"
+
     def action(self, index: int, count: int, tool: str, args: Any, in_words: bool = False) -> None:
         self.inner.action(index, count, tool, args, in_words)
         if tool in ENDINGS or self.tool is not None:
             return
-        self.tool = self._child(f"execute_tool {self.redact(tool)}", **{
-            "gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": self.redact(tool), "gen_ai.tool.type":
+        # A name the model made up is its text: with capture off, a span holds only names the user configured.
+        name = self.redact(tool) if self.content or tool in self.tools else UNKNOWN_TOOL
+        self.tool = self._child(f"execute_tool {name}", **{
+            "gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": name, "gen_ai.tool.type":
             "function", **({"gen_ai.tool.call.arguments": json.dumps(self.redact_values(args))} if self.content else {})})
 
     def result(self, call: Call, sent: dict) -> None:
         self.inner.result(call, sent)
         if self.tool is None:
             return
-        if call.id:
+        if call.id and self.content:  # the endpoint's text
             self.tool.set_attribute("gen_ai.tool.call.id", self.redact(call.id))
         if self.content:
             self.tool.set_attribute("gen_ai.tool.call.result", json.dumps(self.redact_values(call.result)))
         if not call.result.get("ok"):
-            _failed(self.tool, "tool_error", self.redact(str(call.result.get("error"))))
+            _failed(self.tool, "tool_error", self.redact(str(call.result.get("error"))) if self.content else
+                    "the tool call failed")  # its error may quote the arguments, or what the tool read
         else:
             self.tool.end()
         self.tool = None
@@ -169,7 +215,8 @@ class Traced(RunEvents):
         if self.agent is not None:
             self.agent.add_event("agent_demo.escalation", _plain({
                 "agent_demo.after_round": after_round, "agent_demo.from_model": from_model,
-                "agent_demo.to_model": to_model, "agent_demo.trigger": trigger, "agent_demo.reason": self.redact(reason)}))
+                "agent_demo.to_model": to_model, "agent_demo.trigger": trigger,
+                "agent_demo.reason": self.redact(reason) if self.content else None}))
 
     def end(self, outcome: Any) -> None:
         self.inner.end(outcome)
@@ -185,7 +232,8 @@ class Traced(RunEvents):
             usage.get("completion_tokens"), "gen_ai.usage.cache_read.input_tokens": usage.get("cached_tokens"),
             "agent_demo.status": outcome.status, "agent_demo.rounds": outcome.rounds}))
         if outcome.status == "error":
-            _failed(self.agent, type(outcome.ending).__name__, self.redact(str(outcome.ending)))
+            _failed(self.agent, type(outcome.ending).__name__, self.redact(str(outcome.ending)) if self.content
+                    else "the run ended in an error")
         else:
             self.agent.end()
         self.agent = None
@@ -202,6 +250,6 @@ def _plain(attributes: Dict[str, Any]) -> Dict[str, Any]:
     return {name: value for name, value in attributes.items() if value is not None}
 
 
-def traced(log: RunEvents, settings: Any, environment: Any) -> RunEvents:
-    """The run's trace, made into spans too."""
-    return Traced(log, settings, environment)
+def traced(log: RunEvents, settings: Any, environment: Any, tools: Iterable[str] = ()) -> RunEvents:
+    """The run's trace, made into spans too (tools: the names of the tools the run was given)."""
+    return Traced(log, settings, environment, tools)

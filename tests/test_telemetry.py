@@ -59,7 +59,7 @@ def test_a_two_round_run_with_one_tool_call_is_one_agent_span_two_chats_and_one_
     assert first["gen_ai.response.finish_reasons"] == ("stop",), "as the endpoint said"
     assert (tool.attributes["gen_ai.operation.name"], tool.attributes["gen_ai.tool.name"]) == ("execute_tool",
                                                                                                "calculator")
-    assert tool.attributes.get("gen_ai.tool.call.id") == ("call-1" if mode == "tools" else None)
+    assert tool.attributes.get("gen_ai.tool.call.id") is None, "the endpoint's text: only with content"
     assert not any("gen_ai.output.messages" in span.attributes for span in done), "no content unless asked"
     assert all(KEY not in every_text(span) for span in done)
 
@@ -74,6 +74,21 @@ def test_contents_only_when_the_convention_says_so_and_redacted_then(spans, serv
     assert all(KEY not in every_text(span) for span in done)
     [tool] = [span for span in done if span.name.startswith("execute_tool")]
     assert json.loads(tool.attributes["gen_ai.tool.call.arguments"]) == {"expression": "2 + 3"}
+
+
+def test_with_capture_off_a_span_holds_configured_names_and_figures_only(spans, serve):
+    words = ["MADE_UP_TOOL_NAME", "SECRET_ARGUMENT_TEXT", "ENDPOINT_OWN_TEXT", "ODD_FINISH_REASON", "CALL_ID_TEXT"]
+    serve([act("MADE_UP_TOOL_NAME", x="1"),
+           {"content": None, "finish_reason": "ODD_FINISH_REASON", "tool_calls": [
+               {"id": "CALL_ID_TEXT", "type": "function", "function": {"name": "calculator", "arguments":
+                                                                        '{"expression": "SECRET_ARGUMENT_TEXT"}'}}]},
+           {"status": 400, "body": {"error": {"message": "ENDPOINT_OWN_TEXT: request refused"}}}])
+    assert agent_demo.run("add", otel="http://127.0.0.1:4318").status == "error"
+    done = spans.get_finished_spans()
+    names = sorted(span.name for span in done)
+    assert "execute_tool unknown_tool" in names and "execute_tool calculator" in names, names
+    leaked = [(word, span.name) for span in done for word in words if word in every_text(span)]
+    assert leaked == [], "text of the model, a tool or the endpoint in a span with capture off"
 
 
 def test_an_escalation_is_an_event_and_an_endpoint_error_an_error_type(spans, serve):
@@ -183,3 +198,63 @@ def test_spans_after_an_escalation_name_the_stronger_models_own_server(spans, se
     [chat] = [span for span in spans.get_finished_spans() if span.name == "chat big"]
     assert chat.attributes["server.port"] == int(strong.url.split(":")[2].split("/")[0]) != \
         int(first.url.split(":")[2].split("/")[0])
+
+
+class Hostile:
+    """An OTLP endpoint that takes the spans and then answers without end: an endless body as fast as it
+    can, or one byte at a time. It counts what it sent, and notes when the reader hung up."""
+
+    def __init__(self, how):
+        self.sent, self.hung_up, self.stop = 0, threading.Event(), threading.Event()
+        hostile = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self):
+                self.rfile.read(int(self.headers["Content-Length"]))
+                self.send_response(200)
+                self.send_header("Content-Type", "application/x-protobuf")
+                self.send_header("Content-Length", str(2 << 30))  # 2 GiB, it says
+                self.end_headers()
+                piece = b"x" * (65536 if how == "endless" else 1)
+                try:
+                    while not hostile.stop.is_set():
+                        self.wfile.write(piece)
+                        self.wfile.flush()
+                        hostile.sent += len(piece)
+                        if how == "dripping":
+                            hostile.stop.wait(0.05)
+                except OSError:
+                    hostile.hung_up.set()
+
+            def log_message(self, *args):
+                pass
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_port}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.stop.set()
+        self.server.shutdown()
+
+
+@pytest.mark.processes
+@pytest.mark.parametrize("how", ["endless", "dripping"])
+def test_an_otlp_endpoint_that_answers_without_end_costs_no_memory_and_does_not_hold_exit(how):
+    hostile = Hostile(how)
+    try:
+        with ScriptedServer([act("calculator", expression="2 + 3"), act("finish", result="5")]) as model:
+            process = start_cli("--no-log", "-q", "--otel", hostile.url, "add", new_interpreter=True,
+                                env={"LLM_API_URL": model.url, "LLM_API_KEY": KEY})
+            try:
+                out, err = process.communicate(timeout=60)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                out, err = process.communicate()
+                pytest.fail(f"agent-demo was still reading the {how} answer after 60 s")
+        assert (process.returncode, out) == (0, "5\n"), err
+        assert hostile.hung_up.wait(30), "agent-demo hung up on the answer"
+        assert hostile.sent < 16 << 20, f"it read {hostile.sent:,} bytes of an answer that says nothing"
+        if how == "dripping":  # a byte each 0.05 s: 200 bytes is 10 s of dripping, three times the deadline
+            assert hostile.sent < 200, f"exit waited for {hostile.sent} bytes of a dripping answer"
+    finally:
+        hostile.close()
