@@ -144,8 +144,31 @@ def safe_name(name: str) -> str:
     return re.sub(r"[^a-zA-Z0-9_-]", "_", name)[:FUNCTION_NAME_CHARS] or "mcp"
 
 
+def without_patterns(schema: Any) -> Any:
+    """A server's schema without its regular expressions (`pattern`, `patternProperties`), which are
+    not matched here: Python's re holds the whole process on a pattern such as ^(a+)+$ (no time
+    limit, no Ctrl-C, every task of a batch waiting), so the server judges them in its own calls.
+    Where patternProperties allowed more names, additionalProperties: false goes with it."""
+    if isinstance(schema, list):
+        return [without_patterns(item) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    kept = {key: without_patterns(value) if key not in ("properties", "$defs", "definitions") else
+            {name: without_patterns(item) for name, item in value.items()} if isinstance(value, dict) else value
+            for key, value in schema.items() if not (key == "pattern" and isinstance(value, str))
+            and key != "patternProperties"}
+    if "patternProperties" in schema and kept.get("additionalProperties") is False:
+        del kept["additionalProperties"]
+    return kept
+
+
 def parameters_of(schema: Any) -> Tuple[Dict[str, dict], List[str]]:
-    """A tool's parameters and required names from its inputSchema, each typed and described."""
+    """A tool's parameters and required names from its inputSchema, each typed and described; its
+    patterns are said in the description, and left to the server to check (without_patterns)."""
+    patterns = {name: value["pattern"] for name, value in ((schema or {}).get("properties") or {}).items()
+                if isinstance(value, dict) and isinstance(value.get("pattern"), str)} \
+        if isinstance(schema, dict) and isinstance(schema.get("properties"), dict) else {}
+    schema = without_patterns(schema)
     top, _ = flatten(schema, schema, frozenset())
     properties = dict(top["properties"]) if isinstance(top.get("properties"), dict) else {}
     for branch in top.get("anyOf") or top.get("oneOf") or []:  # alternative argument sets: any of their names
@@ -158,6 +181,7 @@ def parameters_of(schema: Any) -> Tuple[Dict[str, dict], List[str]]:
         original, _ = flatten(properties.get(name), schema, frozenset())
         text = original.get("description") or original.get("title") or name.replace("_", " ")
         noted = f" (format: {original['format']})" if isinstance(original.get("format"), str) else ""
+        noted += f" (pattern: {clip(patterns[name], MESSAGE_CHARS)})" if name in patterns else ""
         parameters[name] = {**simplify_schema(properties.get(name), schema),
                             "description": " ".join(str(text).split()) + noted}
     return parameters, required
@@ -170,7 +194,7 @@ def argument_checker(schema: Any) -> Callable[[dict], Optional[str]]:
     try:
         validator_class = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
         validator_class.check_schema(schema)
-        validator = validator_class(schema)
+        validator = validator_class(without_patterns(schema))
     except Exception:
         return lambda args: None
 
