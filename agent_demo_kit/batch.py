@@ -137,7 +137,7 @@ class Batch(Saying):
         starts. ConfigError, before anything is sent, when the folder holds another configuration's."""
         # Only the lines this batch wrote count: a line someone put in (an archive that came with its
         # results, say) carries no seal of the user's, and its task's trace decides instead.
-        known = {key: line for key, line in read_results(self.out).items() if is_sealed(line)}
+        known = read_results(self.out, sealed_only=True)
         for line in known.values():
             if isinstance(line.get("config"), dict) and line["config"] != self.config:
                 self.refuse(config_differences(line["config"], self.config))
@@ -286,7 +286,7 @@ class Batch(Saying):
             redactor = Redactor(*secrets_of({"LLM_API_KEY": self.settings.api_key or "", "LLM_ESCALATE_KEY":
                                              self.settings.escalate_key or ""}, self.settings.url,
                                             self.settings.escalate_url, *mcp_urls(self.settings.mcp_servers)))
-            report_page.write_page(page, report_page.folder_pieces(self.out, redactor))
+            report_page.write_page(page, report_page.folder_pieces(self.out, redactor, sealed_only=True))
         except Exception as error:  # the results stand without it, and the batch ends as it did
             self.say(f"the report page could not be written: {getattr(error, 'strerror', None) or error}")
             return

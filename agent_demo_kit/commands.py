@@ -303,11 +303,17 @@ def show_summary(args: argparse.Namespace, environment: Dict[str, str], answer: 
         shown = comparison.render_comparison(summary, args.markdown)
     else:
         shown = comparison.render_single(summary, args.markdown) if args.markdown else render(summary)
+        if summary.get("not_sealed_by_you"):
+            shown.append(comparison.seal_note({"label": summary["folders"][0], **summary}))
         shown += comparison.render_failures(summary.get("failures") or [])
     # For people, piped or not: answers, ids and model names from results files are shown escaped.
     print(inert("\n".join(shown)), file=answer)
     if "configurations" not in summary and summary.get("failures") and summary.get("folders"):
         print(f"agent-demo: to run them again: {comparison.rerun_command(summary)}", file=sys.stderr)
+        if (summary.get("config") or {}).get("check") and (not summary.get("yours", True)
+                                                          or summary.get("not_sealed_by_you")):
+            print("agent-demo: (without the folder's --check: it is not yours, and a check is a command;"
+                  " give one of your own if you want one)", file=sys.stderr)
     return 0
 
 

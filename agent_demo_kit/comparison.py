@@ -5,7 +5,7 @@ is more than noise; and the tasks that did not finish or were wrong, a screenful
 
 A results line says which configuration it came from (`config`: model, endpoint host, mode, tools,
 system prompt, --max-rounds, check, --escalate), so two models' folders are never merged into one.
-It imports records, scoring and metrics.
+It imports records, seals, scoring and metrics.
 """
 import json
 import os
@@ -19,10 +19,12 @@ from typing import Any, Dict, Iterator, List, Optional
 from agent_demo_kit import metrics, scoring
 from agent_demo_kit.endings import ConfigError
 from agent_demo_kit.records import number
+from agent_demo_kit.seals import is_sealed
 from agent_demo_kit.task_file import Key
 from agent_demo_kit.terminal import inert
 
 MOST_TRIES = 1000  # --repeat at most
+MOST_COLUMNS = 12  # configurations side by side in --summary and --report; the rest are said in one line
 FAILURES_SHOWN = 20  # tasks listed at the end of a batch or a summary; --json has them all
 DIFFERENCES_SHOWN = 20
 ANSWER_SHOWN_CHARS = 60
@@ -66,12 +68,13 @@ def results_files(folder: Path) -> List[Path]:
         return []
 
 
-def read_results(folder: Path) -> Dict[Key, dict]:
+def read_results(folder: Path, sealed_only: bool = False) -> Dict[Key, dict]:
     """The latest line for each task and try in a folder's results files (shards included).
-    Lines that cannot be read are passed by."""
+    Lines that cannot be read are passed by; with sealed_only, so are lines agent-demo did not write
+    as this user (what a batch counts, its page and its summary.json show)."""
     latest: Dict[Key, dict] = {}
     for path in results_files(folder):
-        for line in read_lines(path):
+        for line in read_lines(path, sealed_only):
             key = result_key(line)
             known = latest.get(key)
             if known is None or ended_key(line) >= ended_key(known):
@@ -82,10 +85,11 @@ def read_results(folder: Path) -> Dict[Key, dict]:
 MAX_LINE_BYTES = 1 << 20  # a results line longer than this is damaged: passed by
 
 
-def read_lines(path: Path) -> Iterator[dict]:
+def read_lines(path: Path, sealed_only: bool = False) -> Iterator[dict]:
     """The result lines of one results file (JSON objects with an id and a status); lines that cannot be
-    read, or are longer than any line a batch writes, are passed by. ConfigError for what is not a
-    plain file (a link to /dev/zero, a FIFO): it would never end."""
+    read, or are longer than any line a batch writes, are passed by, and with sealed_only those that
+    carry no seal of this user's. ConfigError for what is not a plain file (a link to /dev/zero, a
+    FIFO): it would never end."""
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
     except OSError as error:
@@ -105,7 +109,8 @@ def read_lines(path: Path) -> Iterator[dict]:
                 line = json.loads(text.decode("utf-8", "replace"))
             except (ValueError, RecursionError):
                 continue
-            if isinstance(line, dict) and isinstance(line.get("id"), str) and isinstance(line.get("status"), str):
+            if isinstance(line, dict) and isinstance(line.get("id"), str) and isinstance(line.get("status"), str) \
+                    and (not sealed_only or is_sealed(line)):
                 yield line
 
 
@@ -125,10 +130,15 @@ def shown(value: Any) -> str:
 # --- --summary DIR... ------------------------------------------------------------------------------
 
 class Column:
-    """The results of one configuration: from one folder or several (shards)."""
+    """The results of one configuration: from one folder or several (shards of yours), or from one
+    folder that is not yours (a colleague's is never merged with another: their lines would replace
+    yours)."""
 
-    def __init__(self, config: Optional[dict]):
+    def __init__(self, config: Optional[dict], yours: bool = True):
         self.config, self.folders, self.lines = config, [], {}  # type: Optional[dict], List[str], Dict[Key, dict]
+        self.where: Dict[Key, str] = {}  # the folder each line came from: its trace is there
+        self.yours = yours  # its folder is yours
+        self.unsealed = 0  # lines not sealed by you: someone else wrote them, or changed them
         self.label = ""
 
     def add(self, folder: str, key: Key, line: dict) -> None:
@@ -136,7 +146,10 @@ class Column:
             self.folders.append(folder)
         known = self.lines.get(key)
         if known is None or ended_key(line) >= ended_key(known):
-            self.lines[key] = line
+            self.lines[key], self.where[key] = line, folder
+
+    def count_seals(self) -> None:
+        self.unsealed = sum(not is_sealed(line) for line in self.lines.values())
 
     def summary(self) -> dict:
         tries = max((key[1] for key in self.lines), default=1)
@@ -162,28 +175,49 @@ def folders_of(names: List[str]) -> List[Path]:
     return found
 
 
-def columns_of(names: List[str]) -> List[Column]:
-    """The results of these folders, a column for each configuration (shards of one merged)."""
+class Columns(list):
+    """The columns shown, at most MOST_COLUMNS, and what was left out: (configurations, lines)."""
+
+    left_out = (0, 0)
+
+
+def columns_of(names: List[str]) -> Columns:
+    """The results of these folders, a column for each configuration (your shards of one merged; a
+    folder that is not yours a column of its own), the first MOST_COLUMNS of them."""
     columns: Dict[str, Column] = {}
     for folder in folders_of(names):
         lines = read_results(folder)
         if not lines:
             raise ConfigError(f"--summary: {folder} holds no results*.jsonl with results in it")
+        yours = is_yours(folder)
         for key, line in lines.items():
             config = line.get("config") if isinstance(line.get("config"), dict) else None
-            # Results from before configurations were recorded: each folder is its own.
+            # Results from before configurations were recorded, or in a folder not yours: each folder its own.
             name = json.dumps(config, sort_keys=True) if config is not None else f"folder {folder}"
-            columns.setdefault(name, Column(config)).add(str(folder), key, line)
-    found = list(columns.values())
+            name = name if yours else f"{name} in {folder}"
+            columns.setdefault(name, Column(config, yours)).add(str(folder), key, line)
+    found = Columns(list(columns.values())[:MOST_COLUMNS])
+    found.left_out = (len(columns) - len(found), sum(len(column.lines) for column in list(columns.values())[MOST_COLUMNS:]))
     for column in found:
         column.label = label(column, found)
+        column.count_seals()
     return found
+
+
+def is_yours(folder: Path) -> bool:
+    """Is the folder yours (not another user's, whose lines are theirs to vouch for)?"""
+    try:
+        return not hasattr(os, "geteuid") or os.stat(folder).st_uid == os.geteuid()
+    except OSError:
+        return False
 
 
 def label(column: Column, columns: List[Column]) -> str:
     """A column's name: its model, and what tells it apart from another column of the same model."""
     config = column.config or {}
     model = str(config.get("model") or os.path.basename(column.folders[0]))
+    if not column.yours:  # a colleague's folder: named by where it is
+        return f"{model} ({column.folders[0]})"
     twins = [other.config or {} for other in columns
              if other is not column and (other.config or {}).get("model", model) == model]
     if not twins:
@@ -197,18 +231,18 @@ def summarize(names: List[str]) -> dict:
     """--summary DIR...: one configuration's summary (with its config and failures), or, for several,
     the comparison: a column each, the tasks where they differ, the paired tests."""
     columns = columns_of(names)
-    if len(columns) == 1:
+    if len(columns) == 1 and not columns.left_out[0]:
         column = columns[0]
-        return {**column.summary(), "config": column.config, "folders": column.folders,
-                "failures": failures(column.lines.values())}
-    return compare(columns)
+        return {**column.summary(), "config": column.config, "folders": column.folders, "yours": column.yours,
+                "not_sealed_by_you": column.unsealed, "failures": failures(column.lines.values())}
+    return {**compare(columns), "left_out": {"configurations": columns.left_out[0], "lines": columns.left_out[1]}}
 
 
 def compare(columns: List[Column]) -> dict:
     """Several configurations side by side."""
-    described = [{"label": column.label, "folders": column.folders, "config": column.config,
-                  "summary": column.summary(), "failures": len(failures(column.lines.values()))}
-                 for column in columns]
+    described = [{"label": column.label, "folders": column.folders, "config": column.config, "yours": column.yours,
+                  "not_sealed_by_you": column.unsealed, "summary": column.summary(),
+                  "failures": len(failures(column.lines.values()))} for column in columns]
     first_tries = [{key[0]: line for key, line in column.lines.items() if key[1] == 1} for column in columns]
     ids = list(dict.fromkeys(ident for lines in first_tries for ident in lines))
     differences = []
@@ -285,6 +319,11 @@ def render_comparison(data: dict, markdown: bool = False) -> List[str]:
     rows = [[name, *(cell(column, name) for column in columns)] for name in FIGURES]
     rows = [row for row in rows if any(value != "n/a" for value in row[1:])]
     lines = table(["", *(column["label"] for column in columns)], rows, markdown)
+    lines += [seal_note(column) for column in columns if column.get("not_sealed_by_you")]
+    left_out = data.get("left_out") or {}
+    if left_out.get("configurations"):
+        lines.append(f"... and {left_out['configurations']} more configuration(s), {left_out['lines']} line(s), not shown:"
+                     f" at most {MOST_COLUMNS} side by side; give fewer folders")
     differences = data["differences"]
     lines.append("")
     if differences:
@@ -304,6 +343,12 @@ def render_comparison(data: dict, markdown: bool = False) -> List[str]:
     return lines
 
 
+def seal_note(column: dict) -> str:
+    """What a column's lines that carry no seal of yours are."""
+    return (f"{column['label']}: {column['not_sealed_by_you']} line(s) not sealed by you (written by another user,"
+            " or changed since): their figures are that folder's word, not your results")
+
+
 FIGURES = ("tasks", "completion", "accuracy", "pass@1 / pass^k", "rounds (mean)", "tokens", "cost", "time p50",
            "time p95", "failed or wrong")
 
@@ -317,7 +362,9 @@ def render_single(summary: dict, markdown: bool = True) -> List[str]:
 
 
 def rerun_command(summary: dict) -> str:
-    """The command that runs a folder's failed and wrong tasks again, with the flags of its configuration."""
+    """The command that runs a folder's failed and wrong tasks again, with the flags of its configuration;
+    never a check from a folder that is not yours, or from lines you did not seal (a command someone
+    else wrote, such as curl ... | sh)."""
     config, folder = summary.get("config") or {}, summary["folders"][0]
     tasks_file = None
     try:
@@ -328,8 +375,11 @@ def rerun_command(summary: dict) -> str:
     words = ["agent-demo", "--batch", str(tasks_file or "FILE"), "--out", folder]
     if config.get("model"):
         words += ["-m", str(config["model"])]
+    trusted = summary.get("yours", True) and not summary.get("not_sealed_by_you")
     for name, flag in (("mode", "--mode"), ("max_rounds", "--max-rounds"), ("check", "--check"),
                        ("escalate", "--escalate")):
+        if name == "check" and not trusted:
+            continue
         if config.get(name) is not None and not (name == "mode" and config[name] == "json"):
             words += [flag, str(config[name])]
     tries = (summary.get("repeats") or {}).get("tries")

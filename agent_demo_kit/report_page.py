@@ -69,12 +69,13 @@ def run_entry(line: dict, folders: List[str]) -> Dict[str, Any]:
 def inside_traces(folder: str, named: str) -> bool:
     """Is the trace a results line names a plain file right in the folder's traces/, as a batch names
     them (a line is data: "../", an absolute path or a link must not draw another folder's runs, yours,
-    into the page)? One lstat, not one a folder above it."""
+    into the page)? traces/ and the file each looked at with lstat: neither may be a link."""
     name = named[len("traces/"):] if named.startswith("traces/") else ""
     if name in ("", ".", "..") or "/" in name or os.sep in name or "\0" in name:
         return False
-    try:
-        return stat.S_ISREG(os.lstat(os.path.join(folder, "traces", name)).st_mode)
+    try:  # traces/ itself too: a link there would draw another folder's traces, yours, into their page
+        return stat.S_ISDIR(os.lstat(os.path.join(folder, "traces")).st_mode) \
+            and stat.S_ISREG(os.lstat(os.path.join(folder, "traces", name)).st_mode)
     except (OSError, ValueError):
         return False
 
@@ -104,20 +105,23 @@ def batch_data(names: List[str]) -> Dict[str, Any]:
         ran = [line for line in lines if line is not None]
         differs = len(ran) > 1 and (len({comparison.success(line) for line in ran}) > 1
                                     or len({line.get("status") for line in ran}) > 1)
-        tasks.append(task_entry(key, lines, [column.folders for column in columns], differs))
+        tasks.append(task_entry(key, lines, [[column.where.get(key, "")] for column in columns], differs))
     tasks.sort(key=lambda task: not task["differs"])  # a comparison's differences first (a stable sort)
-    return {"title": "agent-demo report", "made": time.strftime("%Y-%m-%d %H:%M"),
+    left = columns.left_out[0]
+    return {"title": "agent-demo report" + (f" ({len(columns)} configurations shown; {left} more left out: give fewer"
+                                            " folders)" if left else ""), "made": time.strftime("%Y-%m-%d %H:%M"),
             "configurations": [{"label": column.label, "folders": column.folders, "summary": column.summary()}
                                for column in columns], "tasks": tasks}
 
 
-def folder_pieces(folder: Path, redactor: Optional[Redactor] = None) -> Iterator[bytes]:
+def folder_pieces(folder: Path, redactor: Optional[Redactor] = None, sealed_only: bool = False) -> Iterator[bytes]:
     """A batch's own page, made a task at a time (10,000 tasks cost no more memory than 1,000): its
-    results files read twice, first for which line of each task is the latest, then for the rows."""
+    results files read twice, first for which line of each task is the latest, then for the rows
+    (sealed_only: the lines the batch counted, as it reads them)."""
     latest: Dict[Any, int] = {}  # task -> where its latest line is
     ended = array("d")  # when each line's run ended, by where the line is
     for path in comparison.results_files(folder):
-        for line in comparison.read_lines(path):
+        for line in comparison.read_lines(path, sealed_only):
             key, when = comparison.result_key(line), comparison.ended_key(line)
             if key not in latest or when >= ended[latest[key]]:  # as --summary reads them: the last of a tie
                 latest[key] = len(ended)
@@ -129,7 +133,7 @@ def folder_pieces(folder: Path, redactor: Optional[Redactor] = None) -> Iterator
         nonlocal config
         position = 0
         for path in comparison.results_files(folder):
-            for line in comparison.read_lines(path):
+            for line in comparison.read_lines(path, sealed_only):
                 position += 1
                 if latest.get(comparison.result_key(line)) == position - 1:
                     tally.add(line)
