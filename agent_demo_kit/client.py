@@ -25,14 +25,14 @@ from agent_demo_kit.records import Reply, RunEvents
 from agent_demo_kit.endings import EndpointError, Interrupted
 from agent_demo_kit.request_gate import MOST_ABSORBED, RequestGate
 from agent_demo_kit.settings import Settings
-from agent_demo_kit.limits import (CHARS_A_TOKEN, CONNECT_SECONDS, DEFAULT_WINDOW_TOKENS, MIN_LIMIT_TOKENS,
+from agent_demo_kit.limits import (CHARS_A_TOKEN, CONNECT_SECONDS, MIN_LIMIT_TOKENS,
                                    REPLY_BYTES_A_CHAR, REPLY_CHARS_A_TOKEN)
 from agent_demo_kit.endpoint_errors import (RETRY_STATUSES, describe_http_error, describe_network_error,
                                             proxy_set_up_wrong)
 from agent_demo_kit.replies import (CUTOFFS, AttemptFailed, Stalled, TextListener, bounded, past_deadline, pieces_of,
                                     read_stream, reply_from_body)
 from agent_demo_kit.urls import base_url, display_url, is_local  # noqa: F401  (is_local: agent_demo_kit.client's too)
-from agent_demo_kit.windows import QUICK_SECONDS, known_window
+from agent_demo_kit.windows import QUICK_SECONDS, ModelWindow, known_window
 
 
 
@@ -152,8 +152,8 @@ class ModelClient:
             self.session.environment_of = self.url
         # As auth, not a header: a user:password in the URL must not replace it.
         self.session.auth = BearerAuth(settings.api_key) if settings.api_key else self.session.netrc_auth
-        self.learned_window: Optional[int] = None  # the model's window in tokens, once asked
-        self.window_said = False  # the server said it (else it is DEFAULT_WINDOW_TOKENS)
+        self.windowing = ModelWindow(settings, lambda: known_window(self.session, settings) if is_local(self.url)
+                                     else None, is_local(self.url))
         self.cap_shrunk = False  # the reply cap was shrunk to fit, and the trace said so
         self.stop: Optional[threading.Event] = None  # the run's, while it asks
         self.encoded: Tuple[Any, str] = (None, "")  # the last body made, and its JSON as it is sent
@@ -176,6 +176,7 @@ class ModelClient:
         if cap:  # the field goes last, as a dict that gets it last is written
             body, text = {**body, form.reply_cap_field: cap}, f"{text[:-1]}, {json.dumps(form.reply_cap_field)}: {cap}}}"
         self.encoded, self.encoded_for = (body, text), same
+        self.windowing.made(len(text))
         return body
 
     def reply_cap(self, request_chars: int) -> int:
@@ -215,13 +216,29 @@ class ModelClient:
                 f" {self.window():,} tokens holds: requests are kept under {self.most_chars():,} characters"]
 
     def window(self) -> int:
-        """The model's context window in tokens: what its server says (llama.cpp's /props, vLLM's
-        /v1/models, Ollama's /api/show; asked once, local servers only), else DEFAULT_WINDOW_TOKENS."""
-        if self.learned_window is None:
-            said = known_window(self.session, self.settings) if is_local(self.url) else None
-            self.learned_window = said or DEFAULT_WINDOW_TOKENS
-            self.window_said = self.learned_window != DEFAULT_WINDOW_TOKENS
-        return self.learned_window
+        """The model's context window in tokens (windows.ModelWindow)."""
+        return self.windowing.tokens()
+
+    def folding(self) -> None:
+        """The conversation is folded to fit the budget: the first time that comes of a window the server
+        never said, the trace says so, and how to set another."""
+        if self.windowing.guess_to_say():
+            self.trace.note(f"the server does not say its model's window: requests are kept to what {self.window():,}"
+                            f" tokens hold ({self.most_chars():,} characters); --max-context CHARS sets another budget")
+
+    def overflowed(self, failure: AttemptFailed, request_chars: int) -> bool:
+        """Did this request fail as one past the model's window does (windows.past_window)? Then, once for
+        each size of request, the window is made smaller and the conversation folded to fit it before the
+        request goes again; not when even the task would not fit (most_chars: its budget)."""
+        window = self.windowing.past(failure.status, f"{failure} {failure.text or ''}", request_chars,
+                                     lambda: self.most_chars())
+        if window is None:
+            return False
+        self.trace.note(f"the request of about {request_chars // CHARS_A_TOKEN:,} tokens seems past the model's"
+                        f" window ({'the server says it holds ' + format(window, ',') + ' tokens' if self.windowing.said else 'the server cut it off or said so'}):"
+                        f" the conversation is folded to fit {window:,} tokens ({self.request_budget():,} characters)"
+                        " and sent again; --max-context sets the budget")
+        return True
 
     def ask(self, request: Request, tools: Dict[str, Any], stop: Optional[threading.Event] = None) -> Tuple[
             Reply, List[dict]]:
@@ -236,10 +253,13 @@ class ModelClient:
             messages = request()
             if stop is not None and stop.is_set():
                 raise Interrupted()
+            body = self.body(messages, tools)
             try:
                 with self.gate.slot(stop) if self.gate else contextlib.nullcontext((0, 1)) as sent:
-                    reply = self.attempt(self.body(messages, tools))
+                    reply = self.attempt(body)
             except AttemptFailed as failure:
+                if self.overflowed(failure, len(self.encoded[1]) if self.encoded[0] is body else len(json.dumps(body))):
+                    continue  # request() folds the conversation to the smaller window
                 if self.waits_its_turn(failure, sent, absorbed):
                     absorbed += 1
                 elif not (failure.status and self.change_form(failure)):
@@ -247,6 +267,7 @@ class ModelClient:
                 continue
             if self.gate:
                 self.gate.answered_one()
+            self.windowing.answered(len(self.encoded[1]) if self.encoded[0] is body else 0)
             self.form.mode_worked = True
             reply.latency_ms = int((time.monotonic() - started) * 1000)
             kept = self.settings.max_calls + 1  # one past the cap, so the model is told of the cap

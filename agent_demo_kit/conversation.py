@@ -378,6 +378,7 @@ class Conversation:
         self._apply(compaction)
         compaction.chars_after = self.size
         self.rounds[count - 1].compaction = compaction  # so that the rounds alone rebuild these messages
+        getattr(self.client, "folding", lambda: None)()  # a window the server never said: the client says so
         self.on_compaction(compaction)
 
     def body_size(self, messages: List[dict]) -> int:

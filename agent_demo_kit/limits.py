@@ -13,6 +13,7 @@ ESTIMATED_CHARS_A_TOKEN = 4
 
 
 DEFAULT_WINDOW_TOKENS = 128_000  # the window of a model whose server does not say: today's hosted models
+UNSAID_LOCAL_WINDOW_TOKENS = 8_192  # a local server that does not say its window: llama.cpp-python's, say
 
 
 PINNED_SHARE = 0.75  # the system prompt, the task and its material take at most this share of a request

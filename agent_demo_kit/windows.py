@@ -2,17 +2,18 @@
 Ollama's /api/show), each asked within a deadline whatever the server sends, and kept for every run
 of the process a while: a batch's tasks, run() in threads and arun() ask once.
 
-It imports records, settings, urls, endpoint_errors and replies.
+It imports limits, records, settings, urls, endpoint_errors and replies.
 """
 import re
 import threading
 import time
-from typing import Any, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import requests
 import urllib3
 
 from agent_demo_kit.endpoint_errors import parse_body
+from agent_demo_kit.limits import DEFAULT_WINDOW_TOKENS, UNSAID_LOCAL_WINDOW_TOKENS
 from agent_demo_kit.records import MOST_TOKENS_A_ROUND
 from agent_demo_kit.replies import pieces_of
 from agent_demo_kit.settings import Settings
@@ -97,3 +98,83 @@ def window_in(body: Any, model: str) -> Optional[int]:
         found += [value for key, value in body["model_info"].items() if key.endswith(".context_length")]
     return next((value for value in found if isinstance(value, int) and not isinstance(value, bool)
                  and MIN_WINDOW_TOKENS <= value <= MOST_TOKENS_A_ROUND), None)
+
+
+# What a server says when a request is past its model's window: llama.cpp ("exceed context window of 8192",
+# "the request exceeds the available context size"), vLLM and OpenAI ("maximum context length is 8192 tokens"),
+# Ollama and LM Studio ("n_ctx", "context length", "too many tokens").
+OVERFLOW_WORDS = re.compile(r"context (window|length|size)|n_ctx|too many tokens|maximum (context|tokens|length)"
+                            r"|exceeds? (the )?(context|max|maximum|available)|prompt is too long|input length", re.I)
+WINDOW_NUMBER = re.compile(r"(?:context (?:window|length|size)|n_ctx|maximum context length)\D{0,24}?(\d{3,7})", re.I)
+CUT_OFF = re.compile(r"stream ended before the reply was complete|connection broke mid-reply")
+
+
+def past_window(status: Optional[int], said: str, guessed: bool, grew: bool) -> Tuple[bool, Optional[int]]:
+    """Does a failed request read as one past the model's window, and which window does the error name?
+    An HTTP 400, 413 or 500 whose text names a context window, tokens or length; or a reply cut off by a
+    local server that never said its window (guessed) when the request was larger than any it answered."""
+    named = status in (400, 413, 500) and bool(OVERFLOW_WORDS.search(said))
+    number = WINDOW_NUMBER.search(said) if named else None
+    return named or not status and guessed and grew and bool(CUT_OFF.search(said)), \
+        int(number.group(1)) if number else None
+
+
+def smaller_window(request_chars: int, window: int, reply_tokens: int, named: Optional[int]) -> int:
+    """The window a request past it leaves: the one its error named, else three quarters of what the
+    request and its reply took (a server counts tokens its own way)."""
+    if named and MIN_WINDOW_TOKENS <= named < window:
+        return named
+    tokens = request_chars // 3
+    return max(MIN_WINDOW_TOKENS, min(window, tokens + min(reply_tokens or 0, tokens)) * 3 // 4)
+
+
+class ModelWindow:
+    """What a client knows of its model's window, in tokens: what the server said (asked once), else for
+    a local server that says nothing UNSAID_LOCAL_WINDOW_TOKENS (or what --max-context asks beside a reply)
+    until a request shows less, for a hosted one DEFAULT_WINDOW_TOKENS."""
+
+    def __init__(self, settings: Settings, ask: Callable[[], Optional[int]], local: bool):
+        self.settings, self.ask, self.local = settings, ask, local
+        self.learned: Optional[int] = None
+        self.said = self.guessed = False  # the server said it; it is a guess for a local server that did not
+        self.guess_said = False  # the guess was said (when it first folded the conversation, or a request past it)
+        self.largest_answered = 0  # characters of the largest request answered: it fits the window
+        self.smallest_request = 0  # characters of the smallest request made (the first): no fold goes under it
+        self.folded_for: Optional[int] = None  # the request size an overflow was folded for: once each
+
+    def tokens(self) -> int:
+        if self.learned is None:
+            said = self.ask()
+            self.said, self.guessed = said is not None, said is None and self.local
+            asked = -(-self.settings.max_context // 3) + (self.settings.max_reply_tokens or 0) \
+                if self.settings.max_context else 0  # the user's word for it
+            self.learned = said or (max(UNSAID_LOCAL_WINDOW_TOKENS, asked) if self.guessed else DEFAULT_WINDOW_TOKENS)
+        return self.learned
+
+    def made(self, request_chars: int) -> None:
+        self.smallest_request = min(self.smallest_request or request_chars, request_chars)
+
+    def answered(self, request_chars: int) -> None:
+        self.largest_answered = max(self.largest_answered, request_chars)
+
+    def guess_to_say(self) -> bool:
+        """Is the guess to be said now (once, and not when --max-context set the budget)?"""
+        first = self.guessed and not self.guess_said and self.settings.max_context is None
+        self.guess_said = self.guess_said or first
+        return first
+
+    def past(self, status: Optional[int], said: str, request_chars: int, budget: Callable[[], int]) -> Optional[int]:
+        """The smaller window a request past it leaves (past_window, smaller_window), now the window; None when
+        it was not past it, was folded for already, or the budget would then not hold even the first request."""
+        past, named = past_window(status, said, self.guessed, request_chars > self.largest_answered)
+        if not past or self.folded_for is not None and request_chars >= self.folded_for \
+                or self.settings.max_context and not self.guessed:
+            return None
+        before = self.learned, self.said, self.guessed
+        window = smaller_window(request_chars, self.tokens(), self.settings.max_reply_tokens, named)
+        self.learned, self.said, self.guessed = window, window == named, window != named
+        if budget() < self.smallest_request:  # not even the task would fit: folding cannot help
+            self.learned, self.said, self.guessed = before
+            return None
+        self.folded_for, self.guess_said = request_chars, True
+        return window

@@ -15,6 +15,7 @@ A canned reply is either a string (the assistant's content) or a dict:
    "drip": seconds between the bytes of a first event that never ends, inside one announced chunk,
    "close": true to say "Connection: close" with a streamed reply ("size_line": true, with "drip":
    the chunk's size line is what drips),
+   "cut": true to end a streamed reply before any event (as a server that failed mid-way),
    "linger": seconds between the keep-alives it sends after [DONE] instead of ending the stream (with
    "drip": between the bytes of a chunk after [DONE] that never ends); each
    of the three for ENDLESS_SECONDS, so that a reader that does not stop fails its test instead of
@@ -97,10 +98,13 @@ class ScriptedServer:
 
     def __init__(self, replies: List[Canned], port: int = 0,
                  screen: Optional[Callable[[Any], Optional[Canned]]] = None, window: Optional[int] = None,
-                 most_in_flight: Optional[int] = None):
+                 most_in_flight: Optional[int] = None, window_limit: Optional[int] = None, overflow: str = "cut"):
         self.replies = list(replies)
         self.screen = screen
         self.window = window  # the context window GET /props announces, as llama.cpp's server does
+        # A window the server enforces without saying it (llama-cpp-python's): a request of more tokens (its
+        # characters over 3) is cut off ("cut") or answered with llama-cpp-python's HTTP 500 ("500").
+        self.window_limit, self.overflow, self.past_limit = window_limit, overflow, 0
         self.played = 0  # scripted replies used up
         self.requests: List[dict] = []
         self.connections = 0
@@ -167,7 +171,9 @@ class ScriptedServer:
                         body = raw.decode("utf-8", "replace")
                     server.requests.append({"path": self.path, "headers": dict(self.headers),
                                             "body": body, "time": time.monotonic()})
-                    canned = server.screen(body) if server.screen else None
+                    tokens = len(raw) // 3  # as a tokenizer counts a request, about
+                    canned = server.past_window(tokens) if server.window_limit and tokens > server.window_limit \
+                        else server.screen(body) if server.screen else None
                     if canned is None:
                         index, server.played = server.played, server.played + 1
                         canned = server.replies[min(index, len(server.replies) - 1)] if server.replies else ""
@@ -227,6 +233,15 @@ class ScriptedServer:
         else:
             handler.wfile.write(data)
 
+    def past_window(self, tokens: int) -> Canned:
+        """What llama-cpp-python's server does with a request past its window (the caller holds the lock)."""
+        self.past_limit += 1
+        if self.overflow == "cut":  # the stream starts, then ends with no event: the error went to its log
+            return {"cut": True}
+        return {"status": 500, "body": {"error": {
+            "message": f"Requested tokens ({tokens}) exceed context window of {self.window_limit}",
+            "type": "internal_server_error", "param": None, "code": None}}}
+
     def _stream(self, handler: BaseHTTPRequestHandler, spec: dict) -> None:
         """The reply as server-sent events: content a few characters an event, tool calls in two pieces."""
         handler.send_response(200)
@@ -253,6 +268,9 @@ class ScriptedServer:
                 handler.wfile.write(b"8\r\n: ping\n\n\r\n")
                 handler.wfile.flush()
         except OSError:
+            return
+        if spec.get("cut"):  # the stream ends before any event: no [DONE], no finish_reason
+            handler.wfile.write(b"0\r\n\r\n")
             return
         if spec.get("drip") and not spec.get("linger"):  # one event's chunk announced whole, then its bytes one at a time
             self._for_a_while(handler, b"1" if spec.get("size_line") else b"100000\r\n: ",

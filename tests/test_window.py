@@ -6,7 +6,7 @@ import pytest
 from agent_demo_kit.client import ModelClient
 from agent_demo_kit.windows import window_in
 from agent_demo_kit.settings import Settings
-from scripted_server import action as act
+from scripted_server import ScriptedServer, action as act
 
 
 def lines_of(size):
@@ -60,7 +60,7 @@ def test_a_max_context_beyond_the_window_is_lowered_to_what_it_holds_beside_the_
 def test_a_reply_cap_that_does_not_fit_beside_a_request_shrinks_and_says_so_once():
     notes = []
     client = ModelClient(Settings(url="http://127.0.0.1:9/v1", max_reply_tokens=4_096))
-    client.learned_window = 8_192
+    client.windowing.learned = 8_192
     client.trace.note = notes.append
     assert client.reply_cap(3_000) == 4_096
     assert client.reply_cap(15_000) == 8_192 - (15_000 + 32) // 3 - 1 and client.reply_cap(16_000) < 2_900
@@ -81,3 +81,29 @@ def test_each_servers_way_of_saying_its_window_is_read(answer, window):
 def test_a_hosted_endpoint_is_not_asked_and_gets_the_documented_default():
     client = ModelClient(Settings(url="https://api.example.test/v1", max_context=None))
     assert client.window() == 128_000 and client.request_budget() == (128_000 - 4_096) * 3
+
+
+@pytest.mark.parametrize("overflow", ["cut", "500"])
+def test_a_server_that_says_no_window_and_cuts_a_request_past_it_gets_a_folded_conversation_and_the_run_finishes(
+        cli, monkeypatch, overflow):
+    thinking = "I will add the next number, then look at the result, as planned. " * 15
+    replies = [thinking + act("calculator", expression=f"{n} + 1") for n in range(11)] + [act("finish", result="done")]
+    with ScriptedServer(replies, window_limit=3_000, overflow=overflow) as server:  # says no window, holds 3,000
+        monkeypatch.setenv("LLM_API_URL", server.url)
+        code, out, err = cli("--max-rounds", 20, "count up")
+    assert (code, out.strip()) == (0, "done"), err
+    assert server.past_limit == 1, "one request past the window, then folded to fit"
+    said = "the server says it holds 3,000 tokens" if overflow == "500" else "the server cut it off or said so"
+    assert "seems past the model's window (" + said in err and "the conversation is folded to fit" in err
+    assert "--max-context sets the budget" in err
+
+
+def test_a_local_server_that_says_no_window_is_held_to_a_small_one_and_the_first_fold_says_so(cli, monkeypatch):
+    thinking = "I will add the next number, then look at the result, as planned. " * 30
+    replies = [thinking + act("calculator", expression=f"{n} + 1") for n in range(9)] + [act("finish", result="done")]
+    with ScriptedServer(replies) as server:
+        monkeypatch.setenv("LLM_API_URL", server.url)
+        code, out, err = cli("--max-rounds", 20, "count up")
+    assert code == 0, err
+    assert err.count("the server does not say its model's window: requests are kept to what 8,192 tokens hold") == 1
+    assert max(len(json.dumps(request["body"])) for request in server.requests) <= 12_288 + 100
