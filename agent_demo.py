@@ -156,7 +156,7 @@ class Agent:
         """The other model takes the run over (escalation.py says how); it gets its own tries."""
         notice = self.escalation.hand_over(takeover, self.conversation, self.trace)
         self.client = self.escalation.client
-        self.watchdog.format_errors_in_a_row = 0
+        self.watchdog.hand_over()
         if not self.conversation.rounds:  # told with the task, before the first round
             self.task_notices.append(notice)
 

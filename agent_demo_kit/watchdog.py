@@ -38,10 +38,21 @@ class Watchdog:
         self.format_errors_in_a_row = 0 if usable else self.format_errors_in_a_row + 1
         return self.format_errors_in_a_row
 
+    def hand_over(self) -> None:
+        """Another model takes the run over: it starts its own count. Each call made so far counts as made
+        once, in the first round it was, so the new model's first repeat of one is answered with its
+        recorded result and a note (not run again, not a stuck ending); only its own repeats go on."""
+        for known in self.calls.values():
+            known["rounds"] = known["rounds"][:1]
+        self.format_errors_in_a_row = 0
+
     def replay(self, rounds: Sequence[Round]) -> None:
-        """Rebuild the state of a resumed run from its rounds, as live execution left it."""
+        """Rebuild the state of a resumed run from its rounds, as live execution left it (a hand-over
+        after a round that told the model of one included)."""
         for record in rounds:
             self.count_reply(record.calls)
             for call in record.calls:
                 if call.watched:
                     self.remember(record.number, call)
+            if record.notice is not None:
+                self.hand_over()

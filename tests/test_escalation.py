@@ -300,3 +300,31 @@ def test_a_broken_action_is_never_taken_for_the_first_models_answer_and_the_stro
     assert (code, printed["status"], printed["result"]) == (0, "finished", "1536"), err
     assert printed["answered_in_words"] is False
     assert len(script.requests["small"]) == 3 and len(script.requests["big"]) == 1
+
+
+@pytest.mark.parametrize("mode", ["json", "schema"])
+def test_the_model_that_takes_over_after_a_watchdog_stop_starts_its_own_count(cli, serve, tmp_path, mode):
+    again = action("calculator", expression="2 + 2")
+    in_mode = (lambda text: '{"actions": [' + text + "]}") if mode == "schema" else (lambda text: text)
+    script = ByModel(small=[in_mode(again)], big=[in_mode(again), in_mode(action("finish", result="4"))])
+    serve([], screen=script)
+    trace = tmp_path / "run.jsonl"
+    code, out, err = cli("-m", "small", "--escalate", "big", "--mode", mode, "--trace", trace, "add up")
+    assert (code, out.strip()) == (0, "4"), err
+    assert [s["trigger"] for s in escalations(trace)] == ["stuck"]
+    told = json.dumps(script.requests["big"][1]["messages"][-1])
+    assert '\\"data\\": 4' in told, "the repeat was answered with the recorded result"
+    assert "already made" in told or "same" in told.lower() or "earlier" in told.lower(), told
+
+
+def test_a_resumed_run_after_a_hand_over_keeps_the_new_models_own_count(cli, serve, tmp_path):
+    again = action("calculator", expression="2 + 2")
+    script = ByModel(small=[again], big=[again])
+    serve([], screen=script)
+    trace = tmp_path / "run.jsonl"
+    code, out, err = cli("-m", "small", "--escalate", "big", "--trace", trace, "--max-rounds", 5, "add up")
+    assert code == 1 and "round limit" in err, err  # small stuck at round 4; big's first repeat cached at round 5
+    script = ByModel(small=[action("finish", result="no")], big=[again, action("finish", result="4")])
+    serve([], screen=script)
+    code, out, err = cli("--resume", trace, "-m", "small", "--escalate", "big", "--max-rounds", 8)
+    assert (code, out.strip()) == (0, "4"), "big's second repeat is refused (its count, replayed), not stuck"
