@@ -370,8 +370,9 @@ def _check_value(name: str, spec: dict, value: Any) -> Optional[str]:
         return f"{name} must be one of {to_json(spec['enum'])}"
     if "pattern" in spec and isinstance(value, str) and not re.search(spec["pattern"], value):
         shown = clip(value, VALUE_SHOWN_CHARS)
-        return (f"{name} must match the pattern {spec['pattern']} ({spec.get('description', name)}),"
-                f" got {to_json(shown)}")
+        if spec.get("description"):  # words a model acts on, not a regular expression it would have to read
+            return f"{name} must match the pattern its description gives: {spec['description']}; got {to_json(shown)}"
+        return f"{name} must match the pattern {spec['pattern']}, got {to_json(shown)}"
     if "minimum" in spec and isinstance(value, (int, float)) and value < spec["minimum"]:
         return f"{name} must be at least {spec['minimum']}"
     if "maximum" in spec and isinstance(value, (int, float)) and value > spec["maximum"]:

@@ -271,3 +271,9 @@ def test_read_material_pages_through_the_text_and_says_where_the_end_is():
     assert call_tool("read_material", {"offset": 900}, {"read_material": reader}) == {
         "ok": False, "error": "offset 900 is past the end: the material has 900 characters"}
     assert "offset must be at least 0" in call_tool("read_material", {"offset": -1}, {"read_material": reader})["error"]
+
+
+def test_the_headline_task_s_expression_is_refused_with_words_not_the_regular_expression():
+    result = call_tool("calculator", {"expression": "(12 + 500) * 3"}, REGISTRY)
+    assert result["ok"] is False and REGISTRY["calculator"].parameters["expression"]["pattern"] not in result["error"]
+    assert "number operator number, e.g. '12 + 500'" in result["error"] and '"(12 + 500) * 3"' in result["error"]
