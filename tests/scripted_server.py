@@ -31,7 +31,7 @@ llama.cpp's server does; without it, /props and every path but chat completions 
 `most_in_flight` (tests only): a request that arrives while that many are being answered gets a
 429, as a rate-limited endpoint answers; `peak_in_flight` is the most it answered at once.
 
-Run it by hand: python tests/scripted_server.py replies.json [port]
+Run it by hand: python tests/scripted_server.py [--by-task] FILE [PORT] [--background] (--help says more).
 """
 import gzip
 import json
@@ -358,13 +358,78 @@ class ScriptedServer:
         return self.requests[index]["body"]["messages"]
 
 
+class ByTaskText:
+    """A screen that answers each request by its task (a mapping file): {"task text": [replies...]}, each
+    task's replies played one a round (the last repeated), a key found in the task's text when no task
+    is exactly it, "*" for any other task. With two such files and two servers, a batch can be tried on
+    two "models" without writing a server."""
+
+    def __init__(self, mapping: dict):
+        if not isinstance(mapping, dict) or not all(isinstance(replies, list) and replies
+                                                     for replies in mapping.values()):
+            raise ValueError('a mapping file is a JSON object: {"task text": [reply, ...], "*": [...]}')
+        self.mapping = mapping
+
+    def __call__(self, body: Any) -> Canned:
+        messages = body.get("messages") or [] if isinstance(body, dict) else []
+        task = next((str(message.get("content") or "") for message in messages if message.get("role") == "user"), "")
+        task = task[len("Task: "):] if task.startswith("Task: ") else task
+        task = task.split("\n\n", 1)[0].strip()  # what agent-demo adds after the task (notes, a digest)
+        replies = self.mapping.get(task) or next((replies for key, replies in self.mapping.items()
+                                                  if key != "*" and key in task), None) or self.mapping.get("*")
+        if replies is None:
+            return {"status": 404, "body": {"error": {"message": f"no reply scripted for the task {task[:80]!r}"}}}
+        done = sum(message.get("role") == "assistant" for message in messages)
+        return replies[min(done, len(replies) - 1)]
+
+
+def main(argv: List[str]) -> int:
+    """python tests/scripted_server.py [--by-task] FILE [PORT] [--background]"""
+    import argparse
+    import errno
+    import subprocess
+    parser = argparse.ArgumentParser(prog="scripted_server.py", description="A scripted OpenAI-compatible server on"
+                                     " loopback: it prints LLM_API_URL=... once it listens.")
+    parser.add_argument("file", help="a JSON list of replies, played in order (the last repeated); with --by-task, a"
+                        ' JSON object of replies by task: {"task text": [reply, ...], "*": [...]}')
+    parser.add_argument("port", nargs="?", type=int, default=0, help="the port (default: a free one)")
+    parser.add_argument("--by-task", action="store_true", help="FILE maps each task to its replies, a reply a round")
+    parser.add_argument("--background", action="store_true", help="start in the background and print shell lines"
+                        ' that set LLM_API_URL and SCRIPTED_SERVER_PID: eval "$(python tests/scripted_server.py'
+                        ' --background replies.json)"')
+    args = parser.parse_args(argv)
+    try:
+        with open(args.file, encoding="utf-8") as script:
+            replies = json.load(script)
+        screen = ByTaskText(replies) if args.by_task else None
+    except (OSError, ValueError) as error:
+        print(f"scripted_server.py: {args.file}: {error}", file=sys.stderr)
+        return 2
+    if args.background:  # the server in a process of its own; this one says where it listens, and ends
+        server = subprocess.Popen([sys.executable, __file__, *(a for a in argv if a != "--background")],
+                                  stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                  start_new_session=True, text=True)
+        said = server.stdout.readline().strip()
+        if not said.startswith("LLM_API_URL="):
+            return server.wait() or 2
+        print(f"export {said}; SCRIPTED_SERVER_PID={server.pid}")
+        return 0
+    try:
+        scripted = ScriptedServer([] if screen else replies, port=args.port, screen=screen).__enter__()
+    except OSError as error:
+        busy = error.errno == errno.EADDRINUSE
+        print(f"scripted_server.py: port {args.port} is {'in use by another server' if busy else 'not usable'}"
+              f" ({error.strerror}); leave the port out and a free one is taken", file=sys.stderr)
+        return 2
+    print(f"LLM_API_URL={scripted.url}", flush=True)
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        scripted.__exit__(None, None, None)
+
+
 if __name__ == "__main__":
-    with open(sys.argv[1], encoding="utf-8") as script:
-        replies = json.load(script)
-    with ScriptedServer(replies, port=int(sys.argv[2]) if len(sys.argv) > 2 else 0) as scripted:
-        print(f"LLM_API_URL={scripted.url}", flush=True)
-        try:
-            while True:
-                time.sleep(3600)
-        except KeyboardInterrupt:
-            pass
+    sys.exit(main(sys.argv[1:]))
