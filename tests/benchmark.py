@@ -12,6 +12,10 @@ hostile endpoint costs (100,000 calls in one reply, a 32 MB event line, endless
 keep-alives), and the start-up time of --help next to a bare interpreter. Compare figures as ratios
 within one run: the machines are shared and noisy.
 
+    python tests/benchmark.py --suite
+
+times the test suite as the README runs it, and the fast loop, with the load beside each.
+
     python tests/benchmark.py --instructions
 
 counts instead (with valgrind's callgrind): the instructions a two-round batch task takes next to a
@@ -401,6 +405,19 @@ def median_seconds(command: list, times: int = 7) -> float:
     return statistics.median(samples)
 
 
+def suite_figures() -> None:
+    """The test suite's wall time as `pytest` runs it (the README's command) and the fast loop's, from the
+    project's folder, with the load average before each: a figure of a busy machine says so."""
+    for name, extra in (("the whole suite", []), ("the fast loop", ["-m", "not processes"])):
+        load = " ".join(f"{value:.2f}" for value in os.getloadavg())
+        started = time.perf_counter()
+        done = subprocess.run([sys.executable, "-m", "pytest", *extra], cwd=HERE.parent, capture_output=True,
+                              text=True)
+        seconds = time.perf_counter() - started
+        said = (done.stdout.strip().splitlines() or ["(nothing said)"])[-1]
+        print(f"{name}: {seconds:.1f} s on {os.cpu_count()} cores, load average {load} at its start: {said}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, nargs="+", default=[200, 1000])
@@ -413,10 +430,15 @@ def main() -> None:
                         help="only the instructions a batch task and a long run's round take against the bare loop's,"
                              " counted by callgrind with no network: the same on a busy machine as on an idle one"
                              " (needs valgrind)")
+    parser.add_argument("--suite", action="store_true", help="only the test suite's time, whole and the fast loop"
+                        " (-m 'not processes'), each run once, with the load average beside it")
     parser.add_argument("--replay", type=int, metavar="TASKS", help=argparse.SUPPRESS)  # what --instructions counts
     parser.add_argument("--replay-rounds", type=int, metavar="ROUNDS", help=argparse.SUPPRESS)  # and this
     parser.add_argument("--bare", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.suite:
+        suite_figures()
+        return
     for name in [name for name in os.environ if name.startswith(("LLM_", "AGENT_"))]:
         del os.environ[name]
     os.chdir(tempfile.mkdtemp())  # no .env of the developer's

@@ -1,8 +1,10 @@
 """The examples a newcomer copies run as written: the README's "Trying it without a key" and
 docs/batch.md's two scripted models, each in a folder of its own with the project's tests/ beside it;
 and every relative link in the docs leads to a file, and to a heading there when it names one."""
+import contextlib
 import os
 import re
+import signal
 import shutil
 import subprocess
 import sys
@@ -30,8 +32,23 @@ def run_as_written(tmp_path, script):
         (bin_folder / "agent-demo").write_text(f'#!/bin/sh\nexec "{sys.executable}" "{ROOT}/agent_demo.py" "$@"\n')
         (bin_folder / "agent-demo").chmod(0o755)
     path = os.pathsep.join([str(bin_folder), os.path.dirname(sys.executable), os.environ.get("PATH", "")])
-    return subprocess.run(["bash", "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=120,
-                          env=child_environment({"PATH": path}))
+    try:
+        return subprocess.run(["bash", "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                              env=child_environment({"PATH": path}))
+    finally:  # a server the script started and did not end (it stopped early): ended here, by its pid
+        for pid in started_from(tmp_path):
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGTERM)
+
+
+def started_from(folder):
+    """The processes whose command line names this test's folder: what its script started."""
+    found = []
+    for entry in Path("/proc").glob("[0-9]*"):
+        with contextlib.suppress(OSError):
+            if str(folder).encode() in (entry / "cmdline").read_bytes():
+                found.append(int(entry.name))
+    return [pid for pid in found if pid != os.getpid()]
 
 
 @pytest.mark.processes
