@@ -6,6 +6,7 @@ It imports commands and what the flags are made from: settings, scoring, compari
 """
 import argparse
 import contextlib
+import difflib
 import os
 import shlex
 import stat
@@ -75,6 +76,11 @@ class Parser(argparse.ArgumentParser):
     json_output = False
 
     def error(self, message: str):
+        if message.startswith("unrecognized arguments: "):  # a flag mistyped: the one it most likely meant
+            flags = [word for word in message.split(": ", 1)[1].split() if word.startswith("--")]
+            near = [match for flag in flags[:1] for match in difflib.get_close_matches(
+                flag.split("=", 1)[0], [name for name in self._option_string_actions if name.startswith("--")], 1)]
+            message += f" (did you mean {near[0]}?)" if near else ""
         if self.json_output:
             with contextlib.suppress(OutputClosed):  # the usage error and its exit code stand
                 sys.stdout.write_json(json_object(RunResult(ConfigError(f"usage: {message}"))))

@@ -2,6 +2,7 @@
 help), loaded from what the caller gave (flags, or `agent_demo.run` keywords) and the environment
 (environment.py), checked once, and never changed after. It imports endings, limits and urls."""
 import copy
+import difflib
 import math
 import os
 import re
@@ -297,21 +298,19 @@ def keyword_name(name: str) -> str:
 # --- the endpoint --------------------------------------------------------------------------------
 
 
-# --- files that are the user's alone: checked the way ssh checks ~/.ssh ------------------------------
-
-
 # --- loading -------------------------------------------------------------------------------------
 
 
 def load_settings(given: Dict[str, Any], environment: Dict[str, str], recorded: Optional[dict] = None,
                   named: Callable[[str], str] = flag_name, check_endpoint: bool = True) -> Settings:
-    """Settings from what the caller gave (by setting name; None is not given), the environment and
-    .env, or ConfigError. recorded: a resumed run's start record, whose values hold where nothing is
-    given again. named: how the caller names a setting, for messages (its flag, or its keyword)."""
+    """Settings from what the caller gave (by name; None: not given), the environment and .env, or ConfigError.
+    recorded: a resumed run's start record (its values hold where nothing is given again); named: how the
+    caller names a setting, for messages (its flag, or its keyword)."""
     known = {item.name: item for item in setting_fields()}
     unknown = sorted(set(given) - set(known))
-    if unknown:
-        raise ConfigError(f"unknown setting {unknown[0]!r}; the settings are {', '.join(known)}")
+    if unknown:  # a near one first (max_round=: did you mean max_rounds?), then all of them
+        near = "".join(f" (did you mean {match}?)" for match in difflib.get_close_matches(unknown[0], known, 1, 0.7))
+        raise ConfigError(f"unknown setting {unknown[0]!r}{near}; the settings are {', '.join(known)}")
     values: Dict[str, Any] = {}
     sources: Dict[str, str] = {}
     for name, item in known.items():

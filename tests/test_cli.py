@@ -346,3 +346,15 @@ def test_a_bad_url_flag_is_reported_as_the_flag(capsys):
     assert main(["--url", "localhost:1234/v1", "hi"]) == 2
     assert said_lines(capsys.readouterr().err) == [
         "agent-demo: error: --url must be an http(s) URL, got 'localhost:1234/v1'"]
+
+
+@pytest.mark.parametrize("mistyped, meant", [("--jsn", "--json"), ("--no-logg", "--no-log"), ("--max-rounsd=3", "--max-rounds")])
+def test_a_mistyped_flag_says_which_one_was_meant(cli, mistyped, meant):
+    code, out, err = cli(mistyped, "hi")
+    assert code == 2 and f"unrecognized arguments: {mistyped} (did you mean {meant}?)" in err
+
+
+def test_a_mistyped_keyword_says_which_one_was_meant():
+    import agent_demo
+    with pytest.raises(agent_demo.ConfigError, match=r"unknown setting 'max_round' \(did you mean max_rounds\?\)"):
+        agent_demo.run("hi", url="http://127.0.0.1:9/v1", max_round=3)
