@@ -156,7 +156,7 @@ def run_data(path: str) -> Dict[str, Any]:
            "cost": outcome.cost, "seconds": None, "error": _clip(outcome.error or "", 500),
            "trace": drawn(path)[1]}
     model = str(records[0].get("model") or "") if records else ""
-    return {"title": f"agent-demo run {Path(path).name}", "made": time.strftime("%Y-%m-%d %H:%M"),
+    return {"kind": "run", "title": f"agent-demo run {Path(path).name}", "made": time.strftime("%Y-%m-%d %H:%M"),
             "configurations": [{"label": model, "folders": [str(path)], "summary": None}],
             "tasks": [{"id": Path(path).stem, "try": 1, "task": _clip(str(records[0].get("task") or "") if records
                                                                       else "", TASK_SHOWN_CHARS),
@@ -165,11 +165,12 @@ def run_data(path: str) -> Dict[str, Any]:
 
 def page(data: Dict[str, Any], redactor: Optional[Redactor] = None) -> bytes:
     """The whole page of data made before (--report, --show --html)."""
-    return b"".join(pieces(data["title"], iter(data["tasks"]), lambda: data["configurations"], redactor))
+    return b"".join(pieces(data["title"], iter(data["tasks"]), lambda: data["configurations"], redactor,
+                           data.get("kind", "batch")))
 
 
 def pieces(title: str, tasks: Iterator[Dict[str, Any]], configurations: Callable[[], List[Dict[str, Any]]],
-           redactor: Optional[Redactor] = None) -> Iterator[bytes]:
+           redactor: Optional[Redactor] = None, kind: str = "batch") -> Iterator[bytes]:
     """The page, piece by piece: the data as an inert JSON block (ASCII, so no control character of
     any terminal either; no key), the page's own style and script allowed by their hashes. The
     configurations' figures come after the rows, counted as they were written."""
@@ -179,7 +180,8 @@ def pieces(title: str, tasks: Iterator[Dict[str, Any]], configurations: Callable
            f"<meta http-equiv=\"Content-Security-Policy\" content=\"{policy}\">\n"
            f"<meta name=\"viewport\" content=\"width=device-width\"><title>agent-demo report</title>\n"
            f"<style>{STYLE}</style></head>\n<body>\n<script id=\"data\" type=\"application/json\">").encode()
-    yield _inert_json({"title": title, "made": time.strftime("%Y-%m-%d %H:%M")}, redactor)[:-1] + b', "tasks": ['
+    yield _inert_json({"kind": kind, "title": title, "made": time.strftime("%Y-%m-%d %H:%M")}, redactor)[:-1] \
+        + b', "tasks": ['
     for number_, task in enumerate(tasks):
         yield (b", " if number_ else b"") + _inert_json(task, redactor)
     yield b'], "configurations": ' + _inert_json(configurations(), redactor) + b"}"
@@ -242,6 +244,17 @@ function svg(tag, attributes, text) {
 function percent(share) { return share === null || share === undefined ? "-" : (100 * share).toFixed(1) + "%"; }
 function figure(value, digits) { return value === null || value === undefined ? "-" : Number(value).toFixed(digits); }
 const body = document.body;
+if (data.kind === "run") {  // one run: what it did, and its trace in full view
+  const task = data.tasks[0], run = task.runs[0];
+  body.append(el("h1", data.title), el("p", "made " + data.made));
+  const facts = el("table", null, {class: "figures", id: "run-figures"});
+  for (const [name, value] of [["model", data.configurations[0].label], ["status", run.status], ["rounds", run.rounds],
+      ["tokens", run.tokens], ["cost", run.cost === null || run.cost === undefined ? "-" : "$" + figure(run.cost, 4)]]) {
+    const row = el("tr"); row.append(el("td", name), el("td", value)); facts.append(row);
+  }
+  body.append(facts, el("h2", "Task"), el("pre", task.task, {id: "task"}), el("h2", run.error ? "Error" : "Answer"),
+    el("pre", run.error || run.answer, {id: "answer"}), el("h2", "Trace"), el("pre", run.trace || "(no trace)", {id: "trace"}));
+} else {
 body.append(el("h1", data.title), el("p", "made " + data.made + "; " + data.tasks.length + " rows"));
 const configs = data.configurations;
 if (configs.some(c => c.summary)) {
@@ -357,4 +370,5 @@ for (const control of [statusFilter, correctFilter]) control.addEventListener("c
 search.addEventListener("input", () => { shown = PAGE; draw(); });
 more.addEventListener("click", () => { shown += PAGE; draw(); });
 draw();
+}
 """

@@ -261,3 +261,28 @@ def test_a_page_holds_no_key_in_the_form_its_json_writes_it(key, folded):
     assert key not in html.replace("\\n", "") and json.dumps(key)[1:-1] not in html, \
         "neither as it is, nor as ASCII JSON writes it, nor across lines"
     assert html.count("[redacted]") == 3
+
+
+@pytest.mark.processes
+def test_in_a_browser_one_runs_page_shows_its_trace_without_a_click_and_no_batch_parts(browser, tmp_path, serve,
+                                                                                          capsysbinary):
+    serve([action("calculator", expression="2 + 3"), action("finish", result="5")])
+    assert main(["--trace", str(tmp_path / "run.jsonl"), "-q", "add"]) == 0
+    assert main(["--show", str(tmp_path / "run.jsonl"), "--html", "-o", str(tmp_path / "run.html")]) == 0
+    page = browser.new_page()
+    problems = []
+    page.on("pageerror", lambda error: problems.append(str(error)))
+    page.goto((tmp_path / "run.html").as_uri())
+    page.wait_for_selector("#trace")
+    assert "calculator" in page.locator("#trace").inner_text() and page.locator("#trace").is_visible()
+    assert page.locator("#answer").inner_text() == "5" and page.locator("#task").inner_text() == "add"
+    assert page.locator("#tasks, #status-chart, #rounds-chart, #status-filter").count() == 0, "no batch page"
+    assert "rows" not in page.locator("body").inner_text() and problems == []
+    page.close()
+
+
+def test_one_runs_page_is_marked_as_one_run(tmp_path, serve, capsys):
+    serve([action("finish", result="5")])
+    assert main(["--trace", str(tmp_path / "run.jsonl"), "-q", "add"]) == 0
+    assert main(["--show", str(tmp_path / "run.jsonl"), "--html", "-o", str(tmp_path / "run.html")]) == 0
+    assert page_data(tmp_path / "run.html")["kind"] == "run"
