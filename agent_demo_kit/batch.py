@@ -268,7 +268,10 @@ class Batch(Saying):
             self.say_task_checks()
             self.stopped_by = self.work_through()
             summary = self.say_end()
-            put_results_in_order(path, self.tasks)  # while the lock is held
+            kept = put_results_in_order(path, self.tasks)  # while the lock is held
+            if kept and not self.quiet:
+                self.say(f"{path.name} keeps {kept} tries from an earlier --repeat past this one's {self.tries}:"
+                         f" these figures count {self.tries} try a task; --repeat N counts N")
             self.write_report()
         finally:
             self.results.close()

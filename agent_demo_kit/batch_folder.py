@@ -131,12 +131,15 @@ def write_private(path: Path, pieces: Iterable[bytes]) -> None:
     os.replace(temporary, path)
 
 
-def put_results_in_order(path: Path, tasks: List[BatchTask]) -> None:
+def put_results_in_order(path: Path, tasks: List[BatchTask]) -> int:
     """results.jsonl with one line a task, in the task file's order (the last line of each; none of a
     task the file no longer has: its trace stays), written whole before it replaces the old one, so a
-    crash leaves one or the other. Left as it is when it is so already."""
+    crash leaves one or the other. Left as it is when it is so already. Tries of the file's tasks past
+    this batch's --repeat (an earlier --repeat 3, rerun without it) are kept, after the others: how
+    many is returned, to be said."""
     latest: Dict[Key, int] = {}  # id and try -> where its last line starts
     order = {task.key: n for n, task in enumerate(tasks)}
+    ids = {task.id for task in tasks}
     count, last, in_order = 0, -1, True
     with open_plain(path) as results:
         for offset, raw in iter_lines(results):
@@ -146,11 +149,12 @@ def put_results_in_order(path: Path, tasks: List[BatchTask]) -> None:
                 continue
             latest[ident], count = offset, count + 1
             in_order, last = in_order and order.get(ident, len(order)) > last, order.get(ident, len(order))
-        gone = [ident for ident in latest if ident not in order]  # tasks the file no longer has
+        gone = [ident for ident in latest if ident[0] not in ids]  # tasks the file no longer has
         for ident in gone:
             del latest[ident]
+        extra = sum(ident not in order for ident in latest)  # tries past --repeat: kept, last
         if len(latest) == count and in_order:
-            return
+            return extra
         offsets = [offset for _, offset in sorted(latest.items(), key=lambda item: order.get(item[0], len(order)))]
         latest.clear()
 
@@ -159,3 +163,4 @@ def put_results_in_order(path: Path, tasks: List[BatchTask]) -> None:
                 results.seek(offset)
                 yield results.readline().rstrip(b"\n") + b"\n"
         write_private(path, lines())
+    return extra

@@ -244,6 +244,8 @@ def compare(columns: List[Column]) -> dict:
                   "not_sealed_by_you": column.unsealed, "summary": column.summary(),
                   "failures": len(failures(column.lines.values()))} for column in columns]
     first_tries = [{key[0]: line for key, line in column.lines.items() if key[1] == 1} for column in columns]
+    rates = [pass_rates(column) for column in columns]  # each task's share of tries that succeeded
+    repeated = any(tried > 1 for column in rates for _, tried in column.values())
     ids = list(dict.fromkeys(ident for lines in first_tries for ident in lines))
     differences = []
     for ident in ids:
@@ -251,24 +253,43 @@ def compare(columns: List[Column]) -> dict:
         ran = [line for line in lines if line is not None]
         if len(ran) < 2:
             continue
-        outcomes = {success(line) for line in ran}
+        outcomes = {rate(column[ident]) for column in rates if ident in column} if repeated \
+            else {success(line) for line in ran}
         statuses = {line.get("status") for line in ran}
         if len(outcomes) > 1 or len(statuses) > 1:
             differences.append({"id": ident, "outcome_differs": len(outcomes) > 1, "runs": [
                 None if line is None else {"status": line.get("status"), "correct": line.get("correct"),
-                                           "answer": one_line(line.get("answer"))} for line in lines]})
+                                           "answer": one_line(line.get("answer")),
+                                           **({"passed": "{}/{}".format(*column[ident])} if repeated else {})}
+                for line, column in zip(lines, rates)]})
     differences.sort(key=lambda entry: not entry["outcome_differs"])  # a different outcome first
     tests = []
     for index in range(1, len(columns)):
-        both = [(first_tries[0][ident], first_tries[index][ident]) for ident in ids
-                if ident in first_tries[0] and ident in first_tries[index]]
-        only_first = sum(success(a) and not success(b) for a, b in both)
-        only_second = sum(success(b) and not success(a) for a, b in both)
+        both = [(rate(rates[0][ident]), rate(rates[index][ident])) for ident in ids
+                if ident in rates[0] and ident in rates[index]]
+        only_first = sum(a > b for a, b in both)  # tasks the first passed more often (with one try: right alone)
+        only_second = sum(b > a for a, b in both)
         p_value = scoring.paired_test(only_first, only_second)
         tests.append({"first": columns[0].label, "second": columns[index].label, "both_ran": len(both),
                       "only_first": only_first, "only_second": only_second, "p_value": float(f"{p_value:.3g}"),
-                      "more_than_noise": p_value < SIGNIFICANCE})
+                      "more_than_noise": p_value < SIGNIFICANCE,
+                      "test": "exact sign test of the tasks' pass rates over every try" if repeated
+                      else "exact McNemar test"})
     return {"configurations": described, "differences": differences, "tests": tests}
+
+
+def pass_rates(column: "Column") -> Dict[str, tuple]:
+    """Each task's (tries that succeeded, tries) in a column: every try, where --repeat made several."""
+    rates: Dict[str, list] = {}
+    for (ident, _), line in column.lines.items():
+        counted = rates.setdefault(ident, [0, 0])
+        counted[0] += success(line)
+        counted[1] += 1
+    return {ident: tuple(counted) for ident, counted in rates.items()}
+
+
+def rate(counted: tuple) -> float:
+    return counted[0] / counted[1]
 
 
 def one_line(value: Any, chars: int = ANSWER_SHOWN_CHARS) -> str:
@@ -327,7 +348,9 @@ def render_comparison(data: dict, markdown: bool = False) -> List[str]:
     differences = data["differences"]
     lines.append("")
     if differences:
-        lines.append(f"{len(differences)} task(s) where they differ (first try; a different outcome first):")
+        said = "pass rate over every try; answers of the first" if any(
+            run and "passed" in run for entry in differences for run in entry["runs"]) else "first try"
+        lines.append(f"{len(differences)} task(s) where they differ ({said}; a different outcome first):")
         body = [[entry["id"], *(run_cell(run) for run in entry["runs"])] for entry in differences[:DIFFERENCES_SHOWN]]
         lines += table(["task", *(column["label"] for column in columns)], body, markdown)
         if len(differences) > DIFFERENCES_SHOWN:
@@ -337,9 +360,15 @@ def render_comparison(data: dict, markdown: bool = False) -> List[str]:
     lines.append("")
     for test in data["tests"]:
         verdict = "more than noise" if test["more_than_noise"] else "could be noise"
-        lines.append(f"{test['second']} vs {test['first']}: on {test['both_ran']} task(s) both ran, right only with"
-                     f" {test['second']} {test['only_second']}, only with {test['first']} {test['only_first']};"
-                     f" exact McNemar test p = {test['p_value']:.3g} ({verdict} at {SIGNIFICANCE:g})")
+        if test.get("test", "exact McNemar test") == "exact McNemar test":
+            lines.append(f"{test['second']} vs {test['first']}: on {test['both_ran']} task(s) both ran, right only with"
+                         f" {test['second']} {test['only_second']}, only with {test['first']} {test['only_first']};"
+                         f" exact McNemar test p = {test['p_value']:.3g} ({verdict} at {SIGNIFICANCE:g})")
+        else:
+            lines.append(f"{test['second']} vs {test['first']}: on {test['both_ran']} task(s) both ran, passed more"
+                         f" often with {test['second']} {test['only_second']}, with {test['first']}"
+                         f" {test['only_first']}; {test['test']} p = {test['p_value']:.3g} ({verdict} at"
+                         f" {SIGNIFICANCE:g})")
     return lines
 
 
@@ -391,10 +420,11 @@ def rerun_command(summary: dict) -> str:
 def cell(column: dict, name: str) -> str:
     """One figure of a column."""
     summary = column["summary"]
-    if name == "tasks":
-        return str(summary["tasks"])
+    runs = summary.get("runs", summary["tasks"])
+    if name == "tasks":  # with --repeat, how many runs too: the figures below count runs
+        return str(summary["tasks"]) + (f" ({runs} runs)" if runs != summary["tasks"] else "")
     if name == "failed or wrong":
-        return str(column["failures"])
+        return str(column["failures"]) + (" runs" if runs != summary["tasks"] else "")
     share = lambda value: "n/a" if value is None else f"{value:.1%}"  # noqa: E731
     if name == "completion":
         return share(summary["completion_rate"])
@@ -422,6 +452,8 @@ def run_cell(run: Optional[dict]) -> str:
     said = "right" if run["correct"] is True else "wrong" if run["correct"] is False else run["status"]
     if run["status"] != "finished" and run["correct"] is not None:
         said = run["status"]
+    if run.get("passed"):
+        said = f"passed {run['passed']} tries, first {said}"
     return f"{said}: {run['answer']}" if run["answer"] else said
 
 

@@ -240,14 +240,17 @@ def render(summary: dict) -> List[str]:
     ]
     if summary.get("scored"):
         low, high = summary["accuracy_interval"]
-        lines.append(f"accuracy         {share(summary['accuracy'])} ({summary['correct']} of {summary['scored']} with"
-                     f" an expected answer; 95% interval {share(low)} to {share(high)})")
+        repeated = summary.get("repeats")
+        lines.append(f"accuracy         {share(summary['accuracy'])} ({summary['correct']} of {summary['scored']}"
+                     f"{' runs' if repeated else ''} with an expected answer; 95% interval"
+                     f"{' of the ' + str(repeated['tasks']) + ' tasks' if repeated else ''} {share(low)} to {share(high)})")
     repeated = summary.get("repeats")
     if repeated:
         per_try = ", ".join(share(value) for value in repeated["per_try"])
         lines.append(f"repeats          {repeated['tries']} tries of {repeated['tasks']} task(s): pass@1"
-                     f" {share(repeated['pass_at_1'])}, pass^{repeated['tries']} {share(repeated['pass_all'])};"
-                     f" per try {per_try} (sd {repeated['spread'] * 100:.1f} points)")
+                     f" {share(repeated['pass_at_1'])}, pass^{repeated['tries']} {share(repeated['pass_all'])}"
+                     f" (pass@1 of the runs, pass^{repeated['tries']} of the tasks); per try {per_try}"
+                     f" (sd {repeated['spread'] * 100:.1f} points)")
     lines += [
         f"check pass rate  {share(summary['check_pass_rate'])}"
         + (f" (of {summary['checked']} checked)" if summary["checked"] else ""),

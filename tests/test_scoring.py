@@ -318,3 +318,42 @@ def test_an_expected_answer_that_nothing_could_match_is_refused_before_anything_
                                            (0.0000045, "$0.0000045"), (0.0125, "$0.0125"), (0.999, "$0.999")])
 def test_an_amount_of_dollars_is_cents_or_three_significant_digits_without_trailing_zeros(amount, shown):
     assert dollars(amount) == shown
+
+
+def test_a_comparison_with_repeats_tests_every_try_and_names_its_units(tmp_path, cli, monkeypatch):
+    path = tmp_path / "tasks.jsonl"
+    path.write_text("".join(json.dumps({"id": f"t{n}", "task": f"q{n}", "expected": "yes"}) + "\n" for n in range(10)))
+    tries = {}
+
+    def flaky(body):  # steady is always right; shaky is right on its first try, and on later ones only for q8, q9
+        model, task = body["model"], body["messages"][1]["content"].split("Task: ", 1)[-1]
+        tries[model, task] = tries.get((model, task), 0) + 1
+        right = model == "steady" or tries[model, task] == 1 or task in ("q8", "q9")
+        return action("finish", result="yes" if right else "no")
+    scripted_batch(tmp_path, monkeypatch, flaky)
+    for model in ("steady", "shaky"):
+        cli("--batch", path, "-m", model, "--repeat", 3, "--parallel", 1, "-q")
+    code, out, err = cli("--summary", tmp_path / "tasks-results" / "steady", tmp_path / "tasks-results" / "shaky",
+                         "--json")
+    [test] = json.loads(out)["tests"]
+    assert (test["only_first"], test["only_second"]) == (8, 0), "the first tries alone would show no difference"
+    assert test["more_than_noise"] and test["test"] == "exact sign test of the tasks' pass rates over every try"
+    code, out, err = cli("--summary", tmp_path / "tasks-results" / "steady", tmp_path / "tasks-results" / "shaky")
+    assert "exact sign test of the tasks' pass rates over every try p = 0.00781" in out
+    assert "10 (30 runs)" in out and "16 runs" in out  # failed or wrong: runs, beside tasks
+    code, out, err = cli("--summary", tmp_path / "tasks-results" / "shaky")
+    assert "(14 of 30 runs with an expected answer; 95% interval of the 10 tasks" in out
+    assert "(pass@1 of the runs, pass^3 of the tasks)" in out
+
+
+def test_a_rerun_without_repeat_keeps_the_tries_it_has_and_says_so(tmp_path, cli, monkeypatch):
+    path = tmp_path / "tasks.jsonl"
+    path.write_text("".join(json.dumps({"id": f"t{n}", "task": f"q{n}", "expected": "yes"}) + "\n" for n in range(4)))
+    scripted_batch(tmp_path, monkeypatch, lambda body: action("finish", result="yes"))
+    cli("--batch", path, "--repeat", 3, "-q")
+    folder = tmp_path / "tasks-results" / "gpt-4o-mini"
+    code, out, err = cli("--batch", path)
+    assert len((folder / "results.jsonl").read_text().splitlines()) == 12, "no try was cut"
+    assert "results.jsonl keeps 8 tries from an earlier --repeat past this one's 1" in err
+    code, out, err = cli("--summary", folder, "--json")
+    assert json.loads(out)["repeats"]["tries"] == 3
