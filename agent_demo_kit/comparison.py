@@ -260,6 +260,7 @@ def compare(columns: List[Column]) -> dict:
             differences.append({"id": ident, "outcome_differs": len(outcomes) > 1, "runs": [
                 None if line is None else {"status": line.get("status"), "correct": line.get("correct"),
                                            "answer": one_line(line.get("answer")),
+                                           "answered_in_words": line.get("answered_in_words") is True,
                                            **({"passed": "{}/{}".format(*column[ident])} if repeated else {})}
                 for line, column in zip(lines, rates)]})
     differences.sort(key=lambda entry: not entry["outcome_differs"])  # a different outcome first
@@ -452,6 +453,8 @@ def run_cell(run: Optional[dict]) -> str:
     said = "right" if run["correct"] is True else "wrong" if run["correct"] is False else run["status"]
     if run["status"] != "finished" and run["correct"] is not None:
         said = run["status"]
+    if run.get("answered_in_words") and run["status"] == "finished":  # no finish call: words taken as the answer
+        said += " (in words)"
     if run.get("passed"):
         said = f"passed {run['passed']} tries, first {said}"
     return f"{said}: {run['answer']}" if run["answer"] else said

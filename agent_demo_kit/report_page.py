@@ -57,7 +57,7 @@ def run_entry(line: dict, folders: List[str]) -> Dict[str, Any]:
                   and inside_traces(folder, line["trace"])), None)
     tokens = line.get("tokens") if isinstance(line.get("tokens"), dict) else {}
     task, text = drawn(trace) if trace else ("", "")
-    return {"status": str(line.get("status")),
+    return {"status": str(line.get("status")), "in_words": line.get("answered_in_words") is True,
             "correct": line.get("correct") if isinstance(line.get("correct"), bool) else None,
             "answer": _clip(line.get("answer"), ANSWER_SHOWN_CHARS) if line.get("answer") is not None else "",
             "rounds": number(line.get("rounds")), "tokens": number(tokens.get("total")),
@@ -151,7 +151,7 @@ def run_data(path: str) -> Dict[str, Any]:
     records = trace_file.last_run_records(path)
     outcome = run_log.replay(records, trace_file.RunLog(None), errors=None)
     usage = outcome.usage or {}
-    run = {"status": outcome.status, "correct": None, "answer": _clip(outcome.result, ANSWER_SHOWN_CHARS)
+    run = {"status": outcome.status, "in_words": outcome.answered_in_words, "correct": None, "answer": _clip(outcome.result, ANSWER_SHOWN_CHARS)
            if outcome.result is not None else "", "rounds": outcome.rounds, "tokens": number(usage.get("total_tokens")),
            "cost": outcome.cost, "seconds": None, "error": _clip(outcome.error or "", 500),
            "trace": drawn(path)[1]}
@@ -248,7 +248,8 @@ if (data.kind === "run") {  // one run: what it did, and its trace in full view
   const task = data.tasks[0], run = task.runs[0];
   body.append(el("h1", data.title), el("p", "made " + data.made));
   const facts = el("table", null, {class: "figures", id: "run-figures"});
-  for (const [name, value] of [["model", data.configurations[0].label], ["status", run.status], ["rounds", run.rounds],
+  for (const [name, value] of [["model", data.configurations[0].label], ["status", run.status + (run.in_words ?
+      " (answered in words, no finish call)" : "")], ["rounds", run.rounds],
       ["tokens", run.tokens], ["cost", run.cost === null || run.cost === undefined ? "-" : "$" + figure(run.cost, 4)]]) {
     const row = el("tr"); row.append(el("td", name), el("td", value)); facts.append(row);
   }
@@ -356,7 +357,7 @@ function draw() {
     row.append(el("td", task.try > 1 ? task.id + " #" + task.try : task.id), el("td", task.task.slice(0, 80)), el("td", task.expected));
     for (const run of task.runs) {
       if (!run) { for (let i = 0; i < 7; i++) row.append(el("td", "")); continue; }
-      row.append(el("td", run.status, {class: run.status}), el("td", run.correct === null ? "" : run.correct ? "right" : "wrong"),
+      row.append(el("td", run.status + (run.in_words ? " (in words)" : ""), {class: run.status}), el("td", run.correct === null ? "" : run.correct ? "right" : "wrong"),
         el("td", String(run.answer).slice(0, 120)), el("td", run.rounds, {class: "num"}), el("td", run.tokens, {class: "num"}),
         el("td", run.cost === null ? "" : figure(run.cost, 4), {class: "num"}), el("td", run.seconds === null ? "" : figure(run.seconds, 2), {class: "num"}));
     }

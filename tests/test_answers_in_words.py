@@ -16,3 +16,26 @@ def test_an_answer_in_words_is_no_finish_call_in_the_trace_or_in_json(serve, cap
     assert main(["--show", out["run_id"]]) == 0
     shown = capsys.readouterr().err
     assert "finish(" not in shown and "taken as the answer (not a finish call)" in shown
+
+
+def test_an_answer_in_words_is_marked_in_results_the_summary_and_the_page(tmp_path, cli, monkeypatch):
+    from agent_demo_kit import report_page
+    from scripted_server import ScriptedServer, action
+    path = tmp_path / "tasks.jsonl"
+    path.write_text(json.dumps({"id": "t0", "task": "what is 2 + 2?", "expected": "4"}) + "\n")
+    words = {"content": "4"}  # in tools mode, a reply of words is the answer at once
+
+    def by_model(body):
+        return words if body["model"] == "talker" else {"content": None, "tool_calls": [{
+            "id": "c1", "type": "function", "function": {"name": "finish", "arguments": '{"result": "5"}'}}]}
+    with ScriptedServer([], screen=by_model) as server:
+        monkeypatch.setenv("LLM_API_URL", server.url)
+        for model in ("talker", "caller"):
+            cli("--batch", path, "-m", model, "--mode", "tools", "-q")
+    talker = tmp_path / "tasks-results" / "talker"
+    [line] = [json.loads(text) for text in (talker / "results.jsonl").read_text().splitlines()]
+    assert line["answered_in_words"] is True
+    code, out, err = cli("--summary", talker, tmp_path / "tasks-results" / "caller")
+    assert "right (in words): 4" in out and "wrong: 5" in out
+    [task] = report_page.batch_data([str(talker)])["tasks"]
+    assert task["runs"][0]["in_words"] is True
