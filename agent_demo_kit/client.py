@@ -234,10 +234,10 @@ class ModelClient:
                                      lambda: self.most_chars())
         if window is None:
             return False
+        why = f"the server says it holds {window:,} tokens" if self.windowing.said else "the server cut it off or said so"
         self.trace.note(f"the request of about {request_chars // CHARS_A_TOKEN:,} tokens seems past the model's"
-                        f" window ({'the server says it holds ' + format(window, ',') + ' tokens' if self.windowing.said else 'the server cut it off or said so'}):"
-                        f" the conversation is folded to fit {window:,} tokens ({self.request_budget():,} characters)"
-                        " and sent again; --max-context sets the budget")
+                        f" window ({why}): the conversation is folded to fit {window:,} tokens"
+                        f" ({self.request_budget():,} characters) and sent again; --max-context sets the budget")
         return True
 
     def ask(self, request: Request, tools: Dict[str, Any], stop: Optional[threading.Event] = None) -> Tuple[

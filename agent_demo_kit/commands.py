@@ -181,8 +181,9 @@ def continue_hint(outcome: RunResult, agent: Optional[Agent], args: argparse.Nam
     """How to go on with a run cut short: agent-demo --resume and the run's id, with only the flags that
     matter. The model given as a flag is given again (the environment would win over the record), and
     the URL given anywhere (a trace decides no URL on its own: LLM_API_URL=... agent-demo "task" would
-    otherwise leave the resume without one), unless they caused the error: then the hint says what to fix first. After a round limit
-    a bare --resume gives another --max-rounds of rounds; after the token budget, the budget doubles."""
+    otherwise leave the resume without one), unless they caused the error: then the hint says what to
+    fix first. After a round limit a bare --resume gives another --max-rounds of rounds; after the
+    token budget, the budget doubles."""
     command = f"agent-demo --resume {run_name(outcome.trace, args)}"
     ending, settings = outcome.ending, agent and agent.settings
     stronger = bool(agent and agent.escalation and agent.escalation.in_charge == "second")  # its endpoint failed

@@ -151,7 +151,8 @@ def run_data(path: str) -> Dict[str, Any]:
     records = trace_file.last_run_records(path)
     outcome = run_log.replay(records, trace_file.RunLog(None), errors=None)
     usage = outcome.usage or {}
-    run = {"status": outcome.status, "in_words": outcome.answered_in_words, "correct": None, "answer": _clip(outcome.result, ANSWER_SHOWN_CHARS)
+    run = {"status": outcome.status, "in_words": outcome.answered_in_words, "correct": None,
+           "answer": _clip(outcome.result, ANSWER_SHOWN_CHARS)
            if outcome.result is not None else "", "rounds": outcome.rounds, "tokens": number(usage.get("total_tokens")),
            "cost": outcome.cost, "seconds": None, "error": _clip(outcome.error or "", 500),
            "trace": drawn(path)[1]}
