@@ -152,8 +152,8 @@ class ModelClient:
             self.session.environment_of = self.url
         # As auth, not a header: a user:password in the URL must not replace it.
         self.session.auth = BearerAuth(settings.api_key) if settings.api_key else self.session.netrc_auth
-        self.windowing = ModelWindow(settings, lambda: known_window(self.session, settings) if is_local(self.url)
-                                     else None, is_local(self.url))
+        local = is_local(self.url)
+        self.windowing = ModelWindow(settings, lambda: known_window(self.session, settings) if local else None, local)
         self.cap_shrunk = False  # the reply cap was shrunk to fit, and the trace said so
         self.stop: Optional[threading.Event] = None  # the run's, while it asks
         self.encoded: Tuple[Any, str] = (None, "")  # the last body made, and its JSON as it is sent

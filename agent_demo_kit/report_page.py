@@ -22,6 +22,7 @@ from agent_demo_kit.batch_folder import write_private
 from agent_demo_kit.endings import ConfigError
 from agent_demo_kit.records import number
 from agent_demo_kit.redaction import Redactor
+from agent_demo_kit.seals import is_sealed
 from agent_demo_kit.terminal import Screen
 
 TRACE_SHOWN_CHARS = 40_000  # of a task's drawn trace; --show FILE shows the rest
@@ -121,10 +122,10 @@ def folder_pieces(folder: Path, redactor: Optional[Redactor] = None, sealed_only
     latest: Dict[Any, int] = {}  # task -> where its latest line is
     ended = array("d")  # when each line's run ended, by where the line is
     for path in comparison.results_files(folder):
-        for line in comparison.read_lines(path, sealed_only):
+        for line in comparison.read_lines(path):  # each line's seal looked at once, here: the rows take the latest
             key, when = comparison.result_key(line), comparison.ended_key(line)
-            if key not in latest or when >= ended[latest[key]]:  # as --summary reads them: the last of a tie
-                latest[key] = len(ended)
+            if (not sealed_only or is_sealed(line)) and (key not in latest or when >= ended[latest[key]]):
+                latest[key] = len(ended)  # as --summary reads them: the last of a tie
             ended.append(when)
     del ended  # not needed while the rows are made
     tally, config = metrics.Tally(max((key[1] for key in latest), default=1)), None
@@ -133,7 +134,7 @@ def folder_pieces(folder: Path, redactor: Optional[Redactor] = None, sealed_only
         nonlocal config
         position = 0
         for path in comparison.results_files(folder):
-            for line in comparison.read_lines(path, sealed_only):
+            for line in comparison.read_lines(path):
                 position += 1
                 if latest.get(comparison.result_key(line)) == position - 1:
                     tally.add(line)
