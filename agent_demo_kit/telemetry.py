@@ -8,7 +8,7 @@ from values already redacted: no key reaches a span. Message contents are record
 OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT is true. Spans go out in batches and are flushed
 at exit (Ctrl-C and SIGTERM end a run like any ending; a batch's second Ctrl-C flushes first).
 
-It imports records, prompts, replies, urls and the opentelemetry SDK.
+It imports records, prompts, tools, replies, urls and the opentelemetry SDK.
 """
 import atexit
 import contextlib
@@ -28,8 +28,9 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.trace import Status, StatusCode
 
 from agent_demo_kit.prompts import ENDINGS
-from agent_demo_kit.records import Call, Reply, RunEvents, Working
+from agent_demo_kit.records import Call, Reply, RunEvents, Working, is_count
 from agent_demo_kit.replies import CUTOFFS, pieces_of
+from agent_demo_kit.tools import CONTROL_ACTIONS
 from agent_demo_kit.urls import display_url
 
 CAPTURE_CONTENT = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
@@ -96,7 +97,7 @@ class Traced(RunEvents):
 
     def __init__(self, inner: RunEvents, settings: Any, environment: Any, tools: Iterable[str] = ()):
         self.inner = inner
-        self.tools = set(tools)  # the tools the user configured: their names may name a span
+        self.tools = {*tools, *CONTROL_ACTIONS}  # the tools the user configured, and ours: their names may name a span
         self.tracer = provider(settings.otel).get_tracer("agent-demo")
         self.content = str(environment.get(CAPTURE_CONTENT, "")).lower() in ("true", "1")
         self.model, self.url = settings.model, settings.endpoint
@@ -168,9 +169,7 @@ class Traced(RunEvents):
         if self.chat is None:
             return
         self.chat.set_attributes(_plain({
-            "gen_ai.usage.input_tokens": usage.get("prompt_tokens"), "gen_ai.usage.output_tokens":
-            usage.get("completion_tokens"), "gen_ai.usage.cache_read.input_tokens": usage.get("cached_tokens"),
-            "gen_ai.response.finish_reasons": [self.reason(reply)],
+            **_token_counts(usage), "gen_ai.response.finish_reasons": [self.reason(reply)],
             "gen_ai.response.model": self.model, "agent_demo.round": number,
             "agent_demo.usage_estimated": estimated or None,
             **({"gen_ai.output.messages": json.dumps([{"role": "assistant", "parts": [
@@ -227,10 +226,8 @@ class Traced(RunEvents):
         if self.agent is None:
             return
         usage = outcome.usage or {}
-        self.agent.set_attributes(_plain({
-            "gen_ai.usage.input_tokens": usage.get("prompt_tokens"), "gen_ai.usage.output_tokens":
-            usage.get("completion_tokens"), "gen_ai.usage.cache_read.input_tokens": usage.get("cached_tokens"),
-            "agent_demo.status": outcome.status, "agent_demo.rounds": outcome.rounds}))
+        self.agent.set_attributes(_plain({**_token_counts(usage), "agent_demo.status": outcome.status,
+                                          "agent_demo.rounds": outcome.rounds}))
         if outcome.status == "error":
             _failed(self.agent, type(outcome.ending).__name__, self.redact(str(outcome.ending)) if self.content
                     else "the run ended in an error")
@@ -243,6 +240,13 @@ def _failed(span: Any, kind: str, message: str) -> None:
     span.set_attribute("error.type", kind)
     span.set_status(Status(StatusCode.ERROR, message[:500]))
     span.end()
+
+
+def _token_counts(usage: dict) -> Dict[str, Any]:
+    """The token counts as attributes: figures only (the endpoint's usage may hold words where a count goes)."""
+    return {attribute: usage.get(key) if is_count(usage.get(key)) else None for attribute, key in (
+        ("gen_ai.usage.input_tokens", "prompt_tokens"), ("gen_ai.usage.output_tokens", "completion_tokens"),
+        ("gen_ai.usage.cache_read.input_tokens", "cached_tokens"))}
 
 
 def _plain(attributes: Dict[str, Any]) -> Dict[str, Any]:

@@ -91,6 +91,33 @@ def test_with_capture_off_a_span_holds_configured_names_and_figures_only(spans, 
     assert leaked == [], "text of the model, a tool or the endpoint in a span with capture off"
 
 
+@pytest.mark.parametrize("counts", [
+    {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15, "cached_tokens": "ENDPOINT_OWN_TEXT"},
+    {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15, "prompt_tokens_details": {
+        "cached_tokens": "ENDPOINT_OWN_TEXT"}, "prompt_cache_hit_tokens": ["ENDPOINT_OWN_TEXT"]},
+    {"prompt_tokens": "ENDPOINT_OWN_TEXT", "completion_tokens": 5, "total_tokens": 15},
+])
+def test_with_capture_off_a_chat_spans_token_counts_are_figures_the_endpoint_cannot_put_words_in(spans, serve,
+                                                                                                   counts):
+    serve([{"content": act("note", text="remember this"), "usage": counts},
+           {"content": act("finish", result="5"), "usage": counts}])
+    assert agent_demo.run("add", otel="http://127.0.0.1:4318").status == "finished"
+    done = spans.get_finished_spans()
+    leaked = [span.name for span in done if "ENDPOINT_OWN_TEXT" in every_text(span)]
+    assert leaked == [], "the endpoint's words in a span's token counts, with capture off"
+    for span in done:
+        for name, value in span.attributes.items():
+            if name.startswith("gen_ai.usage."):
+                assert isinstance(value, int) and not isinstance(value, bool), (span.name, name, value)
+
+
+def test_a_note_or_recall_span_is_named_for_the_action_not_as_an_unknown_tool(spans, serve):
+    serve([act("note", text="remember this"), act("recall", first_round=1), act("finish", result="5")])
+    assert agent_demo.run("add", otel="http://127.0.0.1:4318").status == "finished"
+    names = [span.name for span in spans.get_finished_spans()]
+    assert "execute_tool note" in names and "execute_tool recall" in names, names
+
+
 def test_an_escalation_is_an_event_and_an_endpoint_error_an_error_type(spans, serve):
     missing = {"status": 404, "body": {"error": {"message": "model 'small' not found"}}}
     serve([], screen=ByModel(small=[missing], big=[act("finish", result="5")]))
