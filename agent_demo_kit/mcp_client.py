@@ -12,12 +12,13 @@ import atexit
 import collections
 import concurrent.futures
 import contextlib
+import functools
 import hashlib
 import json
 import os
 import sys
 import threading
-from typing import Any, Dict, Iterable, List, Optional, TextIO
+from typing import Any, Callable, Dict, Iterable, List, Optional, TextIO
 
 from agent_demo_kit.urls import display_url
 from agent_demo_kit.terminal import inert
@@ -66,11 +67,10 @@ class _Server:
     async def serve(self, ready: concurrent.futures.Future, timeout: float) -> None:
         """Connect and list the tools within `timeout` seconds, then hold the connection until told to stop."""
         import anyio
-        from mcp import ClientSession
         try:
             async with contextlib.AsyncExitStack() as stack:
                 read, write = await stack.enter_async_context(self._transport())
-                session = await stack.enter_async_context(ClientSession(read, write))
+                session = await stack.enter_async_context(_checked_session()(read, write))
                 with anyio.fail_after(timeout):
                     await session.initialize()
                     listing = await _list_tools(session)
@@ -144,6 +144,39 @@ class _Server:
             self.stderr_copier.join(0.5)  # the server is gone: its last lines are on their way
         said = f"; its stderr ended with: {' | '.join(self.stderr_tail)}" if self.stderr_tail else ""
         return McpError(reason + said)
+
+
+@functools.lru_cache(maxsize=None)
+def _checked_session() -> type:
+    """The SDK's client session, with a result's structuredContent checked against its tool's
+    outputSchema the way arguments are (mcp_schemas.argument_checker: no pattern of the server's
+    matched, no $ref fetched). The SDK's own check matches the server's patterns on the event loop,
+    where a pattern such as ^(a+)+$ holds the whole process: the call's --tool-timeout, Ctrl-C and
+    every other task of a batch with it."""
+    from mcp import ClientSession
+
+    class CheckedSession(ClientSession):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self.output_checks: Dict[str, Callable[[Any], Optional[str]]] = {}  # tool -> its outputSchema's check
+
+        async def list_tools(self, *args: Any, **kwargs: Any) -> Any:
+            listed = await super().list_tools(*args, **kwargs)
+            for tool in listed.tools:
+                if isinstance(tool.output_schema, dict):
+                    self.output_checks[tool.name] = argument_checker(tool.output_schema)
+            return listed
+
+        async def validate_tool_result(self, name: str, result: Any) -> None:
+            check = self.output_checks.get(name)
+            if check is None:
+                return
+            if result.structured_content is None:
+                raise RuntimeError(f"Tool {name} has an output schema but did not return structured content")
+            problem = check(result.structured_content)
+            if problem:
+                raise RuntimeError(f"Invalid structured content returned by tool {name}: {problem}")
+    return CheckedSession
 
 
 async def _list_tools(session: Any) -> List[dict]:

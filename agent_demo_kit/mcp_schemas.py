@@ -144,17 +144,23 @@ def safe_name(name: str) -> str:
     return re.sub(r"[^a-zA-Z0-9_-]", "_", name)[:FUNCTION_NAME_CHARS] or "mcp"
 
 
+_VALUES = ("const", "enum", "default", "examples")  # what these hold are values, not schemas: kept as they are
+_NAMED = ("properties", "$defs", "definitions", "dependentSchemas")  # names, each with a schema
+
+
 def without_patterns(schema: Any) -> Any:
     """A server's schema without its regular expressions (`pattern`, `patternProperties`), which are
-    not matched here: Python's re holds the whole process on a pattern such as ^(a+)+$ (no time
-    limit, no Ctrl-C, every task of a batch waiting), so the server judges them in its own calls.
-    Where patternProperties allowed more names, additionalProperties: false goes with it."""
+    neither compiled nor matched here: Python's re holds the whole process on a pattern such as
+    ^(a+)+$ (no time limit, no Ctrl-C, every task of a batch waiting), and compiles a long one slowly,
+    so the server judges them in its own calls. Where patternProperties allowed more names,
+    additionalProperties: false goes with it."""
     if isinstance(schema, list):
         return [without_patterns(item) for item in schema]
     if not isinstance(schema, dict):
         return schema
-    kept = {key: without_patterns(value) if key not in ("properties", "$defs", "definitions") else
-            {name: without_patterns(item) for name, item in value.items()} if isinstance(value, dict) else value
+    kept = {key: value if key in _VALUES else
+            {name: without_patterns(item) for name, item in value.items()} if key in _NAMED and isinstance(value, dict)
+            else without_patterns(value)
             for key, value in schema.items() if not (key == "pattern" and isinstance(value, str))
             and key != "patternProperties"}
     if "patternProperties" in schema and kept.get("additionalProperties") is False:
@@ -187,18 +193,22 @@ def parameters_of(schema: Any) -> Tuple[Dict[str, dict], List[str]]:
     return parameters, required
 
 
-def argument_checker(schema: Any) -> Callable[[dict], Optional[str]]:
-    """What the server's own schema says is wrong with a call's args, in a line the model can act on,
-    or None; a schema jsonschema cannot use is left to the server to judge."""
+def argument_checker(schema: Any) -> Callable[[Any], Optional[str]]:
+    """What the server's own schema says is wrong with a call's args (or a result's structured
+    content), in a line the model can act on, or None. Its patterns are the server's to judge
+    (without_patterns); its $ref is followed only inside it, never fetched (jsonschema would fetch an
+    http:// one with no time limit); a schema jsonschema cannot use is left to the server to judge."""
     import jsonschema
+    from referencing import Registry
+    schema = without_patterns(schema)
     try:
         validator_class = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
         validator_class.check_schema(schema)
-        validator = validator_class(without_patterns(schema))
+        validator = validator_class(schema, registry=Registry())  # nothing from elsewhere: no fetching
     except Exception:
         return lambda args: None
 
-    def problem(args: dict) -> Optional[str]:
+    def problem(args: Any) -> Optional[str]:
         try:
             error = jsonschema.exceptions.best_match(validator.iter_errors(args))
         except Exception:  # a $ref it cannot follow

@@ -6,16 +6,20 @@ for it, so nothing else pays for it.
 Spans are made from the run's own reports (records.RunEvents), passed on to the trace unchanged,
 from values already redacted: no key reaches a span. Message contents are recorded only when
 OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT is true. Spans go out in batches and are flushed
-at exit (Ctrl-C and SIGTERM end a run like any ending; a batch's second Ctrl-C flushes first).
+at exit (Ctrl-C and SIGTERM end a run like any ending; a batch's second Ctrl-C flushes first),
+each export request within EXPORT_SECONDS and exit within EXIT_SECONDS, whatever the collector does.
 
-It imports records, prompts, replies, urls and the opentelemetry SDK.
+It imports records, prompts, tools, terminal, urls and the opentelemetry SDK.
 """
 import atexit
 import contextlib
+import http
 import json
+import logging
+import socket
 import threading
 import time
-from typing import Any, Dict, Iterable, Iterator, Optional
+from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence
 from urllib.parse import urlsplit
 
 import requests
@@ -24,71 +28,299 @@ from opentelemetry import trace
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 from opentelemetry.trace import Status, StatusCode
 
 from agent_demo_kit.prompts import ENDINGS
-from agent_demo_kit.records import Call, Reply, RunEvents, Working
-from agent_demo_kit.replies import CUTOFFS, pieces_of
+from agent_demo_kit.records import Call, Reply, RunEvents, Working, is_count
+from agent_demo_kit.tools import CONTROL_ACTIONS
+from agent_demo_kit.terminal import inert
 from agent_demo_kit.urls import display_url
 
 CAPTURE_CONTENT = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
 UNKNOWN_TOOL = "unknown_tool"  # a span's name for a call of a tool the run does not have, with capture off
 FINISH_REASONS = {"stop", "length", "tool_calls", "content_filter", "function_call"}
 _own: Optional[TracerProvider] = None
+_exporter: Optional["BoundedExporter"] = None
 _made = threading.Lock()
+_log = logging.getLogger(__name__)
 
 
-EXPORT_SECONDS = 3.0  # the longest an export (and so exit, for the spans still waiting) may take
+EXPORT_SECONDS = 3.0  # the longest one export request may take, from connecting to its answer's last byte
+EXIT_SECONDS = 5.0  # the longest exit (or a flush before it) waits for the spans still to go, however many
 COLLECTOR_REPLY_BYTES = 64 << 10  # what of a collector's answer is read: it says "ok" or why not, briefly
 
 
+# --- each export request within its deadline ------------------------------------------------------
+
+class _Request:
+    """An export request under way: its deadline, and the connections it opened, to shut then."""
+
+    def __init__(self, deadline: float) -> None:
+        self.deadline, self.sockets, self.cut = deadline, [], False
+        self.lock = threading.Lock()
+
+    def opened(self, sock: Any) -> None:
+        with self.lock:
+            self.sockets.append(sock)
+            if self.cut:
+                _shut(sock)
+
+    def shut(self) -> None:
+        with self.lock:
+            self.cut = True
+            for sock in self.sockets:
+                _shut(sock)
+
+
+def _shut(sock: Any) -> None:
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except Exception:  # noqa: BLE001 - closed already, or never connected: nothing to cut
+        pass
+
+
+_opening = threading.local()  # the export request this thread is making (its connections are cut with it)
+
+
+class Deadlines:
+    """The export requests under way, and one thread that shuts a request's connections once its
+    deadline has passed: a socket's timeout limits each wait only, so a collector that drips its
+    status line, its headers or its body, or says "100 Continue" without end, would hold a request
+    (and exit) for as long as it likes. The thread starts with the exporter, not at exit, where
+    Python 3.12 starts none."""
+
+    def __init__(self) -> None:
+        self.changed = threading.Condition()
+        self.under_way: List[_Request] = []
+        self.last_moment: Optional[float] = None  # set at exit: no request goes on past it
+        self.watcher = self._watching()
+
+    def _watching(self) -> threading.Thread:
+        watcher = threading.Thread(target=self._watch, daemon=True, name="otlp-deadlines")
+        watcher.start()
+        return watcher
+
+    @contextlib.contextmanager
+    def request(self, seconds: float) -> Iterator[_Request]:
+        """A request that has `seconds` (and no more than exit allows): its connections are cut after."""
+        deadline = time.monotonic() + seconds
+        under_way = _Request(deadline if self.last_moment is None else min(deadline, self.last_moment))
+        with self.changed:
+            if not self.watcher.is_alive():  # a forked child has no threads of its parent
+                with contextlib.suppress(RuntimeError):  # none starts at exit: each wait is then timed alone
+                    self.watcher = self._watching()
+            self.under_way.append(under_way)
+            self.changed.notify()
+        _opening.request = under_way
+        try:
+            yield under_way
+        finally:
+            _opening.request = None
+            with self.changed:
+                self.under_way.remove(under_way)
+
+    def close_by(self, moment: Optional[float]) -> None:
+        """From now on no request goes on past `moment` (None: each has its own time again)."""
+        with self.changed:
+            self.last_moment = moment
+            for under_way in self.under_way:
+                under_way.deadline = min(under_way.deadline, moment) if moment is not None else under_way.deadline
+            self.changed.notify()
+
+    def past_last_moment(self) -> bool:
+        return self.last_moment is not None and time.monotonic() >= self.last_moment
+
+    def _watch(self) -> None:
+        with self.changed:
+            while True:
+                now = time.monotonic()
+                for under_way in self.under_way:
+                    if not under_way.cut and under_way.deadline <= now:
+                        under_way.shut()
+                waits = [under_way.deadline - now for under_way in self.under_way if not under_way.cut]
+                self.changed.wait(max(min(waits), 0.01) if waits else None)
+
+
+class _CutAtDeadline:
+    """A connection whose socket the export request under way in this thread shuts at its deadline."""
+
+    def connect(self) -> None:
+        super().connect()  # type: ignore[misc]
+        under_way = getattr(_opening, "request", None)
+        if under_way is not None:
+            under_way.opened(self.sock)  # type: ignore[attr-defined]
+
+
+class _Connection(_CutAtDeadline, urllib3.connection.HTTPConnection):
+    pass
+
+
+class _TlsConnection(_CutAtDeadline, urllib3.connection.HTTPSConnection):
+    pass
+
+
+class _Pool(urllib3.HTTPConnectionPool):
+    ConnectionCls = _Connection
+
+
+class _TlsPool(urllib3.HTTPSConnectionPool):
+    ConnectionCls = _TlsConnection
+
+
+_POOLS = {"http": _Pool, "https": _TlsPool}
+
+
+class _CutAdapter(requests.adapters.HTTPAdapter):
+    """requests' adapter, its connections made to be cut (through an HTTP proxy too)."""
+
+    def init_poolmanager(self, *args: Any, **kwargs: Any) -> None:
+        super().init_poolmanager(*args, **kwargs)
+        self.poolmanager.pool_classes_by_scheme = _POOLS
+
+    def proxy_manager_for(self, proxy: str, **kwargs: Any) -> Any:
+        manager = super().proxy_manager_for(proxy, **kwargs)
+        if not proxy.lower().startswith("socks"):  # a SOCKS proxy's pools are its own: each wait is timed alone
+            manager.pool_classes_by_scheme = _POOLS
+        return manager
+
+
 class BoundedSession(requests.Session):
-    """The exporter's session: a collector's answer is read within EXPORT_SECONDS and COLLECTOR_REPLY_BYTES,
-    like every answer agent-demo reads, so an endless, huge or dripping body costs neither memory nor
-    time (requests would read the whole body, as long as it keeps coming)."""
+    """The exporter's session: each request, from connecting to its answer's last byte, ends within
+    EXPORT_SECONDS (and by the last moment exit allows), and COLLECTOR_REPLY_BYTES of the answer at
+    most are read, like every answer agent-demo reads: a collector that drips or answers without end
+    costs neither memory nor time (requests would read the whole body, as long as it keeps coming).
+    What the collector says (its reason phrase, its body, an error quoting it) reaches the exporter's
+    log lines inert."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.deadlines = Deadlines()
+        for scheme in ("http://", "https://"):
+            self.mount(scheme, _CutAdapter())
 
     def request(self, method: str, url: str, *args: Any, **kwargs: Any) -> requests.Response:
-        deadline = time.monotonic() + EXPORT_SECONDS
-        kwargs.update(stream=True, allow_redirects=False)  # a collector's redirect takes no spans elsewhere
-        kwargs["timeout"] = min(kwargs.get("timeout") or EXPORT_SECONDS, EXPORT_SECONDS)
-        response = super().request(method, url, *args, **kwargs)
-        kept = bytearray()
-        try:
-            with CUTOFFS.at(response, deadline):  # a read that waits inside one piece is cut then too
-                for piece in pieces_of(response):
-                    kept += piece[:COLLECTOR_REPLY_BYTES - len(kept)]
-                    if len(kept) >= COLLECTOR_REPLY_BYTES or time.monotonic() >= deadline:
-                        break
-        except (requests.RequestException, urllib3.exceptions.HTTPError, OSError):
-            pass  # what came is what there is: the status says whether the spans were taken
-        finally:
-            response.close()
-        response._content, response._content_consumed = bytes(kept), True  # what requests keeps a read body in
+        with self.deadlines.request(_seconds(kwargs.get("timeout"))) as under_way:
+            left = under_way.deadline - time.monotonic()
+            if left <= 0:  # not a connection error: the exporter tries no more
+                raise requests.RequestException("no time was left to send the spans")
+            kwargs.update(stream=True, allow_redirects=False, timeout=left,  # a redirect takes no spans elsewhere
+                          headers={**(kwargs.get("headers") or {}), "Accept-Encoding": "identity"})
+            try:
+                response = super().request(method, url, *args, **kwargs)
+                body = _read_capped(response, under_way)
+            except requests.RequestException as error:
+                raise _inert_error(error) from None
+            finally:
+                self.close()  # no connection is kept: the next request opens its own, cut at its own deadline
+        response._content = body if response.ok else inert(body.decode("utf-8", "replace")).encode()
+        response._content_consumed = True  # where requests keeps a body it has read
+        response.reason = _phrase(response.status_code)  # the collector's own words stay out of the log
         return response
+
+
+def _seconds(timeout: Any) -> float:
+    """The exporter's timeout (seconds, or connect and read seconds) as a request's time, EXPORT_SECONDS at most."""
+    if isinstance(timeout, tuple):
+        timeout = max((each for each in timeout if isinstance(each, (int, float))), default=None)
+    return min(float(timeout), EXPORT_SECONDS) if isinstance(timeout, (int, float)) else EXPORT_SECONDS
+
+
+def _read_capped(response: requests.Response, under_way: _Request) -> bytes:
+    """COLLECTOR_REPLY_BYTES of the answer at most, as sent (a gzip bomb stays a small body), until the deadline."""
+    raw, kept = response.raw, bytearray()
+    read = getattr(raw, "read1", None) or raw.read  # read1: what has arrived (urllib3 1.x has none)
+    try:
+        while len(kept) < COLLECTOR_REPLY_BYTES and time.monotonic() < under_way.deadline:
+            piece = read(min(65536, COLLECTOR_REPLY_BYTES - len(kept)), decode_content=False)
+            if not piece:
+                break
+            kept += piece
+    except Exception:  # noqa: BLE001 - cut at the deadline, or broken: the status says whether the spans were taken
+        pass
+    finally:
+        response.close()
+    return bytes(kept)
+
+
+def _phrase(status: int) -> str:
+    try:
+        return http.HTTPStatus(status).phrase
+    except ValueError:
+        return ""
+
+
+def _inert_error(error: requests.RequestException) -> requests.RequestException:
+    """The same kind of error (the exporter retries by its kind), in words that may quote the collector, inert."""
+    try:
+        return type(error)(inert(str(error)), request=error.request, response=error.response)
+    except Exception:  # noqa: BLE001 - a kind made otherwise
+        return requests.ConnectionError(inert(str(error)))
+
+
+# --- the exporter, and exit ---------------------------------------------------------------------
+
+class BoundedExporter(SpanExporter):
+    """OTLP/HTTP through a BoundedSession, held to the last moment exit gives it: a batch still waiting
+    then is dropped, and counted, so exit waits EXIT_SECONDS at most however many batches are left."""
+
+    def __init__(self, endpoint: str) -> None:
+        self.session = BoundedSession()
+        self.otlp = OTLPSpanExporter(endpoint=endpoint, timeout=EXPORT_SECONDS, session=self.session)
+        self.dropped = 0
+
+    def export(self, spans: Sequence[Any]) -> SpanExportResult:
+        if self.session.deadlines.past_last_moment():
+            self.dropped += len(spans)
+            return SpanExportResult.FAILURE
+        return self.otlp.export(spans)
+
+    def shutdown(self) -> None:
+        self.otlp.shutdown()
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return self.otlp.force_flush(timeout_millis)
+
+    def close_by(self, moment: Optional[float]) -> None:
+        """No export goes on past `moment` (time.monotonic; None: each has its own time again)."""
+        self.session.deadlines.close_by(moment)
 
 
 def provider(endpoint: str) -> Any:
     """The application's own tracer provider when it set one up (its exporters, its sampling), else
-    agent-demo's: OTLP/HTTP to endpoint/v1/traces, flushed at exit."""
-    global _own
+    agent-demo's: OTLP/HTTP to endpoint/v1/traces, sent at exit within EXIT_SECONDS."""
+    global _own, _exporter
     current = trace.get_tracer_provider()
     if isinstance(current, TracerProvider):
         return current
     with _made:
         if _own is None:
+            _exporter = BoundedExporter(endpoint.rstrip("/") + "/v1/traces")
             _own = TracerProvider(resource=Resource.create({"service.name": "agent-demo"}))
-            _own.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(
-                endpoint=endpoint.rstrip("/") + "/v1/traces", timeout=EXPORT_SECONDS, session=BoundedSession()),
-                export_timeout_millis=EXPORT_SECONDS * 1000))
-            atexit.register(_own.shutdown)
+            _own.add_span_processor(BatchSpanProcessor(_exporter, export_timeout_millis=EXPORT_SECONDS * 1000))
+            atexit.register(_shut_down)
         return _own
 
 
+def _shut_down() -> None:
+    """At exit: the spans still waiting go out within EXIT_SECONDS; how many could not is said once."""
+    if _own is None or _exporter is None:
+        return
+    _exporter.close_by(time.monotonic() + EXIT_SECONDS)
+    _own.shutdown()
+    if _exporter.dropped:
+        _log.warning("%s spans were not sent: the OTLP endpoint took longer than exit waits (%g s)",
+                     f"{_exporter.dropped:,}", EXIT_SECONDS)
+
+
 def flush() -> None:
-    """Send what is waiting now (before an exit that skips atexit)."""
-    if _own is not None:
-        _own.force_flush(int(EXPORT_SECONDS * 1000))
+    """Send what is waiting now, within EXIT_SECONDS (before an exit that skips atexit)."""
+    if _own is not None and _exporter is not None:
+        _exporter.close_by(time.monotonic() + EXIT_SECONDS)
+        try:
+            _own.force_flush(int(EXIT_SECONDS * 1000))
+        finally:
+            _exporter.close_by(None)
 
 
 class Traced(RunEvents):
@@ -96,7 +328,7 @@ class Traced(RunEvents):
 
     def __init__(self, inner: RunEvents, settings: Any, environment: Any, tools: Iterable[str] = ()):
         self.inner = inner
-        self.tools = set(tools)  # the tools the user configured: their names may name a span
+        self.tools = {*tools, *CONTROL_ACTIONS}  # the tools the user configured, and ours: their names may name a span
         self.tracer = provider(settings.otel).get_tracer("agent-demo")
         self.content = str(environment.get(CAPTURE_CONTENT, "")).lower() in ("true", "1")
         self.model, self.url = settings.model, settings.endpoint
@@ -168,9 +400,7 @@ class Traced(RunEvents):
         if self.chat is None:
             return
         self.chat.set_attributes(_plain({
-            "gen_ai.usage.input_tokens": usage.get("prompt_tokens"), "gen_ai.usage.output_tokens":
-            usage.get("completion_tokens"), "gen_ai.usage.cache_read.input_tokens": usage.get("cached_tokens"),
-            "gen_ai.response.finish_reasons": [self.reason(reply)],
+            **_token_counts(usage), "gen_ai.response.finish_reasons": [self.reason(reply)],
             "gen_ai.response.model": self.model, "agent_demo.round": number,
             "agent_demo.usage_estimated": estimated or None,
             **({"gen_ai.output.messages": json.dumps([{"role": "assistant", "parts": [
@@ -227,10 +457,8 @@ class Traced(RunEvents):
         if self.agent is None:
             return
         usage = outcome.usage or {}
-        self.agent.set_attributes(_plain({
-            "gen_ai.usage.input_tokens": usage.get("prompt_tokens"), "gen_ai.usage.output_tokens":
-            usage.get("completion_tokens"), "gen_ai.usage.cache_read.input_tokens": usage.get("cached_tokens"),
-            "agent_demo.status": outcome.status, "agent_demo.rounds": outcome.rounds}))
+        self.agent.set_attributes(_plain({**_token_counts(usage), "agent_demo.status": outcome.status,
+                                          "agent_demo.rounds": outcome.rounds}))
         if outcome.status == "error":
             _failed(self.agent, type(outcome.ending).__name__, self.redact(str(outcome.ending)) if self.content
                     else "the run ended in an error")
@@ -243,6 +471,13 @@ def _failed(span: Any, kind: str, message: str) -> None:
     span.set_attribute("error.type", kind)
     span.set_status(Status(StatusCode.ERROR, message[:500]))
     span.end()
+
+
+def _token_counts(usage: dict) -> Dict[str, Any]:
+    """The token counts as attributes: figures only (the endpoint's usage may hold words where a count goes)."""
+    return {attribute: usage.get(key) if is_count(usage.get(key)) else None for attribute, key in (
+        ("gen_ai.usage.input_tokens", "prompt_tokens"), ("gen_ai.usage.output_tokens", "completion_tokens"),
+        ("gen_ai.usage.cache_read.input_tokens", "cached_tokens"))}
 
 
 def _plain(attributes: Dict[str, Any]) -> Dict[str, Any]:

@@ -3,6 +3,7 @@ servers that misbehave. The servers are real processes: tests/mcp_servers/toolbo
 own server, over streamable HTTP), mcp_server_time (the SDK's, over stdio) when installed, and
 bare.py, a plain-Python stdio server that starts in a blink, for the tests that start servers
 again and again (one built on the SDK takes seconds: it imports the SDK)."""
+import http.server
 import importlib.util
 import io
 import json
@@ -12,6 +13,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import pytest
@@ -33,8 +35,8 @@ from agent_demo_kit.mcp_schemas import McpError, parse_server_specs
 from agent_demo_kit.mcp_schemas import parameters_of as _parameters
 from agent_demo_kit.schemas import simplify_schema
 from agent_demo_kit.cli import main  # noqa: E402
-from conftest import ROOT, said_lines  # noqa: E402
-from scripted_server import action as act  # noqa: E402
+from conftest import KEY, ROOT, child_environment, said_lines  # noqa: E402
+from scripted_server import ScriptedServer, action as act  # noqa: E402
 
 SERVERS = os.path.join(ROOT, "tests", "mcp_servers")
 TOOLBOX = os.path.join(SERVERS, "toolbox.py")
@@ -543,3 +545,96 @@ def test_a_schema_jsonschema_cannot_use_leaves_the_arguments_to_the_server():
     from agent_demo_kit.mcp_schemas import argument_checker
     assert argument_checker({"type": "no-such-type"})({"anything": 1}) is None
     assert placeholder({"enum": ["b", "a"]}) == "b" and placeholder({"anyOf": [{"type": "integer"}]}) == 1
+
+
+# --- a server's regular expressions, wherever they come from ------------------------------------------
+
+SLOW = "^(a+)+$"  # Python's re takes ~2^n steps on "a" * n + "!", holding the whole process meanwhile
+SHOUT_SERVER = """
+import json, sys
+SCHEMA = {"type": "object", "properties": {"text": {"type": "string", "pattern": %r}}, "required": ["text"]}
+TOOLS = [{"name": "shout", "description": "Shout.", "inputSchema": {"type": "object", "properties": {}},
+          "outputSchema": SCHEMA}]
+for line in sys.stdin:
+    message = json.loads(line)
+    if "id" not in message:
+        continue
+    method, params = message.get("method"), message.get("params") or {}
+    result = ({"protocolVersion": params.get("protocolVersion"), "capabilities": {"tools": {}},
+               "serverInfo": {"name": "shout", "version": "1"}} if method == "initialize" else
+              {"tools": TOOLS} if method == "tools/list" else
+              {"content": [{"type": "text", "text": "A" * 40}], "structuredContent": {"text": "a" * 40 + "!"}})
+    sys.stdout.write(json.dumps({"jsonrpc": "2.0", "id": message["id"], "result": result}) + "\\n")
+    sys.stdout.flush()
+""" % SLOW
+
+
+def test_a_pattern_in_a_servers_output_schema_that_takes_for_ever_does_not_hold_the_run(tmp_path):
+    server = tmp_path / "shout.py"
+    server.write_text(SHOUT_SERVER)
+    with ScriptedServer([act("shout"), act("finish", result="done")]) as model:
+        process = subprocess.Popen([sys.executable, os.path.join(ROOT, "agent_demo.py"), "--no-log", "-q", "--yes",
+                                    "--tool-timeout", "5", "--mcp", f"{sys.executable} {server}", "shout"],
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                   env=child_environment({"LLM_API_URL": model.url, "LLM_API_KEY": KEY}))
+        try:
+            out, err = process.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            out, err = process.communicate()
+            pytest.fail("the run was still matching the server's output pattern after 60 s")
+        told = json.dumps(model.requests[1]["body"]["messages"][-1])
+    assert (process.returncode, out) == (0, "done\n"), err
+    assert "a" * 40 + "!" in told, "the result is data: the model is given it"
+
+
+def test_a_servers_remote_ref_is_not_fetched_so_no_pattern_of_it_is_matched_here():
+    asked = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            asked.append(self.path)
+            body = json.dumps({"type": "string", "pattern": "^[0-9]+$"}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+    web = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=web.serve_forever, daemon=True).start()
+    try:
+        from agent_demo_kit.mcp_schemas import argument_checker
+        remote = f"http://127.0.0.1:{web.server_port}/text.json"
+        schema = {"type": "object", "properties": {"text": {"$ref": remote}, "n": {"type": "integer"}}}
+        check = argument_checker(schema)
+        assert check({"text": "abc"}) is None, "the server judges what its remote schema says"
+        assert check({"n": "x"}) is not None, "the rest of the schema is still checked"
+    finally:
+        web.shutdown()
+    assert asked == [], "a schema's $ref is not fetched: the server's own schema is all there is"
+
+
+def test_a_servers_patterns_are_not_even_compiled_here(monkeypatch):
+    from agent_demo_kit.mcp_schemas import argument_checker
+    compiled = []
+    compile_for_real = re.compile
+    monkeypatch.setattr(re, "compile", lambda pattern, *args: compiled.append(pattern) or compile_for_real(pattern,
+                                                                                                      *args))
+    huge = "^" + "[\\u0000-\\U0010ffff]" * 3 + "(x)$"  # a server's may be megabytes: Python compiles them slowly
+    schema = {"type": "object", "properties": {"text": {"type": "string", "pattern": huge}},
+              "patternProperties": {huge: {"type": "string"}}, "$defs": {"t": {"pattern": huge}}}
+    parameters, _ = _parameters(schema)
+    assert argument_checker(schema)({"text": "abc"}) is None
+    assert huge not in compiled, "a server's pattern is compiled here"
+
+
+def test_a_value_in_a_servers_schema_that_holds_a_key_named_pattern_is_kept():
+    from agent_demo_kit.mcp_schemas import argument_checker
+    schema = {"type": "object", "properties": {"rule": {"const": {"pattern": "x"}}, "kind": {"enum": [{"pattern": 1}]},
+                                               "pattern": {"type": "string"}}, "required": ["pattern"]}
+    check = argument_checker(schema)
+    assert check({"rule": {"pattern": "x"}, "kind": {"pattern": 1}, "pattern": "any"}) is None
+    assert check({"rule": {}, "pattern": "any"}) is not None and check({}) is not None

@@ -3,10 +3,13 @@ loopback from the command line, SIGTERM included; and nothing of it without the 
 import http.server
 import json
 import os
+import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 
@@ -89,6 +92,33 @@ def test_with_capture_off_a_span_holds_configured_names_and_figures_only(spans, 
     assert "execute_tool unknown_tool" in names and "execute_tool calculator" in names, names
     leaked = [(word, span.name) for span in done for word in words if word in every_text(span)]
     assert leaked == [], "text of the model, a tool or the endpoint in a span with capture off"
+
+
+@pytest.mark.parametrize("counts", [
+    {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15, "cached_tokens": "ENDPOINT_OWN_TEXT"},
+    {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15, "prompt_tokens_details": {
+        "cached_tokens": "ENDPOINT_OWN_TEXT"}, "prompt_cache_hit_tokens": ["ENDPOINT_OWN_TEXT"]},
+    {"prompt_tokens": "ENDPOINT_OWN_TEXT", "completion_tokens": 5, "total_tokens": 15},
+])
+def test_with_capture_off_a_chat_spans_token_counts_are_figures_the_endpoint_cannot_put_words_in(spans, serve,
+                                                                                                   counts):
+    serve([{"content": act("note", text="remember this"), "usage": counts},
+           {"content": act("finish", result="5"), "usage": counts}])
+    assert agent_demo.run("add", otel="http://127.0.0.1:4318").status == "finished"
+    done = spans.get_finished_spans()
+    leaked = [span.name for span in done if "ENDPOINT_OWN_TEXT" in every_text(span)]
+    assert leaked == [], "the endpoint's words in a span's token counts, with capture off"
+    for span in done:
+        for name, value in span.attributes.items():
+            if name.startswith("gen_ai.usage."):
+                assert isinstance(value, int) and not isinstance(value, bool), (span.name, name, value)
+
+
+def test_a_note_or_recall_span_is_named_for_the_action_not_as_an_unknown_tool(spans, serve):
+    serve([act("note", text="remember this"), act("recall", first_round=1), act("finish", result="5")])
+    assert agent_demo.run("add", otel="http://127.0.0.1:4318").status == "finished"
+    names = [span.name for span in spans.get_finished_spans()]
+    assert "execute_tool note" in names and "execute_tool recall" in names, names
 
 
 def test_an_escalation_is_an_event_and_an_endpoint_error_an_error_type(spans, serve):
@@ -258,3 +288,142 @@ def test_an_otlp_endpoint_that_answers_without_end_costs_no_memory_and_does_not_
             assert hostile.sent < 200, f"exit waited for {hostile.sent} bytes of a dripping answer"
     finally:
         hostile.close()
+
+
+class RawCollector:
+    """An OTLP endpoint on a bare socket, for answers http.server cannot give. It reads each export
+    request whole, then answers as `how` says: with a status line or a header that drips a byte each
+    0.05 s, an endless run of "100 Continue", a body that drips, or a refusal whose reason and body
+    hold escape sequences. It counts what it sent after the head, notes when the reader hung up (or
+    stopped reading), and gives up on its own after `most_seconds` (gave_up: the reader waited for it that long)."""
+
+    HEADS = {"status line": b"HTTP/1.1 200 ",
+             "headers": b"HTTP/1.1 200 OK\r\nContent-Type: application/x-protobuf\r\nX-Slow: ",
+             "dripping body": b"HTTP/1.1 200 OK\r\nContent-Type: application/x-protobuf\r\nContent-Length: 2147483648"
+                              b"\r\n\r\n"}
+    WORDS = b"\x1b]0;OWNED\x07\x1b[2J"
+
+    def __init__(self, how, most_seconds=20.0):
+        self.how, self.most_seconds = how, most_seconds
+        self.sent, self.requests = 0, 0
+        self.hung_up, self.gave_up, self.stop = threading.Event(), threading.Event(), threading.Event()
+        self.listening = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.listening.getsockname()[1]}"
+        threading.Thread(target=self.accept, daemon=True).start()
+
+    def accept(self):
+        while not self.stop.is_set():
+            try:
+                connection, _ = self.listening.accept()
+            except OSError:
+                return
+            threading.Thread(target=self.answer, args=(connection,), daemon=True).start()
+
+    def answer(self, connection):
+        with connection:
+            head = b""
+            while b"\r\n\r\n" not in head:
+                piece = connection.recv(65536)
+                if not piece:
+                    return
+                head += piece
+            head, body = head.split(b"\r\n\r\n", 1)
+            length = int(re.search(rb"(?i)content-length: *(\d+)", head).group(1))
+            while len(body) < length:
+                body += connection.recv(65536)
+            self.requests += 1
+            connection.settimeout(5)  # a send that waits that long: the reader stopped reading
+            try:
+                self.send(connection)
+            except OSError:
+                self.hung_up.set()
+
+    def send(self, connection):
+        if self.how == "words":
+            said = self.WORDS + b"refused"
+            connection.sendall(b"HTTP/1.1 400 " + self.WORDS + b"Bad\r\nContent-Type: text/plain\r\nConnection: close"
+                               b"\r\nContent-Length: " + str(len(said)).encode() + b"\r\n\r\n" + said)
+            return
+        connection.sendall(self.HEADS.get(self.how, b""))
+        until = time.monotonic() + self.most_seconds
+        while not self.stop.is_set():
+            if time.monotonic() > until:
+                self.gave_up.set()
+                return
+            if self.how == "endless 100 continue":
+                connection.sendall(b"HTTP/1.1 100 Continue\r\n\r\n" * 64)
+                self.sent += 64
+                continue
+            connection.sendall(b"x")
+            self.sent += 1
+            self.stop.wait(0.05)
+
+    def close(self):
+        self.stop.set()
+        self.listening.close()
+
+
+@pytest.mark.processes
+@pytest.mark.parametrize("how", ["status line", "headers", "endless 100 continue"])
+def test_an_otlp_endpoint_that_drips_its_status_line_or_headers_does_not_hold_exit(how):
+    collector = RawCollector(how, most_seconds=20)  # the SDK itself waits 30 s for its exports at exit
+    try:
+        with ScriptedServer([act("calculator", expression="2 + 3"), act("finish", result="5")]) as model:
+            process = start_cli("--no-log", "-q", "--otel", collector.url, "add", new_interpreter=True,
+                                env={"LLM_API_URL": model.url, "LLM_API_KEY": KEY})
+            try:
+                out, err = process.communicate(timeout=90)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                out, err = process.communicate()
+                pytest.fail(f"agent-demo was still reading the answer's {how} after 90 s")
+        assert (process.returncode, out) == (0, "5\n"), err
+        assert collector.requests >= 1, "the spans were sent"
+        assert not collector.gave_up.is_set(), f"exit waited until the collector gave up its {how} after 20 s"
+        assert collector.hung_up.wait(30), "agent-demo hung up on the answer"
+    finally:
+        collector.close()
+
+
+EXIT_SCRIPT = """
+import sys
+from agent_demo_kit import telemetry
+tracer = telemetry.provider(sys.argv[1]).get_tracer("many")
+for number in range(10000):
+    tracer.start_span(f"span {number}").end()
+print("made", flush=True)
+"""
+
+
+@pytest.mark.processes
+def test_exit_waits_a_few_seconds_for_spans_however_many_batches_are_left():
+    collector = RawCollector("dripping body", most_seconds=120)
+    try:
+        process = subprocess.Popen([sys.executable, "-c", EXIT_SCRIPT, collector.url], cwd=ROOT, text=True,
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=child_environment(
+                                       {"PYTHONPATH": ROOT, "OTEL_BSP_MAX_QUEUE_SIZE": "20000"}))
+        assert process.stdout.readline() == "made\n"  # twenty batches wait; each export is answered by a drip
+        try:
+            process.communicate(timeout=20)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.communicate()
+            pytest.fail("exit waited more than 20 s for the spans of a collector that drips")
+        assert collector.requests >= 1
+    finally:
+        collector.close()
+
+
+@pytest.mark.processes
+def test_an_otlp_endpoints_own_words_reach_the_terminal_inert():
+    collector = RawCollector("words")
+    try:
+        with ScriptedServer([act("finish", result="5")]) as model:
+            shown = subprocess.run([sys.executable, os.path.join(ROOT, "agent_demo.py"), "--no-log", "-q", "--otel",
+                                    collector.url, "add"], capture_output=True, text=True, timeout=60,
+                                   env=child_environment({"LLM_API_URL": model.url, "LLM_API_KEY": KEY}))
+        assert (shown.returncode, shown.stdout) == (0, "5\n"), shown.stderr
+        assert collector.requests >= 1
+        assert "\x1b" not in shown.stderr and "\x07" not in shown.stderr, shown.stderr
+    finally:
+        collector.close()
