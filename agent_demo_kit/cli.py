@@ -8,6 +8,7 @@ import argparse
 import contextlib
 import difflib
 import os
+import re
 import shlex
 import stat
 import sys
@@ -76,15 +77,26 @@ class Parser(argparse.ArgumentParser):
     json_output = False
 
     def error(self, message: str):
-        if message.startswith("unrecognized arguments: "):  # a flag mistyped: the one it most likely meant
-            flags = [word for word in message.split(": ", 1)[1].split() if word.startswith("--")]
-            near = [match for flag in flags[:1] for match in difflib.get_close_matches(
-                flag.split("=", 1)[0], [name for name in self._option_string_actions if name.startswith("--")], 1)]
-            message += f" (did you mean {near[0]}?)" if near else ""
+        message += self.meant(message)
         if self.json_output:
             with contextlib.suppress(OutputClosed):  # the usage error and its exit code stand
                 sys.stdout.write_json(json_object(RunResult(ConfigError(f"usage: {message}"))))
         self.exit(ConfigError.exit_code, f"agent-demo: error: {message} (see agent-demo --help)\n")  # one line, not the usage block
+
+    def meant(self, message: str) -> str:
+        """" (did you mean --json?)" for a mistyped flag, " (did you mean 'json'?)" for a mistyped choice, as
+        argparse itself says on no Python before 3.14; "" when nothing known is near."""
+        if message.startswith("unrecognized arguments: "):
+            flags = [word.split("=", 1)[0] for word in message.split(": ", 1)[1].split() if word.startswith("-")]
+            near = [match for flag in flags[:1] for match in difflib.get_close_matches(
+                flag, [name for name in self._option_string_actions if name.startswith("--")], 1)]
+            return f" (did you mean {near[0]}?)" if near else ""
+        choice = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message)
+        if choice and "did you mean" not in message and "maybe you meant" not in message:
+            choices = [name.strip().strip("'") for name in choice[2].split(",")]
+            near = difflib.get_close_matches(choice[1], choices, 1)
+            return f" (did you mean {near[0]!r}?)" if near else ""
+        return ""
 
 
 def at_most(parse: Callable[[str], int], most: int) -> Callable[[str], int]:

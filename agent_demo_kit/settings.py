@@ -290,12 +290,13 @@ def flag_name(name: str) -> str:
     return meta["flag"] or meta["variables"][0]
 
 
+# run()'s keywords besides the settings, and arun()'s parallel=: a mistyped one is matched against them too.
+CALLER_KEYWORDS = ("tools", "approve", "trace", "on_round", "on_event", "output_type", "material", "parallel")
+
+
 def keyword_name(name: str) -> str:
     """How a Python caller names a setting: its keyword."""
     return name
-
-
-# --- the endpoint --------------------------------------------------------------------------------
 
 
 # --- loading -------------------------------------------------------------------------------------
@@ -309,7 +310,8 @@ def load_settings(given: Dict[str, Any], environment: Dict[str, str], recorded: 
     known = {item.name: item for item in setting_fields()}
     unknown = sorted(set(given) - set(known))
     if unknown:  # a near one first (max_round=: did you mean max_rounds?), then all of them
-        near = "".join(f" (did you mean {match}?)" for match in difflib.get_close_matches(unknown[0], known, 1, 0.7))
+        near = "".join(f" (did you mean {match}?)" for match in difflib.get_close_matches(unknown[0], [
+            name for name in [*known, *(CALLER_KEYWORDS if named is keyword_name else ())] if name != unknown[0]], 1, 0.7))
         raise ConfigError(f"unknown setting {unknown[0]!r}{near}; the settings are {', '.join(known)}")
     values: Dict[str, Any] = {}
     sources: Dict[str, str] = {}

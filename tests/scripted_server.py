@@ -35,6 +35,7 @@ Run it by hand: python tests/scripted_server.py [--by-task] FILE [PORT] [--backg
 """
 import gzip
 import json
+import os
 import socket
 import sys
 import threading
@@ -360,11 +361,14 @@ class ScriptedServer:
 
 class ByTaskText:
     """A screen that answers each request by its task (a mapping file): {"task text": [replies...]}, each
-    task's replies played one a round (the last repeated), a key found in the task's text when no task
-    is exactly it, "*" for any other task. With two such files and two servers, a batch can be tried on
-    two "models" without writing a server."""
+    task's replies played one a round (the last repeated; one reply alone is every round's), a key found
+    in the task's text when no task is exactly it, "*" for any other task. With two such files and two
+    servers, a batch can be tried on two "models" without writing a server."""
 
     def __init__(self, mapping: dict):
+        if isinstance(mapping, dict):
+            mapping = {task: [replies] if isinstance(replies, (str, dict)) else replies
+                       for task, replies in mapping.items()}
         if not isinstance(mapping, dict) or not all(isinstance(replies, list) and replies
                                                      for replies in mapping.values()):
             raise ValueError('a mapping file is a JSON object: {"task text": [reply, ...], "*": [...]}')
@@ -383,6 +387,11 @@ class ByTaskText:
         return replies[min(done, len(replies) - 1)]
 
 
+# What --background prints for the shell to eval when no server started: nothing stale is left to talk
+# to or to kill, and the eval fails.
+CANNOT_START = "unset LLM_API_URL SCRIPTED_SERVER_PID; false\n"
+
+
 def main(argv: List[str]) -> int:
     """python tests/scripted_server.py [--by-task] FILE [PORT] [--background]"""
     import argparse
@@ -396,7 +405,9 @@ def main(argv: List[str]) -> int:
     parser.add_argument("--by-task", action="store_true", help="FILE maps each task to its replies, a reply a round")
     parser.add_argument("--background", action="store_true", help="start in the background and print shell lines"
                         ' that set LLM_API_URL and SCRIPTED_SERVER_PID: eval "$(python tests/scripted_server.py'
-                        ' --background replies.json)"')
+                        ' --background replies.json)"; when it cannot start, it says why on stderr and prints lines'
+                        " that unset both and fail, so no other server is talked to and no other process ended")
+    parser.add_argument("--detached", action="store_true", help=argparse.SUPPRESS)  # the background server itself
     args = parser.parse_args(argv)
     try:
         with open(args.file, encoding="utf-8") as script:
@@ -404,13 +415,16 @@ def main(argv: List[str]) -> int:
         screen = ByTaskText(replies) if args.by_task else None
     except (OSError, ValueError) as error:
         print(f"scripted_server.py: {args.file}: {error}", file=sys.stderr)
+        print(CANNOT_START if args.background else "", end="")
         return 2
     if args.background:  # the server in a process of its own; this one says where it listens, and ends
-        server = subprocess.Popen([sys.executable, __file__, *(a for a in argv if a != "--background")],
-                                  stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        server = subprocess.Popen([sys.executable, __file__, *(a for a in argv if a != "--background"), "--detached"],
+                                  stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                   start_new_session=True, text=True)
         said = server.stdout.readline().strip()
-        if not said.startswith("LLM_API_URL="):
+        if not said.startswith("LLM_API_URL="):  # its one line of why, and shell lines that leave nothing stale
+            sys.stderr.write(server.stderr.read())
+            print(CANNOT_START, end="")
             return server.wait() or 2
         print(f"export {said}; SCRIPTED_SERVER_PID={server.pid}")
         return 0
@@ -422,6 +436,10 @@ def main(argv: List[str]) -> int:
               f" ({error.strerror}); leave the port out and a free one is taken", file=sys.stderr)
         return 2
     print(f"LLM_API_URL={scripted.url}", flush=True)
+    if args.detached:  # whoever started it has gone: nothing more is written to its pipes
+        with open(os.devnull, "w") as nowhere:
+            os.dup2(nowhere.fileno(), 1)
+            os.dup2(nowhere.fileno(), 2)
     try:
         while True:
             time.sleep(3600)
