@@ -92,7 +92,18 @@ def read_tasks(tasks: Any, source: str, notes: Optional[List[str]] = None) -> Li
             try:
                 item = json.loads(line)
             except ValueError as error:
-                raise ConfigError(f"{source} line {number}: not a JSON object ({error})") from None
+                raise ConfigError(f"{source} line {number}: not a JSON object on one line ({error}): a task file holds"
+                                  ' one {"task": ...} object a line') from None
+            unknown = sorted(item.keys() - set(TASK_KEYS))
+            holder = next((key for key in unknown if isinstance(item[key], list) and item[key]
+                           and all(isinstance(inner, dict) and "role" not in inner for inner in item[key])), None)
+            if holder:  # {"tasks": [{...}, ...]}: a whole file's tasks in one object (not a list of chat messages)
+                raise ConfigError(f"{source} line {number} looks like a JSON object holding the tasks (its key"
+                                  f" {holder!r}), not a task: a task file is JSON Lines, one {{\"task\": ...}} object a line")
+            if unknown:  # before anything else: another format's keys (inspect's input and target) say what it is
+                raise ConfigError(f"{source} line {number}: {', '.join(map(json.dumps, unknown))}"
+                                  f" {'is no key' if len(unknown) == 1 else 'are no keys'} of a task line"
+                                  f"{meant_keys(unknown, item)}; a task line knows {', '.join(TASK_KEYS)}")
             task = item.get("task")
             if not isinstance(task, str) or not task.strip():
                 raise ConfigError(f'{source} line {number}: "task" must be a text that is not empty')
@@ -102,11 +113,6 @@ def read_tasks(tasks: Any, source: str, notes: Optional[List[str]] = None) -> Li
             if not isinstance(ident, (str, int)) or isinstance(ident, bool) or str(ident).strip() == "" \
                     or re.search(r"[\x00-\x1f\x7f]", str(ident)):
                 raise ConfigError(f'{source} line {number}: "id" must be a whole number or a text of one line')
-            for key in sorted(item.keys() - set(TASK_KEYS)):
-                near = difflib.get_close_matches(key, TASK_KEYS, n=1, cutoff=0.6)
-                raise ConfigError(f"{source} line {number}: {json.dumps(key)} is no key of a task line"
-                                  + (f' (did you mean "{near[0]}"?)' if near else "")
-                                  + f"; a task line knows {', '.join(TASK_KEYS)}")
             expected, match = item.get("expected"), item.get("match")
             if match is not None and match not in scoring.MATCHES:
                 raise ConfigError(f'{source} line {number}: "match" must be one of {", ".join(scoring.MATCHES)}')
@@ -137,30 +143,84 @@ def read_tasks(tasks: Any, source: str, notes: Optional[List[str]] = None) -> Li
 
 OTHER_FORMATS = {"csv": "CSV", "tsv": "TSV", "yaml": "YAML", "yml": "YAML", "parquet": "Parquet", "xlsx": "a spreadsheet",
                  "arrow": "Arrow"}
+# The keys other formats give a task and its answer (inspect's input and target, OpenAI evals' ideal, ...),
+# and the task line's key each stands for.
+SAME_AS = {**dict.fromkeys(("input", "question", "prompt", "query", "instruction"), "task"),
+           **dict.fromkeys(("target", "answer", "ideal", "label", "output", "expected_output", "reference", "solution",
+                            "ground_truth", "gold"), "expected"), "task_id": "id", "name": "id"}
+_ANSWER_WORDS = r"expected|expected[ _]output|expected[ _]answer|answer|target|ideal|label|solution|reference" \
+                r"|ground[ _]truth|gold"
+_KEY_WORDS = rf"task|input|question|prompt|query|instruction|id|vars|assert|{_ANSWER_WORDS}"
 # What a line of another format looks like, where this file's format would take it for a task's text.
 _HEADER_FIELD = re.compile(r'\s*"?[A-Za-z_][A-Za-z0-9_.-]*"?\s*')
-_KEYED = re.compile(r"""^-?\s*["']?(task|input|question|prompt|expected|answer|target|ideal|id|vars|assert)["']?\s*:(\s|$)"""
-                    r"""|["'](expected|answer|target|ideal|label|solution)["']\s*:""", re.IGNORECASE)
+_COLUMN = re.compile(r'\s*"?[A-Za-z][A-Za-z0-9_.-]*( [A-Za-z0-9_.-]+){0,2}"?\s*')  # a name of up to three words
+_KEY_COLUMN = re.compile(rf'\s*"?([A-Za-z]+[ _])?({_KEY_WORDS})([ _][A-Za-z]+)?"?\s*', re.IGNORECASE)  # Expected Answer
+_KEYED = re.compile(  # a key in YAML, TOML, INI, a mapping written inline, a few-shot line: its word in group "key"
+    rf"""^(-\s*)?["']?(?P<key>{_KEY_WORDS})["']?\s*(:|=)(\s|$|\S)"""  # at the start: task: x, - expected: 4, id=3
+    rf"""|[{{,;|(]\s*["']?(?P<inline>{_KEY_WORDS})["']?\s*(:|=)"""  # after a separator: - {{task: x, expected: 4}}
+    rf"""|["'](?P<quoted>{_KEY_WORDS})["']\s*(:|=)"""  # quoted anywhere: 'answer' => 4
+    rf"""|\b(?P<assigned>{_ANSWER_WORDS})\s*(=|:=)"""  # assigned anywhere: expected=4
+    r"""|\b(?P<expected>expected(?:[ _](?:output|answer))?|ground[ _]truth)\s*:"""  # what is 2+2? Expected: 4
+    rf"""|[.?!)]\s+(?P<after>{_ANSWER_WORDS})\s*:"""  # what is 2+2? Answer: 4 (but: give the answer: 42)
+    r"""|^Q\s*:.*[.?!]\s+(?P<a>A)\s*:""",  # Q: what is 2+2? A: 4
+    re.IGNORECASE)
+_TAG = re.compile(rf"<({_KEY_WORDS})>.*</\1>|^</?({_KEY_WORDS})>$", re.IGNORECASE)  # not HTML's <input> alone
+_TABLE = re.compile(r"^\|.*\|$|^\|?\s*:?-{3,}:?\s*(\|\s*:?-{3,}:?\s*)+\|?$")
+_QUOTED_ROW = re.compile(r'^"(?:[^"]|"")*"\s*[,;]')
+_SECTION = re.compile(r"^\[\[?[A-Za-z0-9_. -]+\]\]?$")
 
 
 def structured(line: str, first: bool) -> Optional[str]:
     """What a line that does not start with "{" looks like when it is data of another format (a CSV or
-    TSV header, a JSON array or value, YAML), or None for a line of plain text: such a line would
-    reach the model as a task, with what it expects in it."""
+    TSV header or row, a table, a JSON array or value, YAML, TOML, XML, a key of a task or its answer
+    in any of them), or None for a line of plain text: such a line would reach the model as a task,
+    with what it expects in it."""
     if line.startswith("{"):
         return None
     for delimiter, name in (("\t", "TSV"), (",", "CSV"), (";", "CSV"), ("|", "a table")):
         fields = line.split(delimiter)
-        if first and len(fields) > 1 and all(_HEADER_FIELD.fullmatch(field) for field in fields):
+        if first and len(fields) > 1 and (all(_HEADER_FIELD.fullmatch(field) for field in fields) or all(
+                _COLUMN.fullmatch(field) for field in fields) and any(_KEY_COLUMN.fullmatch(field) for field in fields)):
             return f"{name} with a header ({','.join(field.strip().strip(chr(34)) for field in fields)[:80]})"
+    if _TABLE.match(line):
+        return "a Markdown table"
+    if line in ("---", "..."):
+        return "YAML (a document marker)"
+    if line.startswith("[") and _SECTION.match(line):
+        try:
+            json.loads(line)
+        except ValueError:
+            return "a TOML or INI table header"
     if line.startswith("["):
         return "a JSON array"
     try:
         value = json.loads(line)
     except ValueError:
-        keyed = _KEYED.search(line)
-        return f"YAML or a mapping (its key {(keyed.group(1) or keyed.group(3))!r})" if keyed else None
-    return f"a JSON {'text' if isinstance(value, str) else 'value'}"
+        pass
+    else:
+        return f"a JSON {'text' if isinstance(value, str) else 'value'}"
+    if "\t" in line:
+        return "TSV (fields apart by a tab)"
+    if _QUOTED_ROW.match(line):
+        return "CSV (a row of quoted fields)"
+    keyed, tag = _KEYED.search(line), _TAG.search(line)
+    if keyed:
+        return f"YAML or a mapping (its key {next(word for word in keyed.groupdict().values() if word)!r})"
+    return f"XML (its tag <{tag[1] or tag[2]}>)" if tag else None
+
+
+def meant_keys(unknown: List[str], item: dict) -> str:
+    """" (did you mean ...?)" for keys no task line knows: the nearest known key, or the one another
+    format's key stands for (input: task), when the line does not have it already."""
+    meant = {}
+    for key in unknown:
+        near = difflib.get_close_matches(key, TASK_KEYS, n=1, cutoff=0.6) or [SAME_AS.get(key.lower(), "")]
+        if near[0] and near[0] not in item:
+            meant[key] = near[0]
+    if len(unknown) == 1 and meant:
+        return f' (did you mean "{meant[unknown[0]]}"?)'
+    said = ", ".join(f'"{known}" for {json.dumps(key)}' for key, known in meant.items())
+    return f" (did you mean {said}?)" if said else ""
 
 
 def file_name(ident: str) -> str:
