@@ -9,12 +9,13 @@ import json
 import os
 import re
 import shlex
+import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 from urllib.parse import urlsplit
 
 from agent_demo_kit.limits import FUNCTION_NAME_CHARS, MESSAGE_CHARS
-from agent_demo_kit.schemas import flatten, simplify_schema
+from agent_demo_kit.schemas import flatten, schema_pointer, simplify_schema
 from agent_demo_kit.prompts import clip
 from agent_demo_kit.urls import display_url, is_http_url, url_problem
 from agent_demo_kit.tools import ToolError
@@ -148,24 +149,51 @@ _VALUES = ("const", "enum", "default", "examples")  # what these hold are values
 _NAMED = ("properties", "$defs", "definitions", "dependentSchemas")  # names, each with a schema
 
 
-def without_patterns(schema: Any) -> Any:
+def without_patterns(schema: Any, root: Any = None, memo: Optional[dict] = None) -> Any:
     """A server's schema without its regular expressions (`pattern`, `patternProperties`), which are
     neither compiled nor matched here: Python's re holds the whole process on a pattern such as
     ^(a+)+$ (no time limit, no Ctrl-C, every task of a batch waiting), and compiles a long one slowly,
-    so the server judges them in its own calls. Where patternProperties allowed more names,
-    additionalProperties: false goes with it."""
+    so the server judges them in its own calls. What takes less without them goes too, so the
+    schema only ever takes more: `not` or `if` a pattern, maxContains of `contains` one, the
+    additionalProperties beside patternProperties, unevaluatedProperties and unevaluatedItems over
+    one; `oneOf` such branches is `anyOf` them."""
+    root, memo = schema if root is None else root, {} if memo is None else memo
     if isinstance(schema, list):
-        return [without_patterns(item) for item in schema]
+        return [without_patterns(item, root, memo) for item in schema]
     if not isinstance(schema, dict):
         return schema
     kept = {key: value if key in _VALUES else
-            {name: without_patterns(item) for name, item in value.items()} if key in _NAMED and isinstance(value, dict)
-            else without_patterns(value)
+            {name: without_patterns(item, root, memo) for name, item in value.items()}
+            if key in _NAMED and isinstance(value, dict) else without_patterns(value, root, memo)
             for key, value in schema.items() if not (key == "pattern" and isinstance(value, str))
             and key != "patternProperties"}
-    if "patternProperties" in schema and kept.get("additionalProperties") is False:
-        del kept["additionalProperties"]
+    narrower = [*(["additionalProperties"] if "patternProperties" in schema else []),
+                *(["not"] if _has_pattern(schema.get("not"), root, memo) else []),
+                *(["if", "then", "else"] if _has_pattern(schema.get("if"), root, memo) else []),
+                *(["maxContains"] if _has_pattern(schema.get("contains"), root, memo) else []),
+                *(["unevaluatedProperties", "unevaluatedItems"] if _has_pattern(schema, root, memo) else [])]
+    for key in narrower:
+        kept.pop(key, None)
+    if _has_pattern(schema.get("oneOf"), root, memo):  # branches that may all match now
+        either = {"anyOf": kept.pop("oneOf")}
+        kept.update(either if "anyOf" not in kept else {"allOf": [*(kept.get("allOf") or []), either]})
     return kept
+
+
+def _has_pattern(value: Any, root: Any, memo: dict) -> bool:
+    """Is there a pattern in this part of a schema, or in what its local $refs point to?"""
+    if isinstance(value, list):
+        return any(_has_pattern(item, root, memo) for item in value)
+    if not isinstance(value, dict):
+        return False
+    if isinstance(value.get("pattern"), str) or "patternProperties" in value:
+        return True
+    ref = value.get("$ref")
+    if isinstance(ref, str) and ref not in memo:
+        memo[ref] = False  # met again on the way there: the first meeting answers
+        memo[ref] = _has_pattern(schema_pointer(root, ref), root, memo)
+    return bool(isinstance(ref, str) and memo[ref]) or any(_has_pattern(item, root, memo)
+                                                           for key, item in value.items() if key not in _VALUES)
 
 
 def parameters_of(schema: Any) -> Tuple[Dict[str, dict], List[str]]:
@@ -193,25 +221,46 @@ def parameters_of(schema: Any) -> Tuple[Dict[str, dict], List[str]]:
     return parameters, required
 
 
+CHECK_STEPS = 100_000  # keywords checked for one call at most (a second or two; an ordinary call takes hundreds)
+
+
+class _TooLong(Exception):
+    """The check took its CHECK_STEPS: what it says is left to the server."""
+
+
 def argument_checker(schema: Any) -> Callable[[Any], Optional[str]]:
     """What the server's own schema says is wrong with a call's args (or a result's structured
     content), in a line the model can act on, or None. Its patterns are the server's to judge
     (without_patterns); its $ref is followed only inside it, never fetched (jsonschema would fetch an
-    http:// one with no time limit); a schema jsonschema cannot use is left to the server to judge."""
+    http:// one with no time limit); a schema jsonschema cannot use, or that takes more than
+    CHECK_STEPS to check (one made of alternatives of alternatives: 2^40 ways to fail), is left to
+    the server to judge."""
     import jsonschema
     from referencing import Registry
     schema = without_patterns(schema)
+    steps = threading.local()  # what this check has left: a server's tool may be called from many threads
+
+    def counted(keyword: Callable) -> Callable:
+        def step(*args: Any) -> Any:
+            steps.left -= 1
+            if steps.left < 0:
+                raise _TooLong()
+            return keyword(*args)
+        return step
     try:
         validator_class = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
         validator_class.check_schema(schema)
+        validator_class = jsonschema.validators.extend(validator_class, {
+            name: counted(keyword) for name, keyword in validator_class.VALIDATORS.items()})
         validator = validator_class(schema, registry=Registry())  # nothing from elsewhere: no fetching
     except Exception:
         return lambda args: None
 
     def problem(args: Any) -> Optional[str]:
+        steps.left = CHECK_STEPS
         try:
             error = jsonschema.exceptions.best_match(validator.iter_errors(args))
-        except Exception:  # a $ref it cannot follow
+        except Exception:  # a $ref it cannot follow, or out of steps
             return None
         if error is None:
             return None

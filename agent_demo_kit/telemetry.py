@@ -13,12 +13,12 @@ It imports records, prompts, tools, terminal, urls and the opentelemetry SDK.
 """
 import atexit
 import contextlib
-import http
 import json
 import logging
 import socket
 import threading
 import time
+from http.client import responses
 from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence
 from urllib.parse import urlsplit
 
@@ -215,7 +215,7 @@ class BoundedSession(requests.Session):
                 self.close()  # no connection is kept: the next request opens its own, cut at its own deadline
         response._content = body if response.ok else inert(body.decode("utf-8", "replace")).encode()
         response._content_consumed = True  # where requests keeps a body it has read
-        response.reason = _phrase(response.status_code)  # the collector's own words stay out of the log
+        response.reason = responses.get(response.status_code, "")  # the collector's own words stay out of the log
         return response
 
 
@@ -241,13 +241,6 @@ def _read_capped(response: requests.Response, under_way: _Request) -> bytes:
     finally:
         response.close()
     return bytes(kept)
-
-
-def _phrase(status: int) -> str:
-    try:
-        return http.HTTPStatus(status).phrase
-    except ValueError:
-        return ""
 
 
 def _inert_error(error: requests.RequestException) -> requests.RequestException:

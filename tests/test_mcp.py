@@ -638,3 +638,39 @@ def test_a_value_in_a_servers_schema_that_holds_a_key_named_pattern_is_kept():
     check = argument_checker(schema)
     assert check({"rule": {"pattern": "x"}, "kind": {"pattern": 1}, "pattern": "any"}) is None
     assert check({"rule": {}, "pattern": "any"}) is not None and check({}) is not None
+
+
+# Each value is valid under its server's schema; with the patterns left out, a check would reject it.
+NARROWED_WITHOUT_PATTERNS = [
+    ({"type": "string", "not": {"pattern": "^rm "}}, "ls -l"),
+    ({"oneOf": [{"type": "string", "pattern": "^a"}, {"type": "string", "pattern": "^b"}]}, "apple"),
+    ({"type": "string", "if": {"pattern": "^#"}, "then": {"maxLength": 3}, "else": {"minLength": 5}}, "hello"),
+    ({"type": "object", "patternProperties": {"^x_": {"type": "string"}}, "additionalProperties": {"type": "integer"}},
+     {"x_name": "text"}),
+    ({"type": "array", "contains": {"pattern": "^!"}, "maxContains": 1}, ["!a", "b"]),
+    ({"type": "string", "not": {"$ref": "#/$defs/danger"}}, "ls -l"),
+]
+
+
+@pytest.mark.parametrize("schema, value", NARROWED_WITHOUT_PATTERNS)
+def test_where_leaving_a_pattern_out_would_reject_good_arguments_the_server_judges_them(schema, value):
+    from agent_demo_kit.mcp_schemas import argument_checker
+    whole = {"type": "object", "$defs": {"danger": {"type": "string", "pattern": "^rm "}}, "properties": {"v": schema}}
+    jsonschema.validate({"v": value}, whole)
+    assert argument_checker(whole)({"v": value}) is None
+
+
+def test_a_servers_schema_that_takes_for_ever_to_check_is_left_to_the_server():
+    # Each level is either of two copies of the next: a string fails all 2^40 ways before the check ends.
+    levels = {f"l{n}": {"anyOf": [{"$ref": f"#/$defs/l{n + 1}"}, {"$ref": f"#/$defs/l{n + 1}"}]} for n in range(40)}
+    schema = {"type": "object", "$defs": {**levels, "l40": {"type": "integer"}},
+              "properties": {"n": {"$ref": "#/$defs/l0"}, "m": {"type": "integer"}}}
+    checked = subprocess.run([sys.executable, "-c", textwrap.dedent("""
+        import json, sys
+        from agent_demo_kit.mcp_schemas import argument_checker
+        check = argument_checker(json.loads(sys.argv[1]))
+        print(json.dumps([check({"n": "x"}), check({"n": 1}), check({"m": "x"})]))
+        """), json.dumps(schema)], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert checked.returncode == 0, checked.stderr
+    assert json.loads(checked.stdout)[:2] == [None, None], "left to the server to judge"
+    assert json.loads(checked.stdout)[2] is not None, "a schema checked within its steps is still checked"
