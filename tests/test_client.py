@@ -208,7 +208,7 @@ LLAMA_CPP_PYTHON_REJECTION = {"error": {
 @responses.activate
 def test_a_server_message_loses_framework_dumps_and_file_paths(payload, said):
     responses.post(URL, status=400, json=payload)
-    assert endpoint_error() == f"request rejected (HTTP 400): {said}"
+    assert endpoint_error().startswith(f"request rejected (HTTP 400): {said}")  # and the window, when it names one
 
 
 @pytest.mark.parametrize("payload", ["'loc': (" * 50_000, "/a/" + "a" * 200_000, "File \"" * 100_000])
