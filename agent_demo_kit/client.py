@@ -28,10 +28,10 @@ from agent_demo_kit.settings import Settings
 from agent_demo_kit.limits import (CHARS_A_TOKEN, CONNECT_SECONDS, MIN_LIMIT_TOKENS, PINNED_SHARE,
                                    REPLY_BYTES_A_CHAR, REPLY_CHARS_A_TOKEN)
 from agent_demo_kit.endpoint_errors import (RETRY_STATUSES, describe_http_error, describe_network_error,
-                                            proxy_set_up_wrong)
+                                            describe_redirect, proxy_set_up_wrong)
 from agent_demo_kit.replies import (CUTOFFS, AttemptFailed, Stalled, TextListener, bounded, past_deadline, pieces_of,
                                     read_stream, reply_from_body)
-from agent_demo_kit.urls import base_url, display_url, is_local  # noqa: F401  (is_local: agent_demo_kit.client's too)
+from agent_demo_kit.urls import base_url, is_local  # noqa: F401  (is_local: agent_demo_kit.client's too)
 from agent_demo_kit.windows import QUICK_SECONDS, ModelWindow, known_window
 
 
@@ -322,8 +322,8 @@ class ModelClient:
     def fails_everything(self) -> bool:
         """Does the server answer a plain question (its list of models) with a plain HTTP 500 too?"""
         try:
-            response = self.session.get(f"{base_url(self.url)}/models", timeout=min(QUICK_SECONDS,
-                                                                                     self.settings.timeout))
+            response = self.session.get(f"{base_url(self.url)}/models", allow_redirects=False,  # nothing goes elsewhere
+                                        timeout=min(QUICK_SECONDS, self.settings.timeout))
             return response.status_code == 500 and response.text.strip() == "Internal Server Error"
         except requests.RequestException:
             return False
@@ -400,12 +400,10 @@ class ModelClient:
             said = describe_network_error(error, self.settings, self.url)
             raise AttemptFailed(said, unanswered=isinstance(error, requests.ReadTimeout),
                                 unreachable=said.startswith("cannot reach")) from None
-        if response.is_redirect:  # followed, the whole conversation would go where the endpoint says
+        if 300 <= response.status_code < 400:  # followed, the whole conversation would go where the endpoint says
             response.close()
-            where = display_url(requests.compat.urljoin(self.url, response.headers.get("Location", "")))
-            raise EndpointError(f"the endpoint answered HTTP {response.status_code}, a redirect to {where}: a request is"
-                                " not sent on to another address (the whole conversation would go with it); give"
-                                " that URL with --url if it is where the model is")
+            raise EndpointError(describe_redirect(response.status_code, response.headers.get("Location"),
+                                                  self.settings, self.url))
         streamed = body.get("stream") and response.ok and "text/event-stream" in response.headers.get(
             "Content-Type", "")
         most_chars = max(body.get(self.form.reply_cap_field) or self.window(), MIN_LIMIT_TOKENS) * REPLY_CHARS_A_TOKEN

@@ -57,7 +57,7 @@ def ask_window(session: requests.Session, settings: Settings) -> Optional[int]:
                 response.close()
                 raise
             found = window_in(parse_body(text.decode("utf-8", "replace")), settings.model) \
-                if response.ok and text else None
+                if response.status_code == 200 and text else None  # a redirect's body says nothing of this server
         except (requests.RequestException, urllib3.exceptions.HTTPError, OSError, ValueError, _TooLong):
             continue
         if found:
