@@ -25,13 +25,13 @@ from agent_demo_kit.records import Reply, RunEvents
 from agent_demo_kit.endings import EndpointError, Interrupted
 from agent_demo_kit.request_gate import MOST_ABSORBED, RequestGate
 from agent_demo_kit.settings import Settings
-from agent_demo_kit.limits import (CHARS_A_TOKEN, CONNECT_SECONDS, MIN_LIMIT_TOKENS,
+from agent_demo_kit.limits import (CHARS_A_TOKEN, CONNECT_SECONDS, MIN_LIMIT_TOKENS, PINNED_SHARE,
                                    REPLY_BYTES_A_CHAR, REPLY_CHARS_A_TOKEN)
 from agent_demo_kit.endpoint_errors import (RETRY_STATUSES, describe_http_error, describe_network_error,
-                                            proxy_set_up_wrong)
+                                            describe_redirect, proxy_set_up_wrong)
 from agent_demo_kit.replies import (CUTOFFS, AttemptFailed, Stalled, TextListener, bounded, past_deadline, pieces_of,
                                     read_stream, reply_from_body)
-from agent_demo_kit.urls import base_url, display_url, is_local  # noqa: F401  (is_local: agent_demo_kit.client's too)
+from agent_demo_kit.urls import base_url, is_local  # noqa: F401  (is_local: agent_demo_kit.client's too)
 from agent_demo_kit.windows import QUICK_SECONDS, ModelWindow, known_window
 
 
@@ -202,10 +202,16 @@ class ModelClient:
 
     def most_chars(self) -> int:
         """The most characters a request may take in the model's window beside a reply of
-        --max-reply-tokens (at most half the window; a quarter when there is no cap)."""
+        --max-reply-tokens (at most half the window; a quarter when there is no cap). In a window too
+        small for the task to take at most PINNED_SHARE of that, the reply gives way, down to
+        MIN_REPLY_TOKENS; never more than a request past the window showed it holds."""
         window, wanted = self.window(), self.settings.max_reply_tokens
         reserve = min(wanted, window // 2) if wanted else window // 4
-        return (window - max(reserve, MIN_REPLY_TOKENS)) * CHARS_A_TOKEN
+        chars = (window - max(reserve, MIN_REPLY_TOKENS)) * CHARS_A_TOKEN
+        needed = int(self.windowing.smallest_request / PINNED_SHARE)
+        if chars < needed:
+            chars = min(needed, (window - MIN_REPLY_TOKENS) * CHARS_A_TOKEN)
+        return self.windowing.held(chars)
 
     def window_notes(self) -> List[str]:
         """What a run says once, before its first request, about the window: a --max-context it does not hold."""
@@ -228,17 +234,18 @@ class ModelClient:
 
     def overflowed(self, failure: AttemptFailed, request_chars: int) -> bool:
         """Did this request fail as one past the model's window does (windows.past_window)? Then, once for
-        each size of request, the window is made smaller and the conversation folded to fit it before the
-        request goes again; not when even the task would not fit (most_chars: its budget)."""
-        window = self.windowing.past(failure.status, f"{failure} {failure.text or ''}", request_chars,
-                                     lambda: self.most_chars())
-        if window is None:
-            return False
-        why = f"the server says it holds {window:,} tokens" if self.windowing.said else "the server cut it off or said so"
-        self.trace.note(f"the request of about {request_chars // CHARS_A_TOKEN:,} tokens seems past the model's"
-                        f" window ({why}): the conversation is folded to fit {window:,} tokens"
-                        f" ({self.request_budget():,} characters) and sent again; --max-context sets the budget")
-        return True
+        each size of request, the window (or the budget) is made smaller and the conversation folded to fit
+        before the request goes again; when folding cannot mend it (not even the task would fit, or it was
+        folded for already), EndpointError at once, naming the window: the same request is not sent again."""
+        past, named, folded = self.windowing.past(failure.status, f"{failure} {failure.text or ''}", request_chars,
+                                                  self.request_budget)
+        if folded:
+            self.trace.note(self.windowing.folded(request_chars, failure.status, self.request_budget()))
+        elif past:
+            error = self.http_error(failure, retried=False) if failure.status else failure
+            raise EndpointError(self.windowing.unmended(str(error), request_chars, named), failure.status,
+                                failure.said) from None
+        return folded
 
     def ask(self, request: Request, tools: Dict[str, Any], stop: Optional[threading.Event] = None) -> Tuple[
             Reply, List[dict]]:
@@ -292,7 +299,8 @@ class ModelClient:
         except MaxRetryError:
             if failure.status:
                 raise self.http_error(failure) from None
-            raise EndpointError(f"{failure} (after {retries} retries)", unreachable=failure.unreachable) from None
+            raise EndpointError(f"{failure} (after {retries} retries)" + self.windowing.suspected(
+                str(failure), len(self.encoded[1])), unreachable=failure.unreachable) from None
         try:
             wait = retry.get_retry_after(raw) if raw is not None else None
         except InvalidHeader:
@@ -314,8 +322,8 @@ class ModelClient:
     def fails_everything(self) -> bool:
         """Does the server answer a plain question (its list of models) with a plain HTTP 500 too?"""
         try:
-            response = self.session.get(f"{base_url(self.url)}/models", timeout=min(QUICK_SECONDS,
-                                                                                     self.settings.timeout))
+            response = self.session.get(f"{base_url(self.url)}/models", allow_redirects=False,  # nothing goes elsewhere
+                                        timeout=min(QUICK_SECONDS, self.settings.timeout))
             return response.status_code == 500 and response.text.strip() == "Internal Server Error"
         except requests.RequestException:
             return False
@@ -392,12 +400,10 @@ class ModelClient:
             said = describe_network_error(error, self.settings, self.url)
             raise AttemptFailed(said, unanswered=isinstance(error, requests.ReadTimeout),
                                 unreachable=said.startswith("cannot reach")) from None
-        if response.is_redirect:  # followed, the whole conversation would go where the endpoint says
+        if 300 <= response.status_code < 400:  # followed, the whole conversation would go where the endpoint says
             response.close()
-            where = display_url(requests.compat.urljoin(self.url, response.headers.get("Location", "")))
-            raise EndpointError(f"the endpoint answered HTTP {response.status_code}, a redirect to {where}: a request is"
-                                " not sent on to another address (the whole conversation would go with it); give"
-                                " that URL with --url if it is where the model is")
+            raise EndpointError(describe_redirect(response.status_code, response.headers.get("Location"),
+                                                  self.settings, self.url))
         streamed = body.get("stream") and response.ok and "text/event-stream" in response.headers.get(
             "Content-Type", "")
         most_chars = max(body.get(self.form.reply_cap_field) or self.window(), MIN_LIMIT_TOKENS) * REPLY_CHARS_A_TOKEN

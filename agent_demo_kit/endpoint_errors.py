@@ -9,7 +9,7 @@ import json
 import math
 import re
 from typing import Any, Callable, Optional
-from urllib.parse import urlsplit
+from urllib.parse import urljoin, urlsplit
 
 import requests
 
@@ -143,6 +143,16 @@ def proxy_set_up_wrong(status: Optional[int], text: str, settings: Settings,
         return (f"HTTP 500 to every request without a key (its list of models too): a proxy that wants one"
                 f" (LiteLLM's, with a master_key) answers so; set {key}")
     return None
+
+
+def describe_redirect(status: int, location: Optional[str], settings: Settings, url: str) -> str:
+    """Any 3xx, which is never followed: where it pointed (shown as a URL is shown), and that nothing goes there."""
+    if not location:
+        return (f"the endpoint answered HTTP {status}, a redirect that names no address: a request is not sent on;"
+                f" check {_given(settings, 'url', 'LLM_API_URL')}")
+    return (f"the endpoint answered HTTP {status}, a redirect to {display_url(urljoin(url, location))}: a request is"
+            " not sent on to another address (the whole conversation would go with it); give that URL with --url if"
+            " it is where the model is")
 
 
 def describe_http_error(status: int, text: str, settings: Settings, retried: bool = True) -> str:

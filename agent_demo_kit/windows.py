@@ -13,7 +13,7 @@ import requests
 import urllib3
 
 from agent_demo_kit.endpoint_errors import parse_body
-from agent_demo_kit.limits import DEFAULT_WINDOW_TOKENS, UNSAID_LOCAL_WINDOW_TOKENS
+from agent_demo_kit.limits import CHARS_A_TOKEN, DEFAULT_WINDOW_TOKENS, PINNED_SHARE, UNSAID_LOCAL_WINDOW_TOKENS
 from agent_demo_kit.records import MOST_TOKENS_A_ROUND
 from agent_demo_kit.replies import pieces_of
 from agent_demo_kit.settings import Settings
@@ -57,7 +57,7 @@ def ask_window(session: requests.Session, settings: Settings) -> Optional[int]:
                 response.close()
                 raise
             found = window_in(parse_body(text.decode("utf-8", "replace")), settings.model) \
-                if response.ok and text else None
+                if response.status_code == 200 and text else None  # a redirect's body says nothing of this server
         except (requests.RequestException, urllib3.exceptions.HTTPError, OSError, ValueError, _TooLong):
             continue
         if found:
@@ -100,32 +100,30 @@ def window_in(body: Any, model: str) -> Optional[int]:
                  and MIN_WINDOW_TOKENS <= value <= MOST_TOKENS_A_ROUND), None)
 
 
-# What a server says when a request is past its model's window: llama.cpp ("exceed context window of 8192",
-# "the request exceeds the available context size"), vLLM and OpenAI ("maximum context length is 8192 tokens"),
-# Ollama and LM Studio ("n_ctx", "context length", "too many tokens").
-OVERFLOW_WORDS = re.compile(r"context (window|length|size)|n_ctx|too many tokens|maximum (context|tokens|length)"
-                            r"|exceeds? (the )?(context|max|maximum|available)|prompt is too long|input length", re.I)
-WINDOW_NUMBER = re.compile(r"(?:context (?:window|length|size)|n_ctx|maximum context length)\D{0,24}?(\d{3,7})", re.I)
-CUT_OFF = re.compile(r"stream ended before the reply was complete|connection broke mid-reply")
+# What a server says when a request is past its model's window: llama.cpp ("exceeds the available context size"),
+# llama-cpp-python ("exceed context window of 8192"), vLLM and OpenAI ("maximum context length is 8192 tokens",
+# "longer than the maximum model length of 8192"), Ollama and LM Studio ("n_ctx", "context length", "too many tokens").
+OVERFLOW_WORDS = re.compile(r"context[ _](window|length|size)|n_ctx|too many tokens|maximum (context|tokens|length)"
+                            r"|max(imum)?[ _]model[ _]len|longer than the maximum|prompt is too long|input length"
+                            r"|exceeds? (the )?(context|max|maximum|available|limit)", re.I)
+# Words that may be about a request's size, taken so only right after a request grew past any answered.
+SIZE_WORDS = re.compile(r"\btokens?\b|\blength\b|too (long|large|big)|exceed", re.I)
+WINDOW_NUMBER = re.compile(r"(?:context[ _](?:window|length|size)|n_ctx|maximum context length"
+                           r"|max(?:imum)?[ _]model[ _]len(?:gth)?)\D{0,24}?(\d{3,7})", re.I)
+CUT_OFF = re.compile(r"stream ended before the reply was complete|connection broke mid-reply"
+                     r"|closed the connection without replying")
 
 
 def past_window(status: Optional[int], said: str, guessed: bool, grew: bool) -> Tuple[bool, Optional[int]]:
     """Does a failed request read as one past the model's window, and which window does the error name?
-    An HTTP 400, 413 or 500 whose text names a context window, tokens or length; or a reply cut off by a
-    local server that never said its window (guessed) when the request was larger than any it answered."""
-    named = status in (400, 413, 500) and bool(OVERFLOW_WORDS.search(said))
-    number = WINDOW_NUMBER.search(said) if named else None
-    return named or not status and guessed and grew and bool(CUT_OFF.search(said)), \
-        int(number.group(1)) if number else None
-
-
-def smaller_window(request_chars: int, window: int, reply_tokens: int, named: Optional[int]) -> int:
-    """The window a request past it leaves: the one its error named, else three quarters of what the
-    request and its reply took (a server counts tokens its own way)."""
-    if named and MIN_WINDOW_TOKENS <= named < window:
-        return named
-    tokens = request_chars // 3
-    return max(MIN_WINDOW_TOKENS, min(window, tokens + min(reply_tokens or 0, tokens)) * 3 // 4)
+    An HTTP 400, 413 or 500 whose text names a context window (or, right after the request grew past any
+    answered, its tokens, length or size); or, right after it grew, a reply cut off or a connection closed
+    by a local server that never said its window (guessed)."""
+    if status in (400, 413, 500):
+        named = bool(OVERFLOW_WORDS.search(said))
+        number = WINDOW_NUMBER.search(said) if named else None
+        return named or grew and bool(SIZE_WORDS.search(said)), int(number.group(1)) if number else None
+    return not status and guessed and grew and bool(CUT_OFF.search(said)), None
 
 
 class ModelWindow:
@@ -140,7 +138,8 @@ class ModelWindow:
         self.guess_said = False  # the guess was said (when it first folded the conversation, or a request past it)
         self.largest_answered = 0  # characters of the largest request answered: it fits the window
         self.smallest_request = 0  # characters of the smallest request made (the first): no fold goes under it
-        self.folded_for: Optional[int] = None  # the request size an overflow was folded for: once each
+        self.answered_since_fold = True  # a fold for a request past the window is made once till one is answered
+        self.fits: Optional[int] = None  # characters: the most a request may take, after one past the window named none
 
     def tokens(self) -> int:
         if self.learned is None:
@@ -151,11 +150,16 @@ class ModelWindow:
             self.learned = said or (max(UNSAID_LOCAL_WINDOW_TOKENS, asked) if self.guessed else DEFAULT_WINDOW_TOKENS)
         return self.learned
 
+    def held(self, chars: int) -> int:
+        """A request budget of `chars` characters, kept to what a request past the window showed."""
+        return chars if self.fits is None else min(chars, self.fits)
+
     def made(self, request_chars: int) -> None:
         self.smallest_request = min(self.smallest_request or request_chars, request_chars)
 
     def answered(self, request_chars: int) -> None:
         self.largest_answered = max(self.largest_answered, request_chars)
+        self.answered_since_fold = True
 
     def guess_to_say(self) -> bool:
         """Is the guess to be said now (once, and not when --max-context set the budget)?"""
@@ -163,18 +167,66 @@ class ModelWindow:
         self.guess_said = self.guess_said or first
         return first
 
-    def past(self, status: Optional[int], said: str, request_chars: int, budget: Callable[[], int]) -> Optional[int]:
-        """The smaller window a request past it leaves (past_window, smaller_window), now the window; None when
-        it was not past it, was folded for already, or the budget would then not hold even the first request."""
-        past, named = past_window(status, said, self.guessed, request_chars > self.largest_answered)
-        if not past or self.folded_for is not None and request_chars >= self.folded_for \
-                or self.settings.max_context and not self.guessed:
-            return None
-        before = self.learned, self.said, self.guessed
-        window = smaller_window(request_chars, self.tokens(), self.settings.max_reply_tokens, named)
-        self.learned, self.said, self.guessed = window, window == named, window != named
-        if budget() < self.smallest_request:  # not even the task would fit: folding cannot help
-            self.learned, self.said, self.guessed = before
-            return None
-        self.folded_for, self.guess_said = request_chars, True
-        return window
+    def past(self, status: Optional[int], said: str, request_chars: int, budget: Callable[[], int]) -> Tuple[
+            bool, Optional[int], bool]:
+        """Does a failed request read as one past the window (past_window), which window does it name, and is
+        the conversation to be folded for it? When it reads so and folding can mend it, the window becomes the
+        one named (kept for the next runs of the process); when none is named, or the request fit that one by
+        our count, requests are kept to the largest one answered (at least three quarters of this one; halfway
+        when that leaves the task no room for rounds). Once, until a request is answered again; left as it was
+        when even the first request would not fit."""
+        grew = 0 < self.largest_answered < request_chars  # a first request that fails did not grow: retried
+        past, named = past_window(status, said, self.guessed, grew)
+        if not past or not self.answered_since_fold:
+            return past, named, False
+        before = self.learned, self.said, self.guessed, self.fits
+        if named and MIN_WINDOW_TOKENS <= named < self.tokens():
+            self.learned, self.said, self.guessed = named, True, False
+        if budget() >= request_chars:  # no window named, or one this request fits by our count: it is what failed
+            answered = self.largest_answered  # it fit; this request did not: the window lies in between
+            shown = max(answered, request_chars * 3 // 4)
+            if shown * PINNED_SHARE < self.smallest_request:  # no room for rounds beside the task: try halfway
+                shown = (answered + request_chars) // 2
+            self.fits = min(self.fits or shown, shown)
+        if budget() < self.smallest_request:  # not even the task would fit: folding cannot mend it
+            self.learned, self.said, self.guessed, self.fits = before
+            return past, named, False
+        if self.said and self.learned == named and self.local:
+            keep_window(self.settings, named)
+        self.answered_since_fold, self.guess_said = False, True
+        return past, named, True
+
+    def folded(self, request_chars: int, status: Optional[int], budget: int) -> str:
+        """The note that says a request past the window was folded to fit, and the budget from now on."""
+        why = f"the server says it holds {self.learned:,} tokens" if self.said and self.fits is None \
+            else f"HTTP {status}" if status \
+            else "the server cut it off and says no window" if self.guessed else "the server cut it off"
+        return (f"the request of about {request_chars // CHARS_A_TOKEN:,} tokens seems past the model's window"
+                f" ({why}): requests are kept to {budget:,} characters from now on, and this one is folded to fit"
+                " and sent again; --max-context sets the budget")
+
+    def unmended(self, error: str, request_chars: int, named: Optional[int]) -> str:
+        """The error of a request past the window that folding cannot mend: what the server said, the window
+        and what to change."""
+        window = f"window of {named or self.learned:,} tokens" if named or self.said else \
+            "window, which the server does not say" if self.guessed else "window"
+        larger = "give the server a larger window (llama.cpp: --ctx-size; llama-cpp-python: --n_ctx)"
+        return (f"{error}: the request of about {request_chars // CHARS_A_TOKEN:,} tokens seems past the model's"
+                f" {window}, and " + (f"folding the conversation did not make it fit: {larger}, or --max-context a"
+                                      " smaller budget" if not self.answered_since_fold else
+                                      f"even the task takes about {self.smallest_request // CHARS_A_TOKEN:,}:"
+                                      f" {larger}, or a shorter task"))
+
+    def suspected(self, said: str, request_chars: int) -> str:
+        """What to add to the error of a request a local server that says no window kept cutting off."""
+        if not self.guessed or not CUT_OFF.search(said):
+            return ""
+        return (f"; a server that does not say its window may cut off a request past it: this one took about"
+                f" {request_chars // CHARS_A_TOKEN:,} tokens (give the server a larger window, or --max-context a"
+                " smaller budget)")
+
+
+def keep_window(settings: Settings, tokens: int) -> None:
+    """A window the local server named (in an error) is kept as if it had said it, for the next runs."""
+    with _windows_kept:
+        _windows[(settings.endpoint, settings.model)] = tokens, time.monotonic()

@@ -104,7 +104,8 @@ class ScriptedServer:
         self.screen = screen
         self.window = window  # the context window GET /props announces, as llama.cpp's server does
         # A window the server enforces without saying it (llama-cpp-python's): a request of more tokens (its
-        # characters over 3) is cut off ("cut") or answered with llama-cpp-python's HTTP 500 ("500").
+        # characters over 3) is cut off ("cut": a stream ends with no event, a plain request's connection
+        # closes unanswered) or answered with llama-cpp-python's HTTP 500 ("500") or its HTTP 400 ("400").
         self.window_limit, self.overflow, self.past_limit = window_limit, overflow, 0
         self.played = 0  # scripted replies used up
         self.requests: List[dict] = []
@@ -173,12 +174,12 @@ class ScriptedServer:
                     server.requests.append({"path": self.path, "headers": dict(self.headers),
                                             "body": body, "time": time.monotonic()})
                     tokens = len(raw) // 3  # as a tokenizer counts a request, about
-                    canned = server.past_window(tokens) if server.window_limit and tokens > server.window_limit \
-                        else server.screen(body) if server.screen else None
+                    wants_stream = isinstance(body, dict) and body.get("stream") is True
+                    canned = server.past_window(tokens, wants_stream) if server.window_limit \
+                        and tokens > server.window_limit else server.screen(body) if server.screen else None
                     if canned is None:
                         index, server.played = server.played, server.played + 1
                         canned = server.replies[min(index, len(server.replies) - 1)] if server.replies else ""
-                wants_stream = isinstance(body, dict) and body.get("stream") is True
                 server._answer(self, canned, wants_stream)
 
         self.httpd = _QuietServer(("127.0.0.1", port), Handler)
@@ -234,11 +235,17 @@ class ScriptedServer:
         else:
             handler.wfile.write(data)
 
-    def past_window(self, tokens: int) -> Canned:
+    def past_window(self, tokens: int, stream: bool) -> Canned:
         """What llama-cpp-python's server does with a request past its window (the caller holds the lock)."""
         self.past_limit += 1
         if self.overflow == "cut":  # the stream starts, then ends with no event: the error went to its log
-            return {"cut": True}
+            return {"cut": True} if stream else {"drop": True}
+        if self.overflow == "400":  # its error handler's words for the same ValueError
+            return {"status": 400, "body": {"error": {
+                "message": f"This model's maximum context length is {self.window_limit} tokens. However, you"
+                           f" requested {tokens} tokens ({tokens} in the messages, None in the completion). Please"
+                           " reduce the length of the messages or completion.",
+                "type": "invalid_request_error", "param": "messages", "code": "context_length_exceeded"}}}
         return {"status": 500, "body": {"error": {
             "message": f"Requested tokens ({tokens}) exceed context window of {self.window_limit}",
             "type": "internal_server_error", "param": None, "code": None}}}

@@ -208,7 +208,7 @@ LLAMA_CPP_PYTHON_REJECTION = {"error": {
 @responses.activate
 def test_a_server_message_loses_framework_dumps_and_file_paths(payload, said):
     responses.post(URL, status=400, json=payload)
-    assert endpoint_error() == f"request rejected (HTTP 400): {said}"
+    assert endpoint_error().startswith(f"request rejected (HTTP 400): {said}")  # and the window, when it names one
 
 
 @pytest.mark.parametrize("payload", ["'loc': (" * 50_000, "/a/" + "a" * 200_000, "File \"" * 100_000])
@@ -528,3 +528,29 @@ def test_a_redirect_to_another_host_is_not_followed_and_the_conversation_stays_h
         assert elsewhere.requests == [], "the conversation went to where the redirect pointed"
     assert code == 3 and f"HTTP {status}, a redirect to {elsewhere.url}/chat/completions?token=***" in err
     assert "SECRETTOKEN123" not in err
+
+
+@pytest.mark.parametrize("status, points", [(300, True), (305, True), (302, False), (399, True)])
+def test_any_3xx_is_an_endpoint_error_that_says_it_was_a_redirect_and_sends_nothing_on(cli, monkeypatch, status,
+                                                                                         points):
+    with ScriptedServer([act("finish", result="elsewhere")]) as elsewhere:
+        headers = {"Location": elsewhere.url + "/chat/completions"} if points else {}
+        with ScriptedServer([{"status": status, "headers": headers, "body": ""}]) as endpoint:
+            monkeypatch.setenv("LLM_API_URL", endpoint.url)
+            code, out, err = cli("--retries", "0", "a secret task")
+        assert elsewhere.requests == [] and elsewhere.gets == 0
+    said = f"HTTP {status}, a redirect to {elsewhere.url}/chat/completions" if points else \
+        f"HTTP {status}, a redirect that names no address"
+    assert code == 3 and said in err and "not JSON" not in err
+
+
+def test_the_plain_question_after_a_bare_500_follows_no_redirect_to_another_port(cli, monkeypatch):
+    with ScriptedServer([]) as elsewhere:
+        elsewhere.get_answer = {"status": 500, "body": "Internal Server Error"}
+        with ScriptedServer([{"status": 500, "body": "Internal Server Error"}]) as endpoint:
+            endpoint.get_answer = {"status": 302, "headers": {"Location": elsewhere.url + "/models"}, "body": ""}
+            monkeypatch.setenv("LLM_API_URL", endpoint.url)
+            code, out, err = cli("--retries", "0", "a secret task")
+            assert endpoint.gets >= 1, "the list of models was asked for"
+        assert elsewhere.gets == 0 and elsewhere.requests == [], "a redirect was followed"
+    assert code == 3 and "HTTP 500" in err and "to every request without a key" not in err

@@ -328,3 +328,25 @@ def test_a_resumed_run_after_a_hand_over_keeps_the_new_models_own_count(cli, ser
     serve([], screen=script)
     code, out, err = cli("--resume", trace, "-m", "small", "--escalate", "big", "--max-rounds", 8)
     assert (code, out.strip()) == (0, "4"), "big's second repeat is refused (its count, replayed), not stuck"
+
+
+@pytest.mark.processes
+@pytest.mark.parametrize("mode", ["json", "schema"])
+def test_the_model_that_takes_over_repeats_the_stuck_call_under_a_check_and_the_run_goes_on_to_its_answer(
+        cli, serve, tmp_path, mode):
+    in_mode = (lambda text: '{"actions": [' + text + "]}") if mode == "schema" else (lambda text: text)
+    stuck, aside = action("calculator", expression="512 * 3"), action("calculator", expression="512 + 3")
+    script = ByModel(small=[in_mode(stuck)],
+                     big=[in_mode(stuck), in_mode(aside), in_mode(stuck), in_mode(FINISH)])
+    serve([], screen=script)
+    trace = tmp_path / "run.jsonl"
+    code, out, err = cli("-m", "small", "--escalate", "big", "--mode", mode, "--check", "grep -q 1536",
+                         "--max-rounds", 8, "--trace", trace, "compute 512 * 3")
+    assert (code, out.strip()) == (0, "1536"), err
+    assert [s["trigger"] for s in escalations(trace)] == ["stuck"]
+    rounds = [record for record in records(trace) if record["event"] == "round"]
+    assert [record["model"] for record in rounds] == ["small"] * 4 + ["big"] * 4
+    by_big = [call for record in rounds[4:] for call in record["calls"]]
+    assert [call.get("watchdog") for call in by_big[:3]] == ["cached", None, "refused"], \
+        "the first model's call answered from the record, then the big model's own repeat refused"
+    assert by_big[0]["result"] == {"ok": True, "data": 1536} and "round 1" in by_big[0]["note"]

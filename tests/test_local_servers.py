@@ -110,7 +110,7 @@ def test_a_500_that_does_not_name_response_format_keeps_the_retry_count(serve, c
 
 def test_a_refusal_after_the_variant_worked_is_an_endpoint_error(serve, capsys):
     calc = '{"actions": [' + act("calculator", expression="2 + 2") + "]}"
-    server = serve([calc, {"status": 400, "body": {"error": {"message": "context length exceeded"}}}])
+    server = serve([calc, {"status": 400, "body": {"error": {"message": "messages: unsupported content"}}}])
     assert main(["--mode", "schema", "--quiet", "hi"]) == 3
     assert len(server.requests) == 2
 

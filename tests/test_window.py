@@ -1,10 +1,11 @@
 """The model's window: learned from a local server, the whole input when it fits, never more than it holds."""
 import json
+import re
 
 import pytest
 
 from agent_demo_kit.client import ModelClient
-from agent_demo_kit.windows import window_in
+from agent_demo_kit.windows import past_window, window_in
 from agent_demo_kit.settings import Settings
 from scripted_server import ScriptedServer, action as act
 
@@ -93,8 +94,8 @@ def test_a_server_that_says_no_window_and_cuts_a_request_past_it_gets_a_folded_c
         code, out, err = cli("--max-rounds", 20, "count up")
     assert (code, out.strip()) == (0, "done"), err
     assert server.past_limit == 1, "one request past the window, then folded to fit"
-    said = "the server says it holds 3,000 tokens" if overflow == "500" else "the server cut it off or said so"
-    assert "seems past the model's window (" + said in err and "the conversation is folded to fit" in err
+    said = "the server says it holds 3,000 tokens" if overflow == "500" else "the server cut it off and says no window"
+    assert "seems past the model's window (" + said in err and "this one is folded to fit and sent again" in err
     assert "--max-context sets the budget" in err
 
 
@@ -107,3 +108,100 @@ def test_a_local_server_that_says_no_window_is_held_to_a_small_one_and_the_first
     assert code == 0, err
     assert err.count("the server does not say its model's window: requests are kept to what 8,192 tokens hold") == 1
     assert max(len(json.dumps(request["body"])) for request in server.requests) <= 12_288 + 100
+
+
+def counting_up(rounds, thinking=15):
+    """Replies that add one a round, each with prose the conversation re-sends, then a finish."""
+    prose = "I will add the next number, then look at the result, as planned. " * thinking
+    return [prose + act("calculator", expression=f"{n} + 1") for n in range(rounds)] + [act("finish", result="done")]
+
+
+@pytest.mark.parametrize("mode, overflow, limit, stream", [
+    ("json", "cut", 2_048, True), ("schema", "cut", 2_048, True), ("tools", "500", 2_048, True),
+    ("json", "500", 1_000, True), ("schema", "400", 2_048, True), ("json", "cut", 2_048, False),
+])
+def test_a_server_that_says_no_window_and_refuses_past_n_tokens_is_folded_to_fit_in_every_mode(
+        cli, monkeypatch, mode, overflow, limit, stream):
+    with ScriptedServer(counting_up(11), window_limit=limit, overflow=overflow) as server:
+        monkeypatch.setenv("LLM_API_URL", server.url)
+        code, out, err = cli("--max-rounds", 20, "--mode", mode, *([] if stream else ["--no-stream"]), "count up")
+        assert (code, out.strip()) == (0, "done"), err
+        assert server.past_limit == 1, "one request past the window, then never again"
+    [said] = [line for line in err.splitlines() if "seems past the model's window" in line]
+    assert "this one is folded to fit and sent again; --max-context sets the budget" in said
+    budget = int(re.search(r"requests are kept to ([\d,]+) characters", said)[1].replace(",", ""))
+    later = [len(json.dumps(request["body"])) for request in server.requests[1:]][-8:]
+    assert max(later) <= budget, "the note names the budget the requests now keep to"
+
+
+def last_error(err):
+    return next(line for line in reversed(err.strip().splitlines()) if line.startswith("agent-demo: error:"))
+
+
+@pytest.mark.parametrize("overflow", ["500", "400"])
+def test_a_task_past_the_window_a_server_names_is_not_sent_again_and_the_error_names_the_window(cli, monkeypatch,
+                                                                                                 overflow):
+    with ScriptedServer(counting_up(3), window_limit=600, overflow=overflow) as server:
+        monkeypatch.setenv("LLM_API_URL", server.url)
+        code, out, err = cli("--max-rounds", 5, "add up " + "these figures carefully " * 40)
+        assert server.past_limit == 1, "the same request is not sent again as it was"
+    said = last_error(err)
+    assert (code, out) == (3, "") and "model's window of 600 tokens, and even the task takes about" in said
+    assert ("exceed context window of 600" if overflow == "500" else "maximum context length is 600 tokens") in said
+    assert "--n_ctx" in said and "or a shorter task" in said
+
+
+def test_a_request_still_past_the_window_after_the_fold_ends_at_once_naming_the_window(cli, monkeypatch):
+    with ScriptedServer(counting_up(3), window_limit=780) as server:  # the task alone just fits
+        monkeypatch.setenv("LLM_API_URL", server.url)
+        code, out, err = cli("--max-rounds", 5, "count up")
+        assert server.past_limit == 2, "folded once, then not sent again as it was"
+    said = last_error(err)
+    assert (code, out) == (3, "") and "seems past the model's window" in said
+    assert "folding the conversation did not make it fit" in said and "--max-context a smaller budget" in said
+    assert "the stream ended before the reply was complete" in said and "which the server does not say" in said
+
+
+def test_a_first_request_a_server_that_says_no_window_cuts_off_is_retried_and_the_error_says_why_it_may_be(
+        cli, monkeypatch):
+    with ScriptedServer(counting_up(3), window_limit=600) as server:
+        monkeypatch.setenv("LLM_API_URL", server.url)
+        code, out, err = cli("--max-rounds", 5, "--retries", 1, "add up " + "these figures carefully " * 40)
+        assert server.past_limit == 2, "a first request cut off may be an outage: retried"
+    said = last_error(err)
+    assert code == 3 and "the stream ended before the reply was complete (after 1 retries)" in said
+    assert "a server that does not say its window may cut off a request past it" in said and "--max-context" in said
+
+
+@pytest.mark.parametrize("status, said, grew, past, window", [
+    (500, "Requested tokens (8334) exceed context window of 8192", True, True, 8_192),  # llama-cpp-python
+    (400, "This model's maximum context length is 8192 tokens. However, you requested 8334 tokens (8334 in the"
+          " messages, None in the completion).", False, True, 8_192),  # llama-cpp-python's handler, vLLM, OpenAI
+    (400, "the request exceeds the available context size, try increasing it", True, True, None),  # llama.cpp
+    (400, "request (9000 tokens) exceeds the available context size (8192 tokens), try increasing it", True,
+     True, 8_192),
+    (400, "The decoder prompt (length 9000) is longer than the maximum model length of 4096. Make sure that"
+          " `max_model_len` is no smaller than the number of text tokens.", True, True, 4_096),  # vLLM
+    (400, "Trying to keep the first 5000 tokens when context the overflows. However, the model is loaded with"
+          " context length of only 4096 tokens, which is not enough.", True, True, 4_096),  # LM Studio
+    (413, "Request Entity Too Large", True, True, None),  # a proxy's body limit
+    (413, "Request Entity Too Large", False, False, None),  # no larger than one it took: not about the size
+    (400, "prompt is 9000 tokens, too long", True, True, None),
+    (500, "Internal Server Error", True, False, None),
+    (400, "max_tokens must be at least 1", False, False, None),
+    (None, "the reply stopped arriving: the server closed the connection without replying", True, True, None),
+    (None, "the reply stopped arriving: the stream ended before the reply was complete", False, False, None),
+])
+def test_what_servers_say_of_a_request_past_the_window_is_read_with_the_window_it_names(status, said, grew, past,
+                                                                                       window):
+    assert past_window(status, said, guessed=True, grew=grew) == (past, window)
+
+
+def test_a_window_a_server_named_in_an_error_holds_for_the_next_run_of_the_process(cli, monkeypatch):
+    with ScriptedServer(counting_up(8), window_limit=2_048, overflow="500") as server:
+        monkeypatch.setenv("LLM_API_URL", server.url)
+        assert cli("--max-rounds", 12, "count up")[0] == 0
+        server.restart()
+        code, out, err = cli("--max-rounds", 12, "count up")
+        assert (code, out.strip()) == (0, "done"), err
+        assert server.past_limit == 1, "the second run kept to the window the first one was told"
