@@ -18,6 +18,7 @@ from agent_demo_kit import prompts
 from agent_demo_kit.comparison import OUTPUT_FILES, result_key
 from agent_demo_kit.endings import ConfigError
 from agent_demo_kit.private_files import check_parents, open_private, require_ours, resolve
+from agent_demo_kit.seals import is_sealed
 from agent_demo_kit.settings import Settings
 from agent_demo_kit.task_file import BatchTask, Key
 from agent_demo_kit.tools import REGISTRY
@@ -132,8 +133,8 @@ def write_private(path: Path, pieces: Iterable[bytes]) -> None:
 
 
 def put_results_in_order(path: Path, tasks: List[BatchTask]) -> int:
-    """results.jsonl with one line a task, in the task file's order (the last line of each; none of a
-    task the file no longer has: its trace stays), written whole before it replaces the old one, so a
+    """results.jsonl with one line a task, in the task file's order (the last line of each the batch
+    sealed; none it did not seal, none of a task the file no longer has: its trace stays), written whole before it replaces the old one, so a
     crash leaves one or the other. Left as it is when it is so already. Tries of the file's tasks past
     this batch's --repeat (an earlier --repeat 3, rerun without it) are kept, after the others: how
     many is returned, to be said."""
@@ -144,10 +145,15 @@ def put_results_in_order(path: Path, tasks: List[BatchTask]) -> int:
     with open_plain(path) as results:
         for offset, raw in iter_lines(results):
             try:
-                ident = result_key(json.loads(raw))
+                line = json.loads(raw)
+                ident = result_key(line)
             except (ValueError, AttributeError, RecursionError):
                 continue
-            latest[ident], count = offset, count + 1
+            count += 1
+            if not is_sealed(line):  # not the batch's: never kept in place of its own (and left out)
+                in_order = False
+                continue
+            latest[ident] = offset
             in_order, last = in_order and order.get(ident, len(order)) > last, order.get(ident, len(order))
         gone = [ident for ident in latest if ident[0] not in ids]  # tasks the file no longer has
         for ident in gone:

@@ -148,3 +148,17 @@ def test_summary_and_report_grow_with_their_input_not_with_columns_times_tasks(t
         sizes[count] = (page.stat().st_size, len(cli("--summary", folder)[1]))
     page_ratio, summary_ratio = (sizes[800][0] / sizes[400][0]), (sizes[800][1] / sizes[400][1])
     assert page_ratio < 2.5 and summary_ratio < 2.5, sizes
+
+
+def test_a_forged_line_appended_to_results_jsonl_never_replaces_the_batchs_own(tmp_path, cli, answering):
+    answering.answer = "5"
+    out = tmp_path / "out"
+    tasks = tasks_file(tmp_path, 1)
+    cli("--batch", tasks, "--out", out, "-q")
+    [mine] = lines_of(out)
+    forged = {**mine, "answer": "FORGED", "correct": True, "ended_at": "2099-01-01T00:00:00+00:00"}
+    forged.pop("seal")
+    with open(out / "results.jsonl", "a") as results:
+        results.write(json.dumps(forged) + "\n")
+    cli("--batch", tasks, "--out", out, "-q")
+    assert lines_of(out) == [mine], "the batch's own sealed line stays, the forged one goes"
