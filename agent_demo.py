@@ -13,24 +13,21 @@ from typing import Any, AsyncIterator, Callable, Dict, List, Optional, Sequence,
 from agent_demo_kit import __version__, events
 from agent_demo_kit import prompts
 from agent_demo_kit.actions import Action, Parsed, native_calls, parse_reply
-from agent_demo_kit.checks import Check, checks_for, run_check
 from agent_demo_kit.conversation import Conversation, recall_rounds, shorten_args, truncate_result
-from agent_demo_kit.endings import (BudgetSpent, CallerError, CheckFailed, ConfigError, EndpointError, Finished,
-                                    GaveUp, InternalError, Interrupted, RoundLimit, RunEnded, RunResult, SigTerm,
-                                    Stuck, Terminated)
+from agent_demo_kit.endings import (BudgetSpent, CallerError, ConfigError, EndpointError, Finished, GaveUp,
+                                    InternalError, Interrupted, RoundLimit, RunEnded, RunResult, SigTerm, Stuck,
+                                    Terminated)
 from agent_demo_kit.environment import read_environment
 from agent_demo_kit import outcome
-from agent_demo_kit.escalation import Escalation
-from agent_demo_kit.records import (Call, Reply, Round, RunEvents, add_usage, answer_text, count_usage, failure,
-                                    impossible_counts, json_size, success, to_json, total_usage)
-from agent_demo_kit.settings import Settings, keyword_name, recorded_settings
-from agent_demo_kit.limits import VALUE_SHOWN_CHARS
-from agent_demo_kit.output_types import OutputType, output_type_of
-from agent_demo_kit.setup import Approver, Job, notes_before_the_first_round, prepare, the_callers
+from agent_demo_kit.records import (Call, Reply, Round, add_usage, count_usage, failure, impossible_counts, json_size,
+                                    success, to_json, total_usage)
+from agent_demo_kit.seam import Approver, Job, the_callers
+from agent_demo_kit.settings import keyword_name, recorded_settings
+from agent_demo_kit.setup import notes_before_the_first_round, prepare
 from agent_demo_kit.urls import display_url
 from agent_demo_kit.watchdog import Watchdog
-from agent_demo_kit.tools import (CONTROL_ACTIONS, FINISH, NOTE, RECALL, REGISTRY, Tool, ToolError, call_tool, check_args,
-                                  in_use, tool)
+from agent_demo_kit.tools import (CONTROL_ACTIONS, FINISH, NOTE, RECALL, Tool, ToolError, call_tool, check_args, in_use,
+                                  tool)
 from agent_demo_kit.prompts import ENDINGS  # may only come last in a reply
 
 # The Python API (docs/python.md): dir(agent_demo) shows these; the rest is the loop's own.
@@ -45,43 +42,24 @@ FORMAT_ERRORS_BEFORE_STUCK = 3
 
 
 class Agent:
-    """One run: its settings, the model client, the tools, who approves calls, and the trace, all
-    given when it is made (agent_demo_kit/setup.py makes them); nothing outside sets them after."""
+    """One run, made from its Job (agent_demo_kit/seam.py: settings, the model client, the tools, the
+    hooks it reports to and the layers' answers, made whole by setup.py); nothing outside sets its
+    parts after. stop: a threading.Event, once set the run ends as interrupted before its next round
+    (a batch told to stop, a cancelled arun)."""
 
-    def __init__(self, settings: Settings, client: Any, registry: Dict[str, Tool] = REGISTRY,
-                 trace: Optional[RunEvents] = None, approver: Optional[Approver] = None, *,
-                 checks: Optional[List[Check]] = None, escalation: Optional[Escalation] = None,
-                 round_limit: Optional[int] = None, material: Optional[Tuple[str, int]] = None,
-                 task_notices: Sequence[str] = (), on_round: Optional[Callable[[Round], None]] = None,
-                 stop: Any = None, expected: Optional[str] = None, output: Optional[OutputType] = None):
-        """checks: --check and a task line's own, known to start (None: --check's, started when the
-        run begins); escalation: the two models with --escalate, the one in charge answers; round_limit:
-        a bare --resume after a round limit; material: what was piped in and read a page at a time, and
-        how much of it was shown; task_notices: what a model that took over before round 1 was told;
-        on_round: told of each round as it completes; stop: a threading.Event, once set the run ends as
-        interrupted before its next round (a batch told to stop); expected: a batch task's answer, for
-        the check (AGENT_EXPECTED); output: the type a finish's result must fit (output_type=)."""
-        self.settings, self.registry, self.approver = settings, registry, approver
-        self.escalation = escalation
-        self.client = escalation.client if escalation else client
-        self.trace = trace or RunEvents()
-        self.checks, self.on_round, self.stop, self.expected, self.output = checks, on_round, stop, expected, output
-        self.material, self.task_notices = material, list(task_notices)
+    def __init__(self, job: Job, stop: Any = None):
+        self.job, self.stop = job, stop
+        self.settings, self.registry, self.hooks, self.escalation = job.settings, job.registry, job.hooks, job.escalation
+        self.client = job.escalation.client if job.escalation else job.client
+        self.task_notices = list(job.task_notices)
         self.watchdog = Watchdog()
         self.usage: dict = {}
         self.task = ""  # as the user gave it (the conversation's may say more)
         self.uncertain: Dict[str, int] = {}  # tools with a call started before a crash -> the round redone
-        self.round_limit = round_limit or settings.max_rounds  # a follow-up's are its own
-        self.token_limit = settings.max_tokens
-        self.conversation = Conversation("", settings, registry, self.client, self.trace.compaction,
-                                         finish=output and output.finish())
-
-    @classmethod
-    def for_job(cls, job: Job, **given: Any) -> "Agent":
-        """The agent for a run made ready by `prepare`; given: on_round, stop, expected."""
-        return cls(job.settings, job.client, job.registry, job.trace, job.approver, checks=job.checks,
-                   escalation=job.escalation, round_limit=job.round_limit, material=job.material,
-                   task_notices=job.task_notices, **given)
+        self.round_limit = job.round_limit or self.settings.max_rounds  # a follow-up's are its own
+        self.token_limit = self.settings.max_tokens
+        self.conversation = Conversation("", self.settings, self.registry, self.client, self.hooks.compaction,
+                                         finish=job.output and job.output.finish())
 
     def run(self, task: str, history: Sequence[Round] = (), unfinished: Sequence[Call] = (),
             follow_up: Optional[str] = None, resumed: bool = False) -> RunResult:
@@ -124,15 +102,15 @@ class Agent:
             self.hand_over(takeover)
             return
         if reply.unread:
-            self.trace.note(f"the reply was not read to its end: {reply.unread} were left unread (a limit on every"
+            self.hooks.note(f"the reply was not read to its end: {reply.unread} were left unread (a limit on every"
                             " reply)")
         usage, estimated = self.count(reply, messages)
         mode = self.conversation.mode
         parsed = self.read(reply)
-        self.trace.reply(number, self.round_limit, reply, parsed.prose, usage, estimated)
+        self.hooks.reply(number, self.round_limit, reply, parsed.prose, usage, estimated)
         calls, ending = self.execute(parsed, number)
         # What is sent back, to this endpoint or to another model's, holds no key the model repeated.
-        redact, redact_values = self.trace.redact, self.trace.redact_values
+        redact, redact_values = self.hooks.redact, self.hooks.redact_values
         record = Round(number, redact(reply.content), calls, redact_values(self.feed_back(parsed, calls)), mode,
                        reply.latency_ms, usage, estimated, problem=parsed.problem,
                        tool_calls=redact_values(native_calls(parsed, mode)),
@@ -140,9 +118,7 @@ class Agent:
                        model=self.client.settings.model if self.escalation else None)
         self.conversation.rounds.append(record)
         add_usage(self.usage, record)
-        self.trace.round(record)
-        if self.on_round:
-            self.on_round(record)
+        self.hooks.round(record)
         goes_on = ending is None or isinstance(ending, Stuck)  # a run that ends here hands nothing over
         takeover = self.escalation and goes_on and self.escalation.after_round(record, reply.finish_reason, ending)
         if takeover:
@@ -154,7 +130,7 @@ class Agent:
 
     def hand_over(self, takeover: Any) -> None:
         """The other model takes the run over (escalation.py says how); it gets its own tries."""
-        notice = self.escalation.hand_over(takeover, self.conversation, self.trace)
+        notice = self.escalation.hand_over(takeover, self.conversation, self.hooks)
         self.client = self.escalation.client
         self.watchdog.hand_over()
         if not self.conversation.rounds:  # told with the task, before the first round
@@ -166,20 +142,20 @@ class Agent:
               follow_up: Optional[str], resumed: bool) -> None:
         """Record the start (the resume, the follow-up) with the run's own settings, and say which calls
         may have happened before a crash."""
-        self.task = task = self.trace.redact(task)  # what was piped in may hold a key
+        self.task = task = self.hooks.redact(task)  # what was piped in may hold a key
         self.conversation.task = task
         if unfinished:  # the model never saw their results: it is told they may have happened
             self.conversation.task += prompts.render_may_have_happened(
                 [(call.tool, to_json(shorten_args(call.args))) for call in unfinished])
-        if self.output:  # what the result must fit, said with the task
-            self.conversation.task += prompts.render_output_schema(self.output.schema)
+        if self.job.output:  # what the result must fit, said with the task
+            self.conversation.task += prompts.render_output_schema(self.job.output.schema)
         for notice in self.task_notices:  # another model took over before the first round
             self.conversation.task += f"\n\n{notice}"
         self.conversation.rounds.extend(history)
         self.watchdog.replay(history)
         self.usage = total_usage(list(history))
         if follow_up is not None:  # it gets --max-rounds new rounds (and --max-tokens more tokens)
-            follow_up = self.trace.redact(follow_up)
+            follow_up = self.hooks.redact(follow_up)
             history[-1].add_follow_up(follow_up)
             self.round_limit = len(history) + self.settings.max_rounds
             if self.token_limit is not None:
@@ -189,26 +165,24 @@ class Agent:
                     **self.client.form.record())
         model, url = self.settings.model, display_url(self.settings.endpoint)
         if follow_up is not None:
-            self.trace.follow_up(follow_up, model, url, len(history), kept)
+            self.hooks.follow_up(follow_up, model, url, len(history), kept)
         elif resumed:  # a resume record, even after no round: the calls recorded before it still count
-            self.trace.resume(task, model, url, len(history), kept)
+            self.hooks.resume(task, model, url, len(history), kept)
         else:
-            self.trace.start(task, model, url, kept)
-        for text in notes_before_the_first_round(self.settings, self.registry, self.approver, self.client,
+            self.hooks.start(task, model, url, kept)
+        for text in notes_before_the_first_round(self.settings, self.registry, self.job.approver, self.client,
                                                  self.escalation, follow_up is not None):
-            self.trace.note(text)
+            self.hooks.note(text)
         for call in unfinished:
             self.uncertain[call.tool] = len(history) + 1
-            self.trace.note(f"{call.tool} {to_json(call.args)} started in round {len(history) + 1} before the"
+            self.hooks.note(f"{call.tool} {to_json(call.args)} started in round {len(history) + 1} before the"
                             f" run was cut short and may have happened: in round {len(history) + 1}, no call of"
                             f" {call.tool} runs unless you approve it")
         self.conversation.check_fits()
-        if self.checks is None:
-            self.checks = checks_for(self.settings.check, self.settings.named("check"))
 
     def ask(self) -> Tuple[Reply, List[dict]]:
         """The model's reply to the conversation (and the messages sent), with the live status line meanwhile."""
-        with self.trace.working() as status:
+        with self.hooks.working() as status:
             def feed(piece: str) -> None:  # a run told to stop (a cancelled arun) stops mid-reply
                 if self.stop is not None and self.stop.is_set():
                     raise Interrupted()
@@ -223,7 +197,7 @@ class Agent:
         mode, rounds = self.conversation.mode, self.conversation.rounds
         parsed = parse_reply(reply, mode, in_use(self.registry))
         if parsed.repaired:
-            self.trace.note(f"the reply's action was not written as JSON ({parsed.repaired}); it was read as one")
+            self.hooks.note(f"the reply's action was not written as JSON ({parsed.repaired}); it was read as one")
         if not parsed.words:
             return parsed
         if mode == "tools" or rounds and rounds[-1].problem == prompts.WORDS_WITHOUT_ACTION:
@@ -235,7 +209,7 @@ class Agent:
         """The round's token counts, estimated when the endpoint's cannot be true (and then said once)."""
         impossible = impossible_counts(reply.usage)
         if impossible:
-            self.trace.note(f"the endpoint reported token counts that cannot be right ({to_json(impossible)});"
+            self.hooks.note(f"the endpoint reported token counts that cannot be right ({to_json(impossible)});"
                             " this round's tokens are estimated")
         return count_usage(reply, lambda: json_size(messages))
 
@@ -250,7 +224,7 @@ class Agent:
                 for index, action in enumerate(parsed.actions)]
         position = {key: n for n, key in enumerate(dict.fromkeys(keys))}  # among the actions, each once
         for index, (action, key) in enumerate(zip(parsed.actions, keys), 1):
-            self.trace.action(index, len(keys), action.tool, action.args, parsed.answered_in_words)
+            self.hooks.action(index, len(keys), action.tool, action.args, parsed.answered_in_words)
             if key in first_of:
                 call = Call(action.tool, action.args, first_of[key].result, watchdog="cached", note=prompts.SAME_REPLY)
             else:
@@ -267,7 +241,7 @@ class Agent:
             if parsed.answered_in_words:
                 call.note = prompts.ANSWERED_IN_WORDS
             calls.append(call)
-            self.trace.result(call, truncate_result(call.result, self.settings.max_result_chars))
+            self.hooks.result(call, truncate_result(call.result, self.settings.max_result_chars))
         if self.watchdog.count_reply(calls) >= FORMAT_ERRORS_BEFORE_STUCK:
             ending = Stuck()
         return calls, ending
@@ -322,43 +296,12 @@ class Agent:
                 self.conversation.rounds, self.settings.max_result_chars, **action.args))
         if control is NOTE:  # no side effects either; the same note twice is kept once
             return Call(action.tool, action.args, self.conversation.notes.add(number, action.args["text"]))
-        if control is FINISH and (self.checks or self.output):
-            return self.check_answer(action, action.args["result"])
+        if control is FINISH and self.job.judge:  # --check, a task's own check, the output type
+            return self.job.judge(action, action.args["result"], self.task, self.conversation.rounds, self.hooks,
+                                  self.stop)
         value = action.args["result" if control is FINISH else "reason"]
         raise (Finished if control is FINISH else GaveUp)(result=value).by(Call(action.tool, action.args,
                                                                                success(value)))
-
-    def check_answer(self, action: Any, answer: Any) -> Call:
-        """Run the checks on a finish (--check, then a task line's own): it ends the run when every
-        check exits 0; otherwise the model gets the output of the one that rejected it and goes on,
-        until the run has had its --check-attempts."""
-        settings, ran = self.settings, []
-        answer, ran = self.output.checked(answer) if self.output else (answer, [])  # a misfit is not worth a check
-        if not ran and not self.checks:  # it fits, and nothing else checks it
-            raise Finished(result=answer).by(Call(action.tool, action.args, success(answer)))
-        for each in [] if ran else self.checks or []:
-            with self.trace.working(f"check running ({prompts.clip(each.command, VALUE_SHOWN_CHARS)})"):
-                ran.append(run_check(each.argv, each.command, answer_text(answer), self.task, settings.tool_timeout,
-                                     each.named, expected=self.expected, stop=self.stop,
-                                     secrets=[key for key in (settings.api_key, settings.escalate_key) if key]))
-            if ran[-1]["exit_code"] != 0:
-                break
-        check = {**ran[-1], "command": " && ".join(result["command"] for result in ran)}
-        check = self.trace.redact_values(check)  # it may print the environment: the key goes no further
-        call = Call(action.tool, action.args, success(answer), check=check)
-        if check["exit_code"] == 0:
-            raise Finished(result=answer).by(call)
-        left = settings.check_attempts - len(self.rejected_answers()) - 1
-        call.result = failure(prompts.render_check_rejection(check, left, settings.tool_timeout))
-        if left <= 0:
-            by = [each["command"] for each in [*self.rejected_answers(), check]]
-            raise CheckFailed(prompts.render_rejected(by), result=check["output"]).by(call)
-        return call
-
-    def rejected_answers(self) -> List[dict]:
-        """What --check said of each answer it rejected so far, resumed runs included."""
-        return [call.check for record in self.conversation.rounds for call in record.calls
-                if call.check and call.check.get("exit_code") != 0]
 
     def run_tool(self, call: Call, number: int) -> dict:
         """Call the tool, first asking the user when --approve or the tool's side effects say so (not
@@ -368,23 +311,23 @@ class Agent:
         tool, settings = self.registry[call.tool], self.settings
         asks = (settings.approve or tool.side_effects) and not settings.yes and not check_args(tool, call.args)
         may_have_run = self.uncertain.get(call.tool) == number
-        if may_have_run and not (asks and self.approver):
-            self.trace.note(f"{call.tool} {to_json(call.args)} was not run: a call of {call.tool} may have happened"
+        if may_have_run and not (asks and self.job.approver):
+            self.hooks.note(f"{call.tool} {to_json(call.args)} was not run: a call of {call.tool} may have happened"
                             " before the run was cut short" + (" (--yes does not approve that)" if settings.yes else
                                                                "; there is no terminal to ask"))
             return failure(prompts.OUTCOME_UNKNOWN)
         if asks:
-            if self.approver is None:
+            if self.job.approver is None:
                 return failure(prompts.NO_TERMINAL, cancelled=True)
             question = {**call.action, **({"warning": tool.warning} if tool.warning else {}),
                         **({"may_have_run": True} if may_have_run else {})}
-            if not self.approver(question):
+            if not self.job.approver(question):
                 return failure(prompts.OUTCOME_UNKNOWN) if may_have_run else failure(prompts.CANCELLED, cancelled=True)
         if tool.side_effects:
-            self.trace.call_started(number, call)
-        with self.trace.working(f"running {call.tool}"):
+            self.hooks.call_started(number, call)
+        with self.hooks.working(f"running {call.tool}"):
             # A key a tool hands back goes no further: not to the endpoint, the digest or the trace.
-            return self.trace.redact_values(call_tool(call.tool, call.args, self.registry))
+            return self.hooks.redact_values(call_tool(call.tool, call.args, self.registry))
 
     def feed_back(self, parsed: Parsed, calls: List[Call]) -> List[dict]:
         """The messages that answer this round: each result, cut to size, labelled with its call."""
@@ -405,13 +348,13 @@ class Agent:
         """The outcome, recorded as the run's last event. It is data a caller keeps: no key in it
         (an endpoint's error may quote it, a model may repeat it)."""
         first = self.escalation.model("first") if self.escalation else self.client.settings.model
-        result = outcome.run_result(ending, self.conversation.rounds, self.usage, self.trace.redact_values, first,
-                                    by_model=bool(self.escalation), material=self.material,
-                                    trace=getattr(self.trace, "path", None),
+        result = outcome.run_result(ending, self.conversation.rounds, self.usage, self.hooks.redact_values, first,
+                                    by_model=bool(self.escalation), material=self.job.material,
+                                    trace=self.job.trace_path,
                                     prices=self.settings.prices() if self.settings.price else None)
-        if self.output and result.status == "finished":  # the result fitted: as the caller's type
-            result.output = self.output.value_of(result.result)
-        self.trace.end(result)
+        if self.job.output and result.status == "finished":  # the result fitted: as the caller's type
+            result.output = self.job.output.value_of(result.result)
+        self.hooks.end(result)
         return result
 
 
@@ -466,7 +409,10 @@ def _run(task: str, given: Dict[str, Any], stop: Any = None, gate: Any = None, e
         "tools", "approve", "trace", "on_round", "on_event", "output_type", "material"))
     if approve is not None and not callable(approve):
         raise ConfigError(f"approve must be a function that decides each call, got {approve!r}")
-    output = output_type_of(output_type) if output_type is not None else None  # ConfigError if it cannot be
+    output = None
+    if output_type is not None:
+        from agent_demo_kit.output_types import output_type_of
+        output = output_type_of(output_type)  # ConfigError if it cannot be
     if approve is not None:  # it decides about every call, as --approve asks about every call
         settings["approve"] = True
     environment = read_environment()
@@ -475,9 +421,10 @@ def _run(task: str, given: Dict[str, Any], stop: Any = None, gate: Any = None, e
     with prepare(task, given=settings, environment=environment, named=keyword_name, functions=tools or (),
                  material=material or "", trace=None if trace is False else trace, gate=gate,
                  approver=approve and the_callers("approve", approve),
-                 on_event=events.told(on_event and the_callers("on_event", on_event), emit)) as job:
+                 on_event=events.told(on_event and the_callers("on_event", on_event), emit),
+                 on_round=on_round and the_callers("on_round", on_round), output=output) as job:
         try:
-            result, _ = run_job(job, on_round=on_round and the_callers("on_round", on_round), stop=stop, output=output)
+            result, _ = run_job(job, stop=stop)
         except CallerError as error:  # on_event raised at the end: its own exception, as from anywhere else
             raise error.__cause__ from None
     if isinstance(result.ending, ConfigError) and not result.rounds:  # found before anything was sent
@@ -485,10 +432,10 @@ def _run(task: str, given: Dict[str, Any], stop: Any = None, gate: Any = None, e
     return result
 
 
-def run_job(job: Job, **given: Any) -> Tuple[RunResult, Agent]:
-    """Run a job made ready by `prepare` to its end (given: what Agent.for_job takes); its outcome,
-    and the agent that ran it."""
-    agent = Agent.for_job(job, **given)
+def run_job(job: Job, stop: Any = None) -> Tuple[RunResult, Agent]:
+    """Run a job made ready by `prepare` to its end (stop: as Agent takes it); its outcome, and the
+    agent that ran it."""
+    agent = Agent(job, stop)
     return agent.run(job.task, job.history, job.unfinished, job.follow_up, job.resumed), agent
 
 

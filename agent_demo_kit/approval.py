@@ -12,10 +12,9 @@ from typing import Callable, Optional, Set
 
 from agent_demo_kit.records import to_json
 from agent_demo_kit.redaction import Redactor
-from agent_demo_kit.terminal import ACTIVE, SafeStream, columns, escaped, first_columns, last_columns
+from agent_demo_kit.terminal import (ACTIVE, CONTROLLING_TERMINAL, SafeStream, columns, escaped, first_columns,
+                                     last_columns)
 
-
-CONTROLLING_TERMINAL = "/dev/tty"
 
 
 QUESTION_LINES = 6  # the most one line of a question takes of the terminal: it stays whole on 80x24

@@ -31,7 +31,7 @@ from agent_demo_kit.private_files import in_use, lock, only_yours_again, open_pr
 from agent_demo_kit.records import number
 from agent_demo_kit.redaction import Redactor
 from agent_demo_kit.request_gate import RequestGate
-from agent_demo_kit.scoring import cost
+from agent_demo_kit.outcome import cost
 from agent_demo_kit.seals import is_sealed, sealed
 from agent_demo_kit.settings import DEFAULT_RETRY_ERRORS, HOSTED_PARALLEL, keyword_name, load_settings
 from agent_demo_kit.task_file import BatchTask, read_tasks, task_hash
@@ -399,9 +399,9 @@ class Batch(Saying):
             with prepare(task.task, given=self.given, environment=self.environment, named=self.named,
                          trace=None if resume else str(trace), resume=str(trace) if resume else None,
                          session=session, task_check=own_check, gate=self.gate, written=written,
+                         expected=None if task.expected is None else scoring.expected_text(task.expected),
                          settings=self.settings) as job:
-                outcome, _ = run_job(job, stop=self.stop,
-                                     expected=None if task.expected is None else scoring.expected_text(task.expected))
+                outcome, _ = run_job(job, stop=self.stop)
         except ConfigError as error:  # this task's own check cannot start, its trace cannot be taken up, ...
             outcome = RunResult(error)
         except Exception as error:  # a bug of ours: this task ends in an error, the others go on

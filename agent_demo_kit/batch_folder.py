@@ -8,16 +8,15 @@ It imports prompts, tools, settings, private_files, urls, task_file and comparis
 import hashlib
 import json
 import os
-import secrets
 import re
 import stat
 from pathlib import Path
-from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 from agent_demo_kit import prompts
 from agent_demo_kit.comparison import OUTPUT_FILES, result_key
 from agent_demo_kit.endings import ConfigError
-from agent_demo_kit.private_files import check_parents, open_private, require_ours, resolve
+from agent_demo_kit.private_files import check_parents, require_ours, resolve, write_private
 from agent_demo_kit.seals import is_sealed
 from agent_demo_kit.settings import Settings
 from agent_demo_kit.task_file import BatchTask, Key
@@ -120,16 +119,6 @@ def iter_lines(file: Any) -> Iterator[Tuple[int, bytes]]:
     for raw in file:
         yield offset, raw
         offset += len(raw)
-
-
-def write_private(path: Path, pieces: Iterable[bytes]) -> None:
-    """A file readable only by the user, written whole under another name, piece by piece, and then
-    renamed over `path`."""
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}")  # pods may share a pid
-    with open(open_private(str(temporary), str(path.name)), "wb") as file:
-        file.truncate()
-        file.writelines(pieces)
-    os.replace(temporary, path)
 
 
 def put_results_in_order(path: Path, tasks: List[BatchTask]) -> int:

@@ -11,7 +11,8 @@ import time
 from typing import Dict, List
 
 from agent_demo_kit import metrics
-from agent_demo_kit.batch_folder import results_name, write_private
+from agent_demo_kit.batch_folder import results_name
+from agent_demo_kit.private_files import write_private
 from agent_demo_kit.comparison import FAILURES_SHOWN, render_failures
 from agent_demo_kit.urls import display_url
 

@@ -6,7 +6,7 @@ $VARIABLE, a wildcard, `&&`) runs under /bin/sh -c, the rule make uses for its r
 never becomes part of the command line. It runs in a session of its own, without any key, and is
 stopped with everything it started when it is done, out of time, or the run is.
 
-It imports endings, settings and prompts.
+It imports prompts, records, endings and environment.
 """
 import codecs
 import contextlib
@@ -19,32 +19,14 @@ import signal
 import subprocess
 import threading
 import time
-from typing import Any, Dict, Iterable, List, NamedTuple, Optional, Set, Tuple
+from typing import Any, Iterable, List, NamedTuple, Optional, Set, Tuple
 
-from agent_demo_kit.endings import ConfigError, Interrupted
-from agent_demo_kit.limits import CHECK_OUTPUT_CHARS, CHECK_VARIABLE_CHARS, SNIPPET_CHARS
+from agent_demo_kit import prompts
+from agent_demo_kit.endings import CheckFailed, ConfigError, Finished, Interrupted
+from agent_demo_kit.environment import child_environment
+from agent_demo_kit.limits import CHECK_OUTPUT_CHARS, CHECK_VARIABLE_CHARS, SNIPPET_CHARS, VALUE_SHOWN_CHARS
 from agent_demo_kit.prompts import clip, clipped
-
-
-KEY_VARIABLES = ("LLM_API_KEY", "OPENAI_API_KEY", "LLM_ESCALATE_KEY")  # every key the project knows
-
-
-def without_secrets(environment: Any, secrets: Iterable[str] = ()) -> Dict[str, str]:
-    """The environment a child process of the user's (the check, the tools worker) gets: without any
-    key the project knows, in whatever variable it stands (LLM_API_KEY, OPENAI_API_KEY,
-    LLM_ESCALATE_KEY, or one holding its value or a secret given)."""
-    keys = [value.strip() for value in (*(environment.get(name) for name in KEY_VARIABLES), *secrets)
-            if value and value.strip()]
-    return {name: value for name, value in environment.items() if name not in KEY_VARIABLES
-            and not any(key in value for key in keys)}
-
-
-def child_environment(environment: Any, secrets: Iterable[str] = ()) -> Dict[str, str]:
-    """What every child the user named (a check, the tools worker, an MCP server) starts with: no key,
-    and PYTHONSAFEPATH=1, so a Python it runs (`python -c`, `python -m`, a script) does not put the
-    folder it runs in (or the script's) first on sys.path: a json.py that someone left beside a task
-    file, or in a team folder, is not imported. PYTHONPATH still says where to look, when that is wanted."""
-    return {**without_secrets(environment, secrets), "PYTHONSAFEPATH": "1"}
+from agent_demo_kit.records import Call, Round, answer_text, failure, success
 
 
 SHELL_SYNTAX = set("|&;<>()$`*?[]{}~\n")
@@ -101,6 +83,44 @@ EXIT_POLL_SECONDS = 0.05
 
 
 _running_checks: Set[subprocess.Popen] = set()  # what stop_checks ends when a batch stops at once
+
+
+class Judge:
+    """Whether a finish's answer is taken: it must fit the output type, then pass each check in turn
+    (--check, then a task line's own). A rejected answer goes back to the model with why, until the
+    run has had its --check-attempts."""
+
+    def __init__(self, settings: Any, checks: List[Check], output: Any = None, expected: Optional[str] = None):
+        """output: an output_types.OutputType, or None; expected: a batch task's answer (AGENT_EXPECTED)."""
+        self.settings, self.checks, self.output, self.expected = settings, checks, output, expected
+
+    def __call__(self, action: Any, answer: Any, task: str, rounds: List[Round], hooks: Any, stop: Any) -> Call:
+        """The finish's call when the model must try again; Finished when it is taken, CheckFailed when
+        the last attempt was rejected."""
+        settings = self.settings
+        answer, ran = self.output.checked(answer) if self.output else (answer, [])  # a misfit is not worth a check
+        if not ran and not self.checks:  # it fits, and nothing else checks it
+            raise Finished(result=answer).by(Call(action.tool, action.args, success(answer)))
+        for each in [] if ran else self.checks:
+            with hooks.working(f"check running ({clip(each.command, VALUE_SHOWN_CHARS)})"):
+                ran.append(run_check(each.argv, each.command, answer_text(answer), task, settings.tool_timeout,
+                                     each.named, expected=self.expected, stop=stop,
+                                     secrets=[key for key in (settings.api_key, settings.escalate_key) if key]))
+            if ran[-1]["exit_code"] != 0:
+                break
+        check = {**ran[-1], "command": " && ".join(result["command"] for result in ran)}
+        check = hooks.redact_values(check)  # it may print the environment: the key goes no further
+        call = Call(action.tool, action.args, success(answer), check=check)
+        if check["exit_code"] == 0:
+            raise Finished(result=answer).by(call)
+        rejected = [done.check for record in rounds for done in record.calls  # resumed runs' rounds too
+                    if done.check and done.check.get("exit_code") != 0]
+        left = settings.check_attempts - len(rejected) - 1
+        call.result = failure(prompts.render_check_rejection(check, left, settings.tool_timeout))
+        if left <= 0:
+            raise CheckFailed(prompts.render_rejected([each["command"] for each in [*rejected, check]]),
+                              result=check["output"]).by(call)
+        return call
 
 
 _checks_lock = threading.Lock()

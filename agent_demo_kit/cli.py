@@ -18,14 +18,12 @@ from agent_demo_kit import __version__, run_log
 from agent_demo_kit.commands import (json_object, list_runs, report, run_batch, show_config, show_run, show_summary,
                                      write_report,
                                      show_traceback, start)
-from agent_demo_kit.comparison import MOST_TRIES
 from agent_demo_kit.endings import RUN_STATUSES, ConfigError, EndpointError, Finished, GaveUp, Interrupted, \
     OutputClosed, RunResult, Terminated
 from agent_demo_kit.environment import read_environment
 from agent_demo_kit.redaction import Redactor
-from agent_demo_kit.scoring import MATCHES
-from agent_demo_kit.settings import (DEFAULT_RETRY_ERRORS, HOSTED_PARALLEL, MODES, pass_rate, setting_fields,
-                                     shard_of_n, shown_default, whole_number)
+from agent_demo_kit.settings import (DEFAULT_RETRY_ERRORS, HOSTED_PARALLEL, MATCHES, MODES, MOST_TRIES, pass_rate,
+                                     setting_fields, shard_of_n, shown_default, whole_number)
 from agent_demo_kit.terminal import is_terminal, protected
 from agent_demo_kit.urls import mcp_urls, secrets_of
 from agent_demo_kit.tools import REGISTRY

@@ -23,9 +23,8 @@ from urllib3.util.retry import Retry
 from agent_demo_kit import prompts
 from agent_demo_kit.records import Reply, RunEvents
 from agent_demo_kit.endings import EndpointError, Interrupted
-from agent_demo_kit.request_gate import MOST_ABSORBED, RequestGate
 from agent_demo_kit.settings import Settings
-from agent_demo_kit.limits import (CHARS_A_TOKEN, CONNECT_SECONDS, MIN_LIMIT_TOKENS, PINNED_SHARE,
+from agent_demo_kit.limits import (CHARS_A_TOKEN, CONNECT_SECONDS, MIN_LIMIT_TOKENS, MOST_ABSORBED, PINNED_SHARE,
                                    REPLY_BYTES_A_CHAR, REPLY_CHARS_A_TOKEN)
 from agent_demo_kit.endpoint_errors import (RETRY_STATUSES, describe_http_error, describe_network_error,
                                             describe_redirect, proxy_set_up_wrong)
@@ -134,7 +133,7 @@ class ModelClient:
     """Sends the conversation to the endpoint over one session."""
 
     def __init__(self, settings: Settings, trace: Optional[RunEvents] = None, form: Optional[RequestForm] = None,
-                 session: Optional[requests.Session] = None, gate: Optional[RequestGate] = None):
+                 session: Optional[requests.Session] = None, gate: Any = None):
         self.settings, self.trace = settings, trace or RunEvents()
         self.gate = gate  # a batch's one limit on requests in flight, shared by its tasks (and their stronger models)
         self.form = form or RequestForm.asked_for(settings)

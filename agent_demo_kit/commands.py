@@ -14,21 +14,20 @@ import signal
 import sys
 import traceback
 from pathlib import Path
-from typing import Any, Dict, Iterator, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 from agent_demo_kit import prompts
-from agent_demo_kit.batch_folder import write_private
-from agent_demo_kit.output_types import OutputType, output_type_of, schema_file
+from agent_demo_kit.private_files import write_private
 from agent_demo import Agent, Job, prepare, run_job
 from agent_demo_kit import run_log, trace_file
-from agent_demo_kit.approval import terminal_approver, terminal_confirm
 from agent_demo_kit.endings import ConfigError, Interrupted, RunResult, SigTerm, Terminated
 from agent_demo_kit.environment import Environment, user_config_file
 from agent_demo_kit.private_files import checked_folder
 from agent_demo_kit.redaction import Redactor
 from agent_demo_kit.settings import (DEFAULT_RETRY_ERRORS, check_endpoint_settings, flag_name, load_settings,
                                      setting_fields, shown_default)
-from agent_demo_kit.terminal import SafeStream, Screen, inert, is_terminal, stray_prints_to_stderr
+from agent_demo_kit.terminal import (CONTROLLING_TERMINAL, SafeStream, Screen, inert, is_terminal,
+                                     stray_prints_to_stderr)
 from agent_demo_kit.urls import display_url
 
 
@@ -38,8 +37,7 @@ def start(args: argparse.Namespace, environment: Dict[str, str],
     that ran it once it started."""
     with ending_on_sigterm():
         try:
-            output = output_schema(args.output_schema)
-            job = prepare_job(args, environment, redactor)
+            job = prepare_job(args, environment, redactor, output_schema(args.output_schema))
         except ConfigError as error:
             return RunResult(error), None
         except KeyboardInterrupt:
@@ -47,13 +45,14 @@ def start(args: argparse.Namespace, environment: Dict[str, str],
         except SigTerm:
             return RunResult(Terminated("terminated by SIGTERM")), None
         with job, stray_prints_to_stderr():  # closed whatever happens: the trace, the tools worker, MCP
-            return run_job(job, output=output)
+            return run_job(job)
 
 
-def output_schema(path: Optional[str]) -> Optional[OutputType]:
+def output_schema(path: Optional[str]) -> Any:
     """The type --output-schema FILE gives the result (a file the user named: trusted), or None."""
     if path is None:
         return None
+    from agent_demo_kit.output_types import output_type_of, schema_file
     try:
         with open(path, encoding="utf-8") as file:
             return output_type_of(schema_file(file.read(1 << 20), f"--output-schema {path}"))
@@ -63,15 +62,35 @@ def output_schema(path: Optional[str]) -> Optional[OutputType]:
         raise ConfigError(str(error)) from None
 
 
-def prepare_job(args: argparse.Namespace, environment: Dict[str, str], redactor: Redactor) -> Job:
-    """The run the flags ask for, made ready: a new one, or one taken up again from its trace."""
+def prepare_job(args: argparse.Namespace, environment: Dict[str, str], redactor: Redactor,
+                output: Optional[Any] = None) -> Job:
+    """The run the flags ask for, made ready: a new one, or one taken up again from its trace
+    (output: the type --output-schema gives the result)."""
     given = given_settings(args)
     follow_up = args.task if args.continue_run is not None else None
     resume = run_path(args, environment) if args.resume is not None or follow_up is not None else None
     return prepare(args.task, given=given, environment=environment, named=flag_name, material=args.material,
                    trace=args.trace or (None if args.no_log else True), resume=resume, follow_up=follow_up,
                    screen=screen(args, environment, redactor), redactor=redactor,
-                   approver=terminal_approver(redactor), confirm=terminal_confirm(redactor))
+                   approver=asked_on_the_terminal(redactor), output=output,
+                   confirm=resume and asked_on_the_terminal(redactor, confirming=True))
+
+
+def asked_on_the_terminal(redactor: Redactor, confirming: bool = False) -> Optional[Callable[[Any], bool]]:
+    """Who approves a call (or, confirming: says y/N to a question): the question on the controlling
+    terminal, made the first time one is asked (approval.py); None when the process has no terminal."""
+    try:
+        os.close(os.open(CONTROLLING_TERMINAL, os.O_RDWR | os.O_NOCTTY))
+    except OSError:
+        return None
+    asker: List[Any] = []
+
+    def ask(question: Any) -> bool:
+        if not asker:
+            from agent_demo_kit.approval import terminal_approver, terminal_confirm
+            asker.append((terminal_confirm if confirming else terminal_approver)(redactor) or (lambda _: False))
+        return asker[0](question)
+    return ask
 
 
 def given_settings(args: argparse.Namespace) -> Dict[str, Any]:

@@ -20,10 +20,10 @@ from agent_demo_kit import metrics, scoring
 from agent_demo_kit.endings import ConfigError
 from agent_demo_kit.records import number
 from agent_demo_kit.seals import is_sealed
+from agent_demo_kit.settings import MOST_TRIES
 from agent_demo_kit.task_file import Key
 from agent_demo_kit.terminal import inert
 
-MOST_TRIES = 1000  # --repeat at most
 MOST_COLUMNS = 12  # configurations side by side in --summary and --report; the rest are said in one line
 FAILURES_SHOWN = 20  # tasks listed at the end of a batch or a summary; --json has them all
 DIFFERENCES_SHOWN = 20

@@ -9,7 +9,7 @@ import os
 import stat
 import sys
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, Iterable, List, Optional
 
 from agent_demo_kit.endings import ConfigError
 from agent_demo_kit.private_files import CHECKED, not_yours, require_ours, resolve
@@ -108,3 +108,24 @@ def _dotenv_values(path: Path) -> Dict[str, str]:
         shown = path.name if path.parent == Path.cwd() else str(path)
         raise ConfigError(f"cannot parse {shown} line {broken.original.line}: check for an unbalanced quote")
     return {name: value for name, value in dotenv_values(stream=io.StringIO(text)).items() if value is not None}
+
+
+KEY_VARIABLES = ("LLM_API_KEY", "OPENAI_API_KEY", "LLM_ESCALATE_KEY")  # every key the project knows
+
+
+def without_secrets(environment: Any, secrets: Iterable[str] = ()) -> Dict[str, str]:
+    """The environment a child process of the user's (the check, the tools worker) gets: without any
+    key the project knows, in whatever variable it stands (LLM_API_KEY, OPENAI_API_KEY,
+    LLM_ESCALATE_KEY, or one holding its value or a secret given)."""
+    keys = [value.strip() for value in (*(environment.get(name) for name in KEY_VARIABLES), *secrets)
+            if value and value.strip()]
+    return {name: value for name, value in environment.items() if name not in KEY_VARIABLES
+            and not any(key in value for key in keys)}
+
+
+def child_environment(environment: Any, secrets: Iterable[str] = ()) -> Dict[str, str]:
+    """What every child the user named (a check, the tools worker, an MCP server) starts with: no key,
+    and PYTHONSAFEPATH=1, so a Python it runs (`python -c`, `python -m`, a script) does not put the
+    folder it runs in (or the script's) first on sys.path: a json.py that someone left beside a task
+    file, or in a team folder, is not imported. PYTHONPATH still says where to look, when that is wanted."""
+    return {**without_secrets(environment, secrets), "PYTHONSAFEPATH": "1"}

@@ -1,6 +1,6 @@
 """What a run reports as it goes, as typed events for a caller (`run(on_event=...)`, `astream`):
-one event for each report the live trace is drawn from (records.RunEvents), made by `Broadcast`,
-which passes every report on to the trace as it was. What an event holds went through the same
+one event for each report the live trace is drawn from (records.RunEvents), made by `EventStream`,
+a listener on the run's hooks (seam.py) beside the trace. What an event holds went through the same
 redaction as the trace: no key.
 
 It imports records and endings.
@@ -125,16 +125,15 @@ def compaction_said(compaction: Compaction) -> str:
 
 
 class _Feeding(Working):
-    """A status line's feed that also reports each piece of a streamed reply, redacted: what could be
-    the start of a key still being written is held back until the next piece says (as the trace's
-    writer does), and said when the reply is whole."""
+    """Each piece of a streamed reply reported, redacted: what could be the start of a key still being
+    written is held back until the next piece says (as the trace's writer does), and said when the
+    reply is whole."""
 
-    def __init__(self, inner: Working, emit: Callable[[Any], None], redactor: Any):
-        self.inner, self.emit, self.redactor = inner, emit, redactor
+    def __init__(self, emit: Callable[[Any], None], redactor: Any):
+        self.emit, self.redactor = emit, redactor
         self.pending = ""
 
     def feed(self, piece: str) -> None:
-        self.inner.feed(piece)
         self.pending += piece
         self.say(self.redactor.unsafe_tail(self.pending) if self.redactor else 0)
 
@@ -144,92 +143,72 @@ class _Feeding(Working):
             self.emit(Text(self.redactor(ready, placeholders=False) if self.redactor else ready))
 
 
-class Broadcast(RunEvents):
-    """The run's trace, with each report also given to `emit` as an event (after the trace took it)."""
+class EventStream(RunEvents):
+    """A listener that makes each report an event for `emit` (on_event, astream's queue), redacted."""
 
-    def __init__(self, trace: RunEvents, emit: Callable[[Any], None]):
-        self.trace, self.emit = trace, emit
+    def __init__(self, emit: Callable[[Any], None], redactor: Any = None):
+        self.emit, self.redactor = emit, redactor
         self.number = 0  # the round whose reply arrived last
 
-    def __getattr__(self, name: str) -> Any:  # path, say, recorded, ... of the trace underneath
-        return getattr(self.trace, name)
-
     def redact(self, text: str) -> str:
-        return self.trace.redact(text)
+        return self.redactor(text, placeholders=False) if self.redactor else text
 
     def redact_values(self, value: Any) -> Any:
-        return self.trace.redact_values(value)
+        return self.redactor.values(value) if self.redactor else value
 
     @contextlib.contextmanager
     def working(self, label: str = "model working") -> Iterator[Working]:
-        with self.trace.working(label) as status:
-            feeding = _Feeding(status, self.emit, getattr(self.trace, "redactor", None))
-            try:
-                yield feeding
-            finally:
-                feeding.say(hold=0)
+        feeding = _Feeding(self.emit, self.redactor)
+        try:
+            yield feeding
+        finally:
+            feeding.say(hold=0)
 
     def start(self, task: str, model: str, url: str, kept: dict) -> None:
-        self.trace.start(task, model, url, kept)
         self.emit(Started(task, model, url))
 
     def resume(self, task: str, model: str, url: str, done_rounds: int, kept: dict) -> None:
-        self.trace.resume(task, model, url, done_rounds, kept)
         self.number = done_rounds
         self.emit(Started(task, model, url, resumed=True, done_rounds=done_rounds))
 
     def follow_up(self, text: str, model: str, url: str, done_rounds: int, kept: dict) -> None:
-        self.trace.follow_up(text, model, url, done_rounds, kept)
         self.number = done_rounds
         self.emit(Started(text, model, url, resumed=True, done_rounds=done_rounds))
 
     def note(self, text: str) -> None:
-        self.trace.note(text)
         self.emit(Note(self.redact(text)))
 
     def retry(self, cause: str, attempt: int, retries: int, wait: float) -> None:
-        self.trace.retry(cause, attempt, retries, wait)
         self.emit(Note(self.redact(retry_said(cause, attempt, retries, wait))))
 
     def setting(self, name: str, value: Any, text: str) -> None:
-        self.trace.setting(name, value, text)
         self.emit(Note(self.redact(text)))
 
     def fallback(self, from_mode: str, to_mode: str, error: str, from_variant: Optional[str] = None,
                  to_variant: Optional[str] = None) -> None:
-        self.trace.fallback(from_mode, to_mode, error, from_variant, to_variant)
         self.emit(Note(self.redact(fallback_said(from_mode, to_mode, error, from_variant, to_variant))))
 
     def compaction(self, compaction: Compaction) -> None:
-        self.trace.compaction(compaction)
         self.emit(Note(compaction_said(compaction)))
 
     def escalation(self, after_round: int, from_model: str, to_model: str, trigger: str, reason: str,
                    notice: str) -> None:
-        self.trace.escalation(after_round, from_model, to_model, trigger, reason, notice)
         self.emit(Escalated(after_round, from_model, to_model, trigger, self.redact(reason)))
 
     def reply(self, number: int, limit: int, reply: Reply, prose: str, usage: dict, estimated: bool) -> None:
-        self.trace.reply(number, limit, reply, prose, usage, estimated)
         self.number = number
         self.emit(ReplyArrived(number, self.redact(reply.content), self.redact(prose), dict(usage)))
 
     def action(self, index: int, count: int, tool: str, args: Any, in_words: bool = False) -> None:
-        self.trace.action(index, count, tool, args, in_words)
         self.emit(ToolCalled(self.number, index, self.redact(tool), self.redact_values(args)))
 
     def result(self, call: Call, sent: dict) -> None:
-        self.trace.result(call, sent)
         args, result = self.redact_values(call.args), self.redact_values(call.result)
         self.emit(ToolResult(self.number, self.redact(call.tool), args, result))
         if call.tool == "finish" and not result.get("ok") and isinstance(args, dict) and "result" in args:
             self.emit(AnswerRejected(self.number, args["result"], str(result.get("error"))))
 
-    def call_started(self, number: int, call: Call) -> None:
-        self.trace.call_started(number, call)
-
     def round(self, record: Round) -> None:
-        self.trace.round(record)
         redact = self.redact_values  # the trace file redacts the round as it writes it; so does the event
         calls = [dataclasses.replace(call, **redact({name: getattr(call, name) for name in (
             "tool", "args", "result", "id", "note", "check")})) for call in record.calls]
@@ -237,7 +216,6 @@ class Broadcast(RunEvents):
                                                 feedback=redact(record.feedback), tool_calls=redact(record.tool_calls))))
 
     def end(self, outcome: Any) -> None:
-        self.trace.end(outcome)
         self.emit(Ended(outcome))
 
 
@@ -253,11 +231,6 @@ def told(listener: Optional[Callable[[Any], None]], emit: Optional[Callable[[Any
         finally:
             emit(event)
     return both
-
-
-def broadcasting(trace: RunEvents, emit: Optional[Callable[[Any], None]]) -> RunEvents:
-    """The trace itself, or with emit: a Broadcast of it."""
-    return Broadcast(trace, emit) if emit else trace
 
 
 EVENT_TYPES = (Started, Text, ReplyArrived, ToolCalled, ToolResult, AnswerRejected, Note, Escalated, RoundDone,

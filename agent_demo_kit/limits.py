@@ -116,3 +116,6 @@ STATUS_KEPT_CHARS = 2_000  # of a reply streaming in, what the status line keeps
 
 
 STATUS_SHOWN_CHARS = 600  # ... and looks at for the words that fit the terminal
+
+
+MOST_ABSORBED = 30  # 429s in a row a batch's request waits out (in its request gate) before they count as retries

@@ -4,14 +4,14 @@ rounds and tokens (what the cost is counted from).
 
 It imports prompts, actions, records, endings, limits and scoring.
 """
+import math
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from agent_demo_kit import prompts
 from agent_demo_kit.actions import said_besides_actions
 from agent_demo_kit.endings import CheckFailed, Finished, GaveUp, RunEnded, RunResult
-from agent_demo_kit.records import Round, answer_text, is_count
+from agent_demo_kit.records import Round, answer_text, is_count, number
 from agent_demo_kit.limits import CHECK_OUTPUT_LINES, CHECK_OUTPUT_SHOWN, LAST_WORDS_CHARS, LAST_WORDS_LINES
-from agent_demo_kit.scoring import cost
 
 
 def run_result(ending: RunEnded, rounds: Sequence[Round], usage: dict, redact: Callable[[Any], Any], first: str,
@@ -114,3 +114,21 @@ def used_by_model(rounds: Sequence[Round], first: str) -> Dict[str, dict]:
     return {name: {"rounds": used["rounds"], "tokens": used["tokens"]}
             for name, used in tokens_by_model(rounds, first).items()}
 
+
+Price = Tuple[float, float, Optional[float]]  # dollars per million input, output and cached input tokens
+
+
+def cost(models: Dict[str, dict], prices: Dict[str, Price]) -> Optional[float]:
+    """What the tokens of a run cost in dollars, by each model's price (cached input at the cached
+    price, else the input price); None when a model that was used has no price (or it is past counting)."""
+    total = 0.0  # not rounded: micro-dollars a task add up to cents
+    for name, used in models.items():
+        if not isinstance(used, dict) or not number(used.get("rounds")) and not number(used.get("tokens")):
+            continue
+        if name not in prices:
+            return None
+        into, out, cached = prices[name]
+        prompt, completion = number(used.get("prompt")), number(used.get("completion"))
+        hits = min(number(used.get("cached")), prompt)
+        total += ((prompt - hits) * into + hits * (into if cached is None else cached) + completion * out) / 1e6
+    return round(total, 12) if math.isfinite(total) else None  # JSON has no Infinity

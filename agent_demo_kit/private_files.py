@@ -6,9 +6,10 @@ output folder.
 It imports endings.
 """
 import os
+import secrets
 import stat
 from pathlib import Path
-from typing import IO, Callable, Optional, Set
+from typing import IO, Callable, Iterable, Optional, Set
 
 try:
     import fcntl
@@ -274,3 +275,13 @@ def in_use(path: Path) -> bool:
             return not lock(trace)
     except OSError:
         return False
+
+
+def write_private(path: Path, pieces: Iterable[bytes]) -> None:
+    """A file readable only by the user, written whole under another name, piece by piece, and then
+    renamed over `path`."""
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}")  # pods may share a pid
+    with open(open_private(str(temporary), str(path.name)), "wb") as file:
+        file.truncate()
+        file.writelines(pieces)
+    os.replace(temporary, path)

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tuple
 
 from agent_demo_kit import comparison, metrics, run_log, trace_file
-from agent_demo_kit.batch_folder import write_private
+from agent_demo_kit.private_files import write_private
 from agent_demo_kit.endings import ConfigError
 from agent_demo_kit.records import number
 from agent_demo_kit.redaction import Redactor

@@ -15,7 +15,6 @@ from typing import Iterator, Optional, Tuple
 from agent_demo_kit.endings import Interrupted
 
 CUT = 4 / 5  # what is left of the limit after a 429
-MOST_ABSORBED = 30  # 429s in a row a batch's request waits out before they count as retries
 
 
 class RequestGate:

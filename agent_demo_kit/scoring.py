@@ -16,11 +16,11 @@ import statistics
 import subprocess
 import sys
 import threading
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, List, Optional, Sequence, Tuple
 
-from agent_demo_kit.records import answer_text, number
+from agent_demo_kit.records import answer_text
+from agent_demo_kit.settings import MATCHES  # noqa: F401  (scoring.MATCHES too)
 
-MATCHES = ("exact", "includes", "number", "regex")  # besides the default
 RELATIVE_TOLERANCE = 1e-6  # two numbers this close are equal (1/3 written as 0.333333 is not)
 SCORED_CHARS = 100_000  # of an answer, what is scored: a regex runs on no more
 _NUMBER = re.compile(r"(?:(?<![\w.])[-+])?(?:\d{1,3}(?:,\d{3})+(?!\d)|\d+|(?=\.\d))(?:\.\d+)?(?:[eE][-+]?\d+)?")
@@ -242,22 +242,3 @@ def repeats(outcomes: Sequence[Sequence[bool]], tries: int) -> dict:
             "pass_all": round(sum(len(task) == tries and all(task) for task in outcomes) / tasks, 4) if tasks else None,
             "per_try": [round(share, 4) for share in shares],
             "spread": round(statistics.pstdev(shares), 4) if len(shares) > 1 else 0.0}
-
-
-Price = Tuple[float, float, Optional[float]]  # dollars per million input, output and cached input tokens
-
-
-def cost(models: Dict[str, dict], prices: Dict[str, Price]) -> Optional[float]:
-    """What the tokens of a run cost in dollars, by each model's price (cached input at the cached
-    price, else the input price); None when a model that was used has no price (or it is past counting)."""
-    total = 0.0  # not rounded: micro-dollars a task add up to cents
-    for name, used in models.items():
-        if not isinstance(used, dict) or not number(used.get("rounds")) and not number(used.get("tokens")):
-            continue
-        if name not in prices:
-            return None
-        into, out, cached = prices[name]
-        prompt, completion = number(used.get("prompt")), number(used.get("completion"))
-        hits = min(number(used.get("cached")), prompt)
-        total += ((prompt - hits) * into + hits * (into if cached is None else cached) + completion * out) / 1e6
-    return round(total, 12) if math.isfinite(total) else None  # JSON has no Infinity

@@ -21,6 +21,8 @@ HOSTS_NEEDING_A_KEY = {"api.openai.com", "api.deepseek.com", "dashscope.aliyuncs
 MAX_TIMEOUT = 86_400.0  # a day; beyond that a socket cannot take it
 HOSTED_PARALLEL = 4  # a batch's tasks at once against a hosted endpoint, unless --parallel says otherwise
 DEFAULT_RETRY_ERRORS = 1  # a batch task that ended in an endpoint error is run again once (from its trace)
+MATCHES = ("exact", "includes", "number", "regex")  # how a batch scores an answer, besides the default
+MOST_TRIES = 1000  # --repeat at most
 
 
 # --- the checks a flag and its variable go through ----------------------------------------------

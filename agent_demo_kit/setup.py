@@ -11,57 +11,21 @@ import contextlib
 import os
 import shlex
 import sys
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from agent_demo_kit import prompts
-from agent_demo_kit.checks import Check, checks_for
 from agent_demo_kit.conversation import Conversation
-from agent_demo_kit.endings import CallerError, ConfigError
+from agent_demo_kit.endings import ConfigError
 from agent_demo_kit.environment import Environment
-from agent_demo_kit.escalation import Escalation
-from agent_demo_kit.events import broadcasting
 from agent_demo_kit.records import Call, Round
+from agent_demo_kit.seam import Approver, EachRound, Hooks, Job, the_callers  # noqa: F401  (setup's names too)
 from agent_demo_kit.settings import (OBEYED_ONLY_WHEN_GIVEN, Settings, check_endpoint_settings, flag_name,
                                      keyword_name, load_settings, recorded_differences)
 from agent_demo_kit.limits import MATERIAL_SHOWN_CHARS, PAGE_MARGIN_CHARS, VALUE_SHOWN_CHARS
 from agent_demo_kit.urls import display_url, mcp_urls, secrets_of
 from agent_demo_kit.tools import REGISTRY, Tool, ToolDefinitionError, clash_message, describe, in_use, material_reader
-
-
-Approver = Callable[[dict], bool]  # decides about one call ({"tool", "args", ...}); True runs it
-
-
-@dataclass
-class Job:
-    """A run made ready: the parts the loop runs with (settings, the model client, the tools, the
-    trace, who approves calls, the checks, the two models with --escalate), the task, and when it
-    is taken up again the rounds already done; closing it ends what it opened or started (the
-    trace, the endpoint's session, the tools worker, the MCP servers)."""
-
-    settings: Settings
-    client: Any
-    registry: Dict[str, Tool]
-    trace: Any
-    task: str
-    approver: Optional[Approver] = None
-    checks: List[Check] = field(default_factory=list)
-    escalation: Optional[Escalation] = None
-    history: List[Round] = field(default_factory=list)
-    unfinished: List[Call] = field(default_factory=list)  # side-effecting calls started before a crash
-    follow_up: Optional[str] = None  # the user's next turn after the run's last round (--continue)
-    resumed: bool = False  # a run taken up from its trace
-    round_limit: Optional[int] = None  # a bare --resume after a round limit: another --max-rounds of rounds
-    material: Optional[Tuple[str, int]] = None  # material read a page at a time, and how much was shown
-    task_notices: List[str] = field(default_factory=list)  # what a model that took over before round 1 was told
-    closing: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
-
-    def __enter__(self) -> "Job":
-        return self
-
-    def __exit__(self, *exc_info: Any) -> None:
-        self.closing.close()
 
 
 def prepare(task: str = "", *, given: Dict[str, Any], environment: Dict[str, str],
@@ -71,6 +35,7 @@ def prepare(task: str = "", *, given: Dict[str, Any], environment: Dict[str, str
             approver: Optional[Approver] = None, confirm: Optional[Callable[[str], bool]] = None,
             session: Any = None, task_check: Optional[Tuple[str, str]] = None, gate: Any = None,
             written: Optional[List[dict]] = None, on_event: Optional[Callable[[Any], None]] = None,
+            on_round: Optional[Callable[[Round], None]] = None, output: Any = None, expected: Optional[str] = None,
             settings: Optional[Settings] = None) -> Job:
     """A run made ready from what a caller gave: settings by name (`given`, named for messages by
     `named`), tool functions, the task and its material, where to record it (a path, True for the
@@ -81,8 +46,10 @@ def prepare(task: str = "", *, given: Dict[str, Any], environment: Dict[str, str
     a task line's own check (its command and how to name it), which the user said to run beside
     --check; a shared limit on requests in flight (`gate`: a batch's, or a function of the settings
     that gives arun()'s for the endpoint), a list to keep each record written in (`written`), and
-    who is told each event as well as the trace (`on_event`); `settings`: what `given` and
-    `environment` make, when the caller made them already (a batch, once for all its new tasks).
+    who is told each event as well as the trace (`on_event`) and each round (`on_round`); the type a
+    result must fit (`output`, an output_types.OutputType) and a batch task's answer for the checks
+    (`expected`); `settings`: what `given` and `environment` make, when the caller made them already
+    (a batch, once for all its new tasks). Each layer is imported only when the settings choose it.
     ConfigError if it cannot start; what it opened is closed then."""
     from agent_demo_kit import run_log, trace_file
     from agent_demo_kit.client import ModelClient, RequestForm
@@ -138,6 +105,7 @@ def prepare(task: str = "", *, given: Dict[str, Any], environment: Dict[str, str
             stronger = settings.stronger()  # checked with the first model's endpoint settings
             redactor.add(*secrets_of({"LLM_ESCALATE_KEY": stronger.api_key or ""}, stronger.url))
             second = closing.enter_context(contextlib.closing(ModelClient(stronger, gate=gate_for(stronger))))
+            from agent_demo_kit.escalation import Escalation
             escalation = Escalation(settings, client, second)
             if recorded is not None:
                 escalation.restore(recorded.escalations, history)
@@ -153,7 +121,10 @@ def prepare(task: str = "", *, given: Dict[str, Any], environment: Dict[str, str
                                  lambda text: Conversation(text, settings, registry, client).fits())
             piped = start_fields.get("material")
         Conversation(task, settings, registry, client).check_fits()  # before a new run's trace is made:
-        checks = checks_for(settings.check, settings.named("check"), task_check)
+        judge = None
+        if settings.check is not None or task_check or output is not None:
+            from agent_demo_kit.checks import Judge, checks_for
+            judge = Judge(settings, checks_for(settings.check, settings.named("check"), task_check), output, expected)
         if resume is None:
             path = run_log.new_log_file(environment) if trace is True else trace and os.fspath(trace)
             log = closing.enter_context(contextlib.closing(trace_file.RunLog(
@@ -161,41 +132,47 @@ def prepare(task: str = "", *, given: Dict[str, Any], environment: Dict[str, str
             if trace is True:
                 run_log.prune(Path(path).parent)
         log.recording(start_fields, notes, url_note)
-        log = broadcasting(with_telemetry(log, settings, environment, registry), on_event)
+        listeners = [log, *with_telemetry(settings, environment, registry, redactor)]
+        if on_event:
+            from agent_demo_kit.events import EventStream
+            listeners.append(EventStream(on_event, redactor))
+        if on_round:
+            listeners.append(EachRound(on_round))
+        hooks = Hooks(listeners, redactor)
         for each in escalation.clients.values() if escalation else [client]:
-            each.record_to(log)
+            each.record_to(hooks)
         round_limit = None
         if resume is not None and recorded.status == "max_rounds" and given.get("max_rounds") is None:
             more = recorded.first_limit or settings.max_rounds  # the run's own --max-rounds, not the total so far
             round_limit = len(history) + more  # a bare --resume: another --max-rounds of rounds
         shown = start_fields.get("material_shown", (start or {}).get("material_shown", 0))
-        return Job(settings, client, registry, log, task, approver, checks, escalation, history, unfinished,
+        return Job(settings, client, registry, hooks, task, approver, judge, escalation, output, history, unfinished,
                    follow_up, resumed=resume is not None, round_limit=round_limit,
                    material=(piped, shown) if piped is not None else None,  # paged: the outcome says how much was read
                    task_notices=list(recorded.task_notices) if recorded is not None and escalation else [],
-                   closing=closing)
+                   trace_path=log.path, closing=closing)
     except BaseException:
         closing.close()
         raise
 
 
-def with_telemetry(log: Any, settings: Settings, environment: Any, tools: Any = ()) -> Any:
-    """The trace, also made into OpenTelemetry spans when --otel or OTEL_EXPORTER_OTLP_ENDPOINT says so and
-    the otel extra is installed (without it, the variable alone changes nothing; --otel is an error)."""
+def with_telemetry(settings: Settings, environment: Any, tools: Any, redactor: Any) -> List[Any]:
+    """The listener that makes the run into OpenTelemetry spans, when --otel or OTEL_EXPORTER_OTLP_ENDPOINT
+    says so and the otel extra is installed (without it, the variable alone changes nothing; --otel is an error)."""
     if not settings.otel:
-        return log
+        return []
     try:
         from agent_demo_kit.telemetry import traced
     except ImportError:
         if settings.sources.get("otel") != "OTEL_EXPORTER_OTLP_ENDPOINT":  # asked for by name
             raise ConfigError(f"{settings.named('otel')} needs the OpenTelemetry SDK: pip install 'agent-demo[otel]'") \
                 from None
-        return log
-    return traced(log, settings, environment, tools)
+        return []
+    return [traced(settings, environment, tools, redactor)]
 
 
 def notes_before_the_first_round(settings: Settings, registry: Dict[str, Tool], approver: Optional[Approver],
-                                 client: Any, escalation: Optional[Escalation], following_up: bool) -> List[str]:
+                                 client: Any, escalation: Any, following_up: bool) -> List[str]:
     """What a run says once, before its first round: which model goes on (with --escalate), calls that
     will be refused with nobody to ask, a --max-context the model's window does not hold."""
     notes = []
@@ -315,13 +292,3 @@ def with_material(task: str, material: str, registry: Dict[str, Tool], start_fie
     start_fields["material"], start_fields["material_shown"] = material, prompts.material_shown(
         material, MATERIAL_SHOWN_CHARS)
     return prompts.render_task_with_material(task, material, shown_chars=MATERIAL_SHOWN_CHARS)
-
-
-def the_callers(name: str, function: Callable) -> Callable:
-    """The caller's function, whose exceptions end the run and reach the caller rather than pass for ours."""
-    def call(*args: Any) -> Any:
-        try:
-            return function(*args)
-        except Exception as error:
-            raise CallerError(f"the {name} function raised") from error
-    return call

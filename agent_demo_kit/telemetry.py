@@ -317,10 +317,10 @@ def flush() -> None:
 
 
 class Traced(RunEvents):
-    """The run's trace, with each report also made into spans (after the trace took it)."""
+    """A listener that makes a run's reports into spans."""
 
-    def __init__(self, inner: RunEvents, settings: Any, environment: Any, tools: Iterable[str] = ()):
-        self.inner = inner
+    def __init__(self, settings: Any, environment: Any, tools: Iterable[str] = (), redactor: Any = None):
+        self.redactor = redactor
         self.tools = {*tools, *CONTROL_ACTIONS}  # the tools the user configured, and ours: their names may name a span
         self.tracer = provider(settings.otel).get_tracer("agent-demo")
         self.content = str(environment.get(CAPTURE_CONTENT, "")).lower() in ("true", "1")
@@ -332,14 +332,11 @@ class Traced(RunEvents):
         self.chat: Any = None
         self.tool: Any = None
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
-
     def redact(self, text: str) -> str:
-        return self.inner.redact(text)
+        return self.redactor(text, placeholders=False) if self.redactor else text
 
     def redact_values(self, value: Any) -> Any:
-        return self.inner.redact_values(value)
+        return self.redactor.values(value) if self.redactor else value
 
     def _child(self, name: str, **attributes: Any) -> Any:
         context = trace.set_span_in_context(self.agent) if self.agent is not None else None
@@ -360,28 +357,23 @@ class Traced(RunEvents):
                if self.content else {})}))
 
     def start(self, task: str, model: str, url: str, kept: dict) -> None:
-        self.inner.start(task, model, url, kept)
         self._begin(task, model, url)
 
     def resume(self, task: str, model: str, url: str, done_rounds: int, kept: dict) -> None:
-        self.inner.resume(task, model, url, done_rounds, kept)
         self._begin(task, model, url)
 
     def follow_up(self, text: str, model: str, url: str, done_rounds: int, kept: dict) -> None:
-        self.inner.follow_up(text, model, url, done_rounds, kept)
         self._begin(text, model, url)
 
     @contextlib.contextmanager
     def working(self, label: str = "model working") -> Iterator[Working]:
         if label != "model working":
-            with self.inner.working(label) as status:
-                yield status
+            yield Working()
             return
         self.chat = self._child(f"chat {self.model}", **{"gen_ai.operation.name": "chat", "gen_ai.provider.name":
                                                        "openai", "gen_ai.request.model": self.model, **self._server()})
         try:
-            with self.inner.working(label) as status:
-                yield status
+            yield Working()
         except BaseException as error:  # the request failed: its span says how, and ends
             _failed(self.chat, type(error).__name__, self.redact(str(error)) if self.content else
                     "the request failed")  # its error quotes the endpoint's own text
@@ -389,7 +381,6 @@ class Traced(RunEvents):
             raise
 
     def reply(self, number: int, limit: int, reply: Reply, prose: str, usage: dict, estimated: bool) -> None:
-        self.inner.reply(number, limit, reply, prose, usage, estimated)
         if self.chat is None:
             return
         self.chat.set_attributes(_plain({
@@ -407,7 +398,6 @@ class Traced(RunEvents):
         return said if self.content or said in FINISH_REASONS else "other"
 
     def action(self, index: int, count: int, tool: str, args: Any, in_words: bool = False) -> None:
-        self.inner.action(index, count, tool, args, in_words)
         if tool in ENDINGS or self.tool is not None:
             return
         # A name the model made up is its text: with capture off, a span holds only names the user configured.
@@ -417,7 +407,6 @@ class Traced(RunEvents):
             "function", **({"gen_ai.tool.call.arguments": json.dumps(self.redact_values(args))} if self.content else {})})
 
     def result(self, call: Call, sent: dict) -> None:
-        self.inner.result(call, sent)
         if self.tool is None:
             return
         if call.id and self.content:  # the endpoint's text
@@ -433,7 +422,6 @@ class Traced(RunEvents):
 
     def escalation(self, after_round: int, from_model: str, to_model: str, trigger: str, reason: str,
                    notice: str) -> None:
-        self.inner.escalation(after_round, from_model, to_model, trigger, reason, notice)
         self.model, self.url = to_model, self.urls.get(to_model, self.url)
         if self.agent is not None:
             self.agent.add_event("agent_demo.escalation", _plain({
@@ -442,7 +430,6 @@ class Traced(RunEvents):
                 "agent_demo.reason": self.redact(reason) if self.content else None}))
 
     def end(self, outcome: Any) -> None:
-        self.inner.end(outcome)
         for open_span in (self.tool, self.chat):  # cut short mid-call or mid-request (Ctrl-C, SIGTERM)
             if open_span is not None:
                 _failed(open_span, outcome.status, "the run ended first")
@@ -478,6 +465,6 @@ def _plain(attributes: Dict[str, Any]) -> Dict[str, Any]:
     return {name: value for name, value in attributes.items() if value is not None}
 
 
-def traced(log: RunEvents, settings: Any, environment: Any, tools: Iterable[str] = ()) -> RunEvents:
-    """The run's trace, made into spans too (tools: the names of the tools the run was given)."""
-    return Traced(log, settings, environment, tools)
+def traced(settings: Any, environment: Any, tools: Iterable[str] = (), redactor: Any = None) -> RunEvents:
+    """A listener that makes the run's reports into spans (tools: the names of the tools the run was given)."""
+    return Traced(settings, environment, tools, redactor)

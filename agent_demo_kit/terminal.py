@@ -43,6 +43,8 @@ from agent_demo_kit.prompts import ENDINGS, clip
 # is (the same the approval question escapes): the combining grapheme joiner, Hangul fillers,
 # Khmer's invisible vowels, the braille blank, Mongolian and other variation selectors, and
 # private-use characters, which a font may draw as anything.
+CONTROLLING_TERMINAL = "/dev/tty"  # where a question is asked, whatever stdin is (as sudo asks)
+
 ACTIVE = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\xad\u0600-\u0605\u061c\u06dd\u070f\u0890\u0891\u08e2"
                      "\u180e\u200b\u200e\u200f\u2028-\u202e\u2060-\u206f\ufeff\ufff9-\ufffb\U000110bd\U000110cd"
                      "\U00013430-\U0001343f\U0001bca0-\U0001bca3\U0001d173-\U0001d17a\U000e0000-\U000e007f"

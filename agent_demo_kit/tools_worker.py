@@ -25,7 +25,7 @@ import threading
 import time
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
-from agent_demo_kit.checks import child_environment
+from agent_demo_kit.environment import child_environment
 from agent_demo_kit.endings import ConfigError
 from agent_demo_kit.tools import (Converted, Tool, ToolDefinitionError, ToolError, as_json, awaited, clash_message,
                                   registry_of)

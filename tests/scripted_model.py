@@ -7,8 +7,10 @@ import copy
 from typing import Any, List, Optional, Sequence
 
 from agent_demo import Agent
+from agent_demo_kit.checks import Judge, checks_for
 from agent_demo_kit.client import ModelClient, RequestForm
 from agent_demo_kit.records import Reply
+from agent_demo_kit.seam import EachRound, Hooks, Job
 from agent_demo_kit.settings import Settings
 from agent_demo_kit.tools import REGISTRY
 
@@ -34,10 +36,18 @@ class ScriptedModel(ModelClient):
         return self.requests[index]["messages"]
 
 
+def agent(settings: Settings, model: Any, registry=REGISTRY, log=None, approve=None, on_round=None) -> Agent:
+    """The agent setup.py would make of these parts: log (a RunLog, say) and on_round listen to its hooks."""
+    hooks = Hooks([each for each in (log, on_round and EachRound(on_round)) if each is not None],
+                  getattr(log, "redactor", None))
+    judge = Judge(settings, checks_for(settings.check, "--check")) if settings.check is not None else None
+    return Agent(Job(settings, model, dict(registry), hooks, "", approve, judge, trace_path=getattr(log, "path", None)))
+
+
 def run(task: str, settings: Settings, model: ScriptedModel, registry=REGISTRY, log=None,
         history: Sequence = (), approve=None):
     """Run the agent in-process against a scripted model, as the command line would."""
     model.settings, model.form = settings, RequestForm(mode=settings.mode, stream=False)  # played whole, not streamed
-    if log is not None:
-        model.trace = log
-    return Agent(settings, model, registry, log, approve).run(task, history)
+    the_agent = agent(settings, model, registry, log, approve)
+    model.trace = the_agent.hooks
+    return the_agent.run(task, history)

@@ -426,7 +426,7 @@ def test_a_number_too_large_to_work_with_is_refused_as_its_flag(serve, capsys, f
 
 
 def test_a_cost_past_counting_is_unknown_not_infinity():
-    from agent_demo_kit.scoring import cost
+    from agent_demo_kit.outcome import cost
     used = {"m": {"rounds": 1, "prompt": 10 ** 15, "completion": 10 ** 15}}
     assert cost(used, {"m": (1.7e308, 1.7e308, None)}) is None
     assert cost(used, {"m": (1.0, 2.0, None)}) == 3e9

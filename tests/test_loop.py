@@ -3,7 +3,7 @@ import json
 import pytest
 
 from agent_demo_kit import prompts
-from agent_demo import Agent
+from scripted_model import agent as scripted_agent
 from agent_demo_kit.client import RequestForm
 from agent_demo_kit.records import Call, Round
 from agent_demo_kit.trace_file import TraceWriteError
@@ -150,7 +150,7 @@ def test_a_follow_up_gets_its_own_rounds_and_its_own_token_budget_on_top_of_what
     model = ScriptedModel(*[act("calculator", expression=f"{n} + 1") for n in range(9)])  # 10 tokens a reply
     settings = Settings(max_rounds=5, max_tokens=25)
     model.settings, model.form = settings, RequestForm(mode="json", stream=False)
-    agent = Agent(settings, model)
+    agent = scripted_agent(settings, model)
     outcome = agent.run("compute", history, follow_up="and 2 + 1?")
     assert (agent.round_limit, agent.token_limit) == (7, 65)
     assert (outcome.status, outcome.rounds, outcome.usage["total_tokens"]) == ("budget", 5, 70)
@@ -184,7 +184,7 @@ def test_a_check_that_can_no_longer_start_mid_run_is_a_configuration_error(tmp_p
     check.chmod(0o755)
     model = ScriptedModel(act("finish", result="1"), act("finish", result="2"))
     model.settings = settings = Settings(check=str(check))
-    agent = Agent(settings, model, on_round=lambda record: check.unlink())  # gone after the first rejection
+    agent = scripted_agent(settings, model, on_round=lambda record: check.unlink())  # gone after the first rejection
     outcome = agent.run("x")
     assert (outcome.status, outcome.exit_code) == ("error", 2)
     assert outcome.error.startswith("--check cannot start: ")
