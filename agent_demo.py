@@ -170,8 +170,8 @@ class Agent:
             self.hooks.resume(task, model, url, len(history), kept)
         else:
             self.hooks.start(task, model, url, kept)
-        for text in notes_before_the_first_round(self.settings, self.registry, self.job.approver, self.client,
-                                                 self.escalation, follow_up is not None):
+        for text in [*self.job.notes, *notes_before_the_first_round(  # the notes of its tools first (MCP's)
+                self.settings, self.registry, self.job.approver, self.client, self.escalation, follow_up is not None)]:
             self.hooks.note(text)
         for call in unfinished:
             self.uncertain[call.tool] = len(history) + 1

@@ -14,7 +14,7 @@ import stat
 import sys
 from typing import Any, Callable, Dict, List, Optional
 
-from agent_demo_kit import __version__, run_log
+from agent_demo_kit import __version__
 from agent_demo_kit.commands import (json_object, list_runs, report, run_batch, show_config, show_run, show_summary,
                                      write_report,
                                      show_traceback, start)
@@ -249,7 +249,9 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
     parser.json_output = "--json" in (sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
     words, args.material = " ".join(args.task).strip(), ""
-    if args.continue_run and not words and not run_log.looks_like_a_run(args.continue_run):
+    if args.continue_run and not words:
+        from agent_demo_kit.run_log import looks_like_a_run  # --continue: the run log's
+    if args.continue_run and not words and not looks_like_a_run(args.continue_run):
         words, args.continue_run = args.continue_run.strip(), ""  # --continue "follow-up" alone
     if args.continue_run is not None and args.resume is not None:
         parser.error("--continue and --resume cannot go together: a follow-up starts from where the run stands")

@@ -17,16 +17,14 @@ from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 from agent_demo_kit import prompts
-from agent_demo_kit.private_files import write_private
 from agent_demo import Agent, Job, prepare, run_job
-from agent_demo_kit import run_log, trace_file
 from agent_demo_kit.endings import ConfigError, Interrupted, RunResult, SigTerm, Terminated
 from agent_demo_kit.environment import Environment, user_config_file
-from agent_demo_kit.private_files import checked_folder
+from agent_demo_kit.private_files import checked_folder, write_private
 from agent_demo_kit.redaction import Redactor
 from agent_demo_kit.settings import (DEFAULT_RETRY_ERRORS, check_endpoint_settings, flag_name, load_settings,
                                      setting_fields, shown_default)
-from agent_demo_kit.terminal import (CONTROLLING_TERMINAL, SafeStream, Screen, inert, is_terminal,
+from agent_demo_kit.terminal import (CONTROLLING_TERMINAL, SafeStream, Screen, ScreenTrace, inert, is_terminal,
                                      stray_prints_to_stderr)
 from agent_demo_kit.urls import display_url
 
@@ -110,6 +108,7 @@ def screen(args: argparse.Namespace, environment: Dict[str, str], redactor: Reda
 
 def run_path(args: argparse.Namespace, environment: Dict[str, str]) -> str:
     """The trace file --resume or --continue is about; ConfigError if there is none to take up."""
+    from agent_demo_kit import run_log  # the run log layer
     continuing = args.continue_run is not None
     flag = "--continue" if continuing else "--resume"
     if args.task and not continuing:
@@ -191,6 +190,7 @@ def say_material(outcome: RunResult) -> None:
 
 def json_object(outcome: RunResult) -> dict:
     """The --json object: the outcome, and the run's id and trace file (null when nothing was recorded)."""
+    from agent_demo_kit import run_log  # the run log layer
     path = outcome.trace
     return {**outcome.to_json(), "run_id": run_log.run_id(Path(path)) if path else None,
             "trace": os.path.abspath(path) if path else None}
@@ -248,6 +248,7 @@ def key_source(settings: Any) -> str:
 def run_name(path: str, args: argparse.Namespace) -> str:
     """How --resume names a run: as the user named it (--trace FILE, --resume RUN), else by its short
     id in the run log folder."""
+    from agent_demo_kit import run_log  # the run log layer
     named = args.trace or args.resume or args.continue_run
     if named:
         return shlex.quote(named)
@@ -259,6 +260,7 @@ def run_name(path: str, args: argparse.Namespace) -> str:
 def list_runs(args: argparse.Namespace, environment: Dict[str, str], answer: SafeStream) -> int:
     """--runs: the recent runs in the run log folder, newest first, a line a run, as wide as COLUMNS says,
     else the terminal (80 columns into a pipe or a file); with --json, a list of objects."""
+    from agent_demo_kit import run_log  # the run log layer
     folder = run_log.log_dir(environment)
     checked_folder(folder)
     runs = run_log.recent_runs(folder, args.count or 20, args.status)
@@ -306,6 +308,7 @@ def run_batch(args: argparse.Namespace, environment: Dict[str, str], answer: Saf
 def show_summary(args: argparse.Namespace, environment: Dict[str, str], answer: SafeStream) -> int:
     """--summary [DIR...]: the figures of batch result folders (shards merged; configurations side by
     side), or of the run log folder; what failed, and how to run it again."""
+    from agent_demo_kit import run_log  # the run log layer
     from agent_demo_kit import comparison
     from agent_demo_kit.batch import summarize_runs
     from agent_demo_kit.metrics import render
@@ -340,6 +343,7 @@ def show_summary(args: argparse.Namespace, environment: Dict[str, str], answer: 
 def show_run(args: argparse.Namespace, environment: Dict[str, str], answer: SafeStream, redactor: Redactor) -> int:
     """--show RUN: the run as its live trace showed it (on stderr) and its answer (on stdout); with --json,
     its summary: the --json object of the run."""
+    from agent_demo_kit import run_log, trace_file  # the run log layer
     path = run_log.pick_run(args.show, environment, "--show")
     try:
         records = trace_file.last_run_records(path)
@@ -348,7 +352,7 @@ def show_run(args: argparse.Namespace, environment: Dict[str, str], answer: Safe
     if args.html:
         from agent_demo_kit import report_page
         return write_page(args.output, report_page.page(report_page.run_data(path), redactor), answer)
-    outcome = run_log.replay(records, trace_file.RunLog(screen(args, environment, redactor)))
+    outcome = run_log.replay(records, ScreenTrace(screen(args, environment, redactor)))
     outcome.trace = path
     say_material(outcome)
     if args.json:

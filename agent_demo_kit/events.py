@@ -104,7 +104,7 @@ class Ended:
     result: RunResult
 
 
-# --- what the trace says of a report, in words (trace_file.RunLog shows the same) --------------------
+# --- what the trace says of a report, in words (terminal.ScreenTrace shows the same) --------------------
 
 def retry_said(cause: str, attempt: int, retries: int, wait: float) -> str:
     if attempt:

@@ -278,8 +278,9 @@ class Working:
 
 class RunEvents:
     """Everything a run reports as it goes, to whoever listens: this one keeps nothing and hides
-    nothing. The run store's RunLog writes the events to the trace file and the screen, and
-    redacts the key; the loop, the client and the conversation know only these methods."""
+    nothing. A run tells them to its hooks (seam.py), which tell every listener: the screen
+    (terminal.ScreenTrace), the trace file (trace_file.TraceFile), ...; the loop, the client and the
+    conversation know only these methods."""
 
     def redact(self, text: str) -> str:
         """text without the secrets, before it goes to the model."""

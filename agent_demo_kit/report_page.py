@@ -23,7 +23,7 @@ from agent_demo_kit.endings import ConfigError
 from agent_demo_kit.records import number
 from agent_demo_kit.redaction import Redactor
 from agent_demo_kit.seals import is_sealed
-from agent_demo_kit.terminal import Screen
+from agent_demo_kit.terminal import Screen, ScreenTrace
 
 TRACE_SHOWN_CHARS = 40_000  # of a task's drawn trace; --show FILE shows the rest
 ANSWER_SHOWN_CHARS = 2_000
@@ -41,7 +41,7 @@ def drawn(path: str) -> Tuple[str, str]:
         return "", ""
     shown = io.StringIO()
     screen = Screen(shown)
-    run_log.replay(records, trace_file.RunLog(screen), errors=screen.stream)  # in the text, as the terminal had it
+    run_log.replay(records, ScreenTrace(screen), errors=screen.stream)  # in the text, as the terminal had it
     text = shown.getvalue()
     return str(records[0].get("task") or ""), text if len(text) <= TRACE_SHOWN_CHARS else (
         text[:TRACE_SHOWN_CHARS] + f"\n[... cut; agent-demo --show {path} shows it whole]")
@@ -150,7 +150,7 @@ def folder_pieces(folder: Path, redactor: Optional[Redactor] = None, sealed_only
 def run_data(path: str) -> Dict[str, Any]:
     """The page of one run: its trace, as a one-row report."""
     records = trace_file.last_run_records(path)
-    outcome = run_log.replay(records, trace_file.RunLog(None), errors=None)
+    outcome = run_log.replay(records, ScreenTrace(None), errors=None)
     usage = outcome.usage or {}
     run = {"status": outcome.status, "in_words": outcome.answered_in_words, "correct": None,
            "answer": _clip(outcome.result, ANSWER_SHOWN_CHARS)

@@ -143,6 +143,7 @@ class Job:
     resumed: bool = False  # a run taken up from its trace
     round_limit: Optional[int] = None  # a bare --resume after a round limit: another --max-rounds of rounds
     material: Optional[Tuple[str, int]] = None  # material read a page at a time, and how much was shown
+    notes: List[str] = field(default_factory=list)  # said once the run's start is recorded (an MCP server's)
     task_notices: List[str] = field(default_factory=list)  # what a model that took over before round 1 was told
     trace_path: Optional[str] = None  # the file the run is recorded in
     closing: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)

@@ -20,7 +20,7 @@ from agent_demo_kit.conversation import Conversation
 from agent_demo_kit.endings import ConfigError
 from agent_demo_kit.environment import Environment
 from agent_demo_kit.records import Call, Round
-from agent_demo_kit.seam import Approver, EachRound, Hooks, Job, the_callers  # noqa: F401  (setup's names too)
+from agent_demo_kit.seam import Approver, EachRound, Hooks, Job
 from agent_demo_kit.settings import (OBEYED_ONLY_WHEN_GIVEN, Settings, check_endpoint_settings, flag_name,
                                      keyword_name, load_settings, recorded_differences)
 from agent_demo_kit.limits import MATERIAL_SHOWN_CHARS, PAGE_MARGIN_CHARS, VALUE_SHOWN_CHARS
@@ -51,9 +51,9 @@ def prepare(task: str = "", *, given: Dict[str, Any], environment: Dict[str, str
     (`expected`); `settings`: what `given` and `environment` make, when the caller made them already
     (a batch, once for all its new tasks). Each layer is imported only when the settings choose it.
     ConfigError if it cannot start; what it opened is closed then."""
-    from agent_demo_kit import run_log, trace_file
-    from agent_demo_kit.client import ModelClient, RequestForm
+    from agent_demo_kit.client import ModelClient, RequestForm  # not on import: --version starts without requests
     from agent_demo_kit.redaction import Redactor
+    from agent_demo_kit.terminal import ScreenTrace
     closing = contextlib.ExitStack()
     try:
         redactor = redactor or Redactor(*secrets_of(environment, given.get("url")))
@@ -61,24 +61,26 @@ def prepare(task: str = "", *, given: Dict[str, Any], environment: Dict[str, str
         recorded: Optional[Any] = None
         history: List[Round] = []
         unfinished: List[Call] = []
+        screen_trace = ScreenTrace(screen)
+        log: Any = None  # the trace file's listener
         if resume is not None:  # locked before it is read, and shown before its tools files are imported
-            log = closing.enter_context(contextlib.closing(trace_file.RunLog(screen, resume, redactor,
-                                                                             written=written)))
+            from agent_demo_kit import trace_file
+            log = closing.enter_context(contextlib.closing(trace_file.TraceFile(resume, redactor, written=written)))
             recorded = trace_file.read_run(log, resume, continuing=follow_up is not None)
             start, history, unfinished = recorded.start, recorded.rounds, recorded.unfinished
             if not recorded.sealed:
-                take_up_unsealed(resume, start, confirm, log)
+                take_up_unsealed(resume, start, confirm, screen_trace)
             if "***" in str(start.get("url")) and not any(
                     (given.get("url"), environment.get("LLM_API_URL"), environment.get("OPENAI_BASE_URL"))):
                 raise ConfigError("the run's URL held a password, which is not recorded: give it again with --url"
                                   " or LLM_API_URL")
             settings = load_settings(given, environment, own_settings(start, follow_up is not None), named,
                                      check_endpoint=False)
-            log.say(f"{'following up on' if follow_up is not None else 'resuming'} {resume}\n  requests go to"
+            screen_trace.say(f"{'following up on' if follow_up is not None else 'resuming'} {resume}\n  requests go to"
                     f" {display_url(settings.endpoint)}\n  tools files: {', '.join(settings.tools_files) or 'none'}"
                     + (f"\n  a stronger model on trouble (--escalate): {settings.escalate} at"
                        f" {display_url(settings.stronger().endpoint)}" if settings.escalate else ""))
-            settings = settle_differences(settings, start, confirm, log)
+            settings = settle_differences(settings, start, confirm, screen_trace)
             check_endpoint_settings(settings)
             task = start["task"]
         else:
@@ -97,9 +99,10 @@ def prepare(task: str = "", *, given: Dict[str, Any], environment: Dict[str, str
         client = closing.enter_context(contextlib.closing(ModelClient(settings, form=form, session=session,
                                                                       gate=gate)))
         url_note = environment.where_requests_go(settings) if isinstance(environment, Environment) else ""
+        screen_trace = ScreenTrace(screen, url_note, header_said=resume is None)
         if resume is None:  # said before any request: a local server's window is asked before the start is recorded
-            trace_file.RunLog(screen, None, redactor, url_note=url_note).header(
-                redactor(task, placeholders=False), settings.model, display_url(settings.endpoint), form.mode)
+            ScreenTrace(screen, url_note).header(redactor(task, placeholders=False), settings.model,
+                                                 display_url(settings.endpoint), form.mode)
         escalation = None
         if settings.escalate:  # the stronger model: its own endpoint and key, or the first model's
             stronger = settings.stronger()  # checked with the first model's endpoint settings
@@ -125,14 +128,15 @@ def prepare(task: str = "", *, given: Dict[str, Any], environment: Dict[str, str
         if settings.check is not None or task_check or output is not None:
             from agent_demo_kit.checks import Judge, checks_for
             judge = Judge(settings, checks_for(settings.check, settings.named("check"), task_check), output, expected)
-        if resume is None:
-            path = run_log.new_log_file(environment) if trace is True else trace and os.fspath(trace)
-            log = closing.enter_context(contextlib.closing(trace_file.RunLog(
-                screen, path, redactor, url_note=url_note, header_said=True, written=written)))
+        if resume is None and trace:  # the run log layer, when the run is recorded
+            from agent_demo_kit import run_log, trace_file
+            path = run_log.new_log_file(environment) if trace is True else os.fspath(trace)
+            log = closing.enter_context(contextlib.closing(trace_file.TraceFile(path, redactor, written=written)))
             if trace is True:
                 run_log.prune(Path(path).parent)
-        log.recording(start_fields, notes, url_note)
-        listeners = [log, *with_telemetry(settings, environment, registry, redactor)]
+        if log is not None:
+            log.recording(start_fields)
+        listeners = [screen_trace, *([log] if log else []), *with_telemetry(settings, environment, registry, redactor)]
         if on_event:
             from agent_demo_kit.events import EventStream
             listeners.append(EventStream(on_event, redactor))
@@ -150,7 +154,7 @@ def prepare(task: str = "", *, given: Dict[str, Any], environment: Dict[str, str
                    follow_up, resumed=resume is not None, round_limit=round_limit,
                    material=(piped, shown) if piped is not None else None,  # paged: the outcome says how much was read
                    task_notices=list(recorded.task_notices) if recorded is not None and escalation else [],
-                   trace_path=log.path, closing=closing)
+                   notes=notes, trace_path=log and log.path, closing=closing)
     except BaseException:
         closing.close()
         raise

@@ -1,5 +1,5 @@
-"""The trace file's one owner: its event names, the writer (RunLog, which also shows each event on
-the screen), the one line reader everything else reads through, and the reader that rebuilds a
+"""The trace file's one owner: its event names, the writer (TraceFile, a listener on a run's hooks
+beside the screen), the one line reader everything else reads through, and the reader that rebuilds a
 run for a resume.
 
 A trace file holds a run as JSON Lines: its start record (the task and the settings a resume
@@ -10,9 +10,8 @@ the file instead of guessing. A file may hold several runs (--trace FILE again):
 its start record, and the records that set a run up carry the user's seal (seals.py). A run still
 going holds a lock on its file.
 
-It imports records, endings, events, seals, private_files, settings and terminal.
+It imports records, endings, seals, private_files, terminal and redaction.
 """
-import contextlib
 import json
 import os
 import re
@@ -22,17 +21,15 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ContextManager, Dict, List, Optional
+from typing import Any, Dict, List, Optional
 
-from agent_demo_kit.records import Call, Compaction, Reply, Round, RunEvents, Working, to_json
+from agent_demo_kit.records import Call, Compaction, Round, RunEvents
 from agent_demo_kit.endings import RESUMABLE, ConfigError, RunResult
-from agent_demo_kit.events import compaction_said, fallback_said, retry_said
 from agent_demo_kit.seals import is_sealed, seal_of
 from agent_demo_kit.private_files import lock, open_private
 from agent_demo_kit.limits import TASK_SHOWN_CHARS
-from agent_demo_kit.terminal import SafeStream, Screen
+from agent_demo_kit.terminal import SafeStream
 from agent_demo_kit.redaction import Redactor
-from agent_demo_kit.prompts import clip
 
 
 
@@ -153,19 +150,14 @@ class TraceWriteError(ConfigError):
     record cannot be recorded, so it ends (exit 2)."""
 
 
-class RunLog(RunEvents):
-    """Writes each event of a run to the trace file (if any) and shows it on the screen (if any);
-    the key and its forms never reach either, nor the model (`redact`)."""
+class TraceFile(RunEvents):
+    """A listener that writes each report of a run to its trace file, the key and its forms redacted
+    (the screen is another listener: terminal.ScreenTrace)."""
 
-    def __init__(self, screen: Optional[Screen] = None, trace_path: Optional[str] = None,
-                 redactor: Optional[Redactor] = None, url_note: str = "", header_said: bool = False,
+    def __init__(self, trace_path: Optional[str] = None, redactor: Optional[Redactor] = None,
                  written: Optional[List[dict]] = None):
         self.redactor = redactor or Redactor()
-        self.screen = screen
         self.start_fields: Dict[str, Any] = {}  # recorded with the start or resume (the MCP servers used)
-        self.start_notes: List[str] = []  # said right after it
-        self.url_note = url_note  # on the header line: where requests go was chosen by ./.env, the key not
-        self.header_said = header_said  # the run's first lines were said before any request (header())
         self.trace_file: Optional[SafeStream] = None
         self.path = trace_path
         self.written = written  # when a list, each record written is added to it, as written
@@ -184,17 +176,10 @@ class RunLog(RunEvents):
                 raw.flush()
             self.trace_file = SafeStream(raw, self.redactor)
 
-    def recording(self, start_fields: Dict[str, Any], notes: List[str], url_note: str) -> None:
-        """What the start (or resume) record keeps besides the settings (the MCP servers used), the
-        notes said right after it, and what the header line says of where requests go: known once the
-        run's tools have started, after a resumed run's file was opened to be read."""
-        self.start_fields, self.start_notes, self.url_note = start_fields, notes, url_note
-
-    def redact(self, text: str) -> str:
-        return self.redactor(text, placeholders=False)  # a short placeholder key may be a number in the data
-
-    def redact_values(self, value: Any) -> Any:
-        return self.redactor.values(value)
+    def recording(self, start_fields: Dict[str, Any]) -> None:
+        """What the start (or resume) record keeps besides the settings (the MCP servers used): known once
+        the run's tools have started, after a resumed run's file was opened to be read."""
+        self.start_fields = start_fields
 
     def recorded(self) -> bytes:
         """What the trace file holds, read through the file this run locked, to resume from (nothing
@@ -208,15 +193,6 @@ class RunLog(RunEvents):
                 return b"".join(chunks)
             chunks.append(chunk)
             offset += len(chunk)
-
-    def say(self, text: str, kind: Optional[str] = None) -> None:
-        if self.screen:
-            self.screen.say(text, kind)
-
-    def working(self, label: str = "model working") -> ContextManager[Working]:
-        """Around a request, a tool call or a check: on a terminal, a live line shows it working (and
-        the model's reply arriving)."""
-        return self.screen.working(label) if self.screen else contextlib.nullcontext(Working())
 
     def record(self, event: str, **fields: Any) -> None:
         if self.trace_file:
@@ -240,89 +216,46 @@ class RunLog(RunEvents):
                 self.close()  # nothing more can be recorded; the end is still shown
                 raise TraceWriteError(f"cannot write the trace file: {error.strerror or error}") from None
 
-    def header(self, task: str, model: str, url: str, mode: str) -> None:
-        """The run's first lines, said before any request is made (a local server's window is asked
-        before the start is recorded); start() does not say them again."""
-        self.say(f"task: {clip(task, TASK_SHOWN_CHARS)}\nmodel: {model} at {url}{self.url_note} ({mode} mode)")
-        self.header_said = True
-
     def start(self, task: str, model: str, url: str, kept: dict) -> None:
         """kept: the run's own settings (max_rounds, mode, ...), for --resume."""
-        if not self.header_said:
-            self.header(task, model, url, str(kept.get("mode")))
         self.record(START, task=task, model=model, url=url, **kept, **self.start_fields, ts=time.time())
-        self._say_start_notes()
 
     def resume(self, task: str, model: str, url: str, done_rounds: int, kept: dict) -> None:
-        self.say(f"resuming after round {done_rounds}: {clip(task, TASK_SHOWN_CHARS)}\nmodel: {model} at {url}"
-                 f"{self.url_note} ({kept.get('mode')} mode)")
         self.record(RESUME, model=model, url=url, after_round=done_rounds, **kept, **self.start_fields,
                     ts=time.time())
-        self._say_start_notes()
 
     def follow_up(self, text: str, model: str, url: str, done_rounds: int, kept: dict) -> None:
         """--continue: the user's next turn after the run's last round, with the settings the run goes on with."""
-        self.say(f"follow-up after round {done_rounds}: {clip(text, TASK_SHOWN_CHARS)}\nmodel: {model} at {url}"
-                 f"{self.url_note} ({kept.get('mode')} mode)")
         self.record(FOLLOW_UP, text=text, model=model, url=url, after_round=done_rounds, **kept,
                     **self.start_fields, ts=time.time())
-        self._say_start_notes()
-
-    def _say_start_notes(self) -> None:
-        for text in self.start_notes:
-            self.note(text)
 
     def fallback(self, from_mode: str, to_mode: str, error: str, from_variant: Optional[str] = None,
                  to_variant: Optional[str] = None) -> None:
         """One step down after a refusal: to schema mode's next variant, or to another mode."""
-        self.say(f"note: {fallback_said(from_mode, to_mode, error, from_variant, to_variant)}", "note")
         variants = {name: value for name, value in [("from_variant", from_variant), ("to_variant", to_variant)]
                     if value}
         self.record(FALLBACK, from_mode=from_mode, to_mode=to_mode, **variants, error=error, ts=time.time())
 
     def setting(self, name: str, value: Any, text: str) -> None:
         """A setting the endpoint made the run change (kept by --resume), and why."""
-        self.say(f"note: {text}", "note")
         self.record(SETTING, name=name, value=value, text=text, ts=time.time())
 
     def retry(self, cause: str, attempt: int, retries: int, wait: float) -> None:
         """One attempt failed and the next is coming: why, which retry, and after how long."""
-        self.say(f"note: {retry_said(cause, attempt, retries, wait)}", "note")
         self.record(RETRY, cause=cause, attempt=attempt, retries=retries, wait=wait, ts=time.time())
 
     def note(self, text: str) -> None:
-        self.say(f"note: {text}", "note")
         self.record(NOTE, text=text, ts=time.time())
 
     def escalation(self, after_round: int, from_model: str, to_model: str, trigger: str, reason: str,
                    notice: str) -> None:
-        """Another model takes the run over: said on the trace (escalated to MODEL: why) and recorded with
-        the notice it is given, which --resume puts back after its round."""
-        said = f"back to {to_model}: {reason}" if trigger == "calm" else f"escalated to {to_model}: {reason}"
-        self.say(f"{said} (after round {after_round})", "note")
+        """Another model takes the run over, with the notice it is given, which --resume puts back after its round."""
         self.record(ESCALATION, after_round=after_round, from_model=from_model, to_model=to_model, trigger=trigger,
                     reason=reason, notice=notice, ts=time.time())
 
     def compaction(self, compaction: Compaction) -> None:
         """Record the digest the requests carry from now on, before the first of them is sent (--resume needs it)."""
-        self.say(f"context: {compaction_said(compaction)}")
         self.record(COMPACTION, **compaction.to_line(), ts=time.time())
-
-    def reply(self, number: int, limit: int, reply: Reply, prose: str, usage: dict, estimated: bool) -> None:
-        """Show what the model said besides its actions, under the round's header, before its calls
-        run; think blocks are shortened here, not in the trace file."""
-        if self.screen:
-            self.screen.show_reply(number, limit, reply, prose, usage, estimated)
-
-    def action(self, index: int, count: int, tool: str, args: Any, in_words: bool = False) -> None:
-        """Show an action before it runs (a tool's own prints come after this line)."""
-        if self.screen:
-            self.screen.show_action(index, count, tool, args, in_words)
-
-    def result(self, call: Call, sent: dict) -> None:
-        """Show what the model is told of a call: its result as sent."""
-        if self.screen:
-            self.screen.show_result(call, sent)
 
     def call_started(self, number: int, call: Call) -> None:
         """Before a call with side effects runs: if the run is killed before its round is recorded,
@@ -330,14 +263,9 @@ class RunLog(RunEvents):
         self.record(CALL, round=number, tool=call.tool, args=call.args, ts=time.time())
 
     def round(self, record: Round) -> None:
-        """Append the round to the trace file (its calls were shown as they ran)."""
-        if self.screen and not record.calls:
-            self.screen.say(f"result: {to_json(record.result)}", "error")
-        if self.trace_file:  # a replay draws rounds it does not write
-            self.record(ROUND, **record.to_line(), ts=time.time())
+        self.record(ROUND, **record.to_line(), ts=time.time())
 
     def end(self, outcome: RunResult) -> None:
-        self.ended(outcome.status, outcome.summary(), outcome.progress, outcome.models)
         said = {"summary": outcome.summary(), **({"progress": outcome.progress} if outcome.progress else {})}
         ending = outcome.ending  # what kind of endpoint error, for figures (a refused key is no attempt of the task)
         said.update({name: getattr(ending, name) for name in ("http_status", "unreachable") if getattr(ending, name, None)})
@@ -345,18 +273,7 @@ class RunLog(RunEvents):
             self.record(END, **{k: v for k, v in outcome.to_json().items() if k not in ("calls", "checks")},
                         resumable=outcome.resumable, **said, ts=time.time())
         except TraceWriteError as error:  # the outcome stands; only its record is missing
-            print(f"agent-demo: warning: {error}", file=self.screen.stream if self.screen else sys.stderr)
-
-    def ended(self, status: str, summary: str, progress: List[str], models: Optional[dict] = None) -> None:
-        """Show how the run ended, and the lines after it (an error is one line on stderr, said by the
-        caller); with --escalate, each model's rounds and tokens."""
-        if status != "error":
-            self.say(f"\n=== {summary} ===", "finished" if status == "finished" else "stopped")
-        if models:
-            self.say("  " + "; ".join(f"{name}: {used.get('rounds', 0)} round(s), {used.get('tokens', 0):,} tokens"
-                                      for name, used in models.items() if isinstance(used, dict)))
-        for line in progress:
-            self.say(f"  {line}")
+            print(f"agent-demo: warning: {error}", file=sys.stderr)
 
     def close(self) -> None:
         trace_file, self.trace_file = self.trace_file, None
@@ -486,7 +403,7 @@ def sealed_here(record: dict, offset: int, run: Any) -> bool:
     return is_sealed(record) and record.get("at") == offset and isinstance(run, str) and record.get("run") == run
 
 
-def read_run(log: RunLog, path: str, continuing: bool) -> RecordedRun:
+def read_run(log: TraceFile, path: str, continuing: bool) -> RecordedRun:
     """What a trace brings back, read through the file `log` has locked (which goes on recording this
     run); ConfigError if the run cannot go on (continuing: a follow-up, which a finished run takes too)."""
     try:

@@ -37,7 +37,7 @@ class ScriptedModel(ModelClient):
 
 
 def agent(settings: Settings, model: Any, registry=REGISTRY, log=None, approve=None, on_round=None) -> Agent:
-    """The agent setup.py would make of these parts: log (a RunLog, say) and on_round listen to its hooks."""
+    """The agent setup.py would make of these parts: log (a TraceFile, say) and on_round listen to its hooks."""
     hooks = Hooks([each for each in (log, on_round and EachRound(on_round)) if each is not None],
                   getattr(log, "redactor", None))
     judge = Judge(settings, checks_for(settings.check, "--check")) if settings.check is not None else None

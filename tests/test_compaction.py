@@ -14,7 +14,7 @@ from agent_demo_kit.cli import main
 from agent_demo_kit import prompts
 from agent_demo_kit.records import Call, Round
 from agent_demo_kit.settings import Settings
-from agent_demo_kit.trace_file import RunLog
+from agent_demo_kit.trace_file import TraceFile
 from scripted_model import run
 from agent_demo_kit.client import ModelClient, RequestForm
 from agent_demo_kit.records import Reply
@@ -264,7 +264,7 @@ def test_resume_after_a_compaction_sends_the_interrupted_request_byte_for_byte(s
     first = compactions(probe.bodies)[1] + 1  # 1-based number of a request that compacted (the second one)
     stop = first if stop_at == "at_the_compaction" else first + 3
     model = Recorder(*sums(stop - 1), KeyboardInterrupt())
-    log = RunLog(trace_path=str(trace))
+    log = TraceFile(str(trace))
     assert play(model, log=log, max_rounds=60, max_context=5000).status == "interrupted"
     log.close()
     events = [json.loads(line) for line in trace.read_text().splitlines()]
@@ -302,7 +302,7 @@ def test_kill_9_in_the_request_right_after_a_compaction_then_resume_sends_it_aga
 
 def test_a_trace_without_compaction_records_still_resumes_within_the_budget(serve, tmp_path):
     trace = tmp_path / "run.jsonl"
-    log = RunLog(trace_path=str(trace))
+    log = TraceFile(str(trace))
     play(Recorder(*sums(40), KeyboardInterrupt()), log=log, max_context=5000)
     log.close()
     kept = [line for line in trace.read_text().splitlines() if '"event": "compaction"' not in line]

@@ -266,12 +266,12 @@ def test_a_run_log_folder_that_cannot_be_made_is_one_line_and_exit_2(serve, monk
 
 
 def test_a_run_still_going_is_neither_resumed_nor_picked_by_resume_alone(serve, tmp_path, capsys):
-    from agent_demo_kit.trace_file import RunLog
+    from agent_demo_kit.trace_file import TraceFile
     serve([act("calculator", expression="1 + 1")])
     assert main(["--max-rounds", "1", "--quiet", "older task"]) == 1
     [older] = list((tmp_path / "state" / "agent-demo" / "runs").glob("*.jsonl"))
     live = tmp_path / "state" / "agent-demo" / "runs" / "20991231-235959-abcdef.jsonl"
-    log = RunLog(trace_path=str(live))  # another process's run, still writing
+    log = TraceFile(str(live))  # another process's run, still writing
     log.start("live task", "m", "u", {})
     try:
         assert main(["--resume", str(live)]) == 2

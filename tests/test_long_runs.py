@@ -7,7 +7,7 @@ import pytest
 
 from agent_demo_kit.cli import main
 from agent_demo_kit.settings import Settings
-from agent_demo_kit.trace_file import RunLog
+from agent_demo_kit.trace_file import TraceFile
 from scripted_model import run
 from agent_demo_kit.records import json_size as request_size
 from scripted_model import ScriptedModel
@@ -36,7 +36,7 @@ def test_token_budget_stops_before_the_next_request():
 
 def test_missing_usage_is_estimated_from_characters_and_marked(tmp_path):
     trace = tmp_path / "t.jsonl"
-    log = RunLog(trace_path=str(trace))
+    log = TraceFile(str(trace))
     model = ScriptedModel(act("finish", result="x" * 400), usage=None)
     outcome = play(model, log=log)
     log.close()
@@ -137,7 +137,7 @@ def counting_registry(calls):
 
 def test_a_repeated_call_is_cached_then_refused_then_stuck(tmp_path):
     calls, trace = [], tmp_path / "t.jsonl"
-    log = RunLog(trace_path=str(trace))
+    log = TraceFile(str(trace))
     model = ScriptedModel('{"tool": "count", "args": {"n": 1}}')
     outcome = play(model, registry=counting_registry(calls), log=log)
     log.close()

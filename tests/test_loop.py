@@ -10,7 +10,7 @@ from agent_demo_kit.trace_file import TraceWriteError
 from agent_demo_kit.records import Reply
 from agent_demo_kit.endings import EndpointError
 from agent_demo_kit.settings import Settings
-from agent_demo_kit.trace_file import RunLog
+from agent_demo_kit.trace_file import TraceFile
 from scripted_model import run
 from scripted_model import ScriptedModel as Scripted
 from agent_demo_kit.tools import CONTROL_ACTIONS, REGISTRY, describe, tool
@@ -112,7 +112,7 @@ def test_native_tool_call_with_empty_content_is_the_action():
 ])
 def test_a_stop_ends_the_run_with_its_status_and_writes_the_end_record(tmp_path, raised, status, code):
     trace = tmp_path / "run.jsonl"
-    log = RunLog(trace_path=str(trace))
+    log = TraceFile(str(trace))
     outcome = run_scripted(ScriptedModel(act("calculator", expression="1 + 1"), raised), log=log)
     log.close()
     assert (outcome.status, outcome.rounds, outcome.exit_code) == (status, 1, code)
@@ -123,7 +123,7 @@ def test_a_stop_ends_the_run_with_its_status_and_writes_the_end_record(tmp_path,
 
 def test_the_trace_file_has_start_rounds_and_end(tmp_path):
     trace = tmp_path / "run.jsonl"
-    log = RunLog(trace_path=str(trace))
+    log = TraceFile(str(trace))
     run_scripted(ScriptedModel("<think>{}</think>" + act("calculator", expression="2 * 3"),
                                act("finish", result="6")), log=log)
     log.close()
@@ -158,7 +158,7 @@ def test_a_follow_up_gets_its_own_rounds_and_its_own_token_budget_on_top_of_what
                                                       " finish or fail): and 2 + 1?")
 
 
-class FailingTrace(RunLog):
+class FailingTrace(TraceFile):
     """A run log whose file fills up just before a call with side effects is written ahead."""
 
     def call_started(self, number, call):
@@ -224,7 +224,7 @@ def test_a_broken_action_said_again_and_again_ends_stuck_never_finished(mode, br
 def test_an_action_written_as_python_runs_the_tool_and_the_trace_says_it_was_repaired(mode, written):
     notes = []
 
-    class Notes(RunLog):
+    class Notes(TraceFile):
         def note(self, text):
             notes.append(text)
     outcome, model = run_in_mode(mode, written, "{'tool': 'finish', 'args': {'result': 'three',}}",

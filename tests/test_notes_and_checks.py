@@ -14,8 +14,8 @@ from agent_demo_kit import prompts
 from agent_demo_kit.cli import main
 from agent_demo_kit.checks import run_check
 from agent_demo_kit.settings import Settings
-from agent_demo_kit.trace_file import RunLog
-from agent_demo_kit.terminal import Screen
+from agent_demo_kit.trace_file import TraceFile
+from agent_demo_kit.terminal import Screen, ScreenTrace
 from benchmark import prefix_figures
 from conftest import KEY, said_lines, start_cli
 from scripted_model import ScriptedModel, run
@@ -45,7 +45,7 @@ def test_a_note_from_round_2_is_in_every_later_request_through_300_rounds_a_kill
     without = ScriptedModel(*adding(300))
     assert run("keep adding", Settings(max_rounds=300, max_context=8000), without).status == "finished"
     replies, trace = adding(300, note_in_round=2), tmp_path / "run.jsonl"
-    first, log = ScriptedModel(*replies[:250], KeyboardInterrupt()), RunLog(trace_path=str(trace))
+    first, log = ScriptedModel(*replies[:250], KeyboardInterrupt()), TraceFile(str(trace))
     assert run("keep adding", Settings(max_rounds=300, max_context=8000), first, log=log).status == "interrupted"
     log.close()
     server = serve(replies[250:260] + [{"delay": 60, "content": "never answered"}] + replies[260:], key=None)
@@ -181,7 +181,7 @@ def test_a_check_still_running_after_the_tool_timeout_rejects_the_answer(serve, 
 @pytest.mark.processes
 def test_the_status_line_shows_a_running_check():
     screen = io.StringIO()
-    log = RunLog(Screen(screen, live=True))
+    log = ScreenTrace(Screen(screen, live=True))
     settings = Settings(check="sleep 0.3")
     assert run("x", settings, ScriptedModel(act("finish", result="1")), log=log).status == "finished"
     assert "check running (sleep 0.3)" in screen.getvalue()

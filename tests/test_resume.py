@@ -10,7 +10,7 @@ import pytest
 
 from agent_demo_kit.cli import main
 from agent_demo_kit.settings import Settings
-from agent_demo_kit.trace_file import RunLog
+from agent_demo_kit.trace_file import TraceFile
 from scripted_model import run
 from scripted_model import ScriptedModel
 from conftest import answer_on_a_terminal, child_environment, run_cli, start_cli
@@ -38,7 +38,7 @@ def round_numbers(trace):
 def interrupted_run(trace, replies, stop_at, max_rounds=6):
     """Run in-process until request number stop_at raises Ctrl-C; return what each request carried."""
     model = ScriptedModel(*replies[:stop_at - 1], KeyboardInterrupt(), usage={"total_tokens": 15})
-    log = RunLog(trace_path=str(trace))
+    log = TraceFile(str(trace))
     outcome = run("add things up", Settings(max_rounds=max_rounds), model, log=log)
     log.close()
     assert outcome.status == "interrupted"
@@ -143,7 +143,7 @@ def test_kill_9_in_the_middle_of_a_request_then_resume_loses_and_repeats_nothing
 
 def test_a_file_holding_several_runs_resumes_the_last_one(serve, tmp_path):
     trace = tmp_path / "run.jsonl"
-    log = RunLog(trace_path=str(trace))
+    log = TraceFile(str(trace))
     run("first task", Settings(), ScriptedModel(act("finish", result=1)), log=log)
     log.close()
     interrupted_run(trace, [act("calculator", expression="1 + 1")], stop_at=2)
@@ -181,7 +181,7 @@ def test_a_torn_line_cut_inside_a_character_is_skipped(serve, tmp_path):
 def test_a_run_that_finished_but_lost_its_end_record_is_not_resumed(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("LLM_API_URL", "http://127.0.0.1:9/v1")
     trace = tmp_path / "run.jsonl"
-    log = RunLog(trace_path=str(trace))
+    log = TraceFile(str(trace))
     run("t", Settings(), ScriptedModel(act("finish", result=1)), log=log)
     log.close()
     trace.write_text("\n".join(trace.read_text().splitlines()[:-1]) + "\n")
@@ -326,7 +326,7 @@ def test_a_resume_takes_the_lock_before_it_reads_the_trace_or_imports_its_tools(
     trace = tmp_path / "run.jsonl"
     trace.write_text(json.dumps({"event": "start", "task": "t", "tools_files": [str(tools_file)]}) + "\n"
                      + json.dumps({"event": "end", "status": "finished"}) + "\n")
-    holder = RunLog(trace_path=str(trace))  # another resumer, still going
+    holder = TraceFile(str(trace))  # another resumer, still going
     try:
         assert main(["--resume", str(trace)]) == 2
     finally:
@@ -379,7 +379,7 @@ def test_a_call_with_side_effects_is_recorded_before_it_runs(tmp_path):
     def send(text: str) -> list:
         """Send a text."""
         return [r["event"] for r in records(trace)]
-    log = RunLog(trace_path=str(trace))
+    log = TraceFile(str(trace))
     model = ScriptedModel(act("send", text="hi"), act("calculator", expression="1 + 1"), act("finish", result=2))
     settings = Settings(yes=True)
     outcome = run("t", settings, model, registry={**REGISTRY, "send": describe(send)}, log=log)
