@@ -1,10 +1,9 @@
 """agent-demo: a minimal agent loop over an OpenAI-compatible chat-completions endpoint.
 
-`Agent.run` is the loop: ask the model, parse its actions, execute them, feed the results
-back, until an ending (agent_demo_kit/endings.py) is raised where it is detected and caught
-once, in `run`. `agent_demo.run(task, ...)` is the one entrance: the command line
-(agent_demo_kit/cli.py), a batch and Python callers all set their run up with `prepare`
-(agent_demo_kit/setup.py) and run this same agent. Which module owns what: README, "Layout".
+`Agent.run` is the loop: ask the model, parse its actions, execute them, feed the results back, until
+an ending (agent_demo_kit/endings.py) is raised where it is detected and caught once, in `run`. It
+reports to one seam (agent_demo_kit/seam.py) and imports no layer. The command line, a batch and
+`agent_demo.run(task, ...)` all make a Job with agent_demo_kit/setup.py and run this same agent.
 """
 import os
 import sys
@@ -12,23 +11,21 @@ from typing import Any, AsyncIterator, Callable, Dict, List, Optional, Sequence,
 
 from agent_demo_kit import __version__, events
 from agent_demo_kit import prompts
-from agent_demo_kit.actions import Action, Parsed, native_calls, parse_reply
+from agent_demo_kit.actions import Action, Parsed, native_calls, parse_reply, refusal_of
 from agent_demo_kit.conversation import Conversation, recall_rounds, shorten_args, truncate_result
 from agent_demo_kit.endings import (BudgetSpent, CallerError, ConfigError, EndpointError, Finished, GaveUp,
                                     InternalError, Interrupted, RoundLimit, RunEnded, RunResult, SigTerm, Stuck,
                                     Terminated)
-from agent_demo_kit.environment import read_environment
 from agent_demo_kit import outcome
-from agent_demo_kit.records import (Call, Reply, Round, add_usage, count_usage, failure, impossible_counts, json_size,
+from agent_demo_kit.records import (Call, Reply, Round, add_usage, count_usage, failure, json_size,
                                     success, to_json, total_usage)
-from agent_demo_kit.seam import Approver, Job, the_callers
-from agent_demo_kit.settings import keyword_name, recorded_settings
-from agent_demo_kit.setup import notes_before_the_first_round, prepare
+from agent_demo_kit.seam import Approver, Job
+from agent_demo_kit.settings import recorded_settings
+from agent_demo_kit.setup import notes_before_the_first_round, prepare_for_caller
 from agent_demo_kit.urls import display_url
 from agent_demo_kit.watchdog import Watchdog
 from agent_demo_kit.tools import (CONTROL_ACTIONS, FINISH, NOTE, RECALL, Tool, ToolError, call_tool, check_args, in_use,
                                   tool)
-from agent_demo_kit.prompts import ENDINGS  # may only come last in a reply
 
 # The Python API (docs/python.md): dir(agent_demo) shows these; the rest is the loop's own.
 __all__ = ["run", "arun", "astream", "events", "tool", "ToolError", "ConfigError", "RunResult", "Round", "Call",
@@ -37,8 +34,6 @@ __all__ = ["run", "arun", "astream", "events", "tool", "ToolError", "ConfigError
 
 def __dir__() -> List[str]:
     return list(__all__)
-
-FORMAT_ERRORS_BEFORE_STUCK = 3
 
 
 class Agent:
@@ -49,7 +44,8 @@ class Agent:
 
     def __init__(self, job: Job, stop: Any = None):
         self.job, self.stop = job, stop
-        self.settings, self.registry, self.hooks, self.escalation = job.settings, job.registry, job.hooks, job.escalation
+        self.settings, self.registry, self.hooks = job.settings, job.registry, job.hooks
+        self.escalation = job.escalation  # who is in charge, with --escalate
         self.client = job.escalation.client if job.escalation else job.client
         self.task_notices = list(job.task_notices)
         self.watchdog = Watchdog()
@@ -102,16 +98,16 @@ class Agent:
             self.hand_over(takeover)
             return
         if reply.unread:
-            self.hooks.note(f"the reply was not read to its end: {reply.unread} were left unread (a limit on every"
-                            " reply)")
-        usage, estimated = self.count(reply, messages)
+            self.hooks.note(f"the reply was not read to its end: {reply.unread} were left unread (a limit on"
+                            " every reply)")
+        usage, estimated = count_usage(reply, lambda: json_size(messages), self.hooks.note)
         mode = self.conversation.mode
         parsed = self.read(reply)
         self.hooks.reply(number, self.round_limit, reply, parsed.prose, usage, estimated)
         calls, ending = self.execute(parsed, number)
         # What is sent back, to this endpoint or to another model's, holds no key the model repeated.
         redact, redact_values = self.hooks.redact, self.hooks.redact_values
-        record = Round(number, redact(reply.content), calls, redact_values(self.feed_back(parsed, calls)), mode,
+        record = Round(number, redact(reply.content), calls, redact_values(self.conversation.feedback(parsed, calls)), mode,
                        reply.latency_ms, usage, estimated, problem=parsed.problem,
                        tool_calls=redact_values(native_calls(parsed, mode)),
                        request_chars=self.conversation.size,
@@ -205,14 +201,6 @@ class Agent:
         parsed.problem = prompts.WORDS_WITHOUT_ACTION
         return parsed
 
-    def count(self, reply: Reply, messages: List[dict]) -> Tuple[dict, bool]:
-        """The round's token counts, estimated when the endpoint's cannot be true (and then said once)."""
-        impossible = impossible_counts(reply.usage)
-        if impossible:
-            self.hooks.note(f"the endpoint reported token counts that cannot be right ({to_json(impossible)});"
-                            " this round's tokens are estimated")
-        return count_usage(reply, lambda: json_size(messages))
-
     def execute(self, parsed: Parsed, number: int) -> Tuple[List[Call], Optional[RunEnded]]:
         """Run a reply's actions in order, one Call each (in tools mode every tool_call id gets its
         answer), and the first ending a call reached. The same action again in the reply gets the first
@@ -228,7 +216,7 @@ class Agent:
             if key in first_of:
                 call = Call(action.tool, action.args, first_of[key].result, watchdog="cached", note=prompts.SAME_REPLY)
             else:
-                refusal = self.refusal(action.tool, position[key], len(position), calls)
+                refusal = refusal_of(action.tool, position[key], len(position), calls, self.settings.max_calls)
                 try:
                     call = Call(action.tool, action.args, failure(refusal)) if refusal \
                         else self.execute_call(action, number)
@@ -242,20 +230,9 @@ class Agent:
                 call.note = prompts.ANSWERED_IN_WORDS
             calls.append(call)
             self.hooks.result(call, truncate_result(call.result, self.settings.max_result_chars))
-        if self.watchdog.count_reply(calls) >= FORMAT_ERRORS_BEFORE_STUCK:
+        if self.watchdog.stuck_on_format(calls):
             ending = Stuck()
         return calls, ending
-
-    def refusal(self, tool: str, position: int, count: int, before: List[Call]) -> Optional[str]:
-        """Why the action at this position among the reply's distinct actions is not run, or None."""
-        if position >= self.settings.max_calls:
-            return prompts.OVER_CAP.format(cap=self.settings.max_calls)
-        failed = [(n, done.tool) for n, done in enumerate(before, 1) if not done.result.get("ok")]
-        if tool in ENDINGS and position < count - 1:
-            return prompts.NOT_LAST.format(tool=tool)
-        if tool in ENDINGS and failed:
-            return prompts.render_after_failure(failed)
-        return None
 
     def execute_call(self, action: Any, number: int) -> Call:
         """Run one action: finish and fail end the run, recall reads the rounds done, note adds to the
@@ -329,21 +306,6 @@ class Agent:
             # A key a tool hands back goes no further: not to the endpoint, the digest or the trace.
             return self.hooks.redact_values(call_tool(call.tool, call.args, self.registry))
 
-    def feed_back(self, parsed: Parsed, calls: List[Call]) -> List[dict]:
-        """The messages that answer this round: each result, cut to size, labelled with its call."""
-        mode = self.conversation.mode
-        if parsed.words:  # told once how to answer; words again will be the answer
-            return [{"role": "user", "content": prompts.render_words_without_action(self.conversation.tools, mode)}]
-        if parsed.problem:
-            return [{"role": "user", "content": prompts.render_format_error(parsed.problem, self.conversation.tools,
-                                                                            mode)}]
-        lines = [prompts.render_call_result(n, {"tool": call.tool, "args": shorten_args(call.args), "note": call.note},
-                                            truncate_result(call.result, self.settings.max_result_chars))
-                 for n, call in enumerate(calls, 1)]
-        if parsed.answers_by_id(mode):  # every tool_call id gets its own answer
-            return [{"role": "tool", "tool_call_id": call.id, "content": line} for call, line in zip(calls, lines)]
-        return [{"role": "user", "content": prompts.render_results(lines, parsed.cut_off)}]
-
     def end(self, ending: RunEnded) -> RunResult:
         """The outcome, recorded as the run's last event. It is data a caller keeps: no key in it
         (an endpoint's error may quote it, a model may repeat it)."""
@@ -404,27 +366,9 @@ async def astream(task: str, *, parallel: Optional[int] = None, **given: Any) ->
 def _run(task: str, given: Dict[str, Any], stop: Any = None, gate: Any = None, emit: Any = None) -> RunResult:
     """run(), arun() and astream(): given holds run()'s keywords and the settings; stop, once set, ends
     the run as interrupted; gate limits requests in flight; emit is told each event, after on_event."""
-    settings = dict(given)
-    tools, approve, trace, on_round, on_event, output_type, material = (settings.pop(name, None) for name in (
-        "tools", "approve", "trace", "on_round", "on_event", "output_type", "material"))
-    if approve is not None and not callable(approve):
-        raise ConfigError(f"approve must be a function that decides each call, got {approve!r}")
-    output = None
-    if output_type is not None:
-        from agent_demo_kit.output_types import output_type_of
-        output = output_type_of(output_type)  # ConfigError if it cannot be
-    if approve is not None:  # it decides about every call, as --approve asks about every call
-        settings["approve"] = True
-    environment = read_environment()
-    for note in environment.notes:  # a ./.env passed by: said, as the command line says it
-        print(f"agent-demo: {note}", file=sys.stderr)
-    with prepare(task, given=settings, environment=environment, named=keyword_name, functions=tools or (),
-                 material=material or "", trace=None if trace is False else trace, gate=gate,
-                 approver=approve and the_callers("approve", approve),
-                 on_event=events.told(on_event and the_callers("on_event", on_event), emit),
-                 on_round=on_round and the_callers("on_round", on_round), output=output) as job:
+    with prepare_for_caller(task, given, gate, emit) as job:
         try:
-            result, _ = run_job(job, stop=stop)
+            result, _ = run_job(job, stop)
         except CallerError as error:  # on_event raised at the end: its own exception, as from anywhere else
             raise error.__cause__ from None
     if isinstance(result.ending, ConfigError) and not result.rounds:  # found before anything was sent
@@ -433,8 +377,7 @@ def _run(task: str, given: Dict[str, Any], stop: Any = None, gate: Any = None, e
 
 
 def run_job(job: Job, stop: Any = None) -> Tuple[RunResult, Agent]:
-    """Run a job made ready by `prepare` to its end (stop: as Agent takes it); its outcome, and the
-    agent that ran it."""
+    """Run a job made ready by `prepare` to its end (stop: as Agent takes it); its outcome, and its agent."""
     agent = Agent(job, stop)
     return agent.run(job.task, job.history, job.unfinished, job.follow_up, job.resumed), agent
 

@@ -382,3 +382,16 @@ def native_calls(parsed: Parsed, mode: str) -> Optional[List[dict]]:
     return [{"id": action.id, "type": "function", "function": {
         "name": action.tool, "arguments": action.arguments if isinstance(action.arguments, str)
         else to_json(action.arguments)}} for action in parsed.actions]
+
+
+def refusal_of(tool: str, position: int, count: int, before: List[Any], max_calls: int) -> Optional[str]:
+    """Why the action at this position among a reply's distinct actions is not run (past --max-calls;
+    finish or fail before other actions, or after a call that failed), or None."""
+    if position >= max_calls:
+        return prompts.OVER_CAP.format(cap=max_calls)
+    failed = [(n, done.tool) for n, done in enumerate(before, 1) if not done.result.get("ok")]
+    if tool in prompts.ENDINGS and position < count - 1:
+        return prompts.NOT_LAST.format(tool=tool)
+    if tool in prompts.ENDINGS and failed:
+        return prompts.render_after_failure(failed)
+    return None

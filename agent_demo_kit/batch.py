@@ -20,7 +20,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Deque, Dict, Iterable, List, NamedTuple, Optional, Tuple
 
-from agent_demo import prepare, run_job
+from agent_demo import run_job
+from agent_demo_kit.setup import prepare
 from agent_demo_kit import metrics, scoring
 from agent_demo_kit.batch_view import Saying
 from agent_demo_kit.batch_folder import (check_output_folder, check_output_parents, configuration, default_out,

@@ -17,7 +17,9 @@ from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 from agent_demo_kit import prompts
-from agent_demo import Agent, Job, prepare, run_job
+from agent_demo import Agent, run_job
+from agent_demo_kit.seam import Job
+from agent_demo_kit.setup import prepare
 from agent_demo_kit.endings import ConfigError, Interrupted, RunResult, SigTerm, Terminated
 from agent_demo_kit.environment import Environment, user_config_file
 from agent_demo_kit.private_files import checked_folder, write_private

@@ -408,3 +408,18 @@ class Conversation:
                               f" tool schemas, sent with every request, take {bare:,} characters, and they may"
                               f" take at most {PINNED_SHARE:.0%} of it (the rest is for the rounds); use {named}"
                               f" {enough} or more")
+
+    def feedback(self, parsed: Any, calls: List[Call]) -> List[dict]:
+        """The messages that answer a round's reply (an actions.Parsed): each result, cut to size, labelled
+        with its call; or how to answer, when it held no usable action."""
+        mode = self.mode
+        if parsed.words:  # told once how to answer; words again will be the answer
+            return [{"role": "user", "content": prompts.render_words_without_action(self.tools, mode)}]
+        if parsed.problem:
+            return [{"role": "user", "content": prompts.render_format_error(parsed.problem, self.tools, mode)}]
+        lines = [prompts.render_call_result(n, {"tool": call.tool, "args": shorten_args(call.args), "note": call.note},
+                                            truncate_result(call.result, self.settings.max_result_chars))
+                 for n, call in enumerate(calls, 1)]
+        if parsed.answers_by_id(mode):  # every tool_call id gets its own answer
+            return [{"role": "tool", "tool_call_id": call.id, "content": line} for call, line in zip(calls, lines)]
+        return [{"role": "user", "content": prompts.render_results(lines, parsed.cut_off)}]

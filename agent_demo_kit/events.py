@@ -219,19 +219,5 @@ class EventStream(RunEvents):
         self.emit(Ended(outcome))
 
 
-def told(listener: Optional[Callable[[Any], None]], emit: Optional[Callable[[Any], None]]) -> Optional[Callable]:
-    """Who is told each event: the caller's listener (on_event), then astream's queue, which is told
-    even when the listener raised (astream's last event stays Ended)."""
-    if not (listener and emit):
-        return listener or emit
-
-    def both(event: Any) -> None:
-        try:
-            listener(event)
-        finally:
-            emit(event)
-    return both
-
-
 EVENT_TYPES = (Started, Text, ReplyArrived, ToolCalled, ToolResult, AnswerRejected, Note, Escalated, RoundDone,
                Ended)

@@ -224,10 +224,15 @@ def cached_tokens(usage: dict) -> Optional[int]:
     return None
 
 
-def count_usage(reply: Reply, request_chars: Callable[[], int]) -> tuple:
+def count_usage(reply: Reply, request_chars: Callable[[], int], note: Callable[[str], None]) -> tuple:
     """The round's token counts and whether they are estimated: the endpoint's when they can be
-    true, else about ESTIMATED_CHARS_A_TOKEN characters a token, so no reply can give back the budget it spent.
-    request_chars gives the request's size, asked only for an estimate (measuring costs a serialization)."""
+    true, else about ESTIMATED_CHARS_A_TOKEN characters a token, so no reply can give back the budget it spent
+    (and `note` is told why). request_chars gives the request's size, asked only for an estimate
+    (measuring costs a serialization)."""
+    impossible = impossible_counts(reply.usage)
+    if impossible:
+        note(f"the endpoint reported token counts that cannot be right ({to_json(impossible)}); this round's tokens"
+             " are estimated")
     usage = reply.usage or {}
     prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
     cached = cached_tokens(usage)

@@ -18,9 +18,9 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 from agent_demo_kit import prompts
 from agent_demo_kit.conversation import Conversation
 from agent_demo_kit.endings import ConfigError
-from agent_demo_kit.environment import Environment
+from agent_demo_kit.environment import Environment, read_environment
 from agent_demo_kit.records import Call, Round
-from agent_demo_kit.seam import Approver, EachRound, Hooks, Job
+from agent_demo_kit.seam import Approver, EachRound, Hooks, Job, the_callers, told
 from agent_demo_kit.settings import (OBEYED_ONLY_WHEN_GIVEN, Settings, check_endpoint_settings, flag_name,
                                      keyword_name, load_settings, recorded_differences)
 from agent_demo_kit.limits import MATERIAL_SHOWN_CHARS, PAGE_MARGIN_CHARS, VALUE_SHOWN_CHARS
@@ -158,6 +158,30 @@ def prepare(task: str = "", *, given: Dict[str, Any], environment: Dict[str, str
     except BaseException:
         closing.close()
         raise
+
+
+def prepare_for_caller(task: str, given: Dict[str, Any], gate: Any = None, emit: Any = None) -> Job:
+    """prepare() for a Python caller: given holds run()'s keywords (tools=, approve=, trace=, on_round=,
+    on_event=, output_type=, material=) and the settings by name; emit is told each event after on_event."""
+    settings = dict(given)
+    tools, approve, trace, on_round, on_event, output_type, material = (settings.pop(name, None) for name in (
+        "tools", "approve", "trace", "on_round", "on_event", "output_type", "material"))
+    if approve is not None and not callable(approve):
+        raise ConfigError(f"approve must be a function that decides each call, got {approve!r}")
+    output = None
+    if output_type is not None:
+        from agent_demo_kit.output_types import output_type_of
+        output = output_type_of(output_type)  # ConfigError if it cannot be
+    if approve is not None:  # it decides about every call, as --approve asks about every call
+        settings["approve"] = True
+    environment = read_environment()
+    for note in environment.notes:  # a ./.env passed by: said, as the command line says it
+        print(f"agent-demo: {note}", file=sys.stderr)
+    return prepare(task, given=settings, environment=environment, named=keyword_name, functions=tools or (),
+                   material=material or "", trace=None if trace is False else trace, gate=gate,
+                   approver=approve and the_callers("approve", approve),
+                   on_event=told(on_event and the_callers("on_event", on_event), emit),
+                   on_round=on_round and the_callers("on_round", on_round), output=output)
 
 
 def with_telemetry(settings: Settings, environment: Any, tools: Any, redactor: Any) -> List[Any]:

@@ -8,6 +8,8 @@ from typing import Any, Dict, List, Optional, Sequence
 
 from agent_demo_kit.records import Call, Round
 
+FORMAT_ERRORS_BEFORE_STUCK = 3  # replies in a row with no usable action that end a run as stuck
+
 
 class Watchdog:
     """Notices a model going in circles: the same call again and again, or no action at all."""
@@ -37,6 +39,10 @@ class Watchdog:
         usable = any(not call.format_error for call in calls)
         self.format_errors_in_a_row = 0 if usable else self.format_errors_in_a_row + 1
         return self.format_errors_in_a_row
+
+    def stuck_on_format(self, calls: List[Call]) -> bool:
+        """Counted this reply in: FORMAT_ERRORS_BEFORE_STUCK replies in a row without a usable call."""
+        return self.count_reply(calls) >= FORMAT_ERRORS_BEFORE_STUCK
 
     def hand_over(self) -> None:
         """Another model takes the run over: it starts its own count. Each call made so far counts as made
