@@ -11,7 +11,6 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Iterator, List, Optional, Tuple
 
 from agent_demo_kit import prompts
-from agent_demo_kit.lenient_json import NotClosed, NotLenientJson, lenient_calls, lenient_decode
 from agent_demo_kit.records import Reply, printable, to_json
 from agent_demo_kit.limits import MAX_PARSED_CHARS
 
@@ -189,6 +188,7 @@ def _lenient_actions(text: str, plain: List[Tuple[int, int]], spans: List[Tuple[
                      known: Iterable[str]) -> Tuple[List[dict], List[Tuple[int, int]], List[str]]:
     """The actions of a reply that holds no JSON one, written as Python or with unquoted keys (outside
     its thoughts and not inside JSON already read): the actions, where they stand, what was repaired."""
+    from agent_demo_kit.lenient_json import NotClosed, NotLenientJson, lenient_decode  # only for such a reply
     found: List[dict] = []
     where: List[Tuple[int, int]] = []
     repairs: List[str] = []
@@ -279,6 +279,7 @@ def parse_actions(text: str, known: Iterable[str] = ()) -> Parsed:
     said = "".join(text[start:end] for start, end in plain).strip()
     if not found:
         unfenced = re.sub(r"^```[A-Za-z0-9_-]*\s*\n?|\n?```\s*$", "", said)  # one fenced block
+        from agent_demo_kit.lenient_json import lenient_calls
         found = lenient_calls(unfenced, known) or []
         reshaped = ["a Python call"] if found else reshaped
     if not found:
@@ -346,6 +347,7 @@ def parse_tool_calls(tool_calls: List[dict]) -> Parsed:
 def _lenient_arguments(arguments: str) -> Tuple[Any, Optional[List[str]]]:
     """A native call's arguments written as a Python dict: the object and what was repaired, or
     ({}, None) when they cannot be read so either."""
+    from agent_demo_kit.lenient_json import NotLenientJson, lenient_decode
     text = arguments.strip()
     try:
         value, end, repairs = lenient_decode(text, 0)

@@ -14,12 +14,12 @@ from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 from agent_demo_kit import prompts
-from agent_demo_kit.comparison import OUTPUT_FILES, result_key
+from agent_demo_kit.comparison import OUTPUT_FILES, Key, result_key
 from agent_demo_kit.endings import ConfigError
 from agent_demo_kit.private_files import check_parents, require_ours, resolve, write_private
 from agent_demo_kit.seals import is_sealed
 from agent_demo_kit.settings import Settings
-from agent_demo_kit.task_file import BatchTask, Key
+from agent_demo_kit.task_file import BatchTask
 from agent_demo_kit.tools import REGISTRY
 from agent_demo_kit.tools import in_use as offered_tools
 from agent_demo_kit.urls import display_url, endpoint_of, mcp_urls

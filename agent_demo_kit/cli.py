@@ -15,9 +15,7 @@ import sys
 from typing import Any, Callable, Dict, List, Optional
 
 from agent_demo_kit import __version__
-from agent_demo_kit.commands import (json_object, list_runs, report, run_batch, show_config, show_run, show_summary,
-                                     write_report,
-                                     show_traceback, start)
+from agent_demo_kit.commands import json_object, report, show_traceback, start
 from agent_demo_kit.endings import RUN_STATUSES, ConfigError, EndpointError, Finished, GaveUp, Interrupted, \
     OutputClosed, RunResult, Terminated
 from agent_demo_kit.environment import read_environment
@@ -348,6 +346,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             print(f"agent-demo: {note}", file=sys.stderr)
         if unreadable or args.runs or args.show is not None or args.config or args.summary is not None \
                 or args.batch is not None or args.report is not None:
+            from agent_demo_kit.side_commands import list_runs, run_batch, show_config, show_run, show_summary, \
+                write_report
             try:
                 if args.config:  # what is wrong with a settings file is one of the things it shows
                     return show_config(args, environment, answer, unreadable)

@@ -1,15 +1,14 @@
-"""What the command line runs once its flags are read: a task (a new run, a resume, a follow-up)
-and its printed outcome with how to go on; --batch, --runs, --show, --summary and --config. Each
-goes through the same entrance as a Python caller (`agent_demo.prepare`, `run_job`).
+"""What the command line runs for a task (a new run, a resume, a follow-up) and its printed outcome
+with how to go on, through the same entrance as a Python caller (setup.prepare, agent_demo.run_job).
+What it does besides (--batch, --runs, --show, --summary, --report, --config) is in side_commands.py.
 
-It imports agent_demo, batch, comparison, run_log, trace_file, report_page, output_types, the terminal and
-the settings.
+It imports agent_demo, setup, the seam, the terminal and the settings; the run log (a resume, a run's
+name) and output types (--output-schema) when used.
 """
 import argparse
 import contextlib
 import os
 import shlex
-import shutil
 import signal
 import sys
 import traceback
@@ -21,13 +20,9 @@ from agent_demo import Agent, run_job
 from agent_demo_kit.seam import Job
 from agent_demo_kit.setup import prepare
 from agent_demo_kit.endings import ConfigError, Interrupted, RunResult, SigTerm, Terminated
-from agent_demo_kit.environment import Environment, user_config_file
-from agent_demo_kit.private_files import checked_folder, write_private
 from agent_demo_kit.redaction import Redactor
-from agent_demo_kit.settings import (DEFAULT_RETRY_ERRORS, check_endpoint_settings, flag_name, load_settings,
-                                     setting_fields, shown_default)
-from agent_demo_kit.terminal import (CONTROLLING_TERMINAL, SafeStream, Screen, ScreenTrace, inert, is_terminal,
-                                     stray_prints_to_stderr)
+from agent_demo_kit.settings import flag_name, setting_fields
+from agent_demo_kit.terminal import CONTROLLING_TERMINAL, SafeStream, Screen, is_terminal, stray_prints_to_stderr
 from agent_demo_kit.urls import display_url
 
 
@@ -257,186 +252,3 @@ def run_name(path: str, args: argparse.Namespace) -> str:
     folder = Path(path).parent
     return run_log.short_ids([run_log.RunSummary(Path(path), 0, "", 0, None, "")],
                                run_log.run_files(folder)).get(Path(path), run_log.run_id(Path(path)))
-
-
-def list_runs(args: argparse.Namespace, environment: Dict[str, str], answer: SafeStream) -> int:
-    """--runs: the recent runs in the run log folder, newest first, a line a run, as wide as COLUMNS says,
-    else the terminal (80 columns into a pipe or a file); with --json, a list of objects."""
-    from agent_demo_kit import run_log  # the run log layer
-    folder = run_log.log_dir(environment)
-    checked_folder(folder)
-    runs = run_log.recent_runs(folder, args.count or 20, args.status)
-    ids = run_log.short_ids(runs, run_log.run_files(folder))
-    if args.json:
-        answer.write_json([run.to_json(ids[run.path]) for run in runs])
-        return 0
-    width = shutil.get_terminal_size().columns  # COLUMNS first, then the terminal; 80 into a pipe without it
-    print(run_log.render_runs(runs, folder, ids, width) if runs or not args.status
-          else f"no runs that ended {args.status} in {folder}")
-    return 0
-
-
-def run_batch(args: argparse.Namespace, environment: Dict[str, str], answer: SafeStream) -> int:
-    """--batch FILE: every task of the file (or of its --shard), into --out; the summary with --json."""
-    from agent_demo_kit.batch import Batch
-    from agent_demo_kit.task_file import read_tasks
-    source, notes = "stdin" if args.batch == "-" else args.batch, []
-    try:  # read a line at a time: a file that is not text is refused before it is all in memory
-        stream = sys.stdin.buffer if args.batch == "-" else open(args.batch, "rb")
-    except OSError as error:
-        raise ConfigError(f"--batch: cannot read {args.batch}: {error.strerror or error}") from None
-    try:
-        tasks = read_tasks(stream, source, notes)
-    except OSError as error:
-        raise ConfigError(f"--batch: cannot read {args.batch}: {error.strerror or error}") from None
-    finally:
-        if args.batch != "-":
-            stream.close()
-    if not tasks:
-        raise ConfigError(f"--batch: {source} holds no task")
-    batch = Batch(tasks, Path(args.out) if args.out else None, given_settings(args), environment,
-                  parallel=args.parallel,
-                  retry_errors=DEFAULT_RETRY_ERRORS if args.retry_errors is None else args.retry_errors,
-                  rerun_failed=args.rerun_failed, part=args.shard, quiet=args.quiet, named=flag_name, notes=notes,
-                  match=args.match, repeat=args.repeat or 1, source=args.batch, command=args.command,
-                  task_checks=args.task_checks, group_readable=args.group_readable)
-    with ending_on_sigterm():
-        code, summary = batch.run(args.pass_rate)
-    if args.json:
-        answer.write_json(summary)
-    return code
-
-
-def show_summary(args: argparse.Namespace, environment: Dict[str, str], answer: SafeStream) -> int:
-    """--summary [DIR...]: the figures of batch result folders (shards merged; configurations side by
-    side), or of the run log folder; what failed, and how to run it again."""
-    from agent_demo_kit import run_log  # the run log layer
-    from agent_demo_kit import comparison
-    from agent_demo_kit.batch import summarize_runs
-    from agent_demo_kit.metrics import render
-    if args.summary:
-        summary = comparison.summarize(args.summary)
-    else:
-        folder = run_log.log_dir(environment)
-        checked_folder(folder)
-        summary = summarize_runs(run_log.run_files(folder))
-        print(f"agent-demo: the runs in {folder}", file=sys.stderr)
-    if args.json:
-        answer.write_json(summary)
-        return 0
-    if "configurations" in summary:
-        shown = comparison.render_comparison(summary, args.markdown)
-    else:
-        shown = comparison.render_single(summary, args.markdown) if args.markdown else render(summary)
-        if summary.get("not_sealed_by_you"):
-            shown.append(comparison.seal_note({"label": summary["folders"][0], **summary}))
-        shown += comparison.render_failures(summary.get("failures") or [])
-    # For people, piped or not: answers, ids and model names from results files are shown escaped.
-    print(inert("\n".join(shown)), file=answer)
-    if "configurations" not in summary and summary.get("failures") and summary.get("folders"):
-        print(f"agent-demo: to run them again: {comparison.rerun_command(summary)}", file=sys.stderr)
-        if (summary.get("config") or {}).get("check") and (not summary.get("yours", True)
-                                                          or summary.get("not_sealed_by_you")):
-            print("agent-demo: (without the folder's --check: it is not yours, and a check is a command;"
-                  " give one of your own if you want one)", file=sys.stderr)
-    return 0
-
-
-def show_run(args: argparse.Namespace, environment: Dict[str, str], answer: SafeStream, redactor: Redactor) -> int:
-    """--show RUN: the run as its live trace showed it (on stderr) and its answer (on stdout); with --json,
-    its summary: the --json object of the run."""
-    from agent_demo_kit import run_log, trace_file  # the run log layer
-    path = run_log.pick_run(args.show, environment, "--show")
-    try:
-        records = trace_file.last_run_records(path)
-    except OSError as error:
-        raise ConfigError(f"--show: cannot read {path}: {error.strerror or error}") from None
-    if args.html:
-        from agent_demo_kit import report_page
-        return write_page(args.output, report_page.page(report_page.run_data(path), redactor), answer)
-    outcome = run_log.replay(records, ScreenTrace(screen(args, environment, redactor)))
-    outcome.trace = path
-    say_material(outcome)
-    if args.json:
-        answer.write_json({"task": records[0].get("task"), **json_object(outcome)})
-    else:
-        print_answer(outcome, args, answer)
-    return 0
-
-
-def write_report(args: argparse.Namespace, redactor: Redactor) -> int:
-    """--report DIR...: the report page of the result folders, into -o FILE (default: DIR/report.html for
-    one DIR, else ./report.html)."""
-    from agent_demo_kit import report_page
-    try:
-        data = report_page.batch_data(args.report)
-    except ConfigError as error:
-        raise ConfigError(str(error).replace("--summary:", "--report:", 1)) from None
-    default = Path(args.report[0]) / "report.html" if len(args.report) == 1 else Path("report.html")
-    return write_page(args.output or str(default), report_page.page(data, redactor), None)
-
-
-def write_page(path: Optional[str], page: bytes, answer: Optional[SafeStream]) -> int:
-    """A report page into the file `path`, or, without one, on stdout (`answer`, written as it is: it is
-    HTML, with nothing in it to act on a terminal)."""
-    if path is None and answer is not None:
-        sys.stdout.flush()
-        sys.stdout.buffer.write(page)
-        sys.stdout.buffer.flush()
-        return 0
-    try:
-        write_private(Path(str(path)), [page])
-    except OSError as error:
-        raise ConfigError(f"cannot write the report page {path}: {error.strerror or error}") from None
-    print(f"agent-demo: report page: {path} ({len(page) / 1e6:.1f} MB)" if len(page) >= 100_000 else
-          f"agent-demo: report page: {path}", file=sys.stderr)
-    return 0
-
-
-def show_config(args: argparse.Namespace, environment: Any, answer: SafeStream,
-                unreadable: Optional[ConfigError] = None) -> int:
-    """--config: each setting's value and where it came from, the key redacted; then the files read,
-    and what is wrong with them or with the endpoint's settings, if anything."""
-    if not isinstance(environment, Environment):  # a settings file could not be read: the shell's alone
-        environment = Environment(environment, {})
-    settings = load_settings(given_settings(args), environment, check_endpoint=False)
-    shown = {}
-    for item in setting_fields():
-        source = settings.sources[item.name]
-        where = ("default" if source == "default" else f"flag {source}" if source.startswith("-")
-                 else f"{source} in {environment.origin(source)}")
-        shown[item.name] = {"value": config_value(item, getattr(settings, item.name)), "source": where}
-    files = {str(path): path in environment.read for path in (Path.cwd() / ".env", user_config_file(environment))}
-    try:
-        check_endpoint_settings(settings)
-        problem = str(unreadable) if unreadable else None
-    except ConfigError as error:
-        problem = str(unreadable or error)
-    if args.json:
-        answer.write_json({"settings": shown, "files": files, "problem": problem})
-        return 0
-    width = max(map(len, shown))
-    for name, entry in shown.items():
-        print(f"{name:<{width}}  {entry['value']:<32}  {entry['source']}", file=answer)
-    for path, found in files.items():
-        passed_by = not found and os.path.lexists(path)  # there, and not read: the note above said why
-        print(f"{'read' if found else 'not read' if passed_by else 'none'}: {path}", file=answer)
-    if problem:
-        print(f"problem: {problem}", file=answer)
-    return 0
-
-
-def config_value(item: Any, value: Any) -> str:
-    """A setting's value as --config shows it: the key never, a URL without its password."""
-    if item.name in ("api_key", "escalate_key"):
-        return "[redacted]" if value else "not set"
-    if item.name in ("url", "escalate_url") and value:
-        return display_url(value)
-    if item.name == "escalate_on" and value == []:
-        return "none"
-    if isinstance(value, tuple):  # a price
-        return ",".join(f"{part:g}" for part in value if part is not None)
-    if value is None or value == [] or isinstance(value, bool):
-        return {True: "on", False: "off"}.get(value, shown_default(item)) if isinstance(value, bool) \
-            else shown_default(item)
-    return ", ".join(value) if isinstance(value, list) else f"{value:g}" if isinstance(value, float) else str(value)

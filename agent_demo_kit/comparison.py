@@ -14,15 +14,16 @@ import shlex
 import stat
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 from agent_demo_kit import metrics, scoring
 from agent_demo_kit.endings import ConfigError
 from agent_demo_kit.records import number
 from agent_demo_kit.seals import is_sealed
 from agent_demo_kit.settings import MOST_TRIES
-from agent_demo_kit.task_file import Key
 from agent_demo_kit.terminal import inert
+
+Key = Tuple[str, int]  # a task's id and which of its tries (--repeat)
 
 MOST_COLUMNS = 12  # configurations side by side in --summary and --report; the rest are said in one line
 FAILURES_SHOWN = 20  # tasks listed at the end of a batch or a summary; --json has them all

@@ -2,7 +2,7 @@
 alone, and your own settings file, which may hold a key for every folder and so must be yours,
 and readable and writable by nobody else; which of them each variable came from.
 
-It imports endings and private_files.
+It imports endings, and private_files when there is a file to read.
 """
 import io
 import os
@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional
 
 from agent_demo_kit.endings import ConfigError
-from agent_demo_kit.private_files import CHECKED, not_yours, require_ours, resolve
 
 
 class Environment(dict):
@@ -68,6 +67,10 @@ def read_environment() -> Environment:
     notes: List[str] = []
     read: List[Path] = []
     user_file = user_config_file()
+    local = Path.cwd() / ".env"
+    if not (os.path.lexists(user_file) or os.path.lexists(local)):
+        return Environment(dict(os.environ), {})
+    from agent_demo_kit.private_files import CHECKED, not_yours, require_ours, resolve  # a file to check first
     if os.path.lexists(user_file):
         try:
             require_ours(os.stat(resolve(str(user_file.parent), "the settings folder")), str(user_file.parent),
@@ -79,7 +82,6 @@ def read_environment() -> Environment:
         if CHECKED and stat.S_ISREG(info.st_mode) and info.st_mode & 0o044:
             raise ConfigError(f"the settings file {user_file} can be read by {'others' if info.st_mode & 0o004 else 'its group'}"
                               f" (mode {stat.S_IMODE(info.st_mode):o}): it may hold your key: chmod 600 {user_file}")
-    local = Path.cwd() / ".env"
     why_not = not_yours(local) if os.path.lexists(local) else None
     if why_not:
         notes.append(f"./.env not read: {why_not}; whoever can write it could choose where your key goes and"

@@ -23,7 +23,8 @@ from agent_demo_kit.endings import ConfigError
 from agent_demo_kit.records import number
 from agent_demo_kit.redaction import Redactor
 from agent_demo_kit.seals import is_sealed
-from agent_demo_kit.terminal import Screen, ScreenTrace
+from agent_demo_kit.screen_trace import ScreenTrace
+from agent_demo_kit.terminal import Screen
 
 TRACE_SHOWN_CHARS = 40_000  # of a task's drawn trace; --show FILE shows the rest
 ANSWER_SHOWN_CHARS = 2_000

@@ -4,14 +4,13 @@ model client (and the stronger model's, with --escalate), the tools, the trace, 
 calls, the checks; made once, whole, and handed to `agent_demo.Agent`. What it opened or started
 is closed with the Job.
 
-It imports prompts, tools, records, endings, events, settings, environment, urls, the client, escalation,
-conversation, terminal, trace_file, run_log, checks, the tool sources and (with --otel) telemetry.
+It imports prompts, tools, records, endings, the seam, settings, environment, urls, the client, the
+conversation and the screen's trace; each layer the settings choose only then: the run log (a trace
+file, a resume), checks and output types, escalation, the tool sources, telemetry, events.
 """
 import contextlib
 import os
-import shlex
 import sys
-from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
@@ -20,10 +19,10 @@ from agent_demo_kit.conversation import Conversation
 from agent_demo_kit.endings import ConfigError
 from agent_demo_kit.environment import Environment, read_environment
 from agent_demo_kit.records import Call, Round
+from agent_demo_kit.screen_trace import ScreenTrace
 from agent_demo_kit.seam import Approver, EachRound, Hooks, Job, the_callers, told
-from agent_demo_kit.settings import (OBEYED_ONLY_WHEN_GIVEN, Settings, check_endpoint_settings, flag_name,
-                                     keyword_name, load_settings, recorded_differences)
-from agent_demo_kit.limits import MATERIAL_SHOWN_CHARS, PAGE_MARGIN_CHARS, VALUE_SHOWN_CHARS
+from agent_demo_kit.settings import Settings, keyword_name, load_settings
+from agent_demo_kit.limits import MATERIAL_SHOWN_CHARS, PAGE_MARGIN_CHARS
 from agent_demo_kit.urls import display_url, mcp_urls, secrets_of
 from agent_demo_kit.tools import REGISTRY, Tool, ToolDefinitionError, clash_message, describe, in_use, material_reader
 
@@ -53,7 +52,6 @@ def prepare(task: str = "", *, given: Dict[str, Any], environment: Dict[str, str
     ConfigError if it cannot start; what it opened is closed then."""
     from agent_demo_kit.client import ModelClient, RequestForm  # not on import: --version starts without requests
     from agent_demo_kit.redaction import Redactor
-    from agent_demo_kit.terminal import ScreenTrace
     closing = contextlib.ExitStack()
     try:
         redactor = redactor or Redactor(*secrets_of(environment, given.get("url")))
@@ -63,26 +61,11 @@ def prepare(task: str = "", *, given: Dict[str, Any], environment: Dict[str, str
         unfinished: List[Call] = []
         screen_trace = ScreenTrace(screen)
         log: Any = None  # the trace file's listener
-        if resume is not None:  # locked before it is read, and shown before its tools files are imported
-            from agent_demo_kit import trace_file
-            log = closing.enter_context(contextlib.closing(trace_file.TraceFile(resume, redactor, written=written)))
-            recorded = trace_file.read_run(log, resume, continuing=follow_up is not None)
-            start, history, unfinished = recorded.start, recorded.rounds, recorded.unfinished
-            if not recorded.sealed:
-                take_up_unsealed(resume, start, confirm, screen_trace)
-            if "***" in str(start.get("url")) and not any(
-                    (given.get("url"), environment.get("LLM_API_URL"), environment.get("OPENAI_BASE_URL"))):
-                raise ConfigError("the run's URL held a password, which is not recorded: give it again with --url"
-                                  " or LLM_API_URL")
-            settings = load_settings(given, environment, own_settings(start, follow_up is not None), named,
-                                     check_endpoint=False)
-            screen_trace.say(f"{'following up on' if follow_up is not None else 'resuming'} {resume}\n  requests go to"
-                    f" {display_url(settings.endpoint)}\n  tools files: {', '.join(settings.tools_files) or 'none'}"
-                    + (f"\n  a stronger model on trouble (--escalate): {settings.escalate} at"
-                       f" {display_url(settings.stronger().endpoint)}" if settings.escalate else ""))
-            settings = settle_differences(settings, start, confirm, screen_trace)
-            check_endpoint_settings(settings)
-            task = start["task"]
+        if resume is not None:  # the run log layer: locked before it is read, shown before its tools files are imported
+            from agent_demo_kit.resume import take_up
+            log, recorded, settings = take_up(resume, follow_up is not None, given, environment, named, redactor, confirm,
+                                              screen_trace, written, closing)
+            start, history, unfinished, task = recorded.start, recorded.rounds, recorded.unfinished, recorded.start["task"]
         else:
             settings = settings or load_settings(given, environment, named=named)
         gate_for = gate if callable(gate) else lambda settings: gate  # arun()'s: the one for each endpoint
@@ -213,49 +196,6 @@ def notes_before_the_first_round(settings: Settings, registry: Dict[str, Tool], 
         notes.append(f"{'--approve: ' if settings.approve else ''}there is no terminal to ask, so {refused}"
                      " will be refused; --yes runs them")
     return notes + list(getattr(client, "window_notes", list)())
-
-
-def take_up_unsealed(path: str, start: dict, confirm: Optional[Callable[[str], bool]], log: Any) -> None:
-    """A run whose records agent-demo did not seal as this user (appended by someone else, copied from
-    elsewhere, changed, or written before seals) goes on only when the user says so on the terminal;
-    with nobody to ask, ConfigError."""
-    why = (f"{path}: its run was not set up by agent-demo as you (a record that sets it up carries no seal"
-           " of yours: written elsewhere, changed, or by a version before 0.6)")
-    if confirm is None:
-        raise ConfigError(f"{why}; a trace decides nothing on its own: resume it on a terminal to be asked, or"
-                          " run the task again")
-    log.say(f"  {why}\n  its task: {prompts.clip(str(start.get('task')), VALUE_SHOWN_CHARS * 3)}")
-    if not confirm("take it up anyway, its task and settings as written there? [y/N] "):
-        raise ConfigError(f"{path}: not taken up")
-
-
-def own_settings(start: dict, continuing: bool) -> dict:
-    """The recorded settings a run takes up again: all but what starts a process, loads a file or
-    chooses where requests go (asked about apart), and a follow-up's limits, which are its own."""
-    return {name: value for name, value in start.items() if name not in OBEYED_ONLY_WHEN_GIVEN
-            and not (continuing and name in ("max_rounds", "max_tokens"))}
-
-
-def settle_differences(settings: Settings, start: dict, confirm: Optional[Callable[[str], bool]], log: Any) -> Settings:
-    """The settings a resumed run goes on with. What the trace recorded that starts a process, loads a
-    file or chooses where requests go is used only when this command line gives the same, or the user
-    says so on the terminal (default no); with nobody to ask, ConfigError naming the flags to give."""
-    differ = recorded_differences(start, settings)
-    if not differ:
-        return settings
-    flags = " ".join(f"{flag_name(name)} {shlex.quote(value)}" for name, values in differ.items()
-                     for value in (values if isinstance(values, list) else [values]))
-    if confirm is None:
-        raise ConfigError(f"the run was recorded with {flags}, which is not given now: a trace decides no such"
-                          " thing on its own; give them again to use them, or others")
-    log.say(f"  the trace also names {flags}")
-    if not confirm(f"use {flags} as the trace names them? [y/N] "):
-        log.say("  not used: the run goes on with this command line's")
-        return settings
-    sources = {**settings.sources, **dict.fromkeys(differ, "the resumed run")}
-    return replace(settings, **{name: os.path.abspath(value) if name == "mcp_config" else
-                                [os.path.abspath(path) for path in value] if name == "tools_files" else value
-                                for name, value in differ.items()}, sources=sources)
 
 
 def tool_registry(settings: Settings, functions: Sequence[Callable], redactor: Any,

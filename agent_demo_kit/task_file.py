@@ -12,9 +12,9 @@ import re
 from typing import Any, Dict, Iterator, List, NamedTuple, Optional, Tuple
 
 from agent_demo_kit import scoring
+from agent_demo_kit.comparison import Key
 from agent_demo_kit.endings import ConfigError
 
-Key = Tuple[str, int]  # a task's id and which of its tries (--repeat)
 
 
 TASK_KEYS = ("id", "task", "check", "expected", "match")

@@ -18,7 +18,7 @@ import threading
 import time
 from typing import Any, List, Optional
 
-PRELOADED = ["agent_demo", "agent_demo_kit.cli", "agent_demo_kit.commands", "agent_demo_kit.batch",
+PRELOADED = ["agent_demo", "agent_demo_kit.cli", "agent_demo_kit.side_commands", "agent_demo_kit.batch",
              "agent_demo_kit.client", "requests", "forked_cli"]
 _CONTEXT: Optional[Any] = None
 

@@ -15,7 +15,8 @@ from agent_demo_kit.cli import main
 from agent_demo_kit.checks import run_check
 from agent_demo_kit.settings import Settings
 from agent_demo_kit.trace_file import TraceFile
-from agent_demo_kit.terminal import Screen, ScreenTrace
+from agent_demo_kit.screen_trace import ScreenTrace
+from agent_demo_kit.terminal import Screen
 from benchmark import prefix_figures
 from conftest import KEY, said_lines, start_cli
 from scripted_model import ScriptedModel, run
