@@ -8,7 +8,7 @@ tools.py neither shadows them nor is shadowed); in a checkout they sit beside ag
 they are read first, and the package looks there for them (docs/design.md, "Installed names")."""
 import os
 
-__version__ = "0.7.4"
+__version__ = "0.8.0"
 
 _CHECKOUT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if not os.path.exists(os.path.join(__path__[0], "tools.py")):  # a checkout (or an editable install) of it

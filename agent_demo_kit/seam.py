@@ -9,7 +9,7 @@ It imports records and endings.
 """
 import contextlib
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, ContextManager, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from agent_demo_kit.endings import CallerError
 from agent_demo_kit.records import Call, Compaction, Reply, Round, RunEvents, Working
@@ -31,10 +31,17 @@ class Hooks(RunEvents):
     def redact_values(self, value: Any) -> Any:
         return self.redactor.values(value) if self.redactor else value
 
+    def working(self, label: str = "model working") -> ContextManager[Working]:
+        if len(self.listeners) == 1:  # the usual case: around every request and call, and fed each piece
+            return self.listeners[0].working(label)
+        return self.all_working(label)
+
     @contextlib.contextmanager
-    def working(self, label: str = "model working") -> Iterator[Working]:
+    def all_working(self, label: str) -> Iterator[Working]:
         with contextlib.ExitStack() as stack:
-            yield FedToAll([stack.enter_context(listener.working(label)) for listener in self.listeners])
+            statuses = [stack.enter_context(listener.working(label)) for listener in self.listeners]
+            fed = [status for status in statuses if type(status) is not Working]  # a listener that shows nothing
+            yield fed[0] if len(fed) == 1 else FedToAll(fed)
 
     def start(self, task: str, model: str, url: str, kept: dict) -> None:
         for listener in self.listeners:

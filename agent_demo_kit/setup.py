@@ -119,7 +119,8 @@ def prepare(task: str = "", *, given: Dict[str, Any], environment: Dict[str, str
                 run_log.prune(Path(path).parent)
         if log is not None:
             log.recording(start_fields)
-        listeners = [screen_trace, *([log] if log else []), *with_telemetry(settings, environment, registry, redactor)]
+        listeners = [*([screen_trace] if screen else []), *([log] if log else []),  # none that shows nothing
+                     *with_telemetry(settings, environment, registry, redactor)]
         if on_event:
             from agent_demo_kit.events import EventStream
             listeners.append(EventStream(on_event, redactor))
