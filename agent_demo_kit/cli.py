@@ -21,7 +21,7 @@ from agent_demo_kit.endings import RUN_STATUSES, ConfigError, EndpointError, Fin
 from agent_demo_kit.environment import read_environment
 from agent_demo_kit.redaction import Redactor
 from agent_demo_kit.settings import (DEFAULT_RETRY_ERRORS, HOSTED_PARALLEL, MATCHES, MODES, MOST_TRIES, pass_rate,
-                                     setting_fields, shard_of_n, shown_default, whole_number)
+                                     setting_fields, shard_of_n, shown_default, significance, whole_number)
 from agent_demo_kit.terminal import is_terminal, protected
 from agent_demo_kit.urls import mcp_urls, secrets_of
 from agent_demo_kit.tools import REGISTRY
@@ -216,6 +216,12 @@ def build_parser() -> Parser:
                        help="print the figures of the batch results in each DIR (shards merged; results of"
                             " different configurations side by side, with the tasks where they differ), or"
                             " without DIR of the runs in the run log folder, and exit; with --json, as JSON")
+    batch.add_argument("--baseline", metavar="DIR", nargs="+",
+                       help="--summary NEW: compare NEW with the batch results in DIR on the tasks both ran, and exit"
+                            " 1 when NEW is worse by more than noise (the paired test), 0 otherwise: a gate for CI")
+    batch.add_argument("--significance", type=flag_type(significance), metavar="LEVEL",
+                       help="--baseline: the paired test's level below which a difference is more than noise"
+                            " (default 0.05)")
     batch.add_argument("--markdown", action="store_true",
                        help="--summary: print the figures as Markdown tables, to paste into a pull request")
     batch.add_argument("--report", metavar="DIR", nargs="+",
@@ -265,6 +271,10 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
         parser.error(f"{', '.join(batch_only)} go{'es' if len(batch_only) == 1 else ''} with --batch")
     if args.markdown and args.summary is None:
         parser.error("--markdown goes with --summary")
+    if args.baseline is not None and args.summary is None:
+        parser.error("--baseline goes with --summary NEW: it compares NEW with the baseline")
+    if args.significance is not None and args.baseline is None:
+        parser.error("--significance goes with --baseline")
     if args.html and args.show is None:
         parser.error("--html goes with --show")
     if args.output and args.report is None and not args.html:

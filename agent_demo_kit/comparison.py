@@ -239,8 +239,8 @@ def summarize(names: List[str]) -> dict:
     return {**compare(columns), "left_out": {"configurations": columns.left_out[0], "lines": columns.left_out[1]}}
 
 
-def compare(columns: List[Column]) -> dict:
-    """Several configurations side by side."""
+def compare(columns: List[Column], level: float = SIGNIFICANCE) -> dict:
+    """Several configurations side by side; each paired test more than noise below `level`."""
     described = [{"label": column.label, "folders": column.folders, "config": column.config, "yours": column.yours,
                   "not_sealed_by_you": column.unsealed, "summary": column.summary(),
                   "failures": len(failures(column.lines.values()))} for column in columns]
@@ -274,10 +274,60 @@ def compare(columns: List[Column]) -> dict:
         p_value = scoring.paired_test(only_first, only_second)
         tests.append({"first": columns[0].label, "second": columns[index].label, "both_ran": len(both),
                       "only_first": only_first, "only_second": only_second, "p_value": float(f"{p_value:.3g}"),
-                      "more_than_noise": p_value < SIGNIFICANCE,
+                      "more_than_noise": p_value < level, "level": level,
                       "test": "exact sign test of the tasks' pass rates over every try" if repeated
                       else "exact McNemar test"})
     return {"configurations": described, "differences": differences, "tests": tests}
+
+
+def gate(new: List[str], baseline: List[str], level: float = SIGNIFICANCE) -> dict:
+    """--summary NEW --baseline OLD: the two side by side, and the verdict: "worse" when NEW passed
+    fewer of the tasks both ran than OLD and the paired test says that is more than noise at `level`,
+    "better" the other way, else "within noise"; with the tasks that turned each way."""
+    columns = [one_column(baseline, "--baseline"), one_column(new, "--summary")]
+    columns[0].label, columns[1].label = "baseline", "new"
+    compared = compare(columns, level)
+    test = compared["tests"][0]
+    rates = [pass_rates(column) for column in columns]
+    both = [ident for ident in rates[0] if ident in rates[1]]
+    turned_wrong = [ident for ident in both if rate(rates[1][ident]) < rate(rates[0][ident])]
+    turned_right = [ident for ident in both if rate(rates[1][ident]) > rate(rates[0][ident])]
+    beyond = test["p_value"] < level
+    verdict = "worse" if beyond and test["only_first"] > test["only_second"] else \
+        "better" if beyond and test["only_second"] > test["only_first"] else "within noise"
+    return {**compared, "gate": {"verdict": verdict, "level": level, "p_value": test["p_value"], "test": test["test"],
+                                 "both_ran": test["both_ran"], "turned_wrong": turned_wrong,
+                                 "turned_right": turned_right, "baseline": columns[0].folders,
+                                 "new": columns[1].folders}}
+
+
+def one_column(names: List[str], flag: str) -> Column:
+    """The one configuration these folders hold (shards merged); ConfigError when they hold several."""
+    columns = columns_of(names)
+    if len(columns) != 1 or columns.left_out[0]:
+        raise ConfigError(f"{flag}: {' '.join(names)} holds the results of {len(columns) + columns.left_out[0]}"
+                          " configurations; a gate compares one with one: name the folder of one")
+    return columns[0]
+
+
+def render_gate(data: dict, markdown: bool = False) -> List[str]:
+    """The comparison, then the verdict in the words --summary uses, and the tasks that turned."""
+    gated = data["gate"]
+    lines = [f"baseline: {', '.join(gated['baseline'])}", f"new: {', '.join(gated['new'])}", "",
+             *render_comparison(data, markdown), ""]
+    worded = {"worse": "worse than the baseline, more than noise",
+              "better": "better than the baseline, more than noise",
+              "within noise": "no difference from the baseline beyond noise"}[gated["verdict"]]
+    lines.append(f"verdict: {worded} ({gated['test']} p = {gated['p_value']:.3g}, level {gated['level']:g}; on"
+                 f" {gated['both_ran']} task(s) both ran, {len(gated['turned_wrong'])} turned wrong,"
+                 f" {len(gated['turned_right'])} turned right)")
+    for name in ("turned_wrong", "turned_right"):
+        if gated[name]:
+            shown = gated[name][:DIFFERENCES_SHOWN]
+            more = f" ... and {len(gated[name]) - len(shown)} more (--json lists them all)" if len(gated[name]) > \
+                len(shown) else ""
+            lines.append(f"{name.replace('_', ' ')}: {', '.join(shown)}{more}")
+    return lines
 
 
 def pass_rates(column: "Column") -> Dict[str, tuple]:
@@ -365,12 +415,13 @@ def render_comparison(data: dict, markdown: bool = False) -> List[str]:
         if test.get("test", "exact McNemar test") == "exact McNemar test":
             lines.append(f"{test['second']} vs {test['first']}: on {test['both_ran']} task(s) both ran, right only with"
                          f" {test['second']} {test['only_second']}, only with {test['first']} {test['only_first']};"
-                         f" exact McNemar test p = {test['p_value']:.3g} ({verdict} at {SIGNIFICANCE:g})")
+                         f" exact McNemar test p = {test['p_value']:.3g} ({verdict} at"
+                         f" {test.get('level', SIGNIFICANCE):g})")
         else:
             lines.append(f"{test['second']} vs {test['first']}: on {test['both_ran']} task(s) both ran, passed more"
                          f" often with {test['second']} {test['only_second']}, with {test['first']}"
                          f" {test['only_first']}; {test['test']} p = {test['p_value']:.3g} ({verdict} at"
-                         f" {SIGNIFICANCE:g})")
+                         f" {test.get('level', SIGNIFICANCE):g})")
     return lines
 
 

@@ -81,6 +81,17 @@ def pass_rate(text: str) -> float:
     return value
 
 
+def significance(text: str) -> float:
+    """--significance: a level between 0 and 1, both left out (0.05, or 5%)."""
+    try:
+        value = pass_rate(text)
+    except ValueError:
+        value = math.nan
+    if not 0 < value < 1:
+        raise ValueError(f"must be a level between 0 and 1 (such as 0.05, or 5%), got {text!r}")
+    return value
+
+
 MOST_RETRIES = 1_000  # past about 1,024 the back-off requests' urllib3 works out is too large a float
 MOST_A_PRICE = 1_000_000  # dollars per million tokens: more is a typo (1e308), and would make the cost infinite
 

@@ -79,6 +79,8 @@ def show_summary(args: argparse.Namespace, environment: Dict[str, str], answer: 
     from agent_demo_kit import comparison
     from agent_demo_kit.batch import summarize_runs
     from agent_demo_kit.metrics import render
+    if args.baseline is not None:
+        return show_gate(args, answer)
     if args.summary:
         summary = comparison.summarize(args.summary)
     else:
@@ -105,6 +107,20 @@ def show_summary(args: argparse.Namespace, environment: Dict[str, str], answer: 
             print("agent-demo: (without the folder's --check: it is not yours, and a check is a command;"
                   " give one of your own if you want one)", file=sys.stderr)
     return 0
+
+
+def show_gate(args: argparse.Namespace, answer: SafeStream) -> int:
+    """--summary NEW --baseline OLD: the two side by side and the verdict; 1 when NEW is worse than the
+    baseline by more than noise, else 0."""
+    from agent_demo_kit import comparison
+    if not args.summary:
+        raise ConfigError("--baseline: give --summary the folder of the new results (--summary NEW --baseline OLD)")
+    gated = comparison.gate(args.summary, args.baseline, args.significance or comparison.SIGNIFICANCE)
+    if args.json:
+        answer.write_json(gated)
+    else:  # answers, ids and model names from results files are shown escaped
+        print(inert("\n".join(comparison.render_gate(gated, args.markdown))), file=answer)
+    return 1 if gated["gate"]["verdict"] == "worse" else 0
 
 
 def show_run(args: argparse.Namespace, environment: Dict[str, str], answer: SafeStream, redactor: Redactor) -> int:

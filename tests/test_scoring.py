@@ -357,3 +357,52 @@ def test_a_rerun_without_repeat_keeps_the_tries_it_has_and_says_so(tmp_path, cli
     assert "results.jsonl keeps 8 tries from an earlier --repeat past this one's 1" in err
     code, out, err = cli("--summary", folder, "--json")
     assert json.loads(out)["repeats"]["tries"] == 3
+
+
+def gate_folders(tmp_path, cli, monkeypatch, new_right):
+    """A baseline that got 16 of 20 tasks right and a new batch (another model) that got new_right of them."""
+    path = tmp_path / "tasks.jsonl"
+    path.write_text("".join(json.dumps({"id": f"t{n}", "task": f"q{n}", "expected": str(n)}) + "\n" for n in range(20)))
+    old = {f"q{n}": str(n) if n < 16 else "no idea" for n in range(20)}
+    new = {f"q{n}": str(n) if n in new_right else "no idea" for n in range(20)}
+    scripted_batch(tmp_path, monkeypatch, Answers({"old": old, "new": new}))
+    cli("--batch", path, "-m", "old", "-q")
+    cli("--batch", path, "-m", "new", "-q")
+    return tmp_path / "tasks-results" / "new", tmp_path / "tasks-results" / "old"
+
+
+def test_a_gate_fails_when_the_new_results_are_worse_than_the_baseline_beyond_noise(tmp_path, cli, monkeypatch):
+    new, old = gate_folders(tmp_path, cli, monkeypatch, new_right={*range(8), 18})
+    code, out, err = cli("--summary", new, "--baseline", old)
+    assert code == 1, err
+    assert "verdict: worse than the baseline, more than noise (exact McNemar test p = 0.0391, level 0.05; on 20" \
+           " task(s) both ran, 8 turned wrong, 1 turned right)" in out, out
+    assert "turned wrong: t8, t9, t10, t11, t12, t13, t14, t15" in out and "turned right: t18" in out
+    code, out, _ = cli("--summary", new, "--baseline", old, "--json")
+    gated = json.loads(out)["gate"]
+    assert (code, gated["verdict"], gated["turned_wrong"], gated["turned_right"]) == (
+        1, "worse", [f"t{n}" for n in range(8, 16)], ["t18"])
+    assert gated["p_value"] == pytest.approx(scoring.paired_test(8, 1), rel=1e-3)
+    code, out, _ = cli("--summary", new, "--baseline", old, "--significance", "0.01")
+    assert code == 0 and "verdict: no difference from the baseline beyond noise" in out
+    code, out, _ = cli("--summary", old, "--baseline", new)  # the other way round: better, and a gate passes
+    assert code == 0 and "verdict: better than the baseline, more than noise" in out
+
+
+def test_a_gate_passes_when_the_difference_could_be_noise(tmp_path, cli, monkeypatch):
+    new, old = gate_folders(tmp_path, cli, monkeypatch, new_right={*range(14), 16, 17})
+    code, out, _ = cli("--summary", new, "--baseline", old, "--json")
+    gated = json.loads(out)["gate"]
+    assert (code, gated["verdict"], len(gated["turned_wrong"]), len(gated["turned_right"])) == (0, "within noise", 2, 2)
+    code, _, err = cli("--summary", new, "--baseline", tmp_path / "tasks-results")  # both models' folders
+    assert code == 2 and "holds the results of 2 configurations; a gate compares one with one" in err
+
+
+@pytest.mark.parametrize("argv, said", [
+    (["--baseline", "x"], "--baseline goes with --summary NEW"),
+    (["--summary", "x", "--significance", "0.1"], "--significance goes with --baseline"),
+    (["--summary", "x", "--baseline", "y", "--significance", "1"], "must be a level between 0 and 1"),
+])
+def test_a_gate_given_wrongly_says_how_in_one_line(cli, argv, said):
+    code, _, err = cli(*argv)
+    assert code == 2 and said in err, err
