@@ -348,7 +348,7 @@ def test_a_batch_from_python_gives_its_summary_and_goes_on_where_it_stopped(tmp_
 def test_a_second_ctrl_c_stops_at_once_and_sigterm_ends_like_the_first(tmp_path):
     tasks = write_tasks(tmp_path / "tasks.jsonl", ["long"] * 4)
     out = tmp_path / "out"
-    script = ByTask(delay=0.6)  # longer than the 0.2 s between the two Ctrl-Cs
+    script = ByTask(delay=2)  # far longer than the 0.2 s between the two Ctrl-Cs, on a busy machine too
     with ScriptedServer([], screen=script) as server:
         env = {"LLM_API_URL": server.url, "LLM_API_KEY": KEY}
         args = ("--batch", tasks, "--out", out, "--parallel", 2, "--max-rounds", 10)
