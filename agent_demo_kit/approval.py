@@ -72,7 +72,12 @@ def question_line(line: str, room: int) -> str:
 def terminal_confirm(redactor: Redactor) -> Optional[Callable[[str], bool]]:
     """A y/N question asked on the controlling terminal (default no); None when the process has none."""
     approver = terminal_approver(redactor)
-    return None if approver is None else lambda question: approver.ask(question) in ("y", "yes")
+    return None if approver is None else confirming(approver)
+
+
+def confirming(approver: "TerminalApprover") -> Callable[[str], bool]:
+    """A y/N question asked by this approver: True only for yes."""
+    return lambda question: approver.ask(question) in ("y", "yes")
 
 
 def terminal_approver(redactor: Redactor) -> Optional["TerminalApprover"]:

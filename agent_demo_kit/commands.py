@@ -82,8 +82,9 @@ def asked_on_the_terminal(redactor: Redactor, confirming: bool = False) -> Optio
 
     def ask(question: Any) -> bool:
         if not asker:
-            from agent_demo_kit.approval import terminal_approver, terminal_confirm
-            asker.append((terminal_confirm if confirming else terminal_approver)(redactor) or (lambda _: False))
+            from agent_demo_kit.approval import TerminalApprover, confirming as y_or_n
+            approver = TerminalApprover(redactor)  # a terminal gone since is an OSError, as it always was
+            asker.append(y_or_n(approver) if confirming else approver)
         return asker[0](question)
     return ask
 

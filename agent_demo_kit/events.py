@@ -104,7 +104,7 @@ class Ended:
     result: RunResult
 
 
-# --- what the trace says of a report, in words (terminal.ScreenTrace shows the same) --------------------
+# --- what the trace says of a report, in words (screen_trace.ScreenTrace shows the same) --------------------
 
 def retry_said(cause: str, attempt: int, retries: int, wait: float) -> str:
     if attempt:
@@ -146,7 +146,7 @@ class _Feeding(Working):
 class EventStream(RunEvents):
     """A listener that makes each report an event for `emit` (on_event, astream's queue), redacted."""
 
-    def __init__(self, emit: Callable[[Any], None], redactor: Any = None):
+    def __init__(self, emit: Callable[[Any], None], redactor: Any):
         self.emit, self.redactor = emit, redactor
         self.number = 0  # the round whose reply arrived last
 

@@ -284,7 +284,7 @@ class Working:
 class RunEvents:
     """Everything a run reports as it goes, to whoever listens: this one keeps nothing and hides
     nothing. A run tells them to its hooks (seam.py), which tell every listener: the screen
-    (terminal.ScreenTrace), the trace file (trace_file.TraceFile), ...; the loop, the client and the
+    (screen_trace.ScreenTrace), the trace file (trace_file.TraceFile), ...; the loop, the client and the
     conversation know only these methods."""
 
     def redact(self, text: str) -> str:

@@ -319,7 +319,7 @@ def flush() -> None:
 class Traced(RunEvents):
     """A listener that makes a run's reports into spans."""
 
-    def __init__(self, settings: Any, environment: Any, tools: Iterable[str] = (), redactor: Any = None):
+    def __init__(self, settings: Any, environment: Any, tools: Iterable[str], redactor: Any):
         self.redactor = redactor
         self.tools = {*tools, *CONTROL_ACTIONS}  # the tools the user configured, and ours: their names may name a span
         self.tracer = provider(settings.otel).get_tracer("agent-demo")
@@ -465,6 +465,6 @@ def _plain(attributes: Dict[str, Any]) -> Dict[str, Any]:
     return {name: value for name, value in attributes.items() if value is not None}
 
 
-def traced(settings: Any, environment: Any, tools: Iterable[str] = (), redactor: Any = None) -> RunEvents:
+def traced(settings: Any, environment: Any, tools: Iterable[str], redactor: Any) -> RunEvents:
     """A listener that makes the run's reports into spans (tools: the names of the tools the run was given)."""
     return Traced(settings, environment, tools, redactor)

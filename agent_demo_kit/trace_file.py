@@ -152,7 +152,7 @@ class TraceWriteError(ConfigError):
 
 class TraceFile(RunEvents):
     """A listener that writes each report of a run to its trace file, the key and its forms redacted
-    (the screen is another listener: terminal.ScreenTrace)."""
+    (the screen is another listener: screen_trace.ScreenTrace)."""
 
     def __init__(self, trace_path: Optional[str] = None, redactor: Optional[Redactor] = None,
                  written: Optional[List[dict]] = None):

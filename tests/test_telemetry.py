@@ -427,3 +427,13 @@ def test_an_otlp_endpoints_own_words_reach_the_terminal_inert():
         assert "\x1b" not in shown.stderr and "\x07" not in shown.stderr, shown.stderr
     finally:
         collector.close()
+
+
+def test_with_spans_on_the_trace_file_still_holds_every_round_note_and_retry(spans, serve, tmp_path):
+    serve([{"status": 500, "body": "down"}, "no action here", act("calculator", expression="2 + 3"),
+           act("finish", result="5")])
+    trace = tmp_path / "run.jsonl"
+    assert agent_demo.run("add", otel="http://127.0.0.1:4318", trace=str(trace), retries=1).status == "finished"
+    events = [json.loads(line)["event"] for line in trace.read_text().splitlines()]
+    assert events == ["start", "retry", "round", "round", "round", "end"], "the spans and the file are both told"
+    assert len(spans.get_finished_spans()) == 5
