@@ -206,6 +206,9 @@ class Batch(Saying):
         """The line with its score against what the task expects (correct: null when it expects nothing;
         false when it did not finish) and, with --price, its cost."""
         match = task.match or self.match
+        line.pop("metadata", None)
+        if task.metadata:  # what the file says of the task now: its groups in the summary
+            line["metadata"] = task.metadata
         line.update(expected=task.expected, match=match, correct=None if task.expected is None else
                     line.get("status") == "finished" and scoring.score(line.get("answer"), task.expected, match))
         return self.price(line)

@@ -113,6 +113,10 @@ def percentile(values: "array", share: float) -> float:
     return ordered[max(0, math.ceil(share * len(ordered)) - 1)]
 
 
+MOST_GROUPS = 20  # metadata keys, and values of a key, counted apart (the rest: "(others)")
+GROUP_NAME_CHARS = 40
+
+
 class Tally:
     """The figures of many runs added up, one run at a time, keeping numbers only."""
 
@@ -133,6 +137,7 @@ class Tally:
         self.tries = tries
         self.outcomes: Dict[str, List[bool]] = {}  # with repeats: each task's successes, try by try
         self.scored_tasks: set = set()  # with repeats: the tasks (not tries) that had an expected answer
+        self.groups: Dict[str, Dict[str, List[int]]] = {}  # metadata key -> value -> [runs, succeeded, scored, correct]
 
     def add(self, figures: dict) -> None:
         """One run's figures (a results.jsonl line, or run_figures of a trace)."""
@@ -156,6 +161,9 @@ class Tally:
                 tries.extend([False] * (at + 1 - len(tries)))
                 tries[at] = correct if isinstance(correct, bool) else status == "finished"
         self.status_counts[status] = self.status_counts.get(status, 0) + 1
+        metadata = figures.get("metadata")
+        if isinstance(metadata, dict):
+            self.add_to_groups(metadata, status == "finished", correct)
         self.rounds.append(number(figures.get("rounds")))
         self.seconds.append(number(figures.get("seconds")))
         tokens = figures.get("tokens") if isinstance(figures.get("tokens"), dict) else {}
@@ -181,6 +189,21 @@ class Tally:
                 total["tokens"] += int(number(used.get("tokens")))
                 if isinstance(used.get("cost"), (int, float)) and not isinstance(used["cost"], bool):
                     total["cost"] = round(total.get("cost", 0.0) + number(used["cost"]), 6)
+
+    def add_to_groups(self, metadata: dict, finished: bool, correct: Any) -> None:
+        """A run's place in each group its task's metadata names (at most MOST_GROUPS keys, and values)."""
+        for key, value in list(metadata.items())[:MOST_GROUPS]:
+            values = self.groups.get(str(key)[:GROUP_NAME_CHARS])
+            if values is None:
+                if len(self.groups) >= MOST_GROUPS:
+                    continue
+                values = self.groups[str(key)[:GROUP_NAME_CHARS]] = {}
+            name = str(value)[:GROUP_NAME_CHARS] if len(values) < MOST_GROUPS else "(others)"
+            counted = values.setdefault(name, [0, 0, 0, 0])
+            counted[0] += 1
+            counted[1] += correct if isinstance(correct, bool) else finished
+            counted[2] += isinstance(correct, bool)
+            counted[3] += correct is True
 
     def summary(self, pending: int = 0, pending_scored: int = 0, tasks: Optional[int] = None) -> dict:
         """The table as data: what summary.json and --summary --json hold. pending: runs not made (a
@@ -215,6 +238,10 @@ class Tally:
                         "p95": round(percentile(self.seconds, 0.95), 3)},
             "largest_request_chars": self.largest_request, "max_context": self.max_context,
             "models": self.models, "escalated": self.escalated, "finished_after_escalating": self.rescued,
+            **({"groups": {key: {name: {"runs": runs, "success_rate": rate(succeeded, runs), "scored": scored,
+                                        "correct": correct, "accuracy": rate(correct, scored)}
+                                 for name, (runs, succeeded, scored, correct) in sorted(values.items())}
+                           for key, values in self.groups.items()}} if self.groups else {}),
         }
 
 
@@ -270,6 +297,10 @@ def render(summary: dict) -> List[str]:
     if summary.get("escalated"):
         lines.append(f"escalated        {summary['escalated']} task(s), {summary['finished_after_escalating']} of them"
                      " finished")
+    for key, values in (summary.get("groups") or {}).items():  # by the tasks' metadata
+        lines.append(f"by {key:<13} " + "; ".join(
+            f"{name} {share(group['accuracy'])} ({group['correct']} of {group['scored']})" if group["scored"] else
+            f"{name} {share(group['success_rate'])} succeeded ({group['runs']} runs)" for name, group in values.items()))
     if len(summary["models"]) > 1:
         lines += [f"  {name:<14} {used['rounds']:,} rounds, {used['tokens']:,} tokens"
                   + (f", {dollars(used['cost'])}" if "cost" in used else "")

@@ -2,7 +2,10 @@
 time: a task, its id, what its answer should be and how that is matched, and a check the user may
 choose to run. Nothing in it runs or decides anything on its own.
 
-It imports endings and scoring.
+Besides its own lines it reads the samples of inspect ({"input", "target", "id", "metadata"}) and of
+OpenAI evals ({"input": [messages], "ideal"}) as they are; a file holds tasks of one format.
+
+It imports endings, scoring and comparison.
 """
 import difflib
 import hashlib
@@ -17,7 +20,7 @@ from agent_demo_kit.endings import ConfigError
 
 
 
-TASK_KEYS = ("id", "task", "check", "expected", "match")
+TASK_KEYS = ("id", "task", "check", "expected", "match", "metadata")
 
 
 class BatchTask(NamedTuple):
@@ -31,6 +34,7 @@ class BatchTask(NamedTuple):
     file: str = ""  # its trace's name in traces/, made from the id (and the try)
     match: Optional[str] = None  # how the answer is scored against expected (None: the default)
     repeat: int = 1  # which try of the task (--repeat)
+    metadata: Optional[dict] = None  # what the file says of the task (category, difficulty, ...), never sent
 
     @property
     def key(self) -> Key:
@@ -77,7 +81,7 @@ def read_tasks(tasks: Any, source: str, notes: Optional[List[str]] = None) -> Li
     if suffix in OTHER_FORMATS:
         raise ConfigError(f"{source} is {OTHER_FORMATS[suffix]} by its name, not a task file: a task file is JSON Lines,"
                           ' a {"task": ...} object a line, or a line of plain text a task')
-    first = True
+    first, shape_of_file = True, None
     for number, raw in text_lines(tasks, source):  # number: the line's
         line = raw.strip()
         if not line:
@@ -94,6 +98,14 @@ def read_tasks(tasks: Any, source: str, notes: Optional[List[str]] = None) -> Li
             except ValueError as error:
                 raise ConfigError(f"{source} line {number}: not a JSON object on one line ({error}): a task file holds"
                                   ' one {"task": ...} object a line') from None
+            peer = peer_shape(item)
+            shape = PEER_SHAPES.get(peer, "")
+            shape_of_file = shape_of_file or shape or "agent-demo"
+            if (shape or "agent-demo") != shape_of_file:
+                raise ConfigError(f"{source} line {number} is a task of {shape or 'agent-demo'}'s format, where the"
+                                  f" file's first task is of {shape_of_file}'s: a file holds tasks of one format")
+            if peer:  # a peer's sample, read as it is: its input the task, its answer what is expected
+                item = as_task_line(item, peer, f"{source} line {number}")
             unknown = sorted(item.keys() - set(TASK_KEYS))
             holder = next((key for key in unknown if isinstance(item[key], list) and item[key]
                            and all(isinstance(inner, dict) and "role" not in inner for inner in item[key])), None)
@@ -121,8 +133,18 @@ def read_tasks(tasks: Any, source: str, notes: Optional[List[str]] = None) -> Li
                     scoring.check_expectation(expected, match)
             except scoring.BadExpectation as error:
                 raise ConfigError(f"{source} line {number}: {error}") from None
-            found.append(BatchTask(number, str(ident), task.strip(), item.get("check"), expected, match=match))
+            metadata = item.get("metadata")
+            if metadata is not None and not (isinstance(metadata, dict) and all(
+                    isinstance(value, (str, int, float, bool)) or value is None for value in metadata.values())):
+                raise ConfigError(f'{source} line {number}: "metadata" must be an object of plain values'
+                                  ' ({"category": "math", "difficulty": 2})')
+            found.append(BatchTask(number, str(ident), task.strip(), item.get("check"), expected, match=match,
+                                   metadata=metadata or None))
         else:
+            if shape_of_file not in (None, "agent-demo"):
+                raise ConfigError(f"{source} line {number} is a line of plain text, where the file's first task is"
+                                  f" of {shape_of_file}'s format: a file holds tasks of one format")
+            shape_of_file = "agent-demo"
             found.append(BatchTask(number, str(number), line))
         ident = found[-1].id
         if ident in seen:
@@ -139,6 +161,53 @@ def read_tasks(tasks: Any, source: str, notes: Optional[List[str]] = None) -> Li
         files.add(name if folded == name else folded)
         found[-1] = found[-1]._replace(file=name)
     return found
+
+
+PEER_SHAPES = {"inspect": "inspect", "evals": "OpenAI evals"}
+PEER_KEYS = {"inspect": ("input", "target", "id", "metadata"), "evals": ("input", "ideal", "id", "metadata")}
+
+
+def peer_shape(item: dict) -> Optional[str]:
+    """Which peer's sample a JSON line is: OpenAI evals' ({"input": [messages], "ideal": ...}), inspect's
+    ({"input": ..., "target": ..., "id", "metadata"}), or None (ours, or another's the reader names)."""
+    if "task" in item or "input" not in item:
+        return None
+    return "evals" if "ideal" in item else "inspect"
+
+
+def as_task_line(item: dict, shape: str, where: str) -> dict:
+    """A peer's sample as a task line: its input the task (chat messages as their text), its target
+    or ideal what is expected, never part of the task; ConfigError for a key it does not read."""
+    name = PEER_SHAPES[shape]
+    extra = sorted(item.keys() - set(PEER_KEYS[shape]))
+    if extra:
+        raise ConfigError(f"{where}: {', '.join(map(json.dumps, extra))} of {name}'s format"
+                          f" {'is' if len(extra) == 1 else 'are'} not read here (a task is read from {', '.join(PEER_KEYS[shape])}): leave "
+                          f"{'it' if len(extra) == 1 else 'them'} out")
+    task = item["input"] if isinstance(item["input"], str) else messages_text(item["input"], where, name)
+    answer = item.get("target" if shape == "inspect" else "ideal")
+    line = {"task": task, **({"expected": answer} if answer not in (None, "", []) else {})}
+    line.update({key: item[key] for key in ("id", "metadata") if key in item})
+    return line
+
+
+def messages_text(messages: Any, where: str, name: str) -> str:
+    """The text of chat messages as one task: a lone message's content, else each as "role: content"."""
+    if not isinstance(messages, list) or not messages or not all(
+            isinstance(message, dict) and isinstance(message.get("role"), str) for message in messages):
+        raise ConfigError(f'{where}: "input" of {name}\'s format must be a text or a list of chat messages')
+    said = []
+    for message in messages:
+        content = message.get("content")
+        if isinstance(content, list):  # parts: the text ones
+            content = "\n".join(part.get("text", "") for part in content if isinstance(part, dict)
+                                and part.get("type") == "text" and isinstance(part.get("text"), str))
+        if not isinstance(content, str):
+            raise ConfigError(f"{where}: a message of \"input\" holds no text")
+        said.append(content)
+    if len(messages) == 1:
+        return said[0]
+    return "\n\n".join(f"{message['role']}: {text}" for message, text in zip(messages, said))
 
 
 OTHER_FORMATS = {"csv": "CSV", "tsv": "TSV", "yaml": "YAML", "yml": "YAML", "parquet": "Parquet", "xlsx": "a spreadsheet",

@@ -54,13 +54,9 @@ def test_a_file_of_another_format_is_refused_naming_it_and_nothing_is_sent(tmp_p
 @pytest.mark.parametrize("line, keys, meant", [
     ({"task": "What is 2+2?", "expectd": "4"}, '"expectd" is no key', '(did you mean "expected"?)'),
     ({"task": "What is 2+2?", "Expected": "4"}, '"Expected" is no key', '(did you mean "expected"?)'),
-    ({"input": "What is 2+2?", "target": "4"}, '"input", "target" are no keys',  # inspect's
-     '(did you mean "task" for "input", "expected" for "target"?)'),
-    ({"input": [{"role": "user", "content": "What is 2+2?"}], "ideal": "4"}, '"ideal", "input" are no keys',  # evals'
-     '(did you mean "expected" for "ideal", "task" for "input"?)'),
     ({"input": "What is 2+2?", "task": "x", "target": "4"}, '"input", "target" are no keys',
-     '(did you mean "expected" for "target"?)'),  # "task" it has
-    ({"task": "What is 2+2?", "metadata": {"level": 1}}, '"metadata" is no key', None),
+     '(did you mean "expected" for "target"?)'),  # "task" it has: no inspect sample
+    ({"task": "What is 2+2?", "level": 1}, '"level" is no key', None),
 ])
 def test_a_key_no_task_line_knows_is_refused_naming_the_keys_and_the_nearest_ones(tmp_path, cli, server, line,
                                                                                    keys, meant):
@@ -69,7 +65,7 @@ def test_a_key_no_task_line_knows_is_refused_naming_the_keys_and_the_nearest_one
     code, out, err = cli("--batch", path)
     assert (code, len(server.requests)) == (2, 0), err
     [said] = err.splitlines()
-    assert f"line 1: {keys} of a task line" in said and "a task line knows id, task, check, expected, match" in said
+    assert f"line 1: {keys} of a task line" in said and "a task line knows id, task, check, expected, match, metadata" in said
     assert (meant in said) if meant else "did you mean" not in said
 
 
@@ -99,3 +95,69 @@ def test_an_answer_in_any_syntax_never_becomes_a_task_text(key, syntax):
     line = syntax.format(k=key, K=key.capitalize())
     with pytest.raises(ConfigError, match="line 2"):
         read_tasks(f"What is 3+3?\n{line}\n", "tasks.txt")
+
+
+# inspect's sample dataset and OpenAI evals' samples, as their own docs write them.
+INSPECT = [{"id": f"q{n}", "input": f"What is {n} + {n}?", "target": str(2 * n),
+            "metadata": {"category": "add" if n < 6 else "double", "difficulty": n % 2}} for n in range(10)]
+EVALS = [{"input": [{"role": "system", "content": "Answer with a number."},
+                    {"role": "user", "content": f"What is {n} times 3?"}], "ideal": [str(3 * n), f"{3 * n}.0"]}
+         for n in range(10)]
+
+
+def answering(body):
+    """A model that adds right and multiplies right but for 9 (and never sees an answer)."""
+    task = body["messages"][1]["content"]
+    numbers = [int(word.strip("?")) for word in task.split() if word.strip("?").isdigit()]
+    answer = numbers[0] * 3 if "times" in task else numbers[0] * 2 if numbers[0] < 8 else 0
+    return action("finish", result=str(28 if "9 times" in task else answer))
+
+
+@pytest.mark.parametrize("samples, right", [(INSPECT, 8), (EVALS, 9)], ids=["inspect", "openai-evals"])
+def test_a_peers_samples_run_as_they_are_and_their_answers_never_reach_a_request(tmp_path, cli, monkeypatch,
+                                                                                   samples, right):
+    path = tmp_path / "samples.jsonl"
+    path.write_text("".join(json.dumps(sample) + "\n" for sample in samples))
+    with ScriptedServer([], screen=answering) as scripted:
+        monkeypatch.setenv("LLM_API_URL", scripted.url)
+        code, out, err = cli("--batch", path, "--json", "-q")
+    summary = json.loads(out)
+    assert (summary["tasks"], summary["scored"], summary["correct"]) == (10, 10, right), err
+    tasks = [body["body"]["messages"][1]["content"] for body in scripted.requests]
+    if samples is EVALS:
+        assert "Task: system: Answer with a number.\n\nuser: What is 0 times 3?" in tasks
+    sent = json.dumps([request["body"] for request in scripted.requests])
+    assert '"ideal"' not in sent and '"target"' not in sent and "difficulty" not in sent
+    assert all(f"{3 * n}.0" not in sent for n in range(1, 10)), "an answer is never part of the task"
+
+
+def test_groups_of_the_tasks_metadata_are_figures_of_their_own(tmp_path, cli, monkeypatch):
+    path = tmp_path / "samples.jsonl"
+    path.write_text("".join(json.dumps(sample) + "\n" for sample in INSPECT))
+    with ScriptedServer([], screen=answering) as scripted:
+        monkeypatch.setenv("LLM_API_URL", scripted.url)
+        cli("--batch", path, "-q")
+    folder = tmp_path / "samples-results" / "gpt-4o-mini"
+    code, out, _ = cli("--summary", folder, "--json")
+    groups = json.loads(out)["groups"]
+    assert groups["category"]["add"] == {"runs": 6, "success_rate": 1.0, "scored": 6, "correct": 6, "accuracy": 1.0}
+    assert groups["category"]["double"]["correct"] == 2 and groups["category"]["double"]["accuracy"] == 0.5
+    assert set(groups["difficulty"]) == {"0", "1"}
+    code, out, _ = cli("--summary", folder)
+    assert "by category      add 100.0% (6 of 6); double 50.0% (2 of 4)" in out, out
+
+
+@pytest.mark.parametrize("lines, said", [
+    ([{"input": "x", "target": "1", "choices": ["a", "b"]}], '"choices" of inspect\'s format is not read here'),
+    ([{"task": "x"}, {"input": "y", "target": "1"}], "line 2 is a task of inspect's format, where the file's first"
+                                                     " task is of agent-demo's"),
+    ([{"input": "y", "target": "1"}, "plain words"], "line 2 is a line of plain text, where the file's first task"
+                                                     " is of inspect's format"),
+    ([{"input": [{"content": "no role"}], "ideal": "1"}], '"input" of OpenAI evals\'s format must be a text or a'
+                                                           " list of chat messages"),
+])
+def test_a_peers_sample_that_cannot_be_read_as_it_is_is_refused_naming_why(tmp_path, cli, server, lines, said):
+    path = tmp_path / "samples.jsonl"
+    path.write_text("".join((json.dumps(line) if isinstance(line, dict) else line) + "\n" for line in lines))
+    code, _, err = cli("--batch", path)
+    assert (code, len(server.requests)) == (2, 0) and said in err, err
