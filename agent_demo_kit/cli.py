@@ -197,6 +197,10 @@ def build_parser() -> Parser:
     batch.add_argument("--pass-rate", type=flag_type(pass_rate), metavar="SHARE",
                        help="--batch: exit 0 when at least this share of the tasks finished (0.9 or 90%%;"
                             " default: all of them)")
+    batch.add_argument("--fields", metavar="KEY=NAME,...",
+                       help="--batch: which key of a JSON line, or column of a CSV file, is the task, what is"
+                            " expected, the id, the match (task=question,expected=answer,id=idx); other keys are"
+                            " not read, other columns are the task's metadata")
     batch.add_argument("--match", choices=MATCHES, metavar="HOW",
                        help="--batch: how an answer is scored against a task's expected: exact, includes, number"
                             " or regex (a task line's \"match\" wins; default: case, quotes, surrounding"
@@ -265,6 +269,7 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
                                            ("--retry-errors", args.retry_errors), ("--rerun-failed", args.rerun_failed),
                                            ("--shard", args.shard), ("--pass-rate", args.pass_rate),
                                            ("--match", args.match), ("--repeat", args.repeat),
+                                           ("--fields", args.fields),
                                            ("--task-checks", args.task_checks),
                                            ("--group-readable", args.group_readable)) if value]
     if batch_only and args.batch is None:

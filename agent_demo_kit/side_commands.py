@@ -44,14 +44,18 @@ def list_runs(args: argparse.Namespace, environment: Dict[str, str], answer: Saf
 def run_batch(args: argparse.Namespace, environment: Dict[str, str], answer: SafeStream) -> int:
     """--batch FILE: every task of the file (or of its --shard), into --out; the summary with --json."""
     from agent_demo_kit.batch import Batch
-    from agent_demo_kit.task_file import read_tasks
+    from agent_demo_kit.task_file import parse_fields, read_tasks
     source, notes = "stdin" if args.batch == "-" else args.batch, []
+    try:
+        fields = parse_fields(args.fields) if args.fields is not None else None
+    except ValueError as error:
+        raise ConfigError(f"--fields: {error}") from None
     try:  # read a line at a time: a file that is not text is refused before it is all in memory
         stream = sys.stdin.buffer if args.batch == "-" else open(args.batch, "rb")
     except OSError as error:
         raise ConfigError(f"--batch: cannot read {args.batch}: {error.strerror or error}") from None
     try:
-        tasks = read_tasks(stream, source, notes)
+        tasks = read_tasks(stream, source, notes, fields)
     except OSError as error:
         raise ConfigError(f"--batch: cannot read {args.batch}: {error.strerror or error}") from None
     finally:

@@ -9,7 +9,9 @@ It imports endings, scoring and comparison.
 """
 import difflib
 import hashlib
+import csv
 import io
+import itertools
 import json
 import re
 from typing import Any, Dict, Iterator, List, NamedTuple, Optional, Tuple
@@ -67,100 +69,188 @@ def text_lines(tasks: Any, source: str) -> Iterator[Tuple[int, str]]:
         yield number, (line[1:] if number == 1 and line.startswith("\ufeff") else line)  # an editor's byte order mark
 
 
-def read_tasks(tasks: Any, source: str, notes: Optional[List[str]] = None) -> List[BatchTask]:
-    """The tasks of a JSON Lines file (a binary stream, or text): a JSON object a line ({"id", "task",
-    "check", "expected", "match"}; only task is needed), or a line of plain text that is a task; blank
-    lines are passed by. The id is the line number when none is given. ConfigError naming the line
-    for anything else: a key no task line knows (a typo such as "expectd" would score nothing), a line
-    of another format (a CSV header, a JSON array, YAML), an id used twice, a file that is not text.
-    notes is kept for callers that pass it."""
+def read_tasks(tasks: Any, source: str, notes: Optional[List[str]] = None,
+               fields: Optional[Dict[str, str]] = None) -> List[BatchTask]:
+    """The tasks of a task file (a binary stream, or text): JSON Lines, a JSON object a line ({"id",
+    "task", "check", "expected", "match", "metadata"}; only task is needed) or a line of plain text
+    that is a task; a peer's samples (inspect's, OpenAI evals'); or CSV or TSV with a header. Blank
+    lines are passed by. The id is the line number when none is given. fields (--fields) says which
+    key or column is the task, the id, what is expected (task=question, expected=answer, ...).
+    ConfigError naming the line for anything else: a key no task line knows (a typo such as
+    "expectd" would score nothing), a line of another format (a JSON array, YAML), an id used twice, a
+    file that is not text. notes gets what is said once (the keys --fields leaves out)."""
     found: List[BatchTask] = []
     seen: set = set()
     files: set = set()  # the trace names taken, as a file system that ignores case sees them
     suffix = source.rpartition(".")[2].lower() if "." in source.rpartition("/")[2] else ""
     if suffix in OTHER_FORMATS:
         raise ConfigError(f"{source} is {OTHER_FORMATS[suffix]} by its name, not a task file: a task file is JSON Lines,"
-                          ' a {"task": ...} object a line, or a line of plain text a task')
-    first, shape_of_file = True, None
-    for number, raw in text_lines(tasks, source):  # number: the line's
+                          ' a {"task": ...} object a line, CSV with a header, or a line of plain text a task')
+    first, shape_of_file, left_out = True, None, set()
+    lines = text_lines(tasks, source)
+    for number, raw in lines:  # number: the line's
         line = raw.strip()
         if not line:
             continue
         seen_as = structured(line, first)
-        first = False
-        if seen_as:
-            raise ConfigError(f"{source} line {number} looks like {seen_as}, not a task: a task file is JSON Lines,"
-                              ' a {"task": ...} object a line, or a line of plain text a task (what a task expects'
-                              " must never reach the model as its text)")
-        if line.startswith("{"):
-            try:
-                item = json.loads(line)
-            except ValueError as error:
-                raise ConfigError(f"{source} line {number}: not a JSON object on one line ({error}): a task file holds"
-                                  ' one {"task": ...} object a line') from None
-            peer = peer_shape(item)
-            shape = PEER_SHAPES.get(peer, "")
-            shape_of_file = shape_of_file or shape or "agent-demo"
-            if (shape or "agent-demo") != shape_of_file:
-                raise ConfigError(f"{source} line {number} is a task of {shape or 'agent-demo'}'s format, where the"
-                                  f" file's first task is of {shape_of_file}'s: a file holds tasks of one format")
-            if peer:  # a peer's sample, read as it is: its input the task, its answer what is expected
-                item = as_task_line(item, peer, f"{source} line {number}")
-            unknown = sorted(item.keys() - set(TASK_KEYS))
-            holder = next((key for key in unknown if isinstance(item[key], list) and item[key]
-                           and all(isinstance(inner, dict) and "role" not in inner for inner in item[key])), None)
-            if holder:  # {"tasks": [{...}, ...]}: a whole file's tasks in one object (not a list of chat messages)
-                raise ConfigError(f"{source} line {number} looks like a JSON object holding the tasks (its key"
-                                  f" {holder!r}), not a task: a task file is JSON Lines, one {{\"task\": ...}} object a line")
-            if unknown:  # before anything else: another format's keys (inspect's input and target) say what it is
-                raise ConfigError(f"{source} line {number}: {', '.join(map(json.dumps, unknown))}"
-                                  f" {'is no key' if len(unknown) == 1 else 'are no keys'} of a task line"
-                                  f"{meant_keys(unknown, item)}; a task line knows {', '.join(TASK_KEYS)}")
-            task = item.get("task")
-            if not isinstance(task, str) or not task.strip():
-                raise ConfigError(f'{source} line {number}: "task" must be a text that is not empty')
-            if item.get("check") is not None and (not isinstance(item["check"], str) or not item["check"].strip()):
-                raise ConfigError(f'{source} line {number}: "check" must be a command line (a text that is not empty)')
-            ident = item.get("id", number)
-            if not isinstance(ident, (str, int)) or isinstance(ident, bool) or str(ident).strip() == "" \
-                    or re.search(r"[\x00-\x1f\x7f]", str(ident)):
-                raise ConfigError(f'{source} line {number}: "id" must be a whole number or a text of one line')
-            expected, match = item.get("expected"), item.get("match")
-            if match is not None and match not in scoring.MATCHES:
-                raise ConfigError(f'{source} line {number}: "match" must be one of {", ".join(scoring.MATCHES)}')
-            try:
-                if expected is not None:
-                    scoring.check_expectation(expected, match)
-            except scoring.BadExpectation as error:
-                raise ConfigError(f"{source} line {number}: {error}") from None
-            metadata = item.get("metadata")
-            if metadata is not None and not (isinstance(metadata, dict) and all(
-                    isinstance(value, (str, int, float, bool)) or value is None for value in metadata.values())):
-                raise ConfigError(f'{source} line {number}: "metadata" must be an object of plain values'
-                                  ' ({"category": "math", "difficulty": 2})')
-            found.append(BatchTask(number, str(ident), task.strip(), item.get("check"), expected, match=match,
-                                   metadata=metadata or None))
+        if first and (suffix in ("csv", "tsv") or seen_as and seen_as.startswith(("CSV with a header", "TSV with a"))):
+            entries: Iterator[Tuple[int, Any]] = csv_rows(raw, lines, number, source, "\t" if suffix == "tsv" or
+                                                         seen_as and seen_as.startswith("TSV") else ",", fields)
+            shape_of_file = "CSV"
         else:
-            if shape_of_file not in (None, "agent-demo"):
-                raise ConfigError(f"{source} line {number} is a line of plain text, where the file's first task is"
-                                  f" of {shape_of_file}'s format: a file holds tasks of one format")
-            shape_of_file = "agent-demo"
-            found.append(BatchTask(number, str(number), line))
-        ident = found[-1].id
-        if ident in seen:
-            earlier = next(task.line for task in found if task.id == ident)
-            raise ConfigError(f"{source} line {number}: the id {ident!r} is also line {earlier}'s; each task"
-                              " needs its own")
-        seen.add(ident)
-        name = file_name(ident)
-        name = ident if name == ident else name  # one string kept, not two: a million tasks stay small
-        folded = name.lower()
-        if folded in files:  # two ids that differ only where a file name cannot
-            name = f"{name}-{hashlib.sha256(ident.encode()).hexdigest()[:8]}"
+            entries = iter([(number, line)])
+        first = False
+        for number, entry in entries:
+            if isinstance(entry, dict):  # a CSV row
+                found.append(task_of(entry, number, source))
+            elif seen_as:
+                raise ConfigError(f"{source} line {number} looks like {seen_as}, not a task: a task file is JSON"
+                                  ' Lines, a {"task": ...} object a line, CSV with a header, or a line of plain text'
+                                  " a task (what a task expects must never reach the model as its text)")
+            elif line.startswith("{"):
+                try:
+                    item = json.loads(line)
+                except ValueError as error:
+                    raise ConfigError(f"{source} line {number}: not a JSON object on one line ({error}): a task file"
+                                      ' holds one {"task": ...} object a line') from None
+                if fields and isinstance(item, dict):
+                    item, dropped = with_fields(item, fields, f"{source} line {number}")
+                    left_out.update(dropped)
+                peer = peer_shape(item)
+                shape = PEER_SHAPES.get(peer, "")
+                shape_of_file = shape_of_file or shape or "agent-demo"
+                if (shape or "agent-demo") != shape_of_file:
+                    raise ConfigError(f"{source} line {number} is a task of {shape or 'agent-demo'}'s format, where"
+                                      f" the file's first task is of {shape_of_file}'s: a file holds tasks of one format")
+                if peer:  # a peer's sample, read as it is: its input the task, its answer what is expected
+                    item = as_task_line(item, peer, f"{source} line {number}")
+                found.append(task_of(item, number, source))
+            else:
+                if shape_of_file not in (None, "agent-demo"):
+                    raise ConfigError(f"{source} line {number} is a line of plain text, where the file's first task is"
+                                      f" of {shape_of_file}'s format: a file holds tasks of one format")
+                shape_of_file = "agent-demo"
+                found.append(BatchTask(number, str(number), line))
+            ident = found[-1].id
+            if ident in seen:
+                earlier = next(task.line for task in found if task.id == ident)
+                raise ConfigError(f"{source} line {number}: the id {ident!r} is also line {earlier}'s; each task"
+                                  " needs its own")
+            seen.add(ident)
+            name = file_name(ident)
+            name = ident if name == ident else name  # one string kept, not two: a million tasks stay small
             folded = name.lower()
-        files.add(name if folded == name else folded)
-        found[-1] = found[-1]._replace(file=name)
+            if folded in files:  # two ids that differ only where a file name cannot
+                name = f"{name}-{hashlib.sha256(ident.encode()).hexdigest()[:8]}"
+                folded = name.lower()
+            files.add(name if folded == name else folded)
+            found[-1] = found[-1]._replace(file=name)
+    if left_out and notes is not None:
+        notes.append(f"--fields: {', '.join(sorted(left_out)[:10])} not read (not named by --fields)")
     return found
+
+
+def task_of(item: Any, number: int, source: str) -> BatchTask:
+    """One task from a line's (or a row's) object; ConfigError naming the line for what it cannot be."""
+    unknown = sorted(item.keys() - set(TASK_KEYS))
+    holder = next((key for key in unknown if isinstance(item[key], list) and item[key]
+                   and all(isinstance(inner, dict) and "role" not in inner for inner in item[key])), None)
+    if holder:  # {"tasks": [{...}, ...]}: a whole file's tasks in one object (not a list of chat messages)
+        raise ConfigError(f"{source} line {number} looks like a JSON object holding the tasks (its key"
+                          f" {holder!r}), not a task: a task file is JSON Lines, one {{\"task\": ...}} object a line")
+    if unknown:  # before anything else: another format's keys say what it is
+        raise ConfigError(f"{source} line {number}: {', '.join(map(json.dumps, unknown))}"
+                          f" {'is no key' if len(unknown) == 1 else 'are no keys'} of a task line"
+                          f"{meant_keys(unknown, item)}; a task line knows {', '.join(TASK_KEYS)}"
+                          " (--fields names others)")
+    task = item.get("task")
+    if not isinstance(task, str) or not task.strip():
+        raise ConfigError(f'{source} line {number}: "task" must be a text that is not empty')
+    if item.get("check") is not None and (not isinstance(item["check"], str) or not item["check"].strip()):
+        raise ConfigError(f'{source} line {number}: "check" must be a command line (a text that is not empty)')
+    ident = item.get("id", number)
+    if not isinstance(ident, (str, int)) or isinstance(ident, bool) or str(ident).strip() == "" \
+            or re.search(r"[\x00-\x1f\x7f]", str(ident)):
+        raise ConfigError(f'{source} line {number}: "id" must be a whole number or a text of one line')
+    expected, match = item.get("expected"), item.get("match")
+    if match is not None and match not in scoring.MATCHES:
+        raise ConfigError(f'{source} line {number}: "match" must be one of {", ".join(scoring.MATCHES)}')
+    try:
+        if expected is not None:
+            scoring.check_expectation(expected, match)
+    except scoring.BadExpectation as error:
+        raise ConfigError(f"{source} line {number}: {error}") from None
+    metadata = item.get("metadata")
+    if metadata is not None and not (isinstance(metadata, dict) and all(
+            isinstance(value, (str, int, float, bool)) or value is None for value in metadata.values())):
+        raise ConfigError(f'{source} line {number}: "metadata" must be an object of plain values'
+                          ' ({"category": "math", "difficulty": 2})')
+    return BatchTask(number, str(ident), task.strip(), item.get("check"), expected, match=match,
+                     metadata=metadata or None)
+
+
+# A CSV column's name (lower case, spaces as _) and the task line's key it stands for.
+COLUMNS = {**dict.fromkeys(("task", "input", "question", "prompt", "query", "instruction"), "task"),
+           **dict.fromkeys(("expected", "answer", "target", "ideal", "label", "expected_output", "expected_answer",
+                            "reference", "solution", "ground_truth", "gold", "__expected"), "expected"),
+           **dict.fromkeys(("id", "task_id", "name"), "id"), "match": "match", "check": "check"}
+
+
+def csv_rows(header: str, lines: Iterator[Tuple[int, str]], number: int, source: str, delimiter: str,
+             fields: Optional[Dict[str, str]]) -> Iterator[Tuple[int, dict]]:
+    """The rows of CSV (or TSV) with a header, as task lines: the columns --fields names (else the ones
+    whose names say so: question is the task, answer what is expected), the others the task's metadata."""
+    reader = csv.reader(itertools.chain([header], (raw for _, raw in lines)), delimiter=delimiter)
+    names = [name.strip() for name in next(reader)]
+    keys = {name: COLUMNS.get(name.lower().replace(" ", "_")) for name in names}
+    if fields:
+        missing = [column for column in fields.values() if column not in names]
+        if missing:
+            raise ConfigError(f"--fields: {source} has no column {', '.join(map(repr, missing))} (its columns:"
+                              f" {', '.join(names)[:200]})")
+        keys = {name: next((key for key, column in fields.items() if column == name), None) for name in names}
+    if "task" not in keys.values():
+        raise ConfigError(f"{source} line {number}: no column of its header ({', '.join(names)[:200]}) is the task:"
+                          " name one with --fields task=COLUMN (and expected=COLUMN, id=COLUMN)")
+    for row in reader:
+        if not any(value.strip() for value in row):
+            continue
+        if len(row) != len(names):
+            raise ConfigError(f"{source} line {number - 1 + reader.line_num}: {len(row)} fields where its header has"
+                              f" {len(names)}")
+        item: Dict[str, Any] = {}
+        for name, value in zip(names, row):
+            if keys[name]:
+                if value != "" or keys[name] == "task":
+                    item[keys[name]] = value
+            elif value != "":
+                item.setdefault("metadata", {})[name] = value
+        yield number - 1 + reader.line_num, item
+
+
+def with_fields(item: dict, fields: Dict[str, str], where: str) -> Tuple[dict, List[str]]:
+    """A JSON line's keys as --fields names them (task=question: its question is the task), and the
+    keys it leaves out."""
+    missing = [key for key in fields.values() if key not in item]
+    if "task" in fields and fields["task"] in missing:
+        raise ConfigError(f"{where}: no key {fields['task']!r} (--fields task={fields['task']}); its keys:"
+                          f" {', '.join(map(str, item))[:200]}")
+    named = {key: item[column] for key, column in fields.items() if column in item}
+    return named, [key for key in item if key not in fields.values()]
+
+
+def parse_fields(text: str) -> Dict[str, str]:
+    """--fields task=question,expected=answer,id=idx: each task line key and the column or key it is."""
+    fields = {}
+    for pair in text.split(","):
+        key, _, column = pair.partition("=")
+        key, column = key.strip(), column.strip()
+        if key not in ("task", "expected", "id", "match") or not column:
+            raise ValueError(f"give KEY=COLUMN pairs, KEY one of task, expected, id, match: got {pair.strip()!r}")
+        fields[key] = column
+    if "task" not in fields:
+        raise ValueError("name the task's column: task=COLUMN")
+    return fields
 
 
 PEER_SHAPES = {"inspect": "inspect", "evals": "OpenAI evals"}
@@ -210,7 +300,7 @@ def messages_text(messages: Any, where: str, name: str) -> str:
     return "\n\n".join(f"{message['role']}: {text}" for message, text in zip(messages, said))
 
 
-OTHER_FORMATS = {"csv": "CSV", "tsv": "TSV", "yaml": "YAML", "yml": "YAML", "parquet": "Parquet", "xlsx": "a spreadsheet",
+OTHER_FORMATS = {"yaml": "YAML", "yml": "YAML", "parquet": "Parquet", "xlsx": "a spreadsheet",
                  "arrow": "Arrow"}
 # The keys other formats give a task and its answer (inspect's input and target, OpenAI evals' ideal, ...),
 # and the task line's key each stands for.

@@ -17,14 +17,10 @@ def server(monkeypatch):
 
 
 @pytest.mark.parametrize("name, text, seen", [
-    ("tasks.txt", "question,answer\nWhat is 2+2?,4\n", "CSV with a header (question,answer)"),
-    ("tasks.txt", '"id","task","expected"\n1,What is 2+2?,4\n', "CSV with a header (id,task,expected)"),
-    ("tasks.txt", "input\ttarget\nWhat is 2+2?\t4\n", "TSV with a header (input,target)"),
     ("tasks.json", '[{"task": "What is 2+2?", "expected": "4"}]\n', "a JSON array"),
     ("tasks.txt", '"What is 2+2?"\n', "a JSON text"),
     ("tasks.txt", "- task: What is 2+2?\n  expected: 4\n", "YAML or a mapping (its key 'task')"),
     ("tasks.txt", "What is 2+2?\nexpected: 4\n", "YAML or a mapping (its key 'expected')"),
-    ("tasks.txt", "Question,Expected Answer\nWhat is 2+2?,4\n", "CSV with a header (Question,Expected Answer)"),
     ("tasks.txt", '"What is 2+2?",4\n', "CSV (a row of quoted fields)"),
     ("tasks.txt", "What is 2+2?\t4\n", "TSV (fields apart by a tab)"),
     ("tasks.txt", "| task | expected answer |\n|---|---|\n| What is 2+2? | 4 |\n", "a Markdown table"),
@@ -39,7 +35,6 @@ def server(monkeypatch):
     ("tasks.txt", "42\n", "a JSON value"),
     ("tasks.json", '{"tasks": [{"task": "What is 2+2?", "expected": "4"}]}\n', "a JSON object holding the tasks"),
     ("tasks.json", '{\n  "task": "What is 2+2?",\n  "expected": "4"\n}\n', "not a JSON object on one line"),
-    ("tasks.csv", "What is 2+2?\n", "is CSV by its name"),
     ("promptfoo.yaml", "tests:\n", "is YAML by its name"),
 ])
 def test_a_file_of_another_format_is_refused_naming_it_and_nothing_is_sent(tmp_path, cli, server, name, text, seen):
@@ -161,3 +156,41 @@ def test_a_peers_sample_that_cannot_be_read_as_it_is_is_refused_naming_why(tmp_p
     path.write_text("".join((json.dumps(line) if isinstance(line, dict) else line) + "\n" for line in lines))
     code, _, err = cli("--batch", path)
     assert (code, len(server.requests)) == (2, 0) and said in err, err
+
+
+@pytest.mark.parametrize("name, text", [
+    ("tasks.txt", "question,answer\nWhat is 2+2?,4\nWhat is 3+3?,6\n"),
+    ("tasks.txt", '"id","task","expected"\n1,What is 2+2?,4\n2,"What is 3+3, said in words?",6\n'),
+    ("tasks.txt", "input\ttarget\nWhat is 2+2?\t4\nWhat is 3+3?\t6\n"),
+    ("tasks.csv", "Question,Expected Answer,category\nWhat is 2+2?,4,add\nWhat is 3+3?,6,add\n"),
+    ("tasks.tsv", "prompt\tideal\nWhat is 2+2?\t4\nWhat is 3+3?\t6\n"),
+])
+def test_csv_or_tsv_with_a_header_runs_as_it_is_and_its_answers_never_reach_a_request(tmp_path, cli, server, name,
+                                                                                        text):
+    path = tmp_path / name
+    path.write_text(text)
+    code, out, err = cli("--batch", path, "--json", "-q")
+    summary = json.loads(out)
+    assert (summary["tasks"], summary["scored"], summary["correct"]) == (2, 2, 1), err  # the model says 4 each time
+    sent = [request["body"]["messages"][1]["content"] for request in server.requests]
+    assert sorted(sent)[0] == "Task: What is 2+2?" and all("6" not in task.replace("3+3", "") for task in sent)
+
+
+def test_fields_say_which_key_or_column_is_the_task_and_what_is_expected(tmp_path, cli, server):
+    path = tmp_path / "gsm.jsonl"
+    path.write_text(json.dumps({"idx": 7, "question": "What is 2+2?", "answer": "4", "source": "x"}) + "\n")
+    code, out, err = cli("--batch", path, "--json", "--fields", "task=question,expected=answer,id=idx")
+    summary = json.loads(out)
+    assert (code, summary["correct"]) == (0, 1), err
+    assert (tmp_path / "gsm-results" / "gpt-4o-mini" / "traces" / "7.jsonl").exists()
+    assert "--fields: source not read" in err
+    code, _, err = cli("--batch", path)
+    assert code == 2 and "(--fields names others)" in err
+    csv = tmp_path / "q.csv"
+    csv.write_text("Prompt Text,Gold Label\nWhat is 2+2?,4\n")
+    code, _, err = cli("--batch", csv)
+    assert code == 2 and "no column of its header (Prompt Text, Gold Label) is the task: name one with --fields" in err
+    code, out, err = cli("--batch", csv, "--fields", "task=Prompt Text,expected=Gold Label", "--json", "-q")
+    assert (code, json.loads(out)["correct"]) == (0, 1), err
+    code, _, err = cli("--batch", csv, "--fields", "expected=Gold Label")
+    assert code == 2 and "--fields: name the task's column" in err
