@@ -83,7 +83,8 @@ class Batch(Saying):
                  parallel: Optional[int] = None, retry_errors: int = DEFAULT_RETRY_ERRORS, rerun_failed: bool = False,
                  part: Optional[Tuple[int, int]] = None, quiet: bool = False, named: Callable[[str], str] = keyword_name,
                  notes: Iterable[str] = (), match: Optional[str] = None, repeat: int = 1, source: str = "-",
-                 command: Optional[str] = None, task_checks: bool = False, group_readable: bool = False):
+                 command: Optional[str] = None, task_checks: bool = False, group_readable: bool = False,
+                 scorers: Any = None):
         sliced = tasks if part is None else tasks[part[0]::part[1]]
         self.tasks = sliced if repeat == 1 else [task._replace(repeat=n, file=f"{task.file}@{n}" if n > 1 else task.file)
                                                  for task in sliced for n in range(1, repeat + 1)]
@@ -92,6 +93,7 @@ class Batch(Saying):
         self.settings = load_settings(given, environment, named=named)  # what is wrong is said before any task runs
         self.match, self.tries, self.source, self.command = match, repeat, source, command
         self.task_checks = task_checks  # run the checks task lines name (--task-checks), beside --check
+        self.scorers = scorers  # scorers.Scorers: the user's functions that score each answer (--scorer)
         self.group_readable = group_readable  # the output folder's group may read it (--group-readable)
         self.prices, self.config = self.settings.prices(), {**configuration(self.settings), "task_checks": task_checks}
         for task in sliced:  # a regex that does not compile is said before anything is sent
@@ -211,7 +213,19 @@ class Batch(Saying):
             line["metadata"] = task.metadata
         line.update(expected=task.expected, match=match, correct=None if task.expected is None else
                     line.get("status") == "finished" and scoring.score(line.get("answer"), task.expected, match))
-        return self.price(line)
+        return self.price(self.with_scores(line, task))
+
+    def with_scores(self, line: dict, task: BatchTask) -> dict:
+        """The line with each --scorer's score of its answer, kept when it has them already (a scorer is
+        run once a task, when it ends, as the regex judge is)."""
+        if not self.scorers or all(name in (line.get("scores") or {}) for name in self.scorers.names()):
+            return line
+        scores, error = self.scorers.score(task.task, line.get("answer"), task.expected,
+                                           finished=line.get("status") == "finished")
+        line["scores"] = {**(line.get("scores") if isinstance(line.get("scores"), dict) else {}), **scores}
+        if error:
+            line["scorer_error"] = error
+        return line
 
     def price(self, line: dict) -> dict:
         """The line with its cost by --price now, when --price is given."""
@@ -226,11 +240,11 @@ class Batch(Saying):
     def rescored(self, line: dict, task: BatchTask) -> dict:
         """A line read back, scored against what the file expects now (and priced by --price now),
         written again when that changed something."""
-        before = {name: line.get(name) for name in ("expected", "match", "correct", "cost")}
+        before = {name: line.get(name) for name in ("expected", "match", "correct", "cost", "scores")}
         if _same(before["expected"], task.expected) and before["match"] == (task.match or self.match) \
                 and isinstance(before["correct"], bool) == (task.expected is not None):
             line = dict(line)  # scored once, when it ended (a sealed line): a regex is not run again
-            self.price(line)
+            self.price(self.with_scores(line, task))
         else:
             line = self.scored(dict(line), task)
         if any(line.get(name) != value for name, value in before.items()):

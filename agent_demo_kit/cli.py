@@ -201,6 +201,10 @@ def build_parser() -> Parser:
                        help="--batch: which key of a JSON line, or column of a CSV file, is the task, what is"
                             " expected, the id, the match (task=question,expected=answer,id=idx); other keys are"
                             " not read, other columns are the task's metadata")
+    batch.add_argument("--scorer", metavar="FILE:FUNCTION", action="append",
+                       help="--batch: score each answer with FUNCTION of the Python file FILE too, called with"
+                            " task=, answer=, expected= once a task ends (True, False, 0 to 1, or None); never"
+                            " seen by the model; repeatable")
     batch.add_argument("--match", choices=MATCHES, metavar="HOW",
                        help="--batch: how an answer is scored against a task's expected: exact, includes, number"
                             " or regex (a task line's \"match\" wins; default: case, quotes, surrounding"
@@ -269,7 +273,7 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
                                            ("--retry-errors", args.retry_errors), ("--rerun-failed", args.rerun_failed),
                                            ("--shard", args.shard), ("--pass-rate", args.pass_rate),
                                            ("--match", args.match), ("--repeat", args.repeat),
-                                           ("--fields", args.fields),
+                                           ("--fields", args.fields), ("--scorer", args.scorer),
                                            ("--task-checks", args.task_checks),
                                            ("--group-readable", args.group_readable)) if value]
     if batch_only and args.batch is None:

@@ -137,6 +137,8 @@ class Tally:
         self.tries = tries
         self.outcomes: Dict[str, List[bool]] = {}  # with repeats: each task's successes, try by try
         self.scored_tasks: set = set()  # with repeats: the tasks (not tries) that had an expected answer
+        self.scores: Dict[str, List[float]] = {}  # --scorer's name -> [sum, runs scored]
+        self.scorer_errors = 0
         self.groups: Dict[str, Dict[str, List[int]]] = {}  # metadata key -> value -> [runs, succeeded, scored, correct]
 
     def add(self, figures: dict) -> None:
@@ -161,6 +163,14 @@ class Tally:
                 tries.extend([False] * (at + 1 - len(tries)))
                 tries[at] = correct if isinstance(correct, bool) else status == "finished"
         self.status_counts[status] = self.status_counts.get(status, 0) + 1
+        scores = figures.get("scores")
+        for name, value in (scores.items() if isinstance(scores, dict) else ()):
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value <= 1 \
+                    and (name in self.scores or len(self.scores) < MOST_GROUPS):
+                counted = self.scores.setdefault(str(name)[:GROUP_NAME_CHARS], [0.0, 0])
+                counted[0] += value
+                counted[1] += 1
+        self.scorer_errors += bool(figures.get("scorer_error"))
         metadata = figures.get("metadata")
         if isinstance(metadata, dict):
             self.add_to_groups(metadata, status == "finished", correct)
@@ -238,6 +248,9 @@ class Tally:
                         "p95": round(percentile(self.seconds, 0.95), 3)},
             "largest_request_chars": self.largest_request, "max_context": self.max_context,
             "models": self.models, "escalated": self.escalated, "finished_after_escalating": self.rescued,
+            **({"scores": {name: {"mean": round(total / runs, 4), "runs": runs}
+                           for name, (total, runs) in self.scores.items()}} if self.scores else {}),
+            **({"scorer_errors": self.scorer_errors} if self.scorer_errors else {}),
             **({"groups": {key: {name: {"runs": runs, "success_rate": rate(succeeded, runs), "scored": scored,
                                         "correct": correct, "accuracy": rate(correct, scored)}
                                  for name, (runs, succeeded, scored, correct) in sorted(values.items())}
@@ -297,6 +310,11 @@ def render(summary: dict) -> List[str]:
     if summary.get("escalated"):
         lines.append(f"escalated        {summary['escalated']} task(s), {summary['finished_after_escalating']} of them"
                      " finished")
+    if summary.get("scores") or summary.get("scorer_errors"):
+        lines.append("scores           " + "; ".join(f"{name} {score['mean']:.3g} (mean of {score['runs']} runs)"
+                                                       for name, score in (summary.get("scores") or {}).items())
+                     + (f"; {summary['scorer_errors']} run(s) the scorer failed on" if summary.get("scorer_errors")
+                        else ""))
     for key, values in (summary.get("groups") or {}).items():  # by the tasks' metadata
         lines.append(f"by {key:<13} " + "; ".join(
             f"{name} {share(group['accuracy'])} ({group['correct']} of {group['scored']})" if group["scored"] else

@@ -63,12 +63,16 @@ def run_batch(args: argparse.Namespace, environment: Dict[str, str], answer: Saf
             stream.close()
     if not tasks:
         raise ConfigError(f"--batch: {source} holds no task")
+    scorers = None
+    if args.scorer:  # files the user named: imported here, as a --tools-file is
+        from agent_demo_kit.scorers import load_scorers
+        scorers = load_scorers(args.scorer)
     batch = Batch(tasks, Path(args.out) if args.out else None, given_settings(args), environment,
                   parallel=args.parallel,
                   retry_errors=DEFAULT_RETRY_ERRORS if args.retry_errors is None else args.retry_errors,
                   rerun_failed=args.rerun_failed, part=args.shard, quiet=args.quiet, named=flag_name, notes=notes,
                   match=args.match, repeat=args.repeat or 1, source=args.batch, command=args.command,
-                  task_checks=args.task_checks, group_readable=args.group_readable)
+                  task_checks=args.task_checks, group_readable=args.group_readable, scorers=scorers)
     with ending_on_sigterm():
         code, summary = batch.run(args.pass_rate)
     if args.json:

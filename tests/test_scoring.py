@@ -406,3 +406,70 @@ def test_a_gate_passes_when_the_difference_could_be_noise(tmp_path, cli, monkeyp
 def test_a_gate_given_wrongly_says_how_in_one_line(cli, argv, said):
     code, _, err = cli(*argv)
     assert code == 2 and said in err, err
+
+
+SCORER = '''
+def closeness(task, answer, expected):
+    """1 for the expected number, less the further the answer is from it; None without one."""
+    if expected is None:
+        return None
+    return max(0.0, 1 - abs(float(answer) - float(expected)) / 10)
+
+
+def short(task, answer, expected):
+    return len(str(answer)) <= 2
+
+
+def fragile(task, answer, expected):
+    return 1 / (int(answer) - 3)  # raises for 3; gives more than 1 for 2 (refused), 0.25 for 7
+'''
+
+
+def test_a_users_scorer_scores_every_answer_of_twenty_tasks_line_by_line(tmp_path, cli, monkeypatch):
+    path = tmp_path / "tasks.jsonl"
+    path.write_text("".join(json.dumps({"id": f"t{n}", "task": f"q{n}", **({"expected": str(n)} if n < 18 else {})})
+                            + "\n" for n in range(20)))
+    (tmp_path / "score.py").write_text(SCORER)
+    answers = {f"q{n}": str(n + n % 3) if n != 5 else None for n in range(20)}  # off by 0, 1, 2; t5 fails
+    server = scripted_batch(tmp_path, monkeypatch, Answers({"gpt-4o-mini": answers}))
+    code, out, err = cli("--batch", path, "--json", "-q", "--scorer", f"{tmp_path}/score.py:closeness",
+                         "--scorer", f"{tmp_path}/score.py:short")
+    lines = results_of(tmp_path / "tasks-results" / "gpt-4o-mini")
+    for n in range(20):
+        closeness = None if n >= 18 else 0.0 if n == 5 else round(1 - (n % 3) / 10, 6)
+        short = 0.0 if n == 5 else float(len(str(n + n % 3)) <= 2)
+        assert lines[f"t{n}"]["scores"] == {**({"closeness": closeness} if closeness is not None else {}),
+                                            "short": short}, n
+    summary = json.loads(out)
+    scored = [1 - (n % 3) / 10 for n in range(18) if n != 5] + [0.0]
+    assert summary["scores"]["closeness"] == {"mean": round(sum(scored) / 18, 4), "runs": 18}
+    assert summary["scores"]["short"]["runs"] == 20
+    assert all("closeness" not in json.dumps(request["body"]) for request in server.requests), "never seen by the model"
+    code, out, _ = cli("--summary", tmp_path / "tasks-results" / "gpt-4o-mini")
+    assert f"scores           closeness {summary['scores']['closeness']['mean']:.3g} (mean of 18 runs); short" in out
+
+
+def test_a_scorer_that_fails_on_an_answer_costs_that_answer_its_score_not_the_batch(tmp_path, cli, monkeypatch):
+    path = tmp_path / "tasks.jsonl"
+    path.write_text("".join(json.dumps({"id": f"t{n}", "task": f"q{n}"}) + "\n" for n in (2, 3, 7)))
+    (tmp_path / "score.py").write_text(SCORER)
+    scripted_batch(tmp_path, monkeypatch, Answers({"gpt-4o-mini": {f"q{n}": str(n) for n in (2, 3, 7)}}))
+    code, out, _ = cli("--batch", path, "--json", "-q", "--scorer", f"{tmp_path}/score.py:fragile")
+    lines = results_of(tmp_path / "tasks-results" / "gpt-4o-mini")
+    assert lines["t7"]["scores"] == {"fragile": 0.25}
+    assert lines["t3"]["scores"] == {} and lines["t3"]["scorer_error"].startswith("fragile: ZeroDivisionError")
+    assert "a score is True, False, a number from 0 to 1, or None" in lines["t2"]["scorer_error"]
+    assert json.loads(out)["scorer_errors"] == 2 and json.loads(out)["status_counts"] == {"finished": 3}
+
+
+@pytest.mark.parametrize("spec, said", [("score.py", "give FILE:FUNCTION"), ("nowhere.py:f", "no such file"),
+                                        ("score.py:absent", "has no function absent"),
+                                        ("broken.py:f", "importing broken.py failed: SyntaxError")])
+def test_a_scorer_that_cannot_be_loaded_stops_the_batch_before_anything_is_sent(tmp_path, cli, monkeypatch, spec,
+                                                                                  said):
+    (tmp_path / "tasks.jsonl").write_text('{"task": "q"}\n')
+    (tmp_path / "score.py").write_text(SCORER)
+    (tmp_path / "broken.py").write_text("def f(:\n")
+    server = scripted_batch(tmp_path, monkeypatch, Answers({"gpt-4o-mini": {"q": "1"}}))
+    code, _, err = cli("--batch", tmp_path / "tasks.jsonl", "--scorer", spec)
+    assert (code, server.requests) == (2, []) and said in err, err
