@@ -16,6 +16,10 @@ within one run: the machines are shared and noisy.
 
 times the test suite as the README runs it, and the fast loop, with the load beside each.
 
+    python tests/benchmark.py --scorer-cost 1000
+
+times a batch of that many tasks with a Python scorer (--scorer) against the same batch without.
+
     python tests/benchmark.py --instructions
 
 counts instead (with valgrind's callgrind): the instructions a two-round batch task takes next to a
@@ -36,7 +40,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import List
+from typing import Dict, List
 
 import requests
 
@@ -303,6 +307,25 @@ def batch_figures(tasks: int, parallel: int, large: int) -> None:
           f" at {large:,} ({large_peak / small_peak:.2f}x)")
 
 
+def scorer_figures(tasks: int, parallel: int) -> None:
+    """A batch with a Python scorer (--scorer) against the same batch without, three runs each in turn,
+    the fastest of each: what scoring each answer costs."""
+    folder = tempfile.mkdtemp()
+    scorer = os.path.join(folder, "score.py")
+    with open(scorer, "w") as file:
+        file.write("def same(task, answer, expected):\n    return str(answer).strip() == str(expected).strip()\n")
+    times: Dict[bool, List[float]] = {False: [], True: []}
+    with ScriptedServer([], screen=two_rounds) as server:
+        for _ in range(3):
+            for scored in (False, True):
+                watch, summary, _ = batch_run(server, tasks, parallel, *(["--scorer", f"{scorer}:same"] if scored
+                                                                        else []))
+                times[scored].append(watch.wall)
+    without, with_scorer = min(times[False]), min(times[True])
+    print(f"batch of {tasks:,} tasks with a Python scorer: {with_scorer:.2f} s ({with_scorer / without:.2f}x the same"
+          f" batch without: {without:.2f} s), the fastest of three runs each, in turn")
+
+
 def answered_from(answers: List[bytes]) -> None:
     """From now on each chat request of this process is answered with the next of `answers` (the bytes
     the scripted server sent), and nothing else is asked of the network (a local server's window: 404)."""
@@ -432,6 +455,8 @@ def main() -> None:
                              " (needs valgrind)")
     parser.add_argument("--suite", action="store_true", help="only the test suite's time, whole and the fast loop"
                         " (-m 'not processes'), each run once, with the load average beside it")
+    parser.add_argument("--scorer-cost", type=int, metavar="TASKS", help="only what a Python scorer (--scorer)"
+                        " costs a batch of TASKS tasks, against the same batch without")
     parser.add_argument("--replay", type=int, metavar="TASKS", help=argparse.SUPPRESS)  # what --instructions counts
     parser.add_argument("--replay-rounds", type=int, metavar="ROUNDS", help=argparse.SUPPRESS)  # and this
     parser.add_argument("--bare", action="store_true", help=argparse.SUPPRESS)
@@ -453,6 +478,9 @@ def main() -> None:
         return
     if args.instructions:
         instruction_figures(args.think, args.max_context)
+        return
+    if args.scorer_cost:
+        scorer_figures(args.scorer_cost, 8)
         return
     print(f"machine: {os.cpu_count()} cores, load average {' '.join(f'{load:.2f}' for load in os.getloadavg())}"
           " (1, 5, 15 min) at the start")
