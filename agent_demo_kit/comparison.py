@@ -410,7 +410,13 @@ def render_comparison(data: dict, markdown: bool = False) -> List[str]:
     else:
         lines.append("no task where they differ")
     lines.append("")
-    for test in data["tests"]:
+    return lines + test_lines(data["tests"])
+
+
+def test_lines(tests: List[dict]) -> List[str]:
+    """Each paired test in words: the same on the terminal, in Markdown and on the report page."""
+    lines = []
+    for test in tests:
         verdict = "more than noise" if test["more_than_noise"] else "could be noise"
         if test.get("test", "exact McNemar test") == "exact McNemar test":
             lines.append(f"{test['second']} vs {test['first']}: on {test['both_ran']} task(s) both ran, right only with"

@@ -110,7 +110,8 @@ def batch_data(names: List[str]) -> Dict[str, Any]:
         tasks.append(task_entry(key, lines, [[column.where.get(key, "")] for column in columns], differs))
     tasks.sort(key=lambda task: not task["differs"])  # a comparison's differences first (a stable sort)
     left = columns.left_out[0]
-    return {"title": "agent-demo report" + (f" ({len(columns)} configurations shown; {left} more left out: give fewer"
+    verdicts = comparison.test_lines(comparison.compare(columns)["tests"]) if len(columns) > 1 else []
+    return {"verdicts": verdicts, "title": "agent-demo report" + (f" ({len(columns)} configurations shown; {left} more left out: give fewer"
                                             " folders)" if left else ""), "made": time.strftime("%Y-%m-%d %H:%M"),
             "configurations": [{"label": column.label, "folders": column.folders, "summary": column.summary()}
                                for column in columns], "tasks": tasks}
@@ -169,11 +170,11 @@ def run_data(path: str) -> Dict[str, Any]:
 def page(data: Dict[str, Any], redactor: Optional[Redactor] = None) -> bytes:
     """The whole page of data made before (--report, --show --html)."""
     return b"".join(pieces(data["title"], iter(data["tasks"]), lambda: data["configurations"], redactor,
-                           data.get("kind", "batch")))
+                           data.get("kind", "batch"), data.get("verdicts") or []))
 
 
 def pieces(title: str, tasks: Iterator[Dict[str, Any]], configurations: Callable[[], List[Dict[str, Any]]],
-           redactor: Optional[Redactor] = None, kind: str = "batch") -> Iterator[bytes]:
+           redactor: Optional[Redactor] = None, kind: str = "batch", verdicts: List[str] = ()) -> Iterator[bytes]:
     """The page, piece by piece: the data as an inert JSON block (ASCII, so no control character of
     any terminal either; no key), the page's own style and script allowed by their hashes. The
     configurations' figures come after the rows, counted as they were written."""
@@ -183,7 +184,8 @@ def pieces(title: str, tasks: Iterator[Dict[str, Any]], configurations: Callable
            f"<meta http-equiv=\"Content-Security-Policy\" content=\"{policy}\">\n"
            f"<meta name=\"viewport\" content=\"width=device-width\"><title>agent-demo report</title>\n"
            f"<style>{STYLE}</style></head>\n<body>\n<script id=\"data\" type=\"application/json\">").encode()
-    yield _inert_json({"kind": kind, "title": title, "made": time.strftime("%Y-%m-%d %H:%M")}, redactor)[:-1] \
+    yield _inert_json({"kind": kind, "title": title, "made": time.strftime("%Y-%m-%d %H:%M"),
+                       "verdicts": list(verdicts)}, redactor)[:-1] \
         + b', "tasks": ['
     for number_, task in enumerate(tasks):
         yield (b", " if number_ else b"") + _inert_json(task, redactor)
@@ -220,7 +222,7 @@ h1{font-size:1.3em}h2{font-size:1.1em;margin-top:1.5em}
 table{border-collapse:collapse}th,td{border-bottom:1px solid #ddd;padding:3px 8px;text-align:left;vertical-align:top}
 th{background:#f4f4f4;position:sticky;top:0}td.num{text-align:right}
 tr.task{cursor:pointer}tr.task:hover{background:#f7f7ff}tr.differs td:first-child{border-left:3px solid #c60}
-.finished{color:#060}.failed,.error,.stuck{color:#b00}.max_rounds,.budget,.interrupted{color:#a60}
+.finished{color:#060}.wrong{color:#a60}.verdict{font-weight:bold}.failed,.error,.stuck{color:#b00}.max_rounds,.budget,.interrupted{color:#a60}
 pre{white-space:pre-wrap;background:#fafafa;border:1px solid #ddd;padding:8px;max-height:40em;overflow:auto;margin:0}
 .controls{margin:1em 0}.controls>*{margin-right:1em}.figures td{border:none;padding:1px 8px}
 .charts{display:flex;flex-wrap:wrap;gap:2em}.chart text{font-size:11px}.side{display:flex;gap:1em}.side>div{flex:1}
@@ -272,12 +274,21 @@ if (configs.some(c => c.summary)) {
     ["rounds (mean)", s => s.rounds ? figure(s.rounds.mean, 1) : "-"], ["tokens", s => s.tokens ? s.tokens.total : "-"],
     ["cost", s => s.cost === null || s.cost === undefined ? "-" : "$" + figure(s.cost, 4)],
     ["seconds (p50)", s => s.seconds ? figure(s.seconds.p50, 2) : "-"]];
+  rows.splice(3, 0, ["accuracy 95% interval", s => s.scored && s.accuracy_interval ? percent(s.accuracy_interval[0]) + " to " + percent(s.accuracy_interval[1]) : "-"],
+    );
+  for (const c of configs) for (const key of Object.keys((c.summary && c.summary.groups) || {}))
+    for (const name of Object.keys(c.summary.groups[key])) if (!rows.some(r => r[0] === "by " + key + ": " + name))
+      rows.push(["by " + key + ": " + name, s => { const g = ((s.groups || {})[key] || {})[name]; return !g ? "-" : g.scored ? percent(g.accuracy) + " of " + g.scored : percent(g.success_rate) + " succeeded"; }]);
   for (const [name, value] of rows) {
     const row = el("tr"); row.append(el("td", name));
     for (const c of configs) row.append(el("td", c.summary ? value(c.summary) : "-", {class: "num"}));
     table.append(row);
   }
   body.append(table);
+}
+if (data.verdicts && data.verdicts.length) {  // the paired tests, in the words --summary uses
+  body.append(el("h2", "Is the difference more than noise?"));
+  for (const line of data.verdicts) body.append(el("p", line, {class: "verdict"}));
 }
 function statusChart() {
   const width = 420, bar = 22, left = 140, chart = svg("svg", {width: width + left, height: configs.length * (bar + 8) + 30, class: "chart", id: "status-chart"});
@@ -360,7 +371,8 @@ function draw() {
     row.append(el("td", task.try > 1 ? task.id + " #" + task.try : task.id), el("td", task.task.slice(0, 80)), el("td", task.expected));
     for (const run of task.runs) {
       if (!run) { for (let i = 0; i < 7; i++) row.append(el("td", "")); continue; }
-      row.append(el("td", run.status + (run.in_words ? " (in words)" : ""), {class: run.status}), el("td", run.correct === null ? "" : run.correct ? "right" : "wrong"),
+      const wrong = run.status === "finished" && run.correct === false;  // finished, but not right: not green
+      row.append(el("td", run.status + (wrong ? " (wrong)" : "") + (run.in_words ? " (in words)" : ""), {class: wrong ? "wrong" : run.status}), el("td", run.correct === null ? "" : run.correct ? "right" : "wrong"),
         el("td", String(run.answer).slice(0, 120)), el("td", run.rounds, {class: "num"}), el("td", run.tokens, {class: "num"}),
         el("td", run.cost === null ? "" : figure(run.cost, 4), {class: "num"}), el("td", run.seconds === null ? "" : figure(run.seconds, 2), {class: "num"}));
     }

@@ -473,3 +473,18 @@ def test_a_scorer_that_cannot_be_loaded_stops_the_batch_before_anything_is_sent(
     server = scripted_batch(tmp_path, monkeypatch, Answers({"gpt-4o-mini": {"q": "1"}}))
     code, _, err = cli("--batch", tmp_path / "tasks.jsonl", "--scorer", spec)
     assert (code, server.requests) == (2, []) and said in err, err
+
+
+def test_the_report_page_says_the_verdict_in_the_words_of_the_summary(tmp_path, cli, monkeypatch):
+    import re
+    new, old = gate_folders(tmp_path, cli, monkeypatch, new_right={*range(8), 18})
+    code, out, _ = cli("--summary", old, new)
+    said = [line for line in out.splitlines() if "exact McNemar test p =" in line]
+    page = tmp_path / "report.html"
+    assert cli("--report", old, new, "-o", page)[0] == 0
+    text = page.read_text()
+    data = json.loads(re.search(r'<script id="data" type="application/json">(.*?)</script>', text, re.S)[1])
+    assert data["verdicts"] == said and len(said) == 1 and "(more than noise at 0.05)" in said[0]
+    assert [column["summary"]["accuracy_interval"] for column in data["configurations"]][0] == \
+        list(scoring.interval(16, 20))
+    assert 'wrong ? "wrong" : run.status' in text, "a finished answer that is wrong is not shown as finished alone"
