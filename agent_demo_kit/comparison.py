@@ -389,7 +389,7 @@ def render_failures(found: List[dict], shown_at_most: int = FAILURES_SHOWN) -> L
 def render_comparison(data: dict, markdown: bool = False) -> List[str]:
     """The side-by-side table, the differing tasks and the tests, as text or as Markdown tables."""
     columns = data["configurations"]
-    rows = [[name, *(cell(column, name) for column in columns)] for name in FIGURES]
+    rows = [[name, *(cell(column, name) for column in columns)] for name in figure_names(columns)]
     rows = [row for row in rows if any(value != "n/a" for value in row[1:])]
     lines = table(["", *(column["label"] for column in columns)], rows, markdown)
     lines += [seal_note(column) for column in columns if column.get("not_sealed_by_you")]
@@ -444,7 +444,7 @@ FIGURES = ("tasks", "completion", "accuracy", "pass@1 / pass^k", "rounds (mean)"
 def render_single(summary: dict, markdown: bool = True) -> List[str]:
     """One configuration's figures as a table (Markdown, to paste into a pull request)."""
     column = {"summary": summary, "failures": len(summary.get("failures") or [])}
-    rows = [[name, cell(column, name)] for name in FIGURES]
+    rows = [[name, cell(column, name)] for name in figure_names([column])]
     return table(["", str((summary.get("config") or {}).get("model") or "runs")],
                  [row for row in rows if row[1] != "n/a"], markdown)
 
@@ -476,9 +476,31 @@ def rerun_command(summary: dict) -> str:
     return shlex.join(words + ["--rerun-failed"])
 
 
+def figure_names(columns: List[dict]) -> List[str]:
+    """The rows of a table of these columns: the figures, then each --scorer's score and each group of
+    the tasks' metadata that one of them has."""
+    names = list(FIGURES)
+    for column in columns:
+        summary = column["summary"]
+        names += [f"score {name}" for name in summary.get("scores") or {} if f"score {name}" not in names]
+        names += [f"by {key}: {value}" for key, values in (summary.get("groups") or {}).items()
+                  for value in values if f"by {key}: {value}" not in names]
+    return names
+
+
 def cell(column: dict, name: str) -> str:
     """One figure of a column."""
     summary = column["summary"]
+    if name.startswith("score "):
+        score = (summary.get("scores") or {}).get(name[len("score "):])
+        return "n/a" if not score else f"{score['mean']:.3g} ({score['runs']} runs)"
+    if name.startswith("by "):
+        key, _, value = name[len("by "):].partition(": ")
+        group = ((summary.get("groups") or {}).get(key) or {}).get(value)
+        if not group:
+            return "n/a"
+        return f"{group['accuracy']:.1%} of {group['scored']}" if group["scored"] else \
+            f"{group['success_rate']:.1%} succeeded of {group['runs']}"
     runs = summary.get("runs", summary["tasks"])
     if name == "tasks":  # with --repeat, how many runs too: the figures below count runs
         return str(summary["tasks"]) + (f" ({runs} runs)" if runs != summary["tasks"] else "")

@@ -194,3 +194,13 @@ def test_fields_say_which_key_or_column_is_the_task_and_what_is_expected(tmp_pat
     assert (code, json.loads(out)["correct"]) == (0, 1), err
     code, _, err = cli("--batch", csv, "--fields", "expected=Gold Label")
     assert code == 2 and "--fields: name the task's column" in err
+
+
+def test_groups_are_rows_of_the_markdown_tables_too(tmp_path, cli, monkeypatch):
+    path = tmp_path / "samples.jsonl"
+    path.write_text("".join(json.dumps(sample) + "\n" for sample in INSPECT))
+    with ScriptedServer([], screen=answering) as scripted:
+        monkeypatch.setenv("LLM_API_URL", scripted.url)
+        cli("--batch", path, "-q")
+    code, out, _ = cli("--summary", tmp_path / "samples-results" / "gpt-4o-mini", "--markdown")
+    assert "| by category: add | 100.0% of 6 |" in out and "| by category: double | 50.0% of 4 |" in out, out
