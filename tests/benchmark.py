@@ -20,6 +20,10 @@ times the test suite as the README runs it, and the fast loop, with the load bes
 
 times a batch of that many tasks with a Python scorer (--scorer) against the same batch without.
 
+    python tests/benchmark.py --page 10000
+
+makes the report page of two configurations of that many tasks and opens it in Chromium.
+
     python tests/benchmark.py --instructions
 
 counts instead (with valgrind's callgrind): the instructions a two-round batch task takes next to a
@@ -326,6 +330,49 @@ def scorer_figures(tasks: int, parallel: int) -> None:
           f" batch without: {without:.2f} s), the fastest of three runs each, in turn")
 
 
+def page_figures(tasks: int) -> None:
+    """The report page of two configurations of `tasks` tasks each (results lines made up, no traces):
+    how large it is, how long it takes to make, and how long Chromium takes to open it and draw its
+    first rows (with Playwright and Chromium installed)."""
+    import shutil
+    from agent_demo_kit import report_page
+    folder = tempfile.mkdtemp()
+    for model in ("small", "big"):
+        out = os.path.join(folder, model)
+        os.makedirs(out)
+        with open(os.path.join(out, "results.jsonl"), "w") as file:
+            for n in range(tasks):
+                right = (n * 7 + len(model)) % 10 < 7
+                file.write(json.dumps({"id": f"t{n}", "repeat": 1, "status": "finished", "answer": str(n),
+                                       "expected": str(n if right else n + 1), "correct": right, "rounds": 2,
+                                       "tokens": {"total": 300}, "seconds": 0.01, "config": {"model": model},
+                                       "metadata": {"category": f"c{n % 5}"}, "ended_at": "2026-12-04T00:00:00"})
+                           + "\n")
+    with Stopwatch() as made:
+        page = report_page.page(report_page.batch_data([os.path.join(folder, "small"), os.path.join(folder, "big")]))
+    path = os.path.join(folder, "report.html")
+    with open(path, "wb") as file:
+        file.write(page)
+    print(f"report page of 2 x {tasks:,} tasks: {len(page) / 1e6:.1f} MB, made in {made.wall:.2f} s")
+    browser = shutil.which("chromium") or shutil.which("chromium-browser")
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        browser = None
+    if not browser:
+        print("  (no Chromium and Playwright here: not opened)")
+        return
+    with sync_playwright() as playwright:
+        launched = playwright.chromium.launch(executable_path=browser, args=["--no-sandbox"])
+        tab = launched.new_page()
+        started = time.perf_counter()
+        tab.goto("file://" + path)
+        tab.wait_for_selector("#tasks tbody tr")
+        opened = time.perf_counter() - started
+        launched.close()
+    print(f"  opened in Chromium, first rows drawn: {opened:.2f} s")
+
+
 def answered_from(answers: List[bytes]) -> None:
     """From now on each chat request of this process is answered with the next of `answers` (the bytes
     the scripted server sent), and nothing else is asked of the network (a local server's window: 404)."""
@@ -457,6 +504,8 @@ def main() -> None:
                         " (-m 'not processes'), each run once, with the load average beside it")
     parser.add_argument("--scorer-cost", type=int, metavar="TASKS", help="only what a Python scorer (--scorer)"
                         " costs a batch of TASKS tasks, against the same batch without")
+    parser.add_argument("--page", type=int, metavar="TASKS", help="only the report page of two configurations of"
+                        " TASKS tasks: its size, and how long Chromium takes to open it")
     parser.add_argument("--replay", type=int, metavar="TASKS", help=argparse.SUPPRESS)  # what --instructions counts
     parser.add_argument("--replay-rounds", type=int, metavar="ROUNDS", help=argparse.SUPPRESS)  # and this
     parser.add_argument("--bare", action="store_true", help=argparse.SUPPRESS)
@@ -478,6 +527,9 @@ def main() -> None:
         return
     if args.instructions:
         instruction_figures(args.think, args.max_context)
+        return
+    if args.page:
+        page_figures(args.page)
         return
     if args.scorer_cost:
         scorer_figures(args.scorer_cost, 8)
