@@ -201,6 +201,10 @@ def build_parser() -> Parser:
                        help="--batch: which key of a JSON line, or column of a CSV file, is the task, what is"
                             " expected, the id, the match (task=question,expected=answer,id=idx); other keys are"
                             " not read, other columns are the task's metadata")
+    batch.add_argument("--plan", action="store_true",
+                       help="--batch: say how many requests and tokens the batch would take (as its folder's earlier"
+                            " results did, else a guess), what that costs at --price, and how large a difference"
+                            " between two configurations its tasks can show (at --significance); send nothing")
     batch.add_argument("--scorer", metavar="FILE:FUNCTION", action="append",
                        help="--batch: score each answer with FUNCTION of the Python file FILE too, called with"
                             " task=, answer=, expected= once a task ends (True, False, 0 to 1, or None); never"
@@ -228,8 +232,8 @@ def build_parser() -> Parser:
                        help="--summary NEW: compare NEW with the batch results in DIR on the tasks both ran, and exit"
                             " 1 when NEW is worse by more than noise (the paired test), 0 otherwise: a gate for CI")
     batch.add_argument("--significance", type=flag_type(significance), metavar="LEVEL",
-                       help="--baseline: the paired test's level below which a difference is more than noise"
-                            " (default 0.05)")
+                       help="--baseline, --plan: the paired test's level below which a difference is more than"
+                            " noise (default 0.05)")
     batch.add_argument("--markdown", action="store_true",
                        help="--summary: print the figures as Markdown tables, to paste into a pull request")
     batch.add_argument("--report", metavar="DIR", nargs="+",
@@ -274,6 +278,7 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
                                            ("--shard", args.shard), ("--pass-rate", args.pass_rate),
                                            ("--match", args.match), ("--repeat", args.repeat),
                                            ("--fields", args.fields), ("--scorer", args.scorer),
+                                           ("--plan", args.plan),
                                            ("--task-checks", args.task_checks),
                                            ("--group-readable", args.group_readable)) if value]
     if batch_only and args.batch is None:
@@ -282,8 +287,8 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
         parser.error("--markdown goes with --summary")
     if args.baseline is not None and args.summary is None:
         parser.error("--baseline goes with --summary NEW: it compares NEW with the baseline")
-    if args.significance is not None and args.baseline is None:
-        parser.error("--significance goes with --baseline")
+    if args.significance is not None and args.baseline is None and not args.plan:
+        parser.error("--significance goes with --baseline or --plan")
     if args.html and args.show is None:
         parser.error("--html goes with --show")
     if args.output and args.report is None and not args.html:

@@ -9,7 +9,7 @@ import os
 import shutil
 import sys
 from pathlib import Path
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional
 
 from agent_demo_kit.commands import (ending_on_sigterm, given_settings, json_object, print_answer, say_material,
                                      screen)
@@ -63,6 +63,8 @@ def run_batch(args: argparse.Namespace, environment: Dict[str, str], answer: Saf
             stream.close()
     if not tasks:
         raise ConfigError(f"--batch: {source} holds no task")
+    if args.plan:
+        return show_plan(args, environment, answer, tasks)
     scorers = None
     if args.scorer:  # files the user named: imported here, as a --tools-file is
         from agent_demo_kit.scorers import load_scorers
@@ -78,6 +80,26 @@ def run_batch(args: argparse.Namespace, environment: Dict[str, str], answer: Saf
     if args.json:
         answer.write_json(summary)
     return code
+
+
+def show_plan(args: argparse.Namespace, environment: Dict[str, str], answer: SafeStream, tasks: List[Any]) -> int:
+    """--batch FILE --plan: what the batch would take, from its folder's earlier results if any; nothing sent."""
+    from agent_demo_kit import comparison
+    from agent_demo_kit.batch_folder import default_out
+    from agent_demo_kit.planning import plan, render_plan
+    settings = load_settings(given_settings(args), environment, named=flag_name, check_endpoint=False)  # no key yet
+    sliced = tasks if args.shard is None else tasks[args.shard[0]::args.shard[1]]
+    out = Path(args.out) if args.out else default_out(args.batch, settings.model)
+    try:
+        earlier: Optional[dict] = comparison.summarize([str(out)]) if out.is_dir() else None
+    except ConfigError:  # no results there yet, or several configurations: a guess then
+        earlier = None
+    figures = plan(sliced, settings, args.repeat or 1, earlier, args.significance or comparison.SIGNIFICANCE)
+    if args.json:
+        answer.write_json(figures)
+    else:
+        print("\n".join(render_plan(figures, settings.price is not None)), file=answer)
+    return 0
 
 
 def show_summary(args: argparse.Namespace, environment: Dict[str, str], answer: SafeStream) -> int:

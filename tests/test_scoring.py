@@ -488,3 +488,31 @@ def test_the_report_page_says_the_verdict_in_the_words_of_the_summary(tmp_path, 
     assert [column["summary"]["accuracy_interval"] for column in data["configurations"]][0] == \
         list(scoring.interval(16, 20))
     assert 'wrong ? "wrong" : run.status' in text, "a finished answer that is wrong is not shown as finished alone"
+
+
+def test_a_plan_says_what_a_batch_would_take_and_sends_nothing(tmp_path, cli, monkeypatch):
+    path = tmp_path / "tasks.jsonl"
+    path.write_text("".join(json.dumps({"id": f"t{n}", "task": f"q{n}", "expected": str(n)}) + "\n" for n in range(20)))
+    server = scripted_batch(tmp_path, monkeypatch, Answers({"gpt-4o-mini": {f"q{n}": str(n) for n in range(20)}},
+                                                           tool_first={f"q{n}" for n in range(20)}))
+    code, out, err = cli("--batch", path, "--plan", "--json", "--price", "0.15,0.60")
+    guessed = json.loads(out)
+    assert (code, server.requests, (tmp_path / "tasks-results").exists()) == (0, [], False), err
+    assert (guessed["runs"], guessed["requests"], guessed["from_earlier_results"]) == (20, 40, False)
+    assert guessed["requests_at_most"] == 20 * 6 and guessed["cost"] < guessed["cost_at_most"]
+    assert (guessed["fewest_differing"], guessed["detectable"]) == (6, None), "20 tasks: too few for a fifth differing"
+    assert cli("--batch", path, "-q")[0] == 0  # each task: the calculator, then the answer
+    code, out, _ = cli("--batch", path, "--plan", "--json", "--repeat", "2")
+    planned = json.loads(out)
+    assert (planned["from_earlier_results"], planned["runs"], planned["requests"]) == (True, 40, 80), planned
+    code, out, _ = cli("--batch", path, "--plan")
+    assert "requests    about 40 (2 a run, as the earlier results in its folder averaged)" in out, out
+    assert "nothing was sent" in out
+
+
+def test_the_smallest_difference_a_plan_names_is_connors_for_mcnemars_test():
+    from agent_demo_kit.planning import fewest_differing, smallest_difference
+    assert [fewest_differing(level) for level in (0.05, 0.01)] == [6, 8]
+    assert smallest_difference(155, 0.05) == pytest.approx(0.1, abs=0.002)  # n = 154.6 for a 10-point difference
+    assert smallest_difference(10_000, 0.05) < smallest_difference(1_000, 0.05) < smallest_difference(155, 0.05)
+    assert smallest_difference(5, 0.05) is None, "five tasks show nothing"
