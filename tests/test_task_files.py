@@ -126,13 +126,18 @@ def test_a_peers_samples_run_as_they_are_and_their_answers_never_reach_a_request
     assert all(f"{3 * n}.0" not in sent for n in range(1, 10)), "an answer is never part of the task"
 
 
-def test_groups_of_the_tasks_metadata_are_figures_of_their_own(tmp_path, cli, monkeypatch):
+def inspect_results(tmp_path, cli, monkeypatch):
+    """The folder of a batch of the inspect samples, answered by `answering`."""
     path = tmp_path / "samples.jsonl"
     path.write_text("".join(json.dumps(sample) + "\n" for sample in INSPECT))
     with ScriptedServer([], screen=answering) as scripted:
         monkeypatch.setenv("LLM_API_URL", scripted.url)
         cli("--batch", path, "-q")
-    folder = tmp_path / "samples-results" / "gpt-4o-mini"
+    return tmp_path / "samples-results" / "gpt-4o-mini"
+
+
+def test_groups_of_the_tasks_metadata_are_figures_of_their_own(tmp_path, cli, monkeypatch):
+    folder = inspect_results(tmp_path, cli, monkeypatch)
     code, out, _ = cli("--summary", folder, "--json")
     groups = json.loads(out)["groups"]
     assert groups["category"]["add"] == {"runs": 6, "success_rate": 1.0, "scored": 6, "correct": 6, "accuracy": 1.0}
@@ -197,10 +202,5 @@ def test_fields_say_which_key_or_column_is_the_task_and_what_is_expected(tmp_pat
 
 
 def test_groups_are_rows_of_the_markdown_tables_too(tmp_path, cli, monkeypatch):
-    path = tmp_path / "samples.jsonl"
-    path.write_text("".join(json.dumps(sample) + "\n" for sample in INSPECT))
-    with ScriptedServer([], screen=answering) as scripted:
-        monkeypatch.setenv("LLM_API_URL", scripted.url)
-        cli("--batch", path, "-q")
-    code, out, _ = cli("--summary", tmp_path / "samples-results" / "gpt-4o-mini", "--markdown")
+    code, out, _ = cli("--summary", inspect_results(tmp_path, cli, monkeypatch), "--markdown")
     assert "| by category: add | 100.0% of 6 |" in out and "| by category: double | 50.0% of 4 |" in out, out
