@@ -209,6 +209,10 @@ def csv_rows(header: str, lines: Iterator[Tuple[int, str]], number: int, source:
             raise ConfigError(f"--fields: {source} has no column {', '.join(map(repr, missing))} (its columns:"
                               f" {', '.join(names)[:200]})")
         keys = {name: next((key for key, column in fields.items() if column == name), None) for name in names}
+    twice = sorted({key for key in keys.values() if key and list(keys.values()).count(key) > 1})
+    if twice or len(set(names)) < len(names):
+        raise ConfigError(f"{source} line {number}: its header names " + (f"the {twice[0]} twice" if twice else
+                          "a column twice") + f" ({', '.join(names)[:200]}): name one with --fields")
     if "task" not in keys.values():
         raise ConfigError(f"{source} line {number}: no column of its header ({', '.join(names)[:200]}) is the task:"
                           " name one with --fields task=COLUMN (and expected=COLUMN, id=COLUMN)")

@@ -204,3 +204,16 @@ def test_fields_say_which_key_or_column_is_the_task_and_what_is_expected(tmp_pat
 def test_groups_are_rows_of_the_markdown_tables_too(tmp_path, cli, monkeypatch):
     code, out, _ = cli("--summary", inspect_results(tmp_path, cli, monkeypatch), "--markdown")
     assert "| by category: add | 100.0% of 6 |" in out and "| by category: double | 50.0% of 4 |" in out, out
+
+
+@pytest.mark.parametrize("text, said", [
+    ("question,question\nq1,q2\n", "its header names a column twice (question, question)"),
+    ("question,prompt\nq1,q2\n", "its header names the task twice (question, prompt)"),
+    ("question,answer\nq1\n", "line 2: 1 fields where its header has 2"),
+    ("question,answer\n,4\n", 'line 2: "task" must be a text that is not empty'),
+])
+def test_csv_that_cannot_be_read_as_tasks_is_refused_naming_the_line(tmp_path, cli, server, text, said):
+    path = tmp_path / "tasks.csv"
+    path.write_text(text)
+    code, _, err = cli("--batch", path)
+    assert (code, len(server.requests)) == (2, 0) and said in err, err
