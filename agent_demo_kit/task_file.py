@@ -254,6 +254,8 @@ def parse_fields(text: str) -> Dict[str, str]:
         fields[key] = column
     if "task" not in fields:
         raise ValueError("name the task's column: task=COLUMN")
+    if len(set(fields.values())) < len(fields):  # the task's own text as what is expected: a score of nothing
+        raise ValueError(f"each key needs a column of its own: got {text.strip()!r}")
     return fields
 
 
