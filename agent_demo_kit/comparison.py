@@ -286,6 +286,17 @@ def gate(new: List[str], baseline: List[str], level: float = SIGNIFICANCE) -> di
     "better" the other way, else "within noise"; with the tasks that turned each way."""
     columns = [one_column(baseline, "--baseline"), one_column(new, "--summary")]
     columns[0].label, columns[1].label = "baseline", "new"
+    first = [{key[0]: line for key, line in column.lines.items()} for column in columns]
+    missing = [ident for ident in first[0] if ident not in first[1]]
+    if missing or not first[0]:  # a batch stopped partway, or of other tasks: a pass would say nothing
+        raise ConfigError(f"--baseline: the new results lack {len(missing)} of the baseline's {len(first[0])} tasks"
+                          f" ({', '.join(missing[:5])}{', ...' if len(missing) > 5 else ''}): run them (the same"
+                          " --batch command goes on), or compare with a baseline of the same tasks")
+    changed = [ident for ident, line in first[0].items() if line.get("task_hash") and first[1][ident].get("task_hash")
+               and line["task_hash"] != first[1][ident]["task_hash"]]
+    if changed:
+        raise ConfigError(f"--baseline: {len(changed)} task(s) have another text under the same id"
+                          f" ({', '.join(changed[:5])}): the two results are not of the same tasks")
     compared = compare(columns, level)
     test = compared["tests"][0]
     rates = [pass_rates(column) for column in columns]

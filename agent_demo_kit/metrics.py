@@ -203,6 +203,7 @@ class Tally:
     def add_to_groups(self, metadata: dict, finished: bool, correct: Any) -> None:
         """A run's place in each group its task's metadata names (at most MOST_GROUPS keys, and values)."""
         for key, value in list(metadata.items())[:MOST_GROUPS]:
+            key, value = " ".join(str(key).split()), " ".join(str(value).split())  # a name on one line
             values = self.groups.get(str(key)[:GROUP_NAME_CHARS])
             if values is None:
                 if len(self.groups) >= MOST_GROUPS:

@@ -39,7 +39,7 @@ class Scorers:
             try:
                 with self.lock:
                     given = score_of(function(task=task, answer=answer, expected=expected))
-            except Exception as error:  # the user's function: its error is the task's, the batch goes on
+            except (Exception, SystemExit) as error:  # the user's function: its error is the task's, the batch goes on
                 return scores, f"{name}: {type(error).__name__}: {error}"[:MESSAGE_CHARS]
             if given is not None:
                 scores[name] = given
@@ -69,7 +69,7 @@ def load_scorers(specs: List[str]) -> Scorers:
         module = importlib.util.module_from_spec(module_spec)
         try:
             module_spec.loader.exec_module(module)
-        except Exception as error:
+        except (Exception, SystemExit) as error:
             raise ConfigError(f"--scorer {spec}: importing {path} failed: {type(error).__name__}: {error}") from None
         function = getattr(module, name, None)
         if not callable(function):

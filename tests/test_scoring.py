@@ -516,3 +516,26 @@ def test_the_smallest_difference_a_plan_names_is_connors_for_mcnemars_test():
     assert smallest_difference(155, 0.05) == pytest.approx(0.1, abs=0.002)  # n = 154.6 for a 10-point difference
     assert smallest_difference(10_000, 0.05) < smallest_difference(1_000, 0.05) < smallest_difference(155, 0.05)
     assert smallest_difference(5, 0.05) is None, "five tasks show nothing"
+
+
+def test_a_gate_refuses_new_results_that_lack_tasks_or_hold_other_ones(tmp_path, cli, monkeypatch):
+    new, old = gate_folders(tmp_path, cli, monkeypatch, new_right=set(range(20)))
+    lines = (new / "results.jsonl").read_text().splitlines()
+    (new / "results.jsonl").write_text("\n".join(lines[:5]) + "\n")  # a batch stopped after five tasks
+    code, _, err = cli("--summary", new, "--baseline", old)
+    assert code == 2 and "the new results lack 15 of the baseline's 20 tasks (t5, t6, t7, t8, t9, ...)" in err, err
+    changed = [json.loads(line) for line in lines]
+    changed[0]["task_hash"] = "0" * 16  # the same id, another task
+    (new / "results.jsonl").write_text("".join(json.dumps(line) + "\n" for line in changed))
+    code, _, err = cli("--summary", new, "--baseline", old)
+    assert code == 2 and "1 task(s) have another text under the same id (t0)" in err, err
+
+
+def test_a_scorer_that_exits_costs_that_answer_its_score(tmp_path, cli, monkeypatch):
+    path = tmp_path / "tasks.jsonl"
+    path.write_text('{"id": "t1", "task": "q1"}\n')
+    (tmp_path / "score.py").write_text("import sys\ndef quits(task, answer, expected):\n    sys.exit(3)\n")
+    scripted_batch(tmp_path, monkeypatch, Answers({"gpt-4o-mini": {"q1": "1"}}))
+    code, out, _ = cli("--batch", path, "--json", "-q", "--scorer", f"{tmp_path}/score.py:quits")
+    assert (code, json.loads(out)["scorer_errors"]) == (0, 1)
+    assert results_of(tmp_path / "tasks-results" / "gpt-4o-mini")["t1"]["scorer_error"] == "quits: SystemExit: 3"
