@@ -142,14 +142,14 @@ def show_summary(args: argparse.Namespace, environment: Dict[str, str], answer: 
 def show_gate(args: argparse.Namespace, answer: SafeStream) -> int:
     """--summary NEW --baseline OLD: the two side by side and the verdict; 1 when NEW is worse than the
     baseline by more than noise, else 0."""
-    from agent_demo_kit import comparison
+    from agent_demo_kit import comparison, gate
     if not args.summary:
         raise ConfigError("--baseline: give --summary the folder of the new results (--summary NEW --baseline OLD)")
-    gated = comparison.gate(args.summary, args.baseline, args.significance or comparison.SIGNIFICANCE)
+    gated = gate.gate(args.summary, args.baseline, args.significance or comparison.SIGNIFICANCE)
     if args.json:
         answer.write_json(gated)
     else:  # answers, ids and model names from results files are shown escaped
-        print(inert("\n".join(comparison.render_gate(gated, args.markdown))), file=answer)
+        print(inert("\n".join(gate.render_gate(gated, args.markdown))), file=answer)
     return 1 if gated["gate"]["verdict"] == "worse" else 0
 
 
