@@ -128,6 +128,7 @@ def show_summary(args: argparse.Namespace, environment: Dict[str, str], answer: 
         if summary.get("not_sealed_by_you"):
             shown.append(comparison.seal_note({"label": summary["folders"][0], **summary}))
         shown += comparison.render_failures(summary.get("failures") or [])
+        shown = comparison.as_markdown(shown) if args.markdown else shown
     # For people, piped or not: answers, ids and model names from results files are shown escaped.
     print(inert("\n".join(shown)), file=answer)
     if "configurations" not in summary and summary.get("failures") and summary.get("folders"):

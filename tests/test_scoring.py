@@ -2,8 +2,10 @@
 belong to one configuration, two models side by side, repeats, cost, and what failed."""
 import json
 import os
+import re
 import signal
 import time
+from itertools import groupby
 from pathlib import Path
 
 import pytest
@@ -539,3 +541,28 @@ def test_a_scorer_that_exits_costs_that_answer_its_score(tmp_path, cli, monkeypa
     code, out, _ = cli("--batch", path, "--json", "-q", "--scorer", f"{tmp_path}/score.py:quits")
     assert (code, json.loads(out)["scorer_errors"]) == (0, 1)
     assert results_of(tmp_path / "tasks-results" / "gpt-4o-mini")["t1"]["scorer_error"] == "quits: SystemExit: 3"
+
+
+def markdown_cells(line):
+    """The cells of a Markdown table row, split where GitHub splits them (at a | not escaped)."""
+    return re.split(r"(?<!\\)\|", line.strip())[1:-1]
+
+
+def test_markdown_for_a_pull_request_shows_ids_answers_and_metadata_as_text_never_as_markup(tmp_path, cli,
+                                                                                              monkeypatch):
+    hostile = "<img src=x onerror=alert(1)> | @alice [link](http://x) **bold** `code`"
+    path = tmp_path / "tasks.jsonl"
+    path.write_text("".join(json.dumps({"id": f"t{n}|<b>{n}</b>", "task": f"q{n}", "expected": "5",
+                                        "metadata": {"kind": "a|b <i>"}}) + "\n" for n in range(12)))
+    scripted_batch(tmp_path, monkeypatch, Answers({"old": {f"q{n}": "5" for n in range(12)},
+                                                   "new": {f"q{n}": hostile for n in range(12)}}))
+    cli("--batch", path, "-m", "old", "-q")
+    cli("--batch", path, "-m", "new", "-q")
+    folders = tmp_path / "tasks-results"
+    for flags in (("--summary", folders), ("--summary", folders / "new", "--baseline", folders / "old"),
+                  ("--summary", folders / "new")):
+        code, out, err = cli(*flags, "--markdown")
+        assert "<" not in out and "@alice" not in out and "](" not in out and "**" not in out and "`" not in out, out
+        tables = [list(rows) for is_row, rows in groupby(out.splitlines(), lambda line: line.startswith("|")) if is_row]
+        assert tables and all(len({len(markdown_cells(row)) for row in rows}) == 1 for rows in tables), out
+        assert "by kind: a&#124;b &lt;i&gt;" in out, out
