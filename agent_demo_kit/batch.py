@@ -76,6 +76,20 @@ class Planned(NamedTuple):
     busy: int = 0  # times its trace was found locked when its turn came
 
 
+def refuse_another_configuration(out: Path, known: Dict[Any, dict], config: dict) -> None:
+    """ConfigError when the folder's lines (the ones this user's batches wrote) are another configuration's:
+    a batch (or its --plan) into it would mix them."""
+    for line in known.values():
+        if isinstance(line.get("config"), dict) and line["config"] != config:
+            raise another_configuration(out, config_differences(line["config"], config))
+
+
+def another_configuration(out: Path, differences: List[str]) -> ConfigError:
+    return ConfigError(f"{out} holds results of another configuration ({'; '.join(differences)}); these would be"
+                       " mixed with them. Give another --out (without --out each model has a folder of its own), or"
+                       f" move {out} away to start over")
+
+
 class Batch(Saying):
     """The tasks of one shard (or all of them), run into one output folder."""
 
@@ -141,9 +155,7 @@ class Batch(Saying):
         # Only the lines this batch wrote count: a line someone put in (an archive that came with its
         # results, say) carries no seal of the user's, and its task's trace decides instead.
         known = read_results(self.out, sealed_only=True)
-        for line in known.values():
-            if isinstance(line.get("config"), dict) and line["config"] != self.config:
-                self.refuse(config_differences(line["config"], self.config))
+        refuse_another_configuration(self.out, known, self.config)
         traced = set(os.listdir(self.traces))
         for task in self.tasks:
             line = known.pop(task.key, None)
@@ -183,9 +195,7 @@ class Batch(Saying):
 
     def refuse(self, differences: List[str]) -> None:
         """Stop before anything is sent: the folder's results come from another configuration."""
-        raise ConfigError(f"{self.out} holds results of another configuration ({'; '.join(differences)}); these"
-                          " would be mixed with them. Give another --out (without --out each model has a folder of"
-                          f" its own), or move {self.out} away to start over")
+        raise another_configuration(self.out, differences)
 
     def trace(self, task: BatchTask) -> Path:
         return self.traces / f"{task.file}.jsonl"

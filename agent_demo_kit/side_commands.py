@@ -85,14 +85,18 @@ def run_batch(args: argparse.Namespace, environment: Dict[str, str], answer: Saf
 def show_plan(args: argparse.Namespace, environment: Dict[str, str], answer: SafeStream, tasks: List[Any]) -> int:
     """--batch FILE --plan: what the batch would take, from its folder's earlier results if any; nothing sent."""
     from agent_demo_kit import comparison
-    from agent_demo_kit.batch_folder import default_out
+    from agent_demo_kit.batch import refuse_another_configuration
+    from agent_demo_kit.batch_folder import configuration, default_out
     from agent_demo_kit.planning import plan, render_plan
     settings = load_settings(given_settings(args), environment, named=flag_name, check_endpoint=False)  # no key yet
     sliced = tasks if args.shard is None else tasks[args.shard[0]::args.shard[1]]
     out = Path(args.out) if args.out else default_out(args.batch, settings.model)
+    if out.is_dir():  # what the batch itself would refuse, the plan refuses too
+        refuse_another_configuration(out, comparison.read_results(out, sealed_only=True),
+                                     {**configuration(settings), "task_checks": args.task_checks})
     try:
         earlier: Optional[dict] = comparison.summarize([str(out)]) if out.is_dir() else None
-    except ConfigError:  # no results there yet, or several configurations: a guess then
+    except ConfigError:  # no results there yet: a guess then
         earlier = None
     figures = plan(sliced, settings, args.repeat or 1, earlier, args.significance or comparison.SIGNIFICANCE)
     if args.json:

@@ -510,6 +510,10 @@ def test_a_plan_says_what_a_batch_would_take_and_sends_nothing(tmp_path, cli, mo
     code, out, _ = cli("--batch", path, "--plan")
     assert "requests    about 40 (2 a run, as the earlier results in its folder averaged)" in out, out
     assert "nothing was sent" in out
+    folder = tmp_path / "tasks-results" / "gpt-4o-mini"
+    for other in (("--max-rounds", "3"), ("-m", "big"), ("--task-checks",)):  # what the run itself would refuse
+        code, _, err = cli("--batch", path, "--out", folder, "--plan", *other)
+        assert code == 2 and f"{folder} holds results of another configuration" in err, (other, err)
 
 
 def test_the_smallest_difference_a_plan_names_is_connors_for_mcnemars_test():
