@@ -39,8 +39,10 @@ class Scorers:
             try:
                 with self.lock:
                     given = score_of(function(task=task, answer=answer, expected=expected))
-            except (Exception, SystemExit) as error:  # the user's function: its error is the task's, the batch goes on
-                return scores, f"{name}: {type(error).__name__}: {error}"[:MESSAGE_CHARS]
+            except BaseException as error:  # the user's function: whatever it raises is the task's, the batch goes on
+                if isinstance(error, KeyboardInterrupt) and threading.current_thread() is threading.main_thread():
+                    raise  # Ctrl-C while it ran (a signal comes to the main thread only): the batch stops
+                return scores, f"{name}: {type(error).__name__}{f': {error}' if str(error) else ''}"[:MESSAGE_CHARS]
             if given is not None:
                 scores[name] = given
         return scores, None

@@ -537,14 +537,20 @@ def test_a_gate_refuses_new_results_that_lack_tasks_or_hold_other_ones(tmp_path,
     assert code == 2 and "1 task(s) have another text under the same id (t0)" in err, err
 
 
-def test_a_scorer_that_exits_costs_that_answer_its_score(tmp_path, cli, monkeypatch):
+@pytest.mark.parametrize("raised, said", [("sys.exit(3)", "SystemExit: 3"), ("raise Stop('no')", "Stop: no"),
+                                           ("raise KeyboardInterrupt", "KeyboardInterrupt")])
+def test_a_scorer_that_exits_or_raises_anything_costs_that_answer_its_score(tmp_path, cli, monkeypatch, raised, said):
     path = tmp_path / "tasks.jsonl"
-    path.write_text('{"id": "t1", "task": "q1"}\n')
-    (tmp_path / "score.py").write_text("import sys\ndef quits(task, answer, expected):\n    sys.exit(3)\n")
-    scripted_batch(tmp_path, monkeypatch, Answers({"gpt-4o-mini": {"q1": "1"}}))
-    code, out, _ = cli("--batch", path, "--json", "-q", "--scorer", f"{tmp_path}/score.py:quits")
-    assert (code, json.loads(out)["scorer_errors"]) == (0, 1)
-    assert results_of(tmp_path / "tasks-results" / "gpt-4o-mini")["t1"]["scorer_error"] == "quits: SystemExit: 3"
+    path.write_text("".join(f'{{"id": "t{n}", "task": "q{n}"}}\n' for n in range(4)))
+    (tmp_path / "score.py").write_text("import sys\nclass Stop(BaseException):\n    pass\n"
+                                       f"def quits(task, answer, expected):\n    if task == 'q1':\n        {raised}\n"
+                                       "    return 1\n")
+    scripted_batch(tmp_path, monkeypatch, Answers({"gpt-4o-mini": {f"q{n}": "1" for n in range(4)}}))
+    code, out, err = cli("--batch", path, "--json", "-q", "--parallel", "2", "--scorer", f"{tmp_path}/score.py:quits")
+    assert (code, json.loads(out)["scorer_errors"], json.loads(out)["status_counts"]) == (0, 1, {"finished": 4}), err
+    lines = results_of(tmp_path / "tasks-results" / "gpt-4o-mini")
+    assert lines["t1"]["scorer_error"] == f"quits: {said}" and lines["t2"]["scores"] == {"quits": 1.0}
+    assert "Traceback" not in err
 
 
 def markdown_cells(line):
