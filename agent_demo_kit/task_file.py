@@ -270,6 +270,8 @@ def parse_fields(text: str) -> Dict[str, str]:
         key, column = key.strip(), column.strip()
         if key not in ("task", "expected", "id", "match") or not column:
             raise ValueError(f"give KEY=COLUMN pairs, KEY one of task, expected, id, match: got {pair.strip()!r}")
+        if key in fields:
+            raise ValueError(f"{key} is named twice ({key}={fields[key]}, {key}={column}): give each key once")
         fields[key] = column
     if "task" not in fields:
         raise ValueError("name the task's column: task=COLUMN")

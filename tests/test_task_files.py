@@ -201,6 +201,8 @@ def test_fields_say_which_key_or_column_is_the_task_and_what_is_expected(tmp_pat
     assert code == 2 and "--fields: name the task's column" in err
     code, _, err = cli("--batch", csv, "--fields", "task=Prompt Text,expected=Prompt Text")
     assert code == 2 and "--fields: each key needs a column of its own" in err
+    code, _, err = cli("--batch", csv, "--fields", "task=Gold Label,task=Prompt Text")
+    assert code == 2 and "--fields: task is named twice (task=Gold Label, task=Prompt Text)" in err, err
 
 
 def test_groups_are_rows_of_the_markdown_tables_too(tmp_path, cli, monkeypatch):
