@@ -98,7 +98,7 @@ class Batch(Saying):
                  part: Optional[Tuple[int, int]] = None, quiet: bool = False, named: Callable[[str], str] = keyword_name,
                  notes: Iterable[str] = (), match: Optional[str] = None, repeat: int = 1, source: str = "-",
                  command: Optional[str] = None, task_checks: bool = False, group_readable: bool = False,
-                 scorers: Any = None):
+                 scorers: Any = None, judge: Any = None):
         sliced = tasks if part is None else tasks[part[0]::part[1]]
         self.tasks = sliced if repeat == 1 else [task._replace(repeat=n, file=f"{task.file}@{n}" if n > 1 else task.file)
                                                  for task in sliced for n in range(1, repeat + 1)]
@@ -107,7 +107,8 @@ class Batch(Saying):
         self.settings = load_settings(given, environment, named=named)  # what is wrong is said before any task runs
         self.match, self.tries, self.source, self.command = match, repeat, source, command
         self.task_checks = task_checks  # run the checks task lines name (--task-checks), beside --check
-        self.scorers = scorers  # scorers.Scorers: the user's functions that score each answer (--scorer)
+        # What grades each answer besides `expected`: scorers.Scorers (--scorer), judge.Judge (--judge).
+        self.graders = [grader for grader in (scorers, judge) if grader is not None]
         self.group_readable = group_readable  # the output folder's group may read it (--group-readable)
         self.prices, self.config = self.settings.prices(), {**configuration(self.settings), "task_checks": task_checks}
         for task in sliced:  # a regex that does not compile is said before anything is sent
@@ -226,15 +227,19 @@ class Batch(Saying):
         return self.price(self.with_scores(line, task))
 
     def with_scores(self, line: dict, task: BatchTask) -> dict:
-        """The line with each --scorer's score of its answer, kept when it has them already (a scorer is
-        run once a task, when it ends, as the regex judge is)."""
-        if not self.scorers or all(name in (line.get("scores") or {}) for name in self.scorers.names()):
-            return line
-        scores, error = self.scorers.score(task.task, line.get("answer"), task.expected,
-                                           finished=line.get("status") == "finished")
-        line["scores"] = {**(line.get("scores") if isinstance(line.get("scores"), dict) else {}), **scores}
-        if error:
-            line["scorer_error"] = error
+        """The line with each --scorer's and the --judge's score of its answer, kept when it has them
+        already (each grades a task once, when it ends, as the regex judge does)."""
+        for grader in self.graders:
+            if all(name in (line.get("scores") or {}) for name in grader.names()):
+                continue
+            scores, error, kept = grader.score(task.task, line.get("answer"), task.expected,
+                                               finished=line.get("status") == "finished")
+            line["scores"] = {**(line.get("scores") if isinstance(line.get("scores"), dict) else {}), **scores}
+            line.update(kept)
+            if error:
+                line[grader.error_key] = error
+            else:
+                line.pop(grader.error_key, None)
         return line
 
     def price(self, line: dict) -> dict:

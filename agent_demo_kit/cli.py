@@ -21,7 +21,8 @@ from agent_demo_kit.endings import RUN_STATUSES, ConfigError, EndpointError, Fin
 from agent_demo_kit.environment import read_environment
 from agent_demo_kit.redaction import Redactor
 from agent_demo_kit.settings import (DEFAULT_RETRY_ERRORS, HOSTED_PARALLEL, MATCHES, MODES, MOST_TRIES, pass_rate,
-                                     setting_fields, shard_of_n, shown_default, significance, whole_number)
+                                     setting_fields, shard_of_n, shown_default, significance, token_price,
+                                     whole_number)
 from agent_demo_kit.terminal import is_terminal, protected
 from agent_demo_kit.urls import mcp_urls, secrets_of
 from agent_demo_kit.tools import REGISTRY
@@ -209,6 +210,17 @@ def build_parser() -> Parser:
                        help="--batch: score each answer with FUNCTION of the Python file FILE too, called with"
                             " task=, answer=, expected= once a task ends (True, False, 0 to 1, or None); never"
                             " seen by the model; repeatable")
+    batch.add_argument("--judge", metavar="MODEL",
+                       help="--batch: MODEL grades each answer (0 to 1, with a reason) against --judge-rubric, on"
+                            " the batch's endpoint unless --judge-url; its tokens and cost are counted apart")
+    batch.add_argument("--judge-url", metavar="URL",
+                       help="--judge: the judge's endpoint (its key: LLM_JUDGE_KEY; default: the batch's endpoint"
+                            " and key)")
+    batch.add_argument("--judge-rubric", metavar="FILE",
+                       help="--judge: what makes an answer right, read from FILE (default: it does what the task"
+                            " asks and agrees with what is expected)")
+    batch.add_argument("--judge-price", type=flag_type(token_price), metavar="IN,OUT[,CACHED]",
+                       help="--judge: the judge's price, as --price")
     batch.add_argument("--match", choices=MATCHES, metavar="HOW",
                        help="--batch: how an answer is scored against a task's expected: exact, includes, number"
                             " or regex (a task line's \"match\" wins; default: case, quotes, surrounding"
@@ -278,11 +290,16 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
                                            ("--shard", args.shard), ("--pass-rate", args.pass_rate),
                                            ("--match", args.match), ("--repeat", args.repeat),
                                            ("--fields", args.fields), ("--scorer", args.scorer),
+                                           ("--judge", args.judge),
                                            ("--plan", args.plan),
                                            ("--task-checks", args.task_checks),
                                            ("--group-readable", args.group_readable)) if value]
     if batch_only and args.batch is None:
         parser.error(f"{', '.join(batch_only)} go{'es' if len(batch_only) == 1 else ''} with --batch")
+    judge_only = [flag for flag, value in (("--judge-url", args.judge_url), ("--judge-rubric", args.judge_rubric),
+                                           ("--judge-price", args.judge_price)) if value]
+    if judge_only and args.judge is None:
+        parser.error(f"{', '.join(judge_only)} go{'es' if len(judge_only) == 1 else ''} with --judge")
     if args.markdown and args.summary is None:
         parser.error("--markdown goes with --summary")
     if args.baseline is not None and args.summary is None:

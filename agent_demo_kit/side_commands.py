@@ -69,17 +69,37 @@ def run_batch(args: argparse.Namespace, environment: Dict[str, str], answer: Saf
     if args.scorer:  # files the user named: imported here, as a --tools-file is
         from agent_demo_kit.scorers import load_scorers
         scorers = load_scorers(args.scorer)
+    judge = judge_of(args, environment) if args.judge is not None else None
     batch = Batch(tasks, Path(args.out) if args.out else None, given_settings(args), environment,
                   parallel=args.parallel,
                   retry_errors=DEFAULT_RETRY_ERRORS if args.retry_errors is None else args.retry_errors,
                   rerun_failed=args.rerun_failed, part=args.shard, quiet=args.quiet, named=flag_name, notes=notes,
                   match=args.match, repeat=args.repeat or 1, source=args.batch, command=args.command,
-                  task_checks=args.task_checks, group_readable=args.group_readable, scorers=scorers)
+                  task_checks=args.task_checks, group_readable=args.group_readable, scorers=scorers,
+                  judge=judge)
     with ending_on_sigterm():
         code, summary = batch.run(args.pass_rate)
     if args.json:
         answer.write_json(summary)
     return code
+
+
+def judge_of(args: argparse.Namespace, environment: Dict[str, str]) -> Any:
+    """--judge MODEL: the judge, with its rubric (--judge-rubric FILE) and its endpoint, key and price."""
+    from agent_demo_kit.judge import RUBRIC, Judge, judge_settings
+    rubric = RUBRIC
+    if args.judge_rubric:
+        try:
+            with open(args.judge_rubric, encoding="utf-8") as file:
+                rubric = file.read(64 * 1024).strip()
+        except (OSError, UnicodeDecodeError) as error:
+            raise ConfigError(f"--judge-rubric: cannot read {args.judge_rubric}:"
+                              f" {getattr(error, 'strerror', None) or error}") from None
+        if not rubric:
+            raise ConfigError(f"--judge-rubric: {args.judge_rubric} is empty")
+    settings = load_settings(given_settings(args), environment, named=flag_name)
+    return Judge(judge_settings(settings, args.judge, args.judge_url, environment.get("LLM_JUDGE_KEY") or None,
+                                args.judge_price), rubric)
 
 
 def show_plan(args: argparse.Namespace, environment: Dict[str, str], answer: SafeStream, tasks: List[Any]) -> int:
