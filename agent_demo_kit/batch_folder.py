@@ -29,10 +29,15 @@ def default_out(source: str, model: str) -> Path:
     """The folder a task file's results go to when --out is not given: beside it, named after it, a
     folder a model (FILE-results/MODEL), so that the same file run with two models just works."""
     folder = Path("batch-results") if source == "-" else Path(source).with_name(f"{Path(source).stem}-results")
+    return folder / model_folder(model)
+
+
+def model_folder(model: str) -> str:
+    """The name of a model's folder of results (in FILE-results/, or in --out with several models)."""
     name = model.strip()
     safe = re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip(".-")[:80] or "model"
     # A name a folder cannot hold as it is gets a hash of itself too: openai/gpt-4o and openai-gpt-4o differ.
-    return folder / (safe if safe == name else f"{safe}-{hashlib.sha256(name.encode()).hexdigest()[:8]}")
+    return safe if safe == name else f"{safe}-{hashlib.sha256(name.encode()).hexdigest()[:8]}"
 
 
 def configuration(settings: Settings) -> dict:

@@ -135,7 +135,7 @@ def add_setting_flags(parser: argparse.ArgumentParser) -> None:
             options.update(action=argparse.BooleanOptionalAction, default=None)
         elif isinstance(default, bool):
             options.update(action="store_true", default=None)  # None: not given, so the environment or a resume holds
-        elif isinstance(default, list):
+        elif isinstance(default, list) or item.name == "model":  # -m a -m b: a batch a model
             options.update(action="append", metavar=meta["metavar"])
         elif item.name == "mode":
             options.update(choices=MODES)
@@ -296,6 +296,13 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
                                            ("--group-readable", args.group_readable)) if value]
     if batch_only and args.batch is None:
         parser.error(f"{', '.join(batch_only)} go{'es' if len(batch_only) == 1 else ''} with --batch")
+    args.models, args.model = args.model or [], (args.model or [None])[-1]
+    twice = next((model for number, model in enumerate(args.models) if model in args.models[:number]), None)
+    if twice is not None:
+        parser.error(f"-m {twice} is named twice")
+    if len(args.models) > 1 and args.batch is None:
+        parser.error(f"several models ({' '.join('-m ' + model for model in args.models)}) go with --batch: a run has"
+                     " one model")
     judge_only = [flag for flag, value in (("--judge-url", args.judge_url), ("--judge-rubric", args.judge_rubric),
                                            ("--judge-price", args.judge_price)) if value]
     if judge_only and args.judge is None:

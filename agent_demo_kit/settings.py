@@ -150,7 +150,7 @@ class Settings:
     url: str = setting("https://api.openai.com/v1/chat/completions",
                        "chat-completions URL or base URL ending in /v1", "--url", ("LLM_API_URL", "OPENAI_BASE_URL"),
                        metavar="URL")
-    model: str = setting("gpt-4o-mini", "model name", "--model", ("LLM_MODEL",), metavar="NAME", short="-m")
+    model: str = setting("gpt-4o-mini", "model name; with --batch, again for each model to compare", "--model", ("LLM_MODEL",), metavar="NAME", short="-m")
     api_key: Optional[str] = setting(None, "bearer key; optional for local servers (no Authorization header then)",
                                      variables=("LLM_API_KEY", "OPENAI_API_KEY"), resume=False, repr=False,
                                      shown="none")

@@ -576,3 +576,26 @@ def test_markdown_for_a_pull_request_shows_ids_answers_and_metadata_as_text_neve
         tables = [list(rows) for is_row, rows in groupby(out.splitlines(), lambda line: line.startswith("|")) if is_row]
         assert tables and all(len({len(markdown_cells(row)) for row in rows}) == 1 for rows in tables), out
         assert "by kind: a&#124;b &lt;i&gt;" in out, out
+
+
+def test_several_models_in_one_command_get_a_folder_each_and_end_with_the_comparison(tmp_path, cli, monkeypatch):
+    path = tmp_path / "tasks.jsonl"
+    path.write_text("".join(json.dumps({"id": f"t{n}", "task": f"q{n}", "expected": str(n)}) + "\n" for n in range(12)))
+    server = scripted_batch(tmp_path, monkeypatch, Answers({"small": {f"q{n}": "0" for n in range(12)},
+                                                            "big": {f"q{n}": str(n) for n in range(12)}}))
+    code, out, err = cli("--batch", path, "-m", "small", "-m", "big", "-q")
+    assert code == 1, err  # small got 11 of 12 wrong
+    folders = tmp_path / "tasks-results"
+    assert len(results_of(folders / "small")) == len(results_of(folders / "big")) == 12
+    assert sorted(request["body"]["model"] for request in server.requests) == ["big"] * 12 + ["small"] * 12
+    assert "|" not in out and "small" in out.splitlines()[0] and "big" in out.splitlines()[0], out
+    assert "big vs small: on 12 task(s) both ran, right only with big 11, only with small 0" in out, out
+    code, out, err = cli("--batch", path, "-m", "small", "-m", "big", "--json", "--out", tmp_path / "both")
+    compared = json.loads(out)
+    assert [column["label"] for column in compared["configurations"]] == ["small", "big"], out
+    assert [column["summary"]["correct"] for column in compared["configurations"]] == [1, 12]
+    assert sorted(os.listdir(tmp_path / "both")) == ["big", "small"]
+    code, _, err = cli("-m", "small", "-m", "big", "compute 2 + 3")
+    assert code == 2 and "several models (-m small -m big) go with --batch" in err, err
+    code, _, err = cli("--batch", path, "-m", "small", "-m", "small")
+    assert code == 2 and "-m small is named twice" in err, err
