@@ -46,7 +46,8 @@ def configuration(settings: Settings) -> dict:
     A rerun into a folder of another configuration is refused; --summary puts them side by side."""
     offered = {name: tool for name, tool in REGISTRY.items()
                if settings.tool_names is None or name in settings.tool_names}
-    system = prompts.render_system_prompt(offered_tools(offered), settings.mode, settings.max_calls)
+    system = prompts.render_system_prompt(offered_tools(offered, answer_only=settings.tool_names == []),
+                                          settings.mode, settings.max_calls)
     tools = [*(settings.tool_names or ["all"]), *(f"file {os.path.basename(path)}" for path in settings.tools_files),
              *(f"mcp {display_url(server) if mcp_urls([server]) else server}" for server in settings.mcp_servers),
              *([f"mcp-config {os.path.basename(settings.mcp_config)}"] if settings.mcp_config else [])]

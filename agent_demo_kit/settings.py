@@ -172,8 +172,8 @@ class Settings:
                                variables=("AGENT_KEEP_RECENT",), parse=whole_number(0))
     max_calls: int = setting(8, "actions run per reply at most", "--max-calls", ("AGENT_MAX_CALLS",),
                              whole_number(1), metavar="N")
-    tool_names: Optional[List[str]] = setting(None, "expose only these tools; finish, fail, recall and note always",
-                                              "--tools", metavar="NAME,NAME", resume=False, shown="all")
+    tool_names: Optional[List[str]] = setting(None, "expose only these tools (none: no tool, only the answer);"
+                                              " finish, fail, recall and note always", "--tools", metavar="NAME,NAME", resume=False, shown="all")
     tools_files: List[str] = setting([], "make each public function in the Python file PATH a tool; repeatable",
                                      "--tools-file", metavar="PATH", shown="none")
     mcp_servers: List[str] = setting([], "add the tools of an MCP server: a command run over stdio, or an"
@@ -378,7 +378,7 @@ def _checked(item: Any, value: Any, source: str) -> Any:
         except ValueError as error:
             raise ConfigError(f"{source} {error}") from None
     if item.name == "tool_names" and isinstance(value, str):
-        value = [name.strip() for name in value.split(",") if name.strip()]
+        value = [name.strip() for name in value.split(",") if name.strip() and name.strip() != "none"]
     if isinstance(default, list) or item.name == "tool_names":
         if isinstance(value, str) or not all(isinstance(entry, str) for entry in value):
             raise ConfigError(f"{source} must be a list of strings, got {value!r}")
