@@ -63,11 +63,23 @@ def run_batch(args: argparse.Namespace, environment: Dict[str, str], answer: Saf
             stream.close()
     if not tasks:
         raise ConfigError(f"--batch: {source} holds no task")
+    if not args.models and environment.get("AGENT_BATCH_MODELS", "").strip():  # the settings file's list
+        args.models = models_of(environment["AGENT_BATCH_MODELS"])
+        args.model = args.models[-1]
     if args.plan:
         return show_plan(args, environment, answer, tasks)
     if len(args.models) > 1:
         return each_model(args, environment, answer, tasks, notes)
     return batch_of(args, environment, answer, tasks, notes)
+
+
+def models_of(text: str) -> List[str]:
+    """AGENT_BATCH_MODELS=small,big: the models a batch runs with, each once; ConfigError for a name twice."""
+    models = [name.strip() for name in text.split(",") if name.strip()]
+    twice = next((model for number, model in enumerate(models) if model in models[:number]), None)
+    if twice is not None:
+        raise ConfigError(f"AGENT_BATCH_MODELS names {twice} twice")
+    return models
 
 
 def each_model(args: argparse.Namespace, environment: Dict[str, str], answer: SafeStream, tasks: List[Any],

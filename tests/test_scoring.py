@@ -599,3 +599,8 @@ def test_several_models_in_one_command_get_a_folder_each_and_end_with_the_compar
     assert code == 2 and "several models (-m small -m big) go with --batch" in err, err
     code, _, err = cli("--batch", path, "-m", "small", "-m", "small")
     assert code == 2 and "-m small is named twice" in err, err
+    monkeypatch.setenv("AGENT_BATCH_MODELS", "big, small")  # as a settings file may say
+    code, out, err = cli("--batch", path, "--out", tmp_path / "listed", "--json", "-q")
+    assert [column["label"] for column in json.loads(out)["configurations"]] == ["big", "small"], err
+    code, out, err = cli("--batch", path, "--out", tmp_path / "listed" / "big", "-m", "big", "--json", "-q")
+    assert (code, json.loads(out)["tasks"]) == (0, 12), "-m wins over the list"
