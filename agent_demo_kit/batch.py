@@ -230,11 +230,15 @@ class Batch(Saying):
         """The line with each --scorer's and the --judge's score of its answer, kept when it has them
         already (each grades a task once, when it ends, as the regex judge does)."""
         for grader in self.graders:
-            if all(name in (line.get("scores") or {}) for name in grader.names()):
+            if grader.graded(line):
                 continue
             scores, error, kept = grader.score(task.task, line.get("answer"), task.expected,
                                                finished=line.get("status") == "finished")
-            line["scores"] = {**(line.get("scores") if isinstance(line.get("scores"), dict) else {}), **scores}
+            before = {name: score for name, score in (line.get("scores") if isinstance(line.get("scores"), dict)
+                                                      else {}).items() if name not in grader.names()}
+            for key in grader.kept_keys:  # another judge's word is not this one's
+                line.pop(key, None)
+            line["scores"] = {**before, **scores}
             line.update(kept)
             if error:
                 line[grader.error_key] = error
@@ -255,7 +259,8 @@ class Batch(Saying):
     def rescored(self, line: dict, task: BatchTask) -> dict:
         """A line read back, scored against what the file expects now (and priced by --price now),
         written again when that changed something."""
-        before = {name: line.get(name) for name in ("expected", "match", "correct", "cost", "scores")}
+        before = {name: line.get(name) for name in ("expected", "match", "correct", "cost", "scores", "judge",
+                                                    "judge_error", "scorer_error")}
         if _same(before["expected"], task.expected) and before["match"] == (task.match or self.match) \
                 and isinstance(before["correct"], bool) == (task.expected is not None):
             line = dict(line)  # scored once, when it ended (a sealed line): a regex is not run again

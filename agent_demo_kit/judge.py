@@ -7,6 +7,7 @@ JSON string, as data to grade, and what the judge says back is read as data too.
 
 It imports client, actions, outcome, redaction, settings, urls and endings.
 """
+import hashlib
 import json
 import math
 import threading
@@ -43,9 +44,11 @@ class Judge:
     """Grades answers with the judge model, one request an answer, a client a worker thread."""
 
     error_key = "judge_error"
+    kept_keys = (NAME,)
 
     def __init__(self, settings: Settings, rubric: str = RUBRIC):
         self.settings, self.rubric = settings, rubric
+        self.rubric_hash = hashlib.sha256(rubric.encode("utf-8")).hexdigest()[:12]  # which rubric graded a line
         self.prices = settings.prices()
         # What its endpoint says back (an error, a reason) never shows its key, or the batch's.
         self.redact = Redactor(*secrets_of({"LLM_JUDGE_KEY": settings.api_key or ""}, settings.url))
@@ -53,6 +56,15 @@ class Judge:
 
     def names(self) -> list:
         return [NAME]
+
+    def graded(self, line: dict) -> bool:
+        """Has this judge (this model, this rubric) graded the line's answer already? Another judge's
+        score is graded again."""
+        if NAME not in (line.get("scores") if isinstance(line.get("scores"), dict) else {}):
+            return False
+        kept = line.get(NAME)
+        return line.get("status") != "finished" or isinstance(kept, dict) and kept.get("model") == \
+            self.settings.model and kept.get("rubric") == self.rubric_hash
 
     def client(self) -> ModelClient:
         if getattr(self.local, "client", None) is None:
@@ -77,7 +89,7 @@ class Judge:
         tokens = {"prompt": whole(usage.get("prompt_tokens")), "completion": whole(usage.get("completion_tokens"))}
         spent = cost({self.settings.model: {"rounds": 1, **tokens, "tokens": sum(tokens.values())}}, self.prices) \
             if self.prices else None
-        kept = {"model": self.settings.model, "tokens": tokens, **({"cost": spent} if spent is not None else {})}
+        kept = {"model": self.settings.model, "rubric": self.rubric_hash, "tokens": tokens, **({"cost": spent} if spent is not None else {})}
         score, reason = verdict(reply.content)
         if score is None:
             return {}, self.redact(f"the judge's reply holds no score: {reply.content.strip()[:80]!r}")[:ERROR_CHARS], \

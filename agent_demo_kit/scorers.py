@@ -28,7 +28,12 @@ class Scorers:
     def names(self) -> List[str]:
         return [name for name, _ in self.functions]
 
+    def graded(self, line: dict) -> bool:
+        """Does the line hold each function's score already (a scorer grades a task once)?"""
+        return all(name in (line.get("scores") or {}) for name in self.names())
+
     error_key = "scorer_error"  # what the results line calls what went wrong
+    kept_keys = ()  # what else it puts in the line
 
     def score(self, task: str, answer: Any, expected: Any, finished: bool) -> Tuple[Dict[str, float], Optional[str],
                                                                                     dict]:

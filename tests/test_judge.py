@@ -61,7 +61,8 @@ def test_a_judge_grades_twenty_answers_line_by_line_on_its_own_endpoint_and_key(
         line, answer = lines[f"t{n}"], answer_of(n)
         want = 1.0 if answer == str(2 * n) else 0.5 if str(2 * n) in answer else 0.0
         assert line["scores"] == {"judge": want}, (n, line)
-        assert line["judge"] == {"model": "grader", "score": want, "reason": f"graded {answer}",
+        assert line["judge"] == {"model": "grader", "rubric": line["judge"]["rubric"], "score": want,
+                                 "reason": f"graded {answer}",
                                  "tokens": {"prompt": 100, "completion": 20}, "cost": pytest.approx(140e-6)}, line
         assert "judge_error" not in line
     assert summary["scores"]["judge"] == {"mean": pytest.approx((10 + 0.5 * 5) / 20), "runs": 20}
@@ -125,6 +126,14 @@ def test_an_answer_the_judge_cannot_grade_costs_its_score_not_the_batch(tmp_path
     code, out, err = cli("--batch", tasks_file(tmp_path, 4), "--json", "-q", "--judge", "grader",
                          "--judge-url", judge.url)  # the same command again: only what is ungraded goes to the judge
     assert len(runs.requests) == 4 and len(judge.requests) == 4 + 2
+    cli("--batch", tasks_file(tmp_path, 4), "-q", "--judge", "grader", "--judge-url", judge.url)
+    assert len(judge.requests) == 4 + 2 + 2, "graded by this judge: not again (t1 and t2 still fail)"
+    cli("--batch", tasks_file(tmp_path, 4), "-q", "--judge", "stricter", "--judge-url", judge.url)
+    assert len(judge.requests) == 4 + 2 + 2 + 4 and {request["body"]["model"] for request in judge.requests[-4:]} == \
+        {"stricter"}, "another judge grades every answer again"
+    lines = results(tmp_path / "tasks-results" / "gpt-4o-mini")
+    assert {line["judge"]["model"] for line in lines.values() if "judge" in line} == {"stricter"}
+    assert lines["t1"]["scores"] == {} and "judge" not in lines["t1"], "no score of another judge left behind"
 
 
 def test_a_task_that_did_not_finish_scores_0_and_is_not_sent_to_the_judge(tmp_path, cli, servers):
