@@ -159,6 +159,7 @@ def test_judge_settings_that_cannot_work_are_refused_before_anything_is_sent(tmp
 def test_the_rubric_is_the_users_own_words(tmp_path, cli, servers):
     runs, judge = servers
     (tmp_path / "rubric.txt").write_text("Right only when the answer is a bare number.\n")
-    cli("--batch", tasks_file(tmp_path, 1), "-q", "--judge", "grader", "--judge-url", judge.url,
-        "--judge-rubric", tmp_path / "rubric.txt")
+    code, _, err = cli("--batch", tasks_file(tmp_path, 1), "--judge", "grader", "--judge-url", judge.url,
+                       "--judge-rubric", tmp_path / "rubric.txt")
+    assert "[1/1] t0: finished, right, judge 1, 1 round(s)" in err, err
     assert "Rubric: Right only when the answer is a bare number." in judge.requests[0]["body"]["messages"][0]["content"]
