@@ -113,7 +113,8 @@ def batch_data(names: List[str]) -> Dict[str, Any]:
     verdicts = comparison.test_lines(comparison.compare(columns)["tests"]) if len(columns) > 1 else []
     return {"verdicts": verdicts, "title": "agent-demo report" + (f" ({len(columns)} configurations shown; {left} more left out: give fewer"
                                             " folders)" if left else ""), "made": time.strftime("%Y-%m-%d %H:%M"),
-            "configurations": [{"label": column.label, "folders": column.folders, "summary": column.summary()}
+            "configurations": [{"label": column.label, "folders": column.folders, "summary": column.summary(),
+                                "failures": sum(map(comparison.is_failure, column.lines.values()))}
                                for column in columns], "tasks": tasks}
 
 
@@ -130,22 +131,23 @@ def folder_pieces(folder: Path, redactor: Optional[Redactor] = None, sealed_only
                 latest[key] = len(ended)  # as --summary reads them: the last of a tie
             ended.append(when)
     del ended  # not needed while the rows are made
-    tally, config = metrics.Tally(max((key[1] for key in latest), default=1)), None
+    tally, config, failed = metrics.Tally(max((key[1] for key in latest), default=1)), None, 0
 
     def rows() -> Iterator[Dict[str, Any]]:
-        nonlocal config
+        nonlocal config, failed
         position = 0
         for path in comparison.results_files(folder):
             for line in comparison.read_lines(path):
                 position += 1
                 if latest.get(comparison.result_key(line)) == position - 1:
                     tally.add(line)
+                    failed += comparison.is_failure(line)
                     config = config or line.get("config")
                     yield task_entry(comparison.result_key(line), [line], [[str(folder)]])
 
     def configurations() -> List[Dict[str, Any]]:
         label = str((config or {}).get("model") or folder.name)
-        return [{"label": label, "folders": [str(folder)], "summary": tally.summary()}]
+        return [{"label": label, "folders": [str(folder)], "summary": tally.summary(), "failures": failed}]
     return pieces("agent-demo report", rows(), configurations, redactor)
 
 
@@ -177,7 +179,8 @@ def pieces(title: str, tasks: Iterator[Dict[str, Any]], configurations: Callable
            redactor: Optional[Redactor] = None, kind: str = "batch", verdicts: List[str] = ()) -> Iterator[bytes]:
     """The page, piece by piece: the data as an inert JSON block (ASCII, so no control character of
     any terminal either; no key), the page's own style and script allowed by their hashes. The
-    configurations' figures come after the rows, counted as they were written."""
+    configurations' figures come after the rows, counted as they were written, and in the words of
+    --summary (its table's rows, and the repeats in words)."""
     policy = (f"default-src 'none'; script-src '{_hash(SCRIPT)}'; style-src '{_hash(STYLE)}'; img-src 'none';"
               " base-uri 'none'; form-action 'none'")
     yield (f"<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\n"
@@ -189,7 +192,13 @@ def pieces(title: str, tasks: Iterator[Dict[str, Any]], configurations: Callable
         + b', "tasks": ['
     for number_, task in enumerate(tasks):
         yield (b", " if number_ else b"") + _inert_json(task, redactor)
-    yield b'], "configurations": ' + _inert_json(configurations(), redactor) + b"}"
+    configs = configurations()
+    counted = [config for config in configs if config.get("summary")]
+    figures = comparison.figure_rows(configs) if counted and len(counted) == len(configs) else []
+    repeats = [f"{config['label']}: {metrics.repeats_words(config['summary']['repeats'])}" for config in counted
+               if config["summary"].get("repeats")]
+    yield b'], "configurations": ' + _inert_json(configs, redactor) + b', "figures": ' \
+        + _inert_json(figures, redactor) + b', "repeats": ' + _inert_json(repeats, redactor) + b"}"
     yield f"</script>\n<script>{SCRIPT}</script>\n</body></html>\n".encode()
 
 
@@ -246,7 +255,6 @@ function svg(tag, attributes, text) {
   if (text !== undefined) node.textContent = String(text);
   return node;
 }
-function percent(share) { return share === null || share === undefined ? "-" : (100 * share).toFixed(1) + "%"; }
 function figure(value, digits) { return value === null || value === undefined ? "-" : Number(value).toFixed(digits); }
 const body = document.body;
 if (data.kind === "run") {  // one run: what it did, and its trace in full view
@@ -263,28 +271,19 @@ if (data.kind === "run") {  // one run: what it did, and its trace in full view
 } else {
 body.append(el("h1", data.title), el("p", "made " + data.made + "; " + data.tasks.length + " rows"));
 const configs = data.configurations;
-if (configs.some(c => c.summary)) {
+if (data.figures && data.figures.length) {  // --summary's table, in its words and figures (made by it)
   body.append(el("h2", "Figures"));
-  const table = el("table", null, {class: "figures"});
+  const table = el("table", null, {class: "figures", id: "figures"});
   const head = el("tr"); head.append(el("th", ""));
   for (const c of configs) head.append(el("th", c.label));
   table.append(head);
-  const rows = [["tasks", s => s.tasks], ["completion", s => percent(s.completion_rate)],
-    ["accuracy", s => s.scored ? percent(s.accuracy) + " of " + s.scored : "-"],
-    ["rounds (mean)", s => s.rounds ? figure(s.rounds.mean, 1) : "-"], ["tokens", s => s.tokens ? s.tokens.total : "-"],
-    ["cost", s => s.cost === null || s.cost === undefined ? "-" : "$" + figure(s.cost, 4)],
-    ["seconds (p50)", s => s.seconds ? figure(s.seconds.p50, 2) : "-"]];
-  rows.splice(3, 0, ["accuracy 95% interval", s => s.scored && s.accuracy_interval ? percent(s.accuracy_interval[0]) + " to " + percent(s.accuracy_interval[1]) : "-"],
-    );
-  for (const c of configs) for (const key of Object.keys((c.summary && c.summary.groups) || {}))
-    for (const name of Object.keys(c.summary.groups[key])) if (!rows.some(r => r[0] === "by " + key + ": " + name))
-      rows.push(["by " + key + ": " + name, s => { const g = ((s.groups || {})[key] || {})[name]; return !g ? "-" : g.scored ? percent(g.accuracy) + " of " + g.scored : percent(g.success_rate) + " succeeded"; }]);
-  for (const [name, value] of rows) {
+  for (const [name, ...cells] of data.figures) {
     const row = el("tr"); row.append(el("td", name));
-    for (const c of configs) row.append(el("td", c.summary ? value(c.summary) : "-", {class: "num"}));
+    for (const text of cells) row.append(el("td", text, {class: "num"}));
     table.append(row);
   }
   body.append(table);
+  for (const line of data.repeats || []) body.append(el("p", line, {class: "repeats"}));
 }
 if (data.verdicts && data.verdicts.length) {  // the paired tests, in the words --summary uses
   body.append(el("h2", "Is the difference more than noise?"));

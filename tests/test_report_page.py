@@ -58,6 +58,63 @@ def fifty(tmp_path_factory):
         monkeypatch.undo()
 
 
+def repeated(body, tries={}):
+    """Model a: t0..t12 always right, the rest never (39 of 48 runs, 81.25%: JavaScript's toFixed says
+    81.3%, Python 81.2%); model b: t0..t9 always right, t10 and t11 on their first try only."""
+    model, task = body["model"], body["messages"][1]["content"].split("Task: ", 1)[-1]
+    number = int(task.split()[-1])
+    tries[model, task] = seen = tries.get((model, task), 0) + 1
+    right = number < 13 if model == "a" else number < 10 or number < 12 and seen == 1
+    return {"content": action("finish", result="5" if right else "4")}
+
+
+@pytest.fixture(scope="module")
+def two_repeated(tmp_path_factory):
+    """Two models' folders of 16 tasks, each tried 3 times."""
+    folder, monkeypatch = tmp_path_factory.mktemp("repeated"), pytest.MonkeyPatch()
+    tasks = folder / "tasks.jsonl"
+    tasks.write_text("".join(json.dumps({"id": f"t{n}", "task": f"task {n}", "expected": "5"}) + "\n" for n in range(16)))
+    try:
+        with ScriptedServer([], screen=lambda body: repeated(body)) as server:
+            monkeypatch.setenv("LLM_API_URL", server.url)
+            monkeypatch.setenv("LLM_API_KEY", KEY)
+            for model in ("a", "b"):
+                main(["--batch", str(tasks), "--repeat", "3", "--parallel", "1", "-q", "-m", model])
+    finally:
+        monkeypatch.undo()
+    return folder / "tasks-results" / "a", folder / "tasks-results" / "b"
+
+
+def test_the_pages_figures_are_the_words_and_numbers_of_summary(two_repeated, cli, tmp_path):
+    from agent_demo_kit.comparison import figure_rows
+    _, out, _ = cli("--summary", *two_repeated, "--json")
+    compared = json.loads(out)
+    _, table, _ = cli("--summary", *two_repeated)
+    assert cli("--report", *two_repeated, "-o", tmp_path / "page.html")[0] == 0
+    data = page_data(tmp_path / "page.html")
+    assert [config["summary"] for config in data["configurations"]] == [
+        config["summary"] for config in compared["configurations"]], "the same figures as --summary --json"
+    assert data["figures"] == figure_rows(compared["configurations"])
+    for name, *cells in data["figures"]:
+        [line] = [line for line in table.splitlines() if line.startswith(name + "  ")]
+        assert line.split() == (name + "  " + "  ".join(cells)).split(), "the same words as --summary"
+    assert ["pass@1 / pass^k", "81.2% / 81.2%", "66.7% / 62.5%"] in data["figures"]
+    _, alone, _ = cli("--summary", two_repeated[0])
+    [said] = [line for line in alone.splitlines() if line.startswith("repeats ")]
+    assert data["repeats"][0] == "a: " + said[len("repeats"):].strip()
+    assert data["repeats"][1].startswith("b: 3 tries of 16 task(s): pass@1 66.7%, pass^3 62.5% (pass@1 of the runs,")
+
+
+def test_a_batchs_own_page_shows_the_figures_summary_shows_for_its_folder(two_repeated, cli):
+    from agent_demo_kit.comparison import figure_rows
+    _, out, _ = cli("--summary", two_repeated[1], "--json")
+    alone = json.loads(out)
+    data = page_data(two_repeated[1] / "report.html")
+    assert data["figures"] == figure_rows([{"summary": alone, "failures": len(alone["failures"])}])
+    assert data["repeats"] == ["b: 3 tries of 16 task(s): pass@1 66.7%, pass^3 62.5% (pass@1 of the runs, pass^3 of"
+                               " the tasks); per try 75.0%, 62.5%, 62.5% (sd 5.9 points)"]
+
+
 def test_a_batch_writes_its_report_page_with_a_row_a_task(fifty):
     data = page_data(fifty / "report.html")
     assert len(data["tasks"]) == 50
@@ -286,3 +343,15 @@ def test_one_runs_page_is_marked_as_one_run(tmp_path, serve, capsys):
     assert main(["--trace", str(tmp_path / "run.jsonl"), "-q", "add"]) == 0
     assert main(["--show", str(tmp_path / "run.jsonl"), "--html", "-o", str(tmp_path / "run.html")]) == 0
     assert page_data(tmp_path / "run.html")["kind"] == "run"
+
+
+@pytest.mark.processes
+def test_in_a_browser_the_figures_read_as_summary_says_them(browser, two_repeated, tmp_path):
+    assert main(["--report", *map(str, two_repeated), "-o", str(tmp_path / "page.html")]) == 0
+    data = page_data(tmp_path / "page.html")
+    page, problems = opened(browser, tmp_path / "page.html")
+    shown = [row.locator("th, td").all_inner_texts() for row in page.locator("#figures tr").all()]
+    assert shown == [["", "a", "b"], *data["figures"]]
+    assert ["pass@1 / pass^k", "81.2% / 81.2%", "66.7% / 62.5%"] in shown, "Python's rounding, not toFixed's 81.3%"
+    assert page.locator("p.repeats").all_inner_texts() == data["repeats"] and problems == []
+    page.close()
