@@ -235,6 +235,7 @@ tr.task{cursor:pointer}tr.task:hover{background:#f7f7ff}tr.differs td:first-chil
 pre{white-space:pre-wrap;background:#fafafa;border:1px solid #ddd;padding:8px;max-height:40em;overflow:auto;margin:0}
 .controls{margin:1em 0}.controls>*{margin-right:1em}.figures td{border:none;padding:1px 8px}
 .charts{display:flex;flex-wrap:wrap;gap:2em}.chart text{font-size:11px}.side{display:flex;gap:1em}.side>div{flex:1}
+.legend{display:flex;flex-wrap:wrap;gap:1.5em;margin:.5em 0 1em}.key{display:inline-flex;align-items:center;gap:.4em}
 """
 
 SCRIPT = r"""
@@ -243,6 +244,15 @@ const data = JSON.parse(document.getElementById("data").textContent);
 const STATUSES = ["finished","failed","max_rounds","budget","stuck","interrupted","error"];
 const COLOURS = {finished:"#3a3",failed:"#c33",max_rounds:"#d90",budget:"#d90",stuck:"#933",interrupted:"#999",error:"#600"};
 const SVG = "http://www.w3.org/2000/svg";
+// What tells the configurations (or a trend's models) apart, the same in every chart and the legend: a
+// colour of Okabe and Ito's palette (told apart with the common kinds of colour blindness), a shape,
+// and the label written beside it, so no chart asks for colour alone. 8 colours and 6 shapes: the first
+// 8 differ in colour, and no two of 24 look alike.
+const PALETTE = ["#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#000000", "#F0E442"];
+const SHAPES = ["circle", "square", "triangle", "diamond", "down", "hexagon"];
+const POINTS = {triangle: [[0, -1], [1, 0.8], [-1, 0.8]], diamond: [[0, -1], [1, 0], [0, 1], [-1, 0]],
+                down: [[-1, -0.8], [1, -0.8], [0, 1]], hexagon: [[-0.5, -0.9], [0.5, -0.9], [1, 0], [0.5, 0.9], [-0.5, 0.9], [-1, 0]]};
+function look(n) { return {colour: PALETTE[n % PALETTE.length], shape: SHAPES[n % SHAPES.length]}; }
 function el(tag, text, attributes) {
   const node = document.createElement(tag);
   if (text !== undefined && text !== null) node.textContent = String(text);
@@ -256,6 +266,23 @@ function svg(tag, attributes, text) {
   return node;
 }
 function figure(value, digits) { return value === null || value === undefined ? "-" : Number(value).toFixed(digits); }
+function mark(n, x, y, size) {  // configuration n's shape in its colour, centred on x, y
+  const {colour, shape} = look(n), r = size / 2;
+  const attributes = {fill: colour, stroke: "#222", "stroke-width": 1, "data-config": n, class: "mark"};
+  if (shape === "circle") return svg("circle", Object.assign({cx: x, cy: y, r: r}, attributes));
+  if (shape === "square") return svg("rect", Object.assign({x: x - r, y: y - r, width: size, height: size}, attributes));
+  return svg("polygon", Object.assign({points: POINTS[shape].map(([px, py]) => (x + px * r) + "," + (y + py * r)).join(" ")}, attributes));
+}
+function legend(labels, id) {  // each label with its shape in its colour
+  const box = el("div", null, {class: "legend", id: id});
+  labels.forEach((label, n) => {
+    const key = el("span", null, {class: "key"}), swatch = svg("svg", {width: 14, height: 14});
+    swatch.append(mark(n, 7, 7, 11));
+    key.append(swatch, el("span", label));
+    box.append(key);
+  });
+  return box;
+}
 const body = document.body;
 if (data.kind === "run") {  // one run: what it did, and its trace in full view
   const task = data.tasks[0], run = task.runs[0];
@@ -289,19 +316,58 @@ if (data.verdicts && data.verdicts.length) {  // the paired tests, in the words 
   body.append(el("h2", "Is the difference more than noise?"));
   for (const line of data.verdicts) body.append(el("p", line, {class: "verdict"}));
 }
+function figureOf(name, n) {  // configuration n's cell of --summary's row `name`
+  const row = (data.figures || []).find(r => r[0] === name);
+  return row ? row[n + 1] : "n/a";
+}
+function shareChart(id, title, bars) {  // bars: [configuration, share, words, interval or null, lighter]
+  const width = 300, bar = 18, left = 170, chart = svg("svg", {width: left + width + 190, height: bars.length * (bar + 6) + 40, class: "chart", id: id});
+  chart.append(svg("text", {x: 0, y: 12}, title));
+  bars.forEach(([n, share, words, interval, lighter], row) => {
+    const y = 20 + row * (bar + 6), middle = y + bar / 2;
+    if (!row || bars[row - 1][0] !== n) chart.append(mark(n, 8, middle, 10), svg("text", {x: 18, y: middle + 4}, configs[n].label.slice(0, 24)));
+    const rect = svg("rect", {x: left, y: y, width: Math.max(1, width * share), height: bar, fill: look(n).colour, "data-config": n,
+                              "fill-opacity": lighter ? 0.4 : 1, stroke: look(n).colour});
+    rect.append(svg("title", {}, configs[n].label + ": " + words));
+    chart.append(rect, svg("text", {x: left + width + 8, y: middle + 4}, words));
+    if (interval) for (const [x1, x2, y1, y2] of [[interval[0], interval[1], middle, middle], [interval[0], interval[0], y + 3, y + bar - 3], [interval[1], interval[1], y + 3, y + bar - 3]])
+      chart.append(svg("line", {x1: left + width * x1, x2: left + width * x2, y1: y1, y2: y2, stroke: "#222", "stroke-width": 1.5}));
+  });
+  const bottom = 20 + bars.length * (bar + 6) + 12;
+  chart.append(svg("line", {x1: left, x2: left, y1: 16, y2: bottom - 10, stroke: "#999"}),
+               svg("text", {x: left - 4, y: bottom}, "0%"), svg("text", {x: left + width - 14, y: bottom}, "100%"));
+  return chart;
+}
+function accuracyChart() {
+  const bars = [];
+  configs.forEach((c, n) => { const s = c.summary; if (s && s.scored && s.accuracy !== null) bars.push([n, s.accuracy, figureOf("accuracy", n), s.accuracy_interval, false]); });
+  return bars.length ? shareChart("accuracy-chart", "accuracy, and its 95% interval", bars) : null;
+}
+function repeatsChart() {  // pass@1 (every try) and pass^k (all k tries of a task), as --summary words them
+  const bars = [];
+  configs.forEach((c, n) => {
+    const repeated = c.summary && c.summary.repeats;
+    if (!repeated || repeated.pass_at_1 === null) return;
+    const [first, all] = figureOf("pass@1 / pass^k", n).split(" / ");
+    bars.push([n, repeated.pass_at_1, "pass@1 " + first, null, false], [n, repeated.pass_all, "pass^" + repeated.tries + " " + all, null, true]);
+  });
+  return bars.length ? shareChart("repeats-chart", "pass@1 (of the runs) and pass^k (of the tasks)", bars) : null;
+}
 function statusChart() {
-  const width = 420, bar = 22, left = 140, chart = svg("svg", {width: width + left, height: configs.length * (bar + 8) + 30, class: "chart", id: "status-chart"});
+  const width = 420, bar = 22, left = 160, chart = svg("svg", {width: width + left, height: configs.length * (bar + 8) + 30, class: "chart", id: "status-chart"});
   configs.forEach((c, row) => {
     const counts = Object.create(null); let total = 0;  // a status named "constructor" is a status
     for (const task of data.tasks) { const run = task.runs[row]; if (run) { counts[run.status] = (counts[run.status] || 0) + 1; total++; } }
-    chart.append(svg("text", {x: 0, y: row * (bar + 8) + 15}, c.label.slice(0, 22)));
+    chart.append(mark(row, 6, row * (bar + 8) + 11, 10), svg("text", {x: 16, y: row * (bar + 8) + 15}, c.label.slice(0, 22)));
     let x = left;
     for (const status of STATUSES.concat(Object.keys(counts).filter(s => !STATUSES.includes(s)))) {
       if (!counts[status]) continue;
       const w = Math.max(1, width * counts[status] / total);
       const rect = svg("rect", {x: x, y: row * (bar + 8), width: w, height: bar, fill: Object.prototype.hasOwnProperty.call(COLOURS, status) ? COLOURS[status] : "#666"});
-      rect.append(svg("title", {}, status + ": " + counts[status]));
-      chart.append(rect); x += w;
+      rect.append(svg("title", {}, c.label + ": " + status + ": " + counts[status]));
+      chart.append(rect);
+      if (w > 7 * (status.length + String(counts[status]).length + 1)) chart.append(svg("text", {x: x + 4, y: row * (bar + 8) + 15, fill: "#fff", class: "inside"}, status + " " + counts[status]));
+      x += w;
     }
   });
   let x = 0; const y = configs.length * (bar + 8) + 18;
@@ -309,24 +375,26 @@ function statusChart() {
   chart.setAttribute("width", Math.max(width + left, x));
   return chart;
 }
-function histogram(title, value, id) {
-  const values = []; for (const task of data.tasks) for (const run of task.runs) if (run && value(run) !== null) values.push(value(run));
-  let most = 1e-9; for (const v of values) if (v > most) most = v;  // no spread: 100,000 values overflow the stack
-  const bins = 20, width = 400, height = 120, counts = new Array(bins).fill(0);
-  for (const v of values) counts[Math.min(bins - 1, Math.floor(bins * v / most))]++;
-  const top = Math.max(1, ...counts), chart = svg("svg", {width: width + 40, height: height + 30, class: "chart", id: id});
+function histogram(title, value, id) {  // a bar a configuration in each bin, in the legend's order
+  let most = 1e-9;  // no spread: 100,000 values overflow the stack
+  for (const task of data.tasks) for (const run of task.runs) if (run && value(run) !== null && value(run) > most) most = value(run);
+  const bins = 20, width = 400, height = 120, counts = configs.map(() => new Array(bins).fill(0));
+  for (const task of data.tasks) task.runs.forEach((run, n) => { if (run && value(run) !== null) counts[n][Math.min(bins - 1, Math.floor(bins * value(run) / most))]++; });
+  let top = 1; for (const each of counts) for (const count of each) if (count > top) top = count;
+  const chart = svg("svg", {width: width + 40, height: height + 30, class: "chart", id: id}), step = width / bins, thick = (step - 2) / configs.length;
   chart.append(svg("text", {x: 0, y: 12}, title));
-  counts.forEach((count, n) => {
-    const h = height * count / top, rect = svg("rect", {x: 30 + n * width / bins, y: height + 15 - h, width: width / bins - 2, height: h, fill: "#57a"});
-    rect.append(svg("title", {}, figure(n * most / bins, 2) + " to " + figure((n + 1) * most / bins, 2) + ": " + count));
+  counts.forEach((each, c) => each.forEach((count, n) => {
+    const h = height * count / top, rect = svg("rect", {x: 30 + n * step + c * thick, y: height + 15 - h, width: thick, height: h, fill: look(c).colour, "data-config": c});
+    rect.append(svg("title", {}, configs[c].label + ": " + figure(n * most / bins, 2) + " to " + figure((n + 1) * most / bins, 2) + ": " + count));
     chart.append(rect);
-  });
+  }));
   chart.append(svg("text", {x: 30, y: height + 28}, "0"), svg("text", {x: width, y: height + 28}, figure(most, most < 10 ? 2 : 0)));
   return chart;
 }
 const charts = el("div", null, {class: "charts"});
-charts.append(statusChart(), histogram("rounds per task", r => r.rounds, "rounds-chart"), histogram("seconds per task", r => r.seconds, "seconds-chart"));
-body.append(el("h2", "Charts"), charts);
+for (const chart of [accuracyChart(), repeatsChart(), statusChart(), histogram("rounds per task", r => r.rounds, "rounds-chart"),
+                     histogram("seconds per task", r => r.seconds, "seconds-chart")]) if (chart) charts.append(chart);
+body.append(el("h2", "Charts"), legend(configs.map(c => c.label), "legend"), charts);
 body.append(el("h2", "Tasks"));
 const controls = el("div", null, {class: "controls"});
 const statusFilter = el("select", null, {id: "status-filter"}); statusFilter.append(el("option", "any status", {value: ""}));

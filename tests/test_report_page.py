@@ -355,3 +355,40 @@ def test_in_a_browser_the_figures_read_as_summary_says_them(browser, two_repeate
     assert ["pass@1 / pass^k", "81.2% / 81.2%", "66.7% / 62.5%"] in shown, "Python's rounding, not toFixed's 81.3%"
     assert page.locator("p.repeats").all_inner_texts() == data["repeats"] and problems == []
     page.close()
+
+
+def fills(locator):
+    return {element.get_attribute("fill") for element in locator.all()}
+
+
+@pytest.mark.processes
+def test_in_a_browser_each_configuration_has_one_colour_in_every_chart_and_the_legend(browser, two_repeated, tmp_path):
+    assert main(["--report", *map(str, two_repeated), "-o", str(tmp_path / "page.html")]) == 0
+    data = page_data(tmp_path / "page.html")
+    page, problems = opened(browser, tmp_path / "page.html")
+    assert page.locator("#legend .key").all_inner_texts() == ["a", "b"]
+    colours = [fills(page.locator(f'#legend [data-config="{n}"]')) for n in range(2)]
+    assert all(len(colour) == 1 for colour in colours) and colours[0] != colours[1]
+    for chart in ("accuracy-chart", "repeats-chart", "status-chart", "rounds-chart", "seconds-chart"):
+        for n in range(2):
+            marked = page.locator(f'#{chart} [data-config="{n}"]')
+            assert marked.count() and fills(marked) == colours[n], (chart, n)
+    for chart in ("accuracy-chart", "repeats-chart", "status-chart"):  # told apart by label, not by colour alone
+        assert {"a", "b"} <= set(page.locator(f"#{chart} text").all_text_contents()), chart
+    accuracy = next(row for row in data["figures"] if row[0] == "accuracy")
+    assert set(accuracy[1:]) <= set(page.locator("#accuracy-chart text").all_text_contents()), "--summary's words"
+    assert {"pass@1 81.2%", "pass^3 81.2%", "pass@1 66.7%", "pass^3 62.5%"} <= set(
+        page.locator("#repeats-chart text").all_text_contents())
+    assert problems == []
+    page.close()
+
+
+@pytest.mark.processes
+def test_in_a_browser_twelve_configurations_look_different_and_the_first_eight_differ_in_colour(browser, fifty):
+    page, problems = opened(browser, fifty / "report.html")
+    looks = page.evaluate("[...Array(12).keys()].map(n => look(n))")
+    assert len({(each["colour"], each["shape"]) for each in looks}) == 12
+    assert len({each["colour"] for each in looks[:8]}) == 8
+    assert {each["colour"] for each in looks} <= {"#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00",
+                                                  "#000000", "#F0E442"}, "Okabe and Ito's colour-blind-safe palette"
+    page.close()
