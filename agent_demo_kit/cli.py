@@ -240,6 +240,10 @@ def build_parser() -> Parser:
                        help="write the report page of the batch results in each DIR (several configurations side"
                             " by side, the tasks where they differ first): one HTML file, to open in a browser;"
                             " into DIR/report.html for one DIR, else ./report.html, or -o FILE")
+    batch.add_argument("--trend", metavar="DIR", nargs="+",
+                       help="print the batch results in each DIR over time: a row a folder in the order they ran"
+                            " (when its first task ended) with its model, tasks, accuracy and its interval, tokens"
+                            " and cost, and exit; with --json, as JSON")
     batch.add_argument("-o", "--output", metavar="FILE",
                        help="--report, --show --html: the file the page goes to")
     parser.add_argument("--html", action="store_true",
@@ -301,6 +305,7 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
                                           ("--no-log", args.no_log), ("--approve", args.approve),
                                           ("--summary", args.summary is not None), ("--config", args.config),
                                           ("--output-schema", args.output_schema), ("--report", args.report),
+                                          ("--trend", args.trend),
                                           ("a task", words)) if value]
         if clash:
             parser.error(f"--batch runs the tasks of its file, each with a trace in --out; {clash[0]} does not go"
@@ -312,6 +317,9 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
         return args
     if args.report is not None:
         args.report, args.task = args.report + list(args.task), ""
+        return args
+    if args.trend is not None:
+        args.trend, args.task = args.trend + list(args.task), ""
         return args
     if args.resume is None and not args.runs and args.show is None and not args.config:
         if words == "-":
@@ -369,9 +377,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         for note in getattr(environment, "notes", []):  # a ./.env passed by
             print(f"agent-demo: {note}", file=sys.stderr)
         if unreadable or args.runs or args.show is not None or args.config or args.summary is not None \
-                or args.batch is not None or args.report is not None:
+                or args.batch is not None or args.report is not None or args.trend is not None:
             from agent_demo_kit.side_commands import list_runs, run_batch, show_config, show_run, show_summary, \
-                write_report
+                show_trend, write_report
             try:
                 if args.config:  # what is wrong with a settings file is one of the things it shows
                     return show_config(args, environment, answer, unreadable)
@@ -381,6 +389,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                     return show_summary(args, environment, answer)
                 if args.report is not None:
                     return write_report(args, redactor)
+                if args.trend is not None:
+                    return show_trend(args, answer, redactor)
                 if args.batch is not None:
                     return run_batch(args, environment, answer)
                 return list_runs(args, environment, answer) if args.runs else show_run(args, environment, answer,

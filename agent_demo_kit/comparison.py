@@ -160,18 +160,19 @@ class Column:
         return tally.summary()
 
 
-def folders_of(names: List[str]) -> List[Path]:
+def folders_of(names: List[str], flag: str = "--summary") -> List[Path]:
     """The result folders named: each folder that holds results*.jsonl, or, for one that holds none,
-    each of its subfolders that does (the default folders of several models: FILE-results/MODEL)."""
+    each of its subfolders that does (the default folders of several models: FILE-results/MODEL).
+    ConfigError, said of `flag`, for a name that is neither."""
     found: List[Path] = []
     for name in dict.fromkeys(os.path.realpath(name) for name in names):  # a folder named twice is read once
         folder = Path(name)
         if not os.path.isdir(folder):  # False for a name too long too (Path.is_dir raises)
-            raise ConfigError(f"--summary: {name} is not a folder of batch results")
+            raise ConfigError(f"{flag}: {name} is not a folder of batch results")
         inside = [folder] if results_files(folder) else sorted(
             sub for sub in folder.iterdir() if sub.is_dir() and results_files(sub))
         if not inside:
-            raise ConfigError(f"--summary: {name} holds no results*.jsonl with results in it")
+            raise ConfigError(f"{flag}: {name} holds no results*.jsonl with results in it")
         found += [sub for sub in inside if sub not in found]
     return found
 

@@ -38,7 +38,7 @@ LAYERS = {
     "tool sources": {"agent_demo_kit.tools_worker", "agent_demo_kit.mcp_schemas", "agent_demo_kit.mcp_client"},
     "telemetry": {"agent_demo_kit.telemetry"},
     "results": {"agent_demo_kit.scoring", "agent_demo_kit.scorers", "agent_demo_kit.metrics", "agent_demo_kit.comparison",
-                "agent_demo_kit.gate",
+                "agent_demo_kit.gate", "agent_demo_kit.trend",
                 "agent_demo_kit.report_page"},
     "batch": {"agent_demo_kit.task_file", "agent_demo_kit.batch_folder", "agent_demo_kit.batch_view",
               "agent_demo_kit.planning",

@@ -1,0 +1,139 @@
+"""--trend DIR...: result folders over time, a row a batch in the order they ran (when its first task
+ended), its model, tasks, accuracy and interval, tokens and cost; as JSON; as a page, a line a model.
+The folders are made by real batches against the scripted server, two models on two days."""
+import json
+import re
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+
+from agent_demo_kit.cli import main
+from conftest import KEY
+from scripted_server import ScriptedServer, action
+
+RIGHT = {("a", 1): 3, ("b", 1): 4, ("a", 2): 5, ("b", 2): 4, ("a", 3): 2}  # of each day's tasks, the first N right
+
+
+def answers(body, day):
+    task = body["messages"][1]["content"].split("Task: ", 1)[-1]
+    right = int(task.split()[-1]) < RIGHT[body["model"], day[0]]
+    return {"content": action("finish", result="5" if right else "4")}
+
+
+def write_tasks(path, count, words="task"):
+    path.write_text("".join(json.dumps({"id": f"t{n}", "task": f"{words} {n}", "expected": "5"}) + "\n"
+                            for n in range(count)))
+    return path
+
+
+@pytest.fixture(scope="module")
+def days(tmp_path_factory):
+    """runs/1/{a,b} and runs/2/{a,b} of six tasks (day 2's b tried 3 times), priced; other/a, a day
+    later, of four other tasks."""
+    root, monkeypatch, day = tmp_path_factory.mktemp("days"), pytest.MonkeyPatch(), [1]
+    tasks, other = write_tasks(root / "tasks.jsonl", 6), write_tasks(root / "other.jsonl", 4, "another task")
+    try:
+        with ScriptedServer([], screen=lambda body: answers(body, day)) as server:
+            monkeypatch.setenv("LLM_API_URL", server.url)
+            monkeypatch.setenv("LLM_API_KEY", KEY)
+            for day[0], model, repeat in ((1, "a", 1), (1, "b", 1), (2, "a", 1), (2, "b", 3)):
+                main(["--batch", str(tasks), "-m", model, "--out", str(root / "runs" / str(day[0]) / model), "-q",
+                      "--price", "1,2", "--repeat", str(repeat), "--parallel", "1"])
+            day[0] = 3
+            main(["--batch", str(other), "-m", "a", "--out", str(root / "other" / "a"), "-q", "--parallel", "1"])
+    finally:
+        monkeypatch.undo()
+    return root
+
+
+def folders(root):
+    return [root / "runs" / "2" / "b", root / "runs" / "1" / "a", root / "runs" / "2" / "a", root / "runs" / "1" / "b"]
+
+
+def test_a_row_a_batch_in_the_order_they_ran_with_the_figures_summary_gives_each(days, cli):
+    code, out, err = cli("--trend", *folders(days), "--json")
+    assert code == 0, err
+    trend = json.loads(out)
+    assert [(row["folder"], row["model"]) for row in trend["rows"]] == [
+        (str(days / "runs" / day / model), model) for day, model in (("1", "a"), ("1", "b"), ("2", "a"), ("2", "b"))]
+    assert trend["models"] == ["a", "b"] and trend["same_tasks"] and trend["task_sets"] == 1
+    for row in trend["rows"]:
+        _, alone, _ = cli("--summary", row["folder"], "--json")
+        summary = json.loads(alone)
+        assert (row["tasks"], row["runs"], row["scored"], row["correct"], row["accuracy"], row["accuracy_interval"],
+                row["tokens"], row["cost"], row.get("repeats")) == (
+            summary["tasks"], summary["runs"], summary["scored"], summary["correct"], summary["accuracy"],
+            summary["accuracy_interval"], summary["tokens"]["total"], summary["cost"], summary.get("repeats"))
+        ended = [json.loads(line)["ended_at"] for line in Path(row["folder"], "results.jsonl").read_text().splitlines()]
+        assert (row["first_ended_at"], row["last_ended_at"]) == (min(ended), max(ended)), "when its tasks ended"
+    assert [row["accuracy"] for row in trend["rows"]] == [0.5, round(4 / 6, 4), round(5 / 6, 4), round(4 / 6, 4)]
+    assert trend["rows"][3]["repeats"]["tries"] == 3 and trend["rows"][3]["runs"] == 18
+    assert all(row["cost"] for row in trend["rows"])
+
+
+def test_the_terminal_gets_a_plain_table_ordered_by_time(days, cli):
+    from agent_demo_kit.metrics import dollars
+    code, out, err = cli("--trend", *folders(days))
+    trend = json.loads(cli("--trend", *folders(days), "--json")[1])
+    lines = out.splitlines()
+    assert code == 0 and re.split(r"\s{2,}", lines[0]) == ["when", "model", "tasks", "accuracy", "95% interval",
+                                                           "tokens", "cost", "folder"]
+    assert len(lines) == 5, "a row a batch, and nothing else when the tasks are the same"
+    for line, row in zip(lines[1:], trend["rows"]):
+        low, high = row["accuracy_interval"]
+        assert re.split(r"\s{2,}", line) == [
+            datetime.fromisoformat(row["first_ended_at"]).astimezone().strftime("%Y-%m-%d %H:%M"), row["model"],
+            f"{row['tasks']}" + (f" ({row['runs']} runs)" if row["runs"] != row["tasks"] else ""),
+            f"{row['accuracy']:.1%}", f"{low:.1%}-{high:.1%}", f"{row['tokens']:,}", dollars(row["cost"]), row["folder"]]
+    assert re.split(r"\s{2,}", lines[4])[2:4] == ["6 (18 runs)", "66.7%"]
+
+
+def test_a_folder_of_model_folders_is_each_of_them(days, cli):
+    code, out, _ = cli("--trend", days / "runs" / "2", days / "runs" / "1", "--json")
+    assert code == 0 and [row["folder"] for row in json.loads(out)["rows"]] == [
+        str(days / "runs" / day / model) for day, model in (("1", "a"), ("1", "b"), ("2", "a"), ("2", "b"))]
+
+
+def test_folders_of_other_tasks_are_shown_and_said_to_be_no_trend(days, cli):
+    code, out, _ = cli("--trend", *folders(days), days / "other" / "a", "--json")
+    trend = json.loads(out)
+    assert code == 0 and not trend["same_tasks"] and trend["task_sets"] == 2
+    assert [row["task_set"] for row in trend["rows"]] == [1, 1, 1, 1, 2]
+    code, out, _ = cli("--trend", *folders(days), days / "other" / "a")
+    lines = out.splitlines()
+    assert "task set" in lines[0] and len(lines) == 8
+    assert lines[5].split()[-2:] == ["2", str(days / "other" / "a")]
+    assert lines[7] == ("not all of the same tasks: 2 task sets (the column \"task set\"); accuracy over"
+                        " different tasks is not a trend: compare the rows of one task set")
+
+
+def test_a_folder_that_does_not_say_when_it_ran_is_refused_by_name(days, tmp_path, cli):
+    undated = tmp_path / "undated"
+    undated.mkdir()
+    lines = [json.loads(line) for line in (days / "runs" / "1" / "a" / "results.jsonl").read_text().splitlines()]
+    (undated / "results.jsonl").write_text("".join(json.dumps({**line, "ended_at": None}) + "\n" for line in lines))
+    code, out, err = cli("--trend", days / "runs" / "1" / "b", undated)
+    assert (code, out) == (2, "")
+    assert err.strip() == (f"agent-demo: error: --trend: {undated} does not say when it ran (no results line has an"
+                           " ended_at): leave it out, or see it with --summary")
+
+
+@pytest.mark.parametrize("args, said", [
+    (("--trend", "nowhere"), "/nowhere is not a folder of batch results"),
+    (("--batch", "tasks.jsonl", "--trend", "."), "--trend does not go with it"),
+])
+def test_trend_flags_are_checked(cli, args, said):
+    code, out, err = cli(*args)
+    assert code == 2 and said in err
+
+
+def test_a_model_name_from_a_results_file_reaches_the_terminal_escaped(days, tmp_path, cli):
+    forged = tmp_path / "forged"
+    forged.mkdir()
+    lines = [json.loads(line) for line in (days / "runs" / "1" / "a" / "results.jsonl").read_text().splitlines()]
+    (forged / "results.jsonl").write_text("".join(json.dumps({**line, "config": {
+        **line["config"], "model": "\x1b]0;owned\x07\x1b[2J\u202eevil"}}) + "\n" for line in lines))
+    code, out, _ = cli("--trend", forged)
+    assert code == 0 and "\x1b" not in out and "\x07" not in out and "\u202e" not in out
+    assert "\\x1b]0;owned\\x07\\x1b[2J\\u202eevil" in out
