@@ -243,11 +243,12 @@ def build_parser() -> Parser:
     batch.add_argument("--trend", metavar="DIR", nargs="+",
                        help="print the batch results in each DIR over time: a row a folder in the order they ran"
                             " (when its first task ended) with its model, tasks, accuracy and its interval, tokens"
-                            " and cost, and exit; with --json, as JSON")
+                            " and cost, and exit; with --json, as JSON; with --html, as a page with a line a model")
     batch.add_argument("-o", "--output", metavar="FILE",
-                       help="--report, --show --html: the file the page goes to")
+                       help="--report, --show --html, --trend --html: the file the page goes to")
     parser.add_argument("--html", action="store_true",
-                        help="--show: write the run as a report page (on stdout, or into -o FILE)")
+                        help="--show, --trend: write the run, or the trend, as a report page (on stdout, or into"
+                             " -o FILE)")
     parser.add_argument("--config", action="store_true",
                         help="show each setting's value and where it came from (a flag, the shell, ./.env, your"
                              " settings file, the default), the key redacted, and exit; with --json, as JSON")
@@ -293,10 +294,10 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
         parser.error("--baseline goes with --summary NEW: it compares NEW with the baseline")
     if args.significance is not None and args.baseline is None and not args.plan:
         parser.error("--significance goes with --baseline or --plan")
-    if args.html and args.show is None:
-        parser.error("--html goes with --show")
+    if args.html and args.show is None and args.trend is None:
+        parser.error("--html goes with --show or --trend")
     if args.output and args.report is None and not args.html:
-        parser.error("-o goes with --report or --show --html")
+        parser.error("-o goes with --report, --show --html or --trend --html")
     args.command = shlex.join(["agent-demo", *(sys.argv[1:] if argv is None else argv)])  # the same command again
     if args.batch is not None:
         clash = [flag for flag, value in (("--resume", args.resume is not None),

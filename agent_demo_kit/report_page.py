@@ -1,10 +1,11 @@
 """The report page: one HTML file for a batch's results or a comparison of several (report.html,
---report DIR...), or for one run (--show RUN --html). It opens from disk, asks no network, and shows
+--report DIR...), for one run (--show RUN --html), or for result folders over time (--trend DIR...
+--html). It opens from disk, asks no network, and shows
 what came from a model, a tool or a task file as text, never as markup or code: the data rides in a
 JSON block escaped for HTML, the page's own script writes it with textContent, and a content
 security policy lets only that script (by its hash) run.
 
-It imports trace_file, run_log, terminal, redaction, comparison and batch_folder.
+It imports trace_file, run_log, terminal, redaction, comparison, metrics and trend.
 """
 import base64
 import hashlib
@@ -17,7 +18,7 @@ from array import array
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tuple
 
-from agent_demo_kit import comparison, metrics, run_log, trace_file
+from agent_demo_kit import comparison, metrics, run_log, trace_file, trend
 from agent_demo_kit.private_files import write_private
 from agent_demo_kit.endings import ConfigError
 from agent_demo_kit.records import number
@@ -169,14 +170,26 @@ def run_data(path: str) -> Dict[str, Any]:
                        "expected": "", "differs": False, "runs": [run]}]}
 
 
+def trend_data(trended: dict) -> Dict[str, Any]:
+    """The page of --trend: its rows (each with its cells, as the terminal shows them), its models, and
+    what is said when the rows hold different tasks."""
+    return {"kind": "trend", "title": "agent-demo trend", "made": time.strftime("%Y-%m-%d %H:%M"),
+            "configurations": [], "tasks": [],
+            "trend": {"columns": trend.header(trended), "models": trended["models"],
+                      "rows": [{**row, "cells": trend.cells(trended, row)} for row in trended["rows"]],
+                      "note": trend.other_tasks_note(trended)}}
+
+
 def page(data: Dict[str, Any], redactor: Optional[Redactor] = None) -> bytes:
-    """The whole page of data made before (--report, --show --html)."""
+    """The whole page of data made before (--report, --show --html, --trend --html)."""
     return b"".join(pieces(data["title"], iter(data["tasks"]), lambda: data["configurations"], redactor,
-                           data.get("kind", "batch"), data.get("verdicts") or []))
+                           data.get("kind", "batch"), data.get("verdicts") or [],
+                           {"trend": data["trend"]} if "trend" in data else None))
 
 
 def pieces(title: str, tasks: Iterator[Dict[str, Any]], configurations: Callable[[], List[Dict[str, Any]]],
-           redactor: Optional[Redactor] = None, kind: str = "batch", verdicts: List[str] = ()) -> Iterator[bytes]:
+           redactor: Optional[Redactor] = None, kind: str = "batch", verdicts: List[str] = (),
+           more: Optional[Dict[str, Any]] = None) -> Iterator[bytes]:
     """The page, piece by piece: the data as an inert JSON block (ASCII, so no control character of
     any terminal either; no key), the page's own style and script allowed by their hashes. The
     configurations' figures come after the rows, counted as they were written, and in the words of
@@ -188,7 +201,7 @@ def pieces(title: str, tasks: Iterator[Dict[str, Any]], configurations: Callable
            f"<meta name=\"viewport\" content=\"width=device-width\"><title>agent-demo report</title>\n"
            f"<style>{STYLE}</style></head>\n<body>\n<script id=\"data\" type=\"application/json\">").encode()
     yield _inert_json({"kind": kind, "title": title, "made": time.strftime("%Y-%m-%d %H:%M"),
-                       "verdicts": list(verdicts)}, redactor)[:-1] \
+                       "verdicts": list(verdicts), **(more or {})}, redactor)[:-1] \
         + b', "tasks": ['
     for number_, task in enumerate(tasks):
         yield (b", " if number_ else b"") + _inert_json(task, redactor)
@@ -295,6 +308,55 @@ if (data.kind === "run") {  // one run: what it did, and its trace in full view
   }
   body.append(facts, el("h2", "Task"), el("pre", task.task, {id: "task"}), el("h2", run.error ? "Error" : "Answer"),
     el("pre", run.error || run.answer, {id: "answer"}), el("h2", "Trace"), el("pre", run.trace || "(no trace)", {id: "trace"}));
+} else if (data.kind === "trend") {  // result folders over time: a row a batch, a line a model
+  const trend = data.trend, rows = trend.rows, times = rows.map(r => Date.parse(r.first_ended_at));
+  let first = Infinity, last = -Infinity; for (const t of times) { if (t < first) first = t; if (t > last) last = t; }
+  function timeChart(id, title, value, interval, column, tick) {  // value(row) over time, a line a model
+    const width = 460, height = 170, left = 62, top = 24, chart = svg("svg", {width: left + width + 150, height: top + height + 36, class: "chart", id: id});
+    let most = 0; for (const r of rows) if (value(r) !== null && value(r) > most) most = value(r);
+    if (tick === null || !most) most = tick === null ? 1 : most || 1;  // a share goes to 100%
+    const x = t => left + (last > first ? width * (t - first) / (last - first) : width / 2), y = v => top + height - height * v / most;
+    chart.append(svg("text", {x: 0, y: 12}, title), svg("line", {x1: left, x2: left, y1: top, y2: top + height, stroke: "#999"}),
+                 svg("line", {x1: left, x2: left + width, y1: top + height, y2: top + height, stroke: "#999"}),
+                 svg("text", {x: left, y: top + height + 16}, rows[0].cells[0]));
+    if (last > first) chart.append(svg("text", {x: left + width, y: top + height + 16, "text-anchor": "end"}, rows[rows.length - 1].cells[0]));
+    for (const v of [0, most / 2, most]) chart.append(svg("text", {x: left - 6, y: y(v) + 4, "text-anchor": "end"}, tick === null ? Math.round(100 * v) + "%" : tick(v)));
+    const ends = [];
+    trend.models.forEach((model, n) => {
+      const own = [];
+      rows.forEach((r, i) => { if (r.model === model && value(r) !== null) own.push([r, times[i]]); });
+      let segment = [];  // a line through a model's batches of one task set: other tasks are no trend
+      const draw = () => { if (segment.length > 1) chart.append(svg("polyline", {points: segment.join(" "), fill: "none", stroke: look(n).colour, "stroke-width": 2, "data-config": n})); segment = []; };
+      own.forEach(([r, t], k) => { if (k && r.task_set !== own[k - 1][0].task_set) draw(); segment.push(x(t) + "," + y(value(r))); });
+      draw();
+      for (const [r, t] of own) {
+        const range = interval ? interval(r) : null;
+        if (range) chart.append(svg("line", {x1: x(t), x2: x(t), y1: y(range[0]), y2: y(range[1]), stroke: look(n).colour, "stroke-width": 1.5, "stroke-opacity": 0.6}));
+        const point = mark(n, x(t), y(value(r)), 9);
+        point.append(svg("title", {}, model + ", " + r.cells[0] + ": " + r.cells[column] + (range ? " (" + r.cells[column + 1] + ")" : "") + ", " + r.cells[r.cells.length - 1]));
+        chart.append(point);
+      }
+      if (!own.length) return;
+      const [r, t] = own[own.length - 1];
+      let at = y(value(r)) + 4;
+      while (ends.some(taken => Math.abs(taken - at) < 12)) at += 12;  // two lines that end together: both named
+      ends.push(at);
+      chart.append(svg("text", {x: x(t) + 9, y: at, class: "end"}, model.slice(0, 24)));
+    });
+    return chart;
+  }
+  body.append(el("h1", data.title), el("p", "made " + data.made + "; " + rows.length + " batches of " + trend.models.length + " model(s), in the order they ran"));
+  if (trend.note) body.append(el("p", trend.note, {class: "verdict", id: "note"}));
+  const charts = el("div", null, {class: "charts"});
+  charts.append(timeChart("accuracy-trend", "accuracy, and its 95% interval", r => r.scored ? r.accuracy : null, r => r.scored ? r.accuracy_interval : null, 3, null),
+                timeChart("tokens-trend", "tokens", r => r.tokens, null, 5, v => Math.round(v).toLocaleString("en-US")));
+  if (rows.some(r => r.cost !== null)) charts.append(timeChart("cost-trend", "cost", r => r.cost, null, 6, v => "$" + Number(v.toPrecision(2))));
+  body.append(el("h2", "Over time"), legend(trend.models, "legend"), charts, el("h2", "Batches"));
+  const table = el("table", null, {id: "trend-table"}), head = el("tr");
+  for (const name of trend.columns) head.append(el("th", name));
+  table.append(head);
+  for (const r of rows) { const row = el("tr"); r.cells.forEach((text, n) => row.append(el("td", text, n > 1 && n < 7 ? {class: "num"} : {}))); table.append(row); }
+  body.append(table);
 } else {
 body.append(el("h1", data.title), el("p", "made " + data.made + "; " + data.tasks.length + " rows"));
 const configs = data.configurations;

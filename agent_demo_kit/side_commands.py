@@ -189,9 +189,12 @@ def write_report(args: argparse.Namespace, redactor: Redactor) -> int:
 
 def show_trend(args: argparse.Namespace, answer: SafeStream, redactor: Redactor) -> int:
     """--trend DIR...: the batch results over time, a row a folder in the order they ran; with --json as
-    JSON."""
+    JSON, with --html as a report page (on stdout, or into -o FILE)."""
     from agent_demo_kit import trend
     trended = trend.trend(args.trend)
+    if args.html:
+        from agent_demo_kit import report_page
+        return write_page(args.output, report_page.page(report_page.trend_data(trended), redactor), answer)
     if args.json:
         answer.write_json(trended)
     else:  # folder and model names from results files are shown escaped

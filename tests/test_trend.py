@@ -121,6 +121,8 @@ def test_a_folder_that_does_not_say_when_it_ran_is_refused_by_name(days, tmp_pat
 
 @pytest.mark.parametrize("args, said", [
     (("--trend", "nowhere"), "/nowhere is not a folder of batch results"),
+    (("--trend", ".", "-o", "page.html"), "-o goes with --report, --show --html or --trend --html"),
+    (("--html",), "--html goes with --show or --trend"),
     (("--batch", "tasks.jsonl", "--trend", "."), "--trend does not go with it"),
 ])
 def test_trend_flags_are_checked(cli, args, said):
@@ -137,3 +139,117 @@ def test_a_model_name_from_a_results_file_reaches_the_terminal_escaped(days, tmp
     code, out, _ = cli("--trend", forged)
     assert code == 0 and "\x1b" not in out and "\x07" not in out and "\u202e" not in out
     assert "\\x1b]0;owned\\x07\\x1b[2J\\u202eevil" in out
+
+
+# --- the page ----------------------------------------------------------------------------------------
+
+HOSTILE_ID, HOSTILE_MODEL = "</script><script>window.pwned = 1</script>", '<img src=x onerror="window.pwned = 1">'
+
+
+def page_data(html):
+    return json.loads(re.search(r'<script id="data" type="application/json">(.*?)</script>', html, re.S)[1])
+
+
+def test_html_puts_the_rows_on_a_page_on_stdout_or_into_a_file(days, cli, tmp_path):
+    trend = json.loads(cli("--trend", *folders(days), days / "other" / "a", "--json")[1])
+    _, table, _ = cli("--trend", *folders(days), days / "other" / "a")
+    code, out, err = cli("--trend", *folders(days), days / "other" / "a", "--html")
+    assert code == 0 and out.startswith("<!DOCTYPE html>")
+    data = page_data(out)
+    assert data["kind"] == "trend" and data["trend"]["models"] == ["a", "b"]
+    assert [{key: value for key, value in row.items() if key != "cells"} for row in data["trend"]["rows"]] == trend["rows"]
+    shown = table.splitlines()
+    assert data["trend"]["columns"] == re.split(r"\s{2,}", shown[0])
+    assert [row["cells"] for row in data["trend"]["rows"]] == [re.split(r"\s{2,}", line) for line in shown[1:6]]
+    assert data["trend"]["note"] == shown[-1]
+    code, out, err = cli("--trend", *folders(days), "--html", "-o", tmp_path / "trend.html")
+    assert (code, out) == (0, "") and f"report page: {tmp_path / 'trend.html'}" in err
+    assert page_data((tmp_path / "trend.html").read_text())["trend"]["note"] == ""
+
+
+@pytest.fixture(scope="module")
+def hostile(tmp_path_factory):
+    """A folder whose task id and model name are markup."""
+    root, monkeypatch = tmp_path_factory.mktemp("hostile"), pytest.MonkeyPatch()
+    tasks = root / "tasks.jsonl"
+    tasks.write_text(json.dumps({"id": HOSTILE_ID, "task": "task 0", "expected": "5"}) + "\n")
+    try:
+        with ScriptedServer([], screen=lambda body: {"content": action("finish", result="5")}) as server:
+            monkeypatch.setenv("LLM_API_URL", server.url)
+            monkeypatch.setenv("LLM_API_KEY", KEY)
+            main(["--batch", str(tasks), "-m", HOSTILE_MODEL, "--out", str(root / "out"), "-q"])
+    finally:
+        monkeypatch.undo()
+    return root / "out"
+
+
+def test_markup_in_an_id_or_a_model_name_is_data_on_the_page(hostile, cli):
+    code, html, _ = cli("--trend", hostile, "--html")
+    assert code == 0 and html.count("<script") == 2 and html.count("</script>") == 2
+    assert "<img" not in html and "onerror=\"" not in html
+    data = page_data(html)
+    assert data["trend"]["models"] == [HOSTILE_MODEL] and data["trend"]["rows"][0]["cells"][1] == HOSTILE_MODEL
+
+
+# --- in a real browser ---------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def browser():
+    import shutil
+    found = shutil.which("chromium") or shutil.which("chromium-browser")
+    if not found:
+        pytest.skip("no Chromium here (apt-get install chromium)")
+    sync_api = pytest.importorskip("playwright.sync_api", reason="pip install playwright")
+    with sync_api.sync_playwright() as playwright:
+        launched = playwright.chromium.launch(executable_path=found, args=["--no-sandbox"])
+        yield launched
+        launched.close()
+
+
+def opened(browser, path):
+    page, problems = browser.new_page(), []
+    page.on("console", lambda message: problems.append(message.text) if message.type in ("error", "warning") else None)
+    page.on("pageerror", lambda error: problems.append(str(error)))
+    page.goto(Path(path).as_uri())
+    page.wait_for_selector("#trend-table")
+    return page, problems
+
+
+def attributes(locator, name):
+    return [element.get_attribute(name) for element in locator.all()]
+
+
+@pytest.mark.processes
+def test_in_a_browser_a_line_a_model_in_its_colour_named_at_its_end(browser, days, tmp_path):
+    assert main(["--trend", *map(str, folders(days)), str(days / "other" / "a"), "--html", "-o",
+                 str(tmp_path / "trend.html")]) == 0
+    data = page_data((tmp_path / "trend.html").read_text())
+    page, problems = opened(browser, tmp_path / "trend.html")
+    assert page.locator("#legend .key").all_inner_texts() == ["a", "b"]
+    colours = [attributes(page.locator(f'#legend [data-config="{n}"]'), "fill") for n in range(2)]
+    assert colours[0] != colours[1] and all(len(colour) == 1 for colour in colours)
+    for chart, key in (("accuracy-trend", "accuracy"), ("tokens-trend", "tokens"), ("cost-trend", "cost")):
+        for n, model in enumerate(["a", "b"]):
+            marks = page.locator(f'#{chart} .mark[data-config="{n}"]')
+            assert marks.count() == sum(row["model"] == model and row[key] is not None
+                                        for row in data["trend"]["rows"]), (chart, model)
+            assert set(attributes(marks, "fill")) == set(colours[n])
+            assert set(attributes(page.locator(f'#{chart} polyline[data-config="{n}"]'), "stroke")) == set(colours[n])
+        assert {"a", "b"} <= set(page.locator(f"#{chart} text.end").all_text_contents()), "named, not colour alone"
+    [line] = page.locator('#accuracy-trend polyline[data-config="0"]').all()
+    assert len(line.get_attribute("points").split()) == 2, "a's third batch is of other tasks: not on its line"
+    assert page.locator("#note").inner_text() == data["trend"]["note"]
+    shown = [row.locator("th, td").all_inner_texts() for row in page.locator("#trend-table tr").all()]
+    assert shown == [data["trend"]["columns"], *(row["cells"] for row in data["trend"]["rows"])]
+    assert problems == []
+    page.close()
+
+
+@pytest.mark.processes
+def test_in_a_browser_markup_in_a_model_name_is_text_and_nothing_runs(browser, hostile, tmp_path):
+    assert main(["--trend", str(hostile), "--html", "-o", str(tmp_path / "trend.html")]) == 0
+    page, problems = opened(browser, tmp_path / "trend.html")
+    assert page.locator("#legend .key").all_inner_texts() == [HOSTILE_MODEL]
+    assert page.locator("#trend-table td:nth-child(2)").all_inner_texts() == [HOSTILE_MODEL]
+    assert page.evaluate("window.pwned") is None and page.locator("img, a").count() == 0 and problems == []
+    page.close()
