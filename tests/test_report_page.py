@@ -392,3 +392,20 @@ def test_in_a_browser_twelve_configurations_look_different_and_the_first_eight_d
     assert {each["colour"] for each in looks} <= {"#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00",
                                                   "#000000", "#F0E442"}, "Okabe and Ito's colour-blind-safe palette"
     page.close()
+
+
+@pytest.mark.processes
+def test_in_a_browser_markup_in_a_model_name_is_a_label_in_the_legend_and_charts(browser, tmp_path, monkeypatch):
+    from agent_demo_kit.batch_folder import default_out
+    model = HOSTILE[1]
+    run_batch(tmp_path, ["hostile 0", "finish"], monkeypatch, model=model, ids={0: HOSTILE[0]})
+    run_batch(tmp_path, ["finish", "finish"], monkeypatch, model=HOSTILE[0])
+    folders = [default_out(str(tmp_path / "tasks.jsonl"), name) for name in (model, HOSTILE[0])]
+    assert main(["--report", *map(str, folders), "-o", str(tmp_path / "page.html")]) == 0
+    text = (tmp_path / "page.html").read_text()
+    assert text.count("<script") == 2 and "<img" not in text
+    page, problems = opened(browser, tmp_path / "page.html")
+    assert page.locator("#legend .key").all_inner_texts() == [model, HOSTILE[0]]
+    assert {model[:24], HOSTILE[0][:24]} <= set(page.locator("#accuracy-chart text").all_text_contents())
+    assert page.evaluate("window.pwned") is None and page.locator("img, a").count() == 0 and problems == []
+    page.close()
