@@ -313,6 +313,12 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
                          f" with it" + (" (nobody is there to ask)" if clash[0] == "--approve" else ""))
         args.task = ""
         return args
+    if args.trend is not None:
+        clash = [flag for flag, value in (("--summary", args.summary is not None), ("--report", args.report),
+                                          ("--show", args.show is not None), ("--runs", args.runs),
+                                          ("--config", args.config), ("--baseline", args.baseline)) if value]
+        if clash:
+            parser.error(f"--trend shows result folders over time; {clash[0]} does not go with it")
     if args.summary is not None:  # the words are folders too: --summary --json DIR
         args.summary, args.task = args.summary + list(args.task), ""
         return args

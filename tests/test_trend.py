@@ -124,6 +124,9 @@ def test_a_folder_that_does_not_say_when_it_ran_is_refused_by_name(days, tmp_pat
     (("--trend", ".", "-o", "page.html"), "-o goes with --report, --show --html or --trend --html"),
     (("--html",), "--html goes with --show or --trend"),
     (("--batch", "tasks.jsonl", "--trend", "."), "--trend does not go with it"),
+    (("--summary", ".", "--trend", "."), "--trend shows result folders over time; --summary does not go with it"),
+    (("--trend", ".", "--report", "."), "--trend shows result folders over time; --report does not go with it"),
+    (("--trend", ".", "--runs"), "--trend shows result folders over time; --runs does not go with it"),
 ])
 def test_trend_flags_are_checked(cli, args, said):
     code, out, err = cli(*args)
