@@ -1,9 +1,9 @@
 """The report page: one HTML file for a batch's results or a comparison of several (report.html,
 --report DIR...), for one run (--show RUN --html), or for result folders over time (--trend DIR...
---html). It opens from disk, asks no network, and shows
-what came from a model, a tool or a task file as text, never as markup or code: the data rides in a
-JSON block escaped for HTML, the page's own script writes it with textContent, and a content
-security policy lets only that script (by its hash) run.
+--html). It opens from disk, asks no network, and shows what came from a model, a tool or a task
+file as text, never as markup or code: the data rides in a JSON block escaped for HTML, the page's
+own script writes it with textContent, and a content security policy lets only that script (by its
+hash) run.
 
 It imports trace_file, run_log, terminal, redaction, comparison, metrics and trend.
 """
@@ -314,7 +314,7 @@ if (data.kind === "run") {  // one run: what it did, and its trace in full view
   function timeChart(id, title, value, interval, column, tick) {  // value(row) over time, a line a model
     const width = 460, height = 170, left = 62, top = 24, chart = svg("svg", {width: left + width + 150, height: top + height + 36, class: "chart", id: id});
     let most = 0; for (const r of rows) if (value(r) !== null && value(r) > most) most = value(r);
-    if (tick === null || !most) most = tick === null ? 1 : most || 1;  // a share goes to 100%
+    if (tick === null || !most) most = 1;  // a share goes to 100%
     const x = t => left + (last > first ? width * (t - first) / (last - first) : width / 2), y = v => top + height - height * v / most;
     chart.append(svg("text", {x: 0, y: 12}, title), svg("line", {x1: left, x2: left, y1: top, y2: top + height, stroke: "#999"}),
                  svg("line", {x1: left, x2: left + width, y1: top + height, y2: top + height, stroke: "#999"}),

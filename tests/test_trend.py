@@ -119,6 +119,20 @@ def test_a_folder_that_does_not_say_when_it_ran_is_refused_by_name(days, tmp_pat
                            " ended_at): leave it out, or see it with --summary")
 
 
+@pytest.mark.parametrize("ended_at, shown", [
+    ("2026-12-04T07:10:31.927+00:00", "2026-12-04T07:10:31.927+00:00"), (1.7e9, "2023-11-14T22:13:20.000+00:00"),
+    ("9999-12-31T23:59:59+00:00", None), (1e300, None), (-5, None), (True, None), ("yesterday", None),
+    ([2026], None), (float("nan"), None)])
+def test_only_a_time_a_batch_could_have_run_at_dates_a_folder(days, tmp_path, cli, ended_at, shown):
+    folder = tmp_path / "odd"
+    folder.mkdir()
+    line = json.loads((days / "runs" / "1" / "a" / "results.jsonl").read_text().splitlines()[0])
+    (folder / "results.jsonl").write_text(json.dumps({**line, "ended_at": ended_at}) + "\n")
+    code, out, err = cli("--trend", folder, "--json")
+    assert (code, json.loads(out)["rows"][0]["first_ended_at"] if code == 0 else None) == (0 if shown else 2, shown)
+    assert "Traceback" not in err and (shown or "does not say when it ran" in err)
+
+
 @pytest.mark.parametrize("args, said", [
     (("--trend", "nowhere"), "/nowhere is not a folder of batch results"),
     (("--trend", ".", "-o", "page.html"), "-o goes with --report, --show --html or --trend --html"),
