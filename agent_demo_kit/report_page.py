@@ -172,12 +172,12 @@ def run_data(path: str) -> Dict[str, Any]:
 
 def trend_data(trended: dict) -> Dict[str, Any]:
     """The page of --trend: its rows (each with its cells, as the terminal shows them), its models, and
-    what is said when the rows hold different tasks."""
+    what is said of them, as the terminal says it."""
     return {"kind": "trend", "title": "agent-demo trend", "made": time.strftime("%Y-%m-%d %H:%M"),
             "configurations": [], "tasks": [],
             "trend": {"columns": trend.header(trended), "models": trended["models"],
                       "rows": [{**row, "cells": trend.cells(trended, row)} for row in trended["rows"]],
-                      "note": trend.other_tasks_note(trended)}}
+                      "notes": trend.notes(trended)}}
 
 
 def page(data: Dict[str, Any], redactor: Optional[Redactor] = None) -> bytes:
@@ -346,7 +346,7 @@ if (data.kind === "run") {  // one run: what it did, and its trace in full view
     return chart;
   }
   body.append(el("h1", data.title), el("p", "made " + data.made + "; " + rows.length + " batches of " + trend.models.length + " model(s), in the order they ran"));
-  if (trend.note) body.append(el("p", trend.note, {class: "verdict", id: "note"}));
+  for (const note of trend.notes) body.append(el("p", note, {class: "verdict note"}));
   const charts = el("div", null, {class: "charts"});
   charts.append(timeChart("accuracy-trend", "accuracy, and its 95% interval", r => r.scored ? r.accuracy : null, r => r.scored ? r.accuracy_interval : null, 3, null),
                 timeChart("tokens-trend", "tokens", r => r.tokens, null, 5, v => Math.round(v).toLocaleString("en-US")));

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
 from agent_demo_kit import metrics
-from agent_demo_kit.comparison import Column, ended_key, folders_of, read_results, result_key, table
+from agent_demo_kit.comparison import Column, ended_key, folders_of, is_yours, read_results, seal_note, table
 from agent_demo_kit.endings import ConfigError
 
 LATEST_TIME = 1e11  # seconds since 1970 (the year 5138): a later ended_at is no time a batch ran
@@ -28,9 +28,10 @@ def trend(names: List[str]) -> dict:
     dated: List[Tuple[float, dict]] = []
     for folder in folders_of(names, "--trend"):
         columns: Dict[str, Column] = {}
+        yours = is_yours(folder)
         for key, line in read_results(folder).items():
             config = line.get("config") if isinstance(line.get("config"), dict) else None
-            columns.setdefault(json.dumps(config, sort_keys=True), Column(config)).add(str(folder), key, line)
+            columns.setdefault(json.dumps(config, sort_keys=True), Column(config, yours)).add(str(folder), key, line)
         if not columns:
             raise ConfigError(f"--trend: {folder} holds no results*.jsonl with results in it")
         dated += [batch_row(folder, column) for column in columns.values()]
@@ -52,6 +53,7 @@ def batch_row(folder: Path, column: Column) -> Tuple[float, dict]:
                           " out, or see it with --summary")
     summary = column.summary()
     config = column.config or {}
+    column.count_seals()
     held = frozenset((key[0], str(line.get("task_hash")), json.dumps(line.get("expected"), sort_keys=True))
                      for key, line in column.lines.items())
     return ended[0], {
@@ -60,7 +62,8 @@ def batch_row(folder: Path, column: Column) -> Tuple[float, dict]:
         "tasks": summary["tasks"], "runs": summary["runs"], "scored": summary["scored"], "correct": summary["correct"],
         "accuracy": summary["accuracy"], "accuracy_interval": summary["accuracy_interval"],
         "tokens": summary["tokens"]["total"], "cost": summary["cost"],
-        **({"repeats": summary["repeats"]} if summary.get("repeats") else {}), "tasks_held": held}
+        **({"repeats": summary["repeats"]} if summary.get("repeats") else {}), "yours": column.yours,
+        "not_sealed_by_you": column.unsealed, "tasks_held": held}
 
 
 def iso(seconds: float) -> str:
@@ -101,14 +104,17 @@ def shown_folder(folder: str) -> str:
     return folder if inside.startswith("..") else inside
 
 
-def other_tasks_note(data: dict) -> str:
-    """What is said when the rows are not all of the same tasks ("" when they are)."""
-    return "" if data["same_tasks"] else (
+def notes(data: dict) -> List[str]:
+    """What is said under the rows: that they are not all of the same tasks, and which folders hold lines
+    you did not seal (their figures are that folder's word)."""
+    return ([] if data["same_tasks"] else [
         f"not all of the same tasks: {data['task_sets']} task sets (the column \"task set\"); accuracy over different"
-        " tasks is not a trend: compare the rows of one task set")
+        " tasks is not a trend: compare the rows of one task set"]) + [
+        seal_note({"label": shown_folder(row["folder"]), **row}) for row in data["rows"] if row["not_sealed_by_you"]]
 
 
 def render_trend(data: dict) -> List[str]:
-    """The rows as a plain table, in the order the batches ran; then, when they hold different tasks, so."""
+    """The rows as a plain table, in the order the batches ran; then what is said of them, if anything."""
     lines = table(header(data), [cells(data, row) for row in data["rows"]], markdown=False)
-    return lines + (["", other_tasks_note(data)] if not data["same_tasks"] else [])
+    said = notes(data)
+    return lines + (["", *said] if said else [])

@@ -72,6 +72,8 @@ def repeated(body, tries={}):
 def two_repeated(tmp_path_factory):
     """Two models' folders of 16 tasks, each tried 3 times."""
     folder, monkeypatch = tmp_path_factory.mktemp("repeated"), pytest.MonkeyPatch()
+    monkeypatch.setenv("XDG_STATE_HOME", str(folder / "state"))  # not the developer's seal key
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(folder / "config"))
     tasks = folder / "tasks.jsonl"
     tasks.write_text("".join(json.dumps({"id": f"t{n}", "task": f"task {n}", "expected": "5"}) + "\n" for n in range(16)))
     try:

@@ -28,10 +28,29 @@ def write_tasks(path, count, words="task"):
 
 
 @pytest.fixture(scope="module")
-def days(tmp_path_factory):
+def state(tmp_path_factory):
+    """The state folder (its seal key) of this file's batches and of each of its tests: their lines are yours."""
+    return tmp_path_factory.mktemp("state")
+
+
+@pytest.fixture(autouse=True)
+def sealed_by_you(state, monkeypatch):
+    monkeypatch.setenv("XDG_STATE_HOME", str(state))
+
+
+def batches(state):
+    """A monkeypatch for a module's batches: their own state folder, no developer's settings file."""
+    monkeypatch = pytest.MonkeyPatch()
+    monkeypatch.setenv("XDG_STATE_HOME", str(state))
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(state / "config"))
+    return monkeypatch
+
+
+@pytest.fixture(scope="module")
+def days(tmp_path_factory, state):
     """runs/1/{a,b} and runs/2/{a,b} of six tasks (day 2's b tried 3 times), priced; other/a, a day
     later, of four other tasks."""
-    root, monkeypatch, day = tmp_path_factory.mktemp("days"), pytest.MonkeyPatch(), [1]
+    root, monkeypatch, day = tmp_path_factory.mktemp("days"), batches(state), [1]
     tasks, other = write_tasks(root / "tasks.jsonl", 6), write_tasks(root / "other.jsonl", 4, "another task")
     try:
         with ScriptedServer([], screen=lambda body: answers(body, day)) as server:
@@ -79,7 +98,7 @@ def test_the_terminal_gets_a_plain_table_ordered_by_time(days, cli):
     lines = out.splitlines()
     assert code == 0 and re.split(r"\s{2,}", lines[0]) == ["when", "model", "tasks", "accuracy", "95% interval",
                                                            "tokens", "cost", "folder"]
-    assert len(lines) == 5, "a row a batch, and nothing else when the tasks are the same"
+    assert len(lines) == 5, "a row a batch, and nothing else when the tasks are the same and sealed by you"
     for line, row in zip(lines[1:], trend["rows"]):
         low, high = row["accuracy_interval"]
         assert re.split(r"\s{2,}", line) == [
@@ -156,6 +175,9 @@ def test_a_model_name_from_a_results_file_reaches_the_terminal_escaped(days, tmp
     code, out, _ = cli("--trend", forged)
     assert code == 0 and "\x1b" not in out and "\x07" not in out and "\u202e" not in out
     assert "\\x1b]0;owned\\x07\\x1b[2J\\u202eevil" in out
+    assert out.splitlines()[-1] == ("forged: 6 line(s) not sealed by you (written by another user, or changed"
+                                    " since): their figures are that folder's word, not your results")
+    assert json.loads(cli("--trend", forged, "--json")[1])["rows"][0]["not_sealed_by_you"] == 6
 
 
 # --- the page ----------------------------------------------------------------------------------------
@@ -178,16 +200,16 @@ def test_html_puts_the_rows_on_a_page_on_stdout_or_into_a_file(days, cli, tmp_pa
     shown = table.splitlines()
     assert data["trend"]["columns"] == re.split(r"\s{2,}", shown[0])
     assert [row["cells"] for row in data["trend"]["rows"]] == [re.split(r"\s{2,}", line) for line in shown[1:6]]
-    assert data["trend"]["note"] == shown[-1]
+    assert data["trend"]["notes"] == [shown[-1]]
     code, out, err = cli("--trend", *folders(days), "--html", "-o", tmp_path / "trend.html")
     assert (code, out) == (0, "") and f"report page: {tmp_path / 'trend.html'}" in err
-    assert page_data((tmp_path / "trend.html").read_text())["trend"]["note"] == ""
+    assert page_data((tmp_path / "trend.html").read_text())["trend"]["notes"] == []
 
 
 @pytest.fixture(scope="module")
-def hostile(tmp_path_factory):
+def hostile(tmp_path_factory, state):
     """A folder whose task id and model name are markup."""
-    root, monkeypatch = tmp_path_factory.mktemp("hostile"), pytest.MonkeyPatch()
+    root, monkeypatch = tmp_path_factory.mktemp("hostile"), batches(state)
     tasks = root / "tasks.jsonl"
     tasks.write_text(json.dumps({"id": HOSTILE_ID, "task": "task 0", "expected": "5"}) + "\n")
     try:
@@ -255,7 +277,7 @@ def test_in_a_browser_a_line_a_model_in_its_colour_named_at_its_end(browser, day
         assert {"a", "b"} <= set(page.locator(f"#{chart} text.end").all_text_contents()), "named, not colour alone"
     [line] = page.locator('#accuracy-trend polyline[data-config="0"]').all()
     assert len(line.get_attribute("points").split()) == 2, "a's third batch is of other tasks: not on its line"
-    assert page.locator("#note").inner_text() == data["trend"]["note"]
+    assert page.locator("p.note").all_inner_texts() == data["trend"]["notes"]
     shown = [row.locator("th, td").all_inner_texts() for row in page.locator("#trend-table tr").all()]
     assert shown == [data["trend"]["columns"], *(row["cells"] for row in data["trend"]["rows"])]
     assert problems == []
