@@ -325,10 +325,16 @@ if (data.kind === "run") {  // one run: what it did, and its trace in full view
     trend.models.forEach((model, n) => {
       const own = [];
       rows.forEach((r, i) => { if (r.model === model && value(r) !== null) own.push([r, times[i]]); });
-      let segment = [];  // a line through a model's batches of one task set: other tasks are no trend
-      const draw = () => { if (segment.length > 1) chart.append(svg("polyline", {points: segment.join(" "), fill: "none", stroke: look(n).colour, "stroke-width": 2, "data-config": n})); segment = []; };
-      own.forEach(([r, t], k) => { if (k && r.task_set !== own[k - 1][0].task_set) draw(); segment.push(x(t) + "," + y(value(r))); });
-      draw();
+      const lines = [];  // a line through a model's batches of one task set in a row (other tasks are no trend), named at its end
+      own.forEach(([r, t], k) => { if (!k || r.task_set !== own[k - 1][0].task_set) lines.push([]); lines[lines.length - 1].push([x(t), y(value(r))]); });
+      for (const points of lines) {
+        if (points.length > 1) chart.append(svg("polyline", {points: points.map(point => point.join(",")).join(" "), fill: "none", stroke: look(n).colour, "stroke-width": 2, "data-config": n}));
+        const [endX, endY] = points[points.length - 1];
+        let at = endY + 4;
+        while (ends.some(([takenX, takenY]) => Math.abs(takenX - endX) < 30 && Math.abs(takenY - at) < 12)) at += 12;  // lines that end together: each named
+        ends.push([endX, at]);
+        chart.append(svg("text", {x: endX + 9, y: at, class: "end"}, model.slice(0, 24)));
+      }
       for (const [r, t] of own) {
         const range = interval ? interval(r) : null;
         if (range) chart.append(svg("line", {x1: x(t), x2: x(t), y1: y(range[0]), y2: y(range[1]), stroke: look(n).colour, "stroke-width": 1.5, "stroke-opacity": 0.6}));
@@ -336,12 +342,6 @@ if (data.kind === "run") {  // one run: what it did, and its trace in full view
         point.append(svg("title", {}, model + ", " + r.cells[0] + ": " + r.cells[column] + (range ? " (" + r.cells[column + 1] + ")" : "") + ", " + r.cells[r.cells.length - 1]));
         chart.append(point);
       }
-      if (!own.length) return;
-      const [r, t] = own[own.length - 1];
-      let at = y(value(r)) + 4;
-      while (ends.some(taken => Math.abs(taken - at) < 12)) at += 12;  // two lines that end together: both named
-      ends.push(at);
-      chart.append(svg("text", {x: x(t) + 9, y: at, class: "end"}, model.slice(0, 24)));
     });
     return chart;
   }

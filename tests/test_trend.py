@@ -277,6 +277,7 @@ def test_in_a_browser_a_line_a_model_in_its_colour_named_at_its_end(browser, day
         assert {"a", "b"} <= set(page.locator(f"#{chart} text.end").all_text_contents()), "named, not colour alone"
     [line] = page.locator('#accuracy-trend polyline[data-config="0"]').all()
     assert len(line.get_attribute("points").split()) == 2, "a's third batch is of other tasks: not on its line"
+    assert page.locator("#accuracy-trend text.end").all_text_contents().count("a") == 2, "each of a's lines named"
     assert page.locator("p.note").all_inner_texts() == data["trend"]["notes"]
     shown = [row.locator("th, td").all_inner_texts() for row in page.locator("#trend-table tr").all()]
     assert shown == [data["trend"]["columns"], *(row["cells"] for row in data["trend"]["rows"])]
