@@ -252,10 +252,15 @@ def build_parser() -> Parser:
                        help="write the report page of the batch results in each DIR (several configurations side"
                             " by side, the tasks where they differ first): one HTML file, to open in a browser;"
                             " into DIR/report.html for one DIR, else ./report.html, or -o FILE")
+    batch.add_argument("--trend", metavar="DIR", nargs="+",
+                       help="print the batch results in each DIR over time: a row a folder in the order they ran"
+                            " (when its first task ended) with its model, tasks, accuracy and its interval, tokens"
+                            " and cost, and exit; with --json, as JSON; with --html, as a page with a line a model")
     batch.add_argument("-o", "--output", metavar="FILE",
-                       help="--report, --show --html: the file the page goes to")
+                       help="--report, --show --html, --trend --html: the file the page goes to")
     parser.add_argument("--html", action="store_true",
-                        help="--show: write the run as a report page (on stdout, or into -o FILE)")
+                        help="--show, --trend: write the run, or the trend, as a report page (on stdout, or into"
+                             " -o FILE)")
     parser.add_argument("--config", action="store_true",
                         help="show each setting's value and where it came from (a flag, the shell, ./.env, your"
                              " settings file, the default), the key redacted, and exit; with --json, as JSON")
@@ -313,10 +318,10 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
         parser.error("--baseline goes with --summary NEW: it compares NEW with the baseline")
     if args.significance is not None and args.baseline is None and not args.plan:
         parser.error("--significance goes with --baseline or --plan")
-    if args.html and args.show is None:
-        parser.error("--html goes with --show")
+    if args.html and args.show is None and args.trend is None:
+        parser.error("--html goes with --show or --trend")
     if args.output and args.report is None and not args.html:
-        parser.error("-o goes with --report or --show --html")
+        parser.error("-o goes with --report, --show --html or --trend --html")
     args.command = shlex.join(["agent-demo", *(sys.argv[1:] if argv is None else argv)])  # the same command again
     if args.batch is not None:
         clash = [flag for flag, value in (("--resume", args.resume is not None),
@@ -325,17 +330,27 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
                                           ("--no-log", args.no_log), ("--approve", args.approve),
                                           ("--summary", args.summary is not None), ("--config", args.config),
                                           ("--output-schema", args.output_schema), ("--report", args.report),
+                                          ("--trend", args.trend),
                                           ("a task", words)) if value]
         if clash:
             parser.error(f"--batch runs the tasks of its file, each with a trace in --out; {clash[0]} does not go"
                          f" with it" + (" (nobody is there to ask)" if clash[0] == "--approve" else ""))
         args.task = ""
         return args
+    if args.trend is not None:
+        clash = [flag for flag, value in (("--summary", args.summary is not None), ("--report", args.report),
+                                          ("--show", args.show is not None), ("--runs", args.runs),
+                                          ("--config", args.config), ("--baseline", args.baseline)) if value]
+        if clash:
+            parser.error(f"--trend shows result folders over time; {clash[0]} does not go with it")
     if args.summary is not None:  # the words are folders too: --summary --json DIR
         args.summary, args.task = args.summary + list(args.task), ""
         return args
     if args.report is not None:
         args.report, args.task = args.report + list(args.task), ""
+        return args
+    if args.trend is not None:
+        args.trend, args.task = args.trend + list(args.task), ""
         return args
     if args.resume is None and not args.runs and args.show is None and not args.config:
         if words == "-":
@@ -393,9 +408,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         for note in getattr(environment, "notes", []):  # a ./.env passed by
             print(f"agent-demo: {note}", file=sys.stderr)
         if unreadable or args.runs or args.show is not None or args.config or args.summary is not None \
-                or args.batch is not None or args.report is not None:
+                or args.batch is not None or args.report is not None or args.trend is not None:
             from agent_demo_kit.side_commands import list_runs, run_batch, show_config, show_run, show_summary, \
-                write_report
+                show_trend, write_report
             try:
                 if args.config:  # what is wrong with a settings file is one of the things it shows
                     return show_config(args, environment, answer, unreadable)
@@ -405,6 +420,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                     return show_summary(args, environment, answer)
                 if args.report is not None:
                     return write_report(args, redactor)
+                if args.trend is not None:
+                    return show_trend(args, answer, redactor)
                 if args.batch is not None:
                     return run_batch(args, environment, answer)
                 return list_runs(args, environment, answer) if args.runs else show_run(args, environment, answer,

@@ -160,18 +160,19 @@ class Column:
         return tally.summary()
 
 
-def folders_of(names: List[str]) -> List[Path]:
+def folders_of(names: List[str], flag: str = "--summary") -> List[Path]:
     """The result folders named: each folder that holds results*.jsonl, or, for one that holds none,
-    each of its subfolders that does (the default folders of several models: FILE-results/MODEL)."""
+    each of its subfolders that does (the default folders of several models: FILE-results/MODEL).
+    ConfigError, said of `flag`, for a name that is neither."""
     found: List[Path] = []
     for name in dict.fromkeys(os.path.realpath(name) for name in names):  # a folder named twice is read once
         folder = Path(name)
         if not os.path.isdir(folder):  # False for a name too long too (Path.is_dir raises)
-            raise ConfigError(f"--summary: {name} is not a folder of batch results")
+            raise ConfigError(f"{flag}: {name} is not a folder of batch results")
         inside = [folder] if results_files(folder) else sorted(
             sub for sub in folder.iterdir() if sub.is_dir() and results_files(sub))
         if not inside:
-            raise ConfigError(f"--summary: {name} holds no results*.jsonl with results in it")
+            raise ConfigError(f"{flag}: {name} holds no results*.jsonl with results in it")
         found += [sub for sub in inside if sub not in found]
     return found
 
@@ -308,7 +309,7 @@ def failures(lines: Any) -> List[dict]:
     """The tasks that did not finish or were wrong, each with a line of why, in the order given."""
     found = []
     for line in lines:
-        if line.get("status") == "finished" and line.get("correct") is not False:
+        if not is_failure(line):
             continue
         if line.get("status") == "finished":
             why = f"answered {one_line(line.get('answer'))!r}, expected {one_line(line.get('expected'))!r}"
@@ -318,6 +319,11 @@ def failures(lines: Any) -> List[dict]:
         found.append({"id": ident, **({"repeat": repeat} if repeat > 1 else {}), "status": line.get("status"),
                       "why": why})
     return found
+
+
+def is_failure(line: dict) -> bool:
+    """Did a task not finish, or finish wrong (what "failed or wrong" counts)?"""
+    return not (line.get("status") == "finished" and line.get("correct") is not False)
 
 
 def render_failures(found: List[dict], shown_at_most: int = FAILURES_SHOWN) -> List[str]:
@@ -339,9 +345,7 @@ def render_failures(found: List[dict], shown_at_most: int = FAILURES_SHOWN) -> L
 def render_comparison(data: dict, markdown: bool = False) -> List[str]:
     """The side-by-side table, the differing tasks and the tests, as text or as Markdown tables."""
     columns = data["configurations"]
-    rows = [[name, *(cell(column, name) for column in columns)] for name in figure_names(columns)]
-    rows = [row for row in rows if any(value != "n/a" for value in row[1:])]
-    lines = table(["", *(column["label"] for column in columns)], rows, markdown)
+    lines = table(["", *(column["label"] for column in columns)], figure_rows(columns), markdown)
     lines += [seal_note(column) for column in columns if column.get("not_sealed_by_you")]
     left_out = data.get("left_out") or {}
     if left_out.get("configurations"):
@@ -395,9 +399,7 @@ FIGURES = ("tasks", "completion", "accuracy", "pass@1 / pass^k", "rounds (mean)"
 def render_single(summary: dict, markdown: bool = True) -> List[str]:
     """One configuration's figures as a table (Markdown, to paste into a pull request)."""
     column = {"summary": summary, "failures": len(summary.get("failures") or [])}
-    rows = [[name, cell(column, name)] for name in figure_names([column])]
-    return table(["", str((summary.get("config") or {}).get("model") or "runs")],
-                 [row for row in rows if row[1] != "n/a"], markdown)
+    return table(["", str((summary.get("config") or {}).get("model") or "runs")], figure_rows([column]), markdown)
 
 
 def rerun_command(summary: dict) -> str:
@@ -425,6 +427,14 @@ def rerun_command(summary: dict) -> str:
     if tries and tries > 1:
         words += ["--repeat", str(tries)]
     return shlex.join(words + ["--rerun-failed"])
+
+
+def figure_rows(columns: List[dict]) -> List[List[str]]:
+    """The figures of these columns (each a summary and its count of failures), a row a figure and a
+    cell a column, without the rows none of them has: the same on the terminal, in Markdown and on the
+    report page."""
+    rows = [[name, *(cell(column, name) for column in columns)] for name in figure_names(columns)]
+    return [row for row in rows if any(value != "n/a" for value in row[1:])]
 
 
 def figure_names(columns: List[dict]) -> List[str]:

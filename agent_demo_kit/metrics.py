@@ -307,13 +307,8 @@ def render(summary: dict) -> List[str]:
         lines.append(f"accuracy         {share(summary['accuracy'])} ({summary['correct']} of {summary['scored']}"
                      f"{' runs' if repeated else ''} with an expected answer; 95% interval"
                      f"{' of the ' + str(repeated['tasks']) + ' tasks' if repeated else ''} {share(low)} to {share(high)})")
-    repeated = summary.get("repeats")
-    if repeated:
-        per_try = ", ".join(share(value) for value in repeated["per_try"])
-        lines.append(f"repeats          {repeated['tries']} tries of {repeated['tasks']} task(s): pass@1"
-                     f" {share(repeated['pass_at_1'])}, pass^{repeated['tries']} {share(repeated['pass_all'])}"
-                     f" (pass@1 of the runs, pass^{repeated['tries']} of the tasks); per try {per_try}"
-                     f" (sd {repeated['spread'] * 100:.1f} points)")
+    if summary.get("repeats"):
+        lines.append(f"repeats          {repeats_words(summary['repeats'])}")
     lines += [
         f"check pass rate  {share(summary['check_pass_rate'])}"
         + (f" (of {summary['checked']} checked)" if summary["checked"] else ""),
@@ -353,6 +348,17 @@ def render(summary: dict) -> List[str]:
                   + (f", {dollars(used['cost'])}" if "cost" in used else "")
                   for name, used in summary["models"].items()]
     return lines
+
+
+def repeats_words(repeated: dict) -> str:
+    """A summary's repeats in words: pass@1 and pass^k, and the share of each try; the same in --summary
+    and on the report page."""
+    def share(value: Optional[float]) -> str:
+        return "n/a" if value is None else f"{value:.1%}"
+    per_try = ", ".join(share(value) for value in repeated["per_try"])
+    return (f"{repeated['tries']} tries of {repeated['tasks']} task(s): pass@1 {share(repeated['pass_at_1'])},"
+            f" pass^{repeated['tries']} {share(repeated['pass_all'])} (pass@1 of the runs, pass^{repeated['tries']}"
+            f" of the tasks); per try {per_try} (sd {repeated['spread'] * 100:.1f} points)")
 
 
 def dollars(amount: float) -> str:

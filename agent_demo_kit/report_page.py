@@ -1,10 +1,11 @@
 """The report page: one HTML file for a batch's results or a comparison of several (report.html,
---report DIR...), or for one run (--show RUN --html). It opens from disk, asks no network, and shows
-what came from a model, a tool or a task file as text, never as markup or code: the data rides in a
-JSON block escaped for HTML, the page's own script writes it with textContent, and a content
-security policy lets only that script (by its hash) run.
+--report DIR...), for one run (--show RUN --html), or for result folders over time (--trend DIR...
+--html). It opens from disk, asks no network, and shows what came from a model, a tool or a task
+file as text, never as markup or code: the data rides in a JSON block escaped for HTML, the page's
+own script writes it with textContent, and a content security policy lets only that script (by its
+hash) run.
 
-It imports trace_file, run_log, terminal, redaction, comparison and batch_folder.
+It imports trace_file, run_log, terminal, redaction, comparison, metrics and trend.
 """
 import base64
 import hashlib
@@ -17,7 +18,7 @@ from array import array
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tuple
 
-from agent_demo_kit import comparison, metrics, run_log, trace_file
+from agent_demo_kit import comparison, metrics, run_log, trace_file, trend
 from agent_demo_kit.private_files import write_private
 from agent_demo_kit.endings import ConfigError
 from agent_demo_kit.records import number
@@ -113,7 +114,8 @@ def batch_data(names: List[str]) -> Dict[str, Any]:
     verdicts = comparison.test_lines(comparison.compare(columns)["tests"]) if len(columns) > 1 else []
     return {"verdicts": verdicts, "title": "agent-demo report" + (f" ({len(columns)} configurations shown; {left} more left out: give fewer"
                                             " folders)" if left else ""), "made": time.strftime("%Y-%m-%d %H:%M"),
-            "configurations": [{"label": column.label, "folders": column.folders, "summary": column.summary()}
+            "configurations": [{"label": column.label, "folders": column.folders, "summary": column.summary(),
+                                "failures": sum(map(comparison.is_failure, column.lines.values()))}
                                for column in columns], "tasks": tasks}
 
 
@@ -130,22 +132,23 @@ def folder_pieces(folder: Path, redactor: Optional[Redactor] = None, sealed_only
                 latest[key] = len(ended)  # as --summary reads them: the last of a tie
             ended.append(when)
     del ended  # not needed while the rows are made
-    tally, config = metrics.Tally(max((key[1] for key in latest), default=1)), None
+    tally, config, failed = metrics.Tally(max((key[1] for key in latest), default=1)), None, 0
 
     def rows() -> Iterator[Dict[str, Any]]:
-        nonlocal config
+        nonlocal config, failed
         position = 0
         for path in comparison.results_files(folder):
             for line in comparison.read_lines(path):
                 position += 1
                 if latest.get(comparison.result_key(line)) == position - 1:
                     tally.add(line)
+                    failed += comparison.is_failure(line)
                     config = config or line.get("config")
                     yield task_entry(comparison.result_key(line), [line], [[str(folder)]])
 
     def configurations() -> List[Dict[str, Any]]:
         label = str((config or {}).get("model") or folder.name)
-        return [{"label": label, "folders": [str(folder)], "summary": tally.summary()}]
+        return [{"label": label, "folders": [str(folder)], "summary": tally.summary(), "failures": failed}]
     return pieces("agent-demo report", rows(), configurations, redactor)
 
 
@@ -167,17 +170,30 @@ def run_data(path: str) -> Dict[str, Any]:
                        "expected": "", "differs": False, "runs": [run]}]}
 
 
+def trend_data(trended: dict) -> Dict[str, Any]:
+    """The page of --trend: its rows (each with its cells, as the terminal shows them), its models, and
+    what is said of them, as the terminal says it."""
+    return {"kind": "trend", "title": "agent-demo trend", "made": time.strftime("%Y-%m-%d %H:%M"),
+            "configurations": [], "tasks": [],
+            "trend": {"columns": trend.header(trended), "models": trended["models"],
+                      "rows": [{**row, "cells": trend.cells(trended, row)} for row in trended["rows"]],
+                      "notes": trend.notes(trended)}}
+
+
 def page(data: Dict[str, Any], redactor: Optional[Redactor] = None) -> bytes:
-    """The whole page of data made before (--report, --show --html)."""
+    """The whole page of data made before (--report, --show --html, --trend --html)."""
     return b"".join(pieces(data["title"], iter(data["tasks"]), lambda: data["configurations"], redactor,
-                           data.get("kind", "batch"), data.get("verdicts") or []))
+                           data.get("kind", "batch"), data.get("verdicts") or [],
+                           {"trend": data["trend"]} if "trend" in data else None))
 
 
 def pieces(title: str, tasks: Iterator[Dict[str, Any]], configurations: Callable[[], List[Dict[str, Any]]],
-           redactor: Optional[Redactor] = None, kind: str = "batch", verdicts: List[str] = ()) -> Iterator[bytes]:
+           redactor: Optional[Redactor] = None, kind: str = "batch", verdicts: List[str] = (),
+           more: Optional[Dict[str, Any]] = None) -> Iterator[bytes]:
     """The page, piece by piece: the data as an inert JSON block (ASCII, so no control character of
     any terminal either; no key), the page's own style and script allowed by their hashes. The
-    configurations' figures come after the rows, counted as they were written."""
+    configurations' figures come after the rows, counted as they were written, and in the words of
+    --summary (its table's rows, and the repeats in words)."""
     policy = (f"default-src 'none'; script-src '{_hash(SCRIPT)}'; style-src '{_hash(STYLE)}'; img-src 'none';"
               " base-uri 'none'; form-action 'none'")
     yield (f"<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\n"
@@ -185,11 +201,17 @@ def pieces(title: str, tasks: Iterator[Dict[str, Any]], configurations: Callable
            f"<meta name=\"viewport\" content=\"width=device-width\"><title>agent-demo report</title>\n"
            f"<style>{STYLE}</style></head>\n<body>\n<script id=\"data\" type=\"application/json\">").encode()
     yield _inert_json({"kind": kind, "title": title, "made": time.strftime("%Y-%m-%d %H:%M"),
-                       "verdicts": list(verdicts)}, redactor)[:-1] \
+                       "verdicts": list(verdicts), **(more or {})}, redactor)[:-1] \
         + b', "tasks": ['
     for number_, task in enumerate(tasks):
         yield (b", " if number_ else b"") + _inert_json(task, redactor)
-    yield b'], "configurations": ' + _inert_json(configurations(), redactor) + b"}"
+    configs = configurations()
+    counted = [config for config in configs if config.get("summary")]
+    figures = comparison.figure_rows(configs) if counted and len(counted) == len(configs) else []
+    repeats = [f"{config['label']}: {metrics.repeats_words(config['summary']['repeats'])}" for config in counted
+               if config["summary"].get("repeats")]
+    yield b'], "configurations": ' + _inert_json(configs, redactor) + b', "figures": ' \
+        + _inert_json(figures, redactor) + b', "repeats": ' + _inert_json(repeats, redactor) + b"}"
     yield f"</script>\n<script>{SCRIPT}</script>\n</body></html>\n".encode()
 
 
@@ -226,6 +248,7 @@ tr.task{cursor:pointer}tr.task:hover{background:#f7f7ff}tr.differs td:first-chil
 pre{white-space:pre-wrap;background:#fafafa;border:1px solid #ddd;padding:8px;max-height:40em;overflow:auto;margin:0}
 .controls{margin:1em 0}.controls>*{margin-right:1em}.figures td{border:none;padding:1px 8px}
 .charts{display:flex;flex-wrap:wrap;gap:2em}.chart text{font-size:11px}.side{display:flex;gap:1em}.side>div{flex:1}
+.legend{display:flex;flex-wrap:wrap;gap:1.5em;margin:.5em 0 1em}.key{display:inline-flex;align-items:center;gap:.4em}
 """
 
 SCRIPT = r"""
@@ -234,6 +257,15 @@ const data = JSON.parse(document.getElementById("data").textContent);
 const STATUSES = ["finished","failed","max_rounds","budget","stuck","interrupted","error"];
 const COLOURS = {finished:"#3a3",failed:"#c33",max_rounds:"#d90",budget:"#d90",stuck:"#933",interrupted:"#999",error:"#600"};
 const SVG = "http://www.w3.org/2000/svg";
+// What tells the configurations (or a trend's models) apart, the same in every chart and the legend: a
+// colour of Okabe and Ito's palette (told apart with the common kinds of colour blindness), a shape,
+// and the label written beside it, so no chart asks for colour alone. 8 colours and 6 shapes: the first
+// 8 differ in colour, and no two of 24 look alike.
+const PALETTE = ["#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#000000", "#F0E442"];
+const SHAPES = ["circle", "square", "triangle", "diamond", "down", "hexagon"];
+const POINTS = {triangle: [[0, -1], [1, 0.8], [-1, 0.8]], diamond: [[0, -1], [1, 0], [0, 1], [-1, 0]],
+                down: [[-1, -0.8], [1, -0.8], [0, 1]], hexagon: [[-0.5, -0.9], [0.5, -0.9], [1, 0], [0.5, 0.9], [-0.5, 0.9], [-1, 0]]};
+function look(n) { return {colour: PALETTE[n % PALETTE.length], shape: SHAPES[n % SHAPES.length]}; }
 function el(tag, text, attributes) {
   const node = document.createElement(tag);
   if (text !== undefined && text !== null) node.textContent = String(text);
@@ -246,8 +278,24 @@ function svg(tag, attributes, text) {
   if (text !== undefined) node.textContent = String(text);
   return node;
 }
-function percent(share) { return share === null || share === undefined ? "-" : (100 * share).toFixed(1) + "%"; }
 function figure(value, digits) { return value === null || value === undefined ? "-" : Number(value).toFixed(digits); }
+function mark(n, x, y, size) {  // configuration n's shape in its colour, centred on x, y
+  const {colour, shape} = look(n), r = size / 2;
+  const attributes = {fill: colour, stroke: "#222", "stroke-width": 1, "data-config": n, class: "mark"};
+  if (shape === "circle") return svg("circle", Object.assign({cx: x, cy: y, r: r}, attributes));
+  if (shape === "square") return svg("rect", Object.assign({x: x - r, y: y - r, width: size, height: size}, attributes));
+  return svg("polygon", Object.assign({points: POINTS[shape].map(([px, py]) => (x + px * r) + "," + (y + py * r)).join(" ")}, attributes));
+}
+function legend(labels, id) {  // each label with its shape in its colour
+  const box = el("div", null, {class: "legend", id: id});
+  labels.forEach((label, n) => {
+    const key = el("span", null, {class: "key"}), swatch = svg("svg", {width: 14, height: 14});
+    swatch.append(mark(n, 7, 7, 11));
+    key.append(swatch, el("span", label));
+    box.append(key);
+  });
+  return box;
+}
 const body = document.body;
 if (data.kind === "run") {  // one run: what it did, and its trace in full view
   const task = data.tasks[0], run = task.runs[0];
@@ -260,49 +308,128 @@ if (data.kind === "run") {  // one run: what it did, and its trace in full view
   }
   body.append(facts, el("h2", "Task"), el("pre", task.task, {id: "task"}), el("h2", run.error ? "Error" : "Answer"),
     el("pre", run.error || run.answer, {id: "answer"}), el("h2", "Trace"), el("pre", run.trace || "(no trace)", {id: "trace"}));
+} else if (data.kind === "trend") {  // result folders over time: a row a batch, a line a model
+  const trend = data.trend, rows = trend.rows, times = rows.map(r => Date.parse(r.first_ended_at));
+  let first = Infinity, last = -Infinity; for (const t of times) { if (t < first) first = t; if (t > last) last = t; }
+  function timeChart(id, title, value, interval, column, tick) {  // value(row) over time, a line a model
+    const width = 460, height = 170, left = 62, top = 24, chart = svg("svg", {width: left + width + 150, height: top + height + 36, class: "chart", id: id});
+    let most = 0; for (const r of rows) if (value(r) !== null && value(r) > most) most = value(r);
+    if (tick === null || !most) most = 1;  // a share goes to 100%
+    const x = t => left + (last > first ? width * (t - first) / (last - first) : width / 2), y = v => top + height - height * v / most;
+    chart.append(svg("text", {x: 0, y: 12}, title), svg("line", {x1: left, x2: left, y1: top, y2: top + height, stroke: "#999"}),
+                 svg("line", {x1: left, x2: left + width, y1: top + height, y2: top + height, stroke: "#999"}),
+                 svg("text", {x: left, y: top + height + 16}, rows[0].cells[0]));
+    if (last > first) chart.append(svg("text", {x: left + width, y: top + height + 16, "text-anchor": "end"}, rows[rows.length - 1].cells[0]));
+    for (const v of [0, most / 2, most]) chart.append(svg("text", {x: left - 6, y: y(v) + 4, "text-anchor": "end"}, tick === null ? Math.round(100 * v) + "%" : tick(v)));
+    const ends = [];
+    trend.models.forEach((model, n) => {
+      const own = [];
+      rows.forEach((r, i) => { if (r.model === model && value(r) !== null) own.push([r, times[i]]); });
+      const lines = [];  // a line through a model's batches of one task set in a row (other tasks are no trend), named at its end
+      own.forEach(([r, t], k) => { if (!k || r.task_set !== own[k - 1][0].task_set) lines.push([]); lines[lines.length - 1].push([x(t), y(value(r))]); });
+      for (const points of lines) {
+        if (points.length > 1) chart.append(svg("polyline", {points: points.map(point => point.join(",")).join(" "), fill: "none", stroke: look(n).colour, "stroke-width": 2, "data-config": n}));
+        const [endX, endY] = points[points.length - 1];
+        let at = endY + 4;
+        while (ends.some(([takenX, takenY]) => Math.abs(takenX - endX) < 30 && Math.abs(takenY - at) < 12)) at += 12;  // lines that end together: each named
+        ends.push([endX, at]);
+        chart.append(svg("text", {x: endX + 9, y: at, class: "end"}, model.slice(0, 24)));
+      }
+      for (const [r, t] of own) {
+        const range = interval ? interval(r) : null;
+        if (range) chart.append(svg("line", {x1: x(t), x2: x(t), y1: y(range[0]), y2: y(range[1]), stroke: look(n).colour, "stroke-width": 1.5, "stroke-opacity": 0.6}));
+        const point = mark(n, x(t), y(value(r)), 9);
+        point.append(svg("title", {}, model + ", " + r.cells[0] + ": " + r.cells[column] + (range ? " (" + r.cells[column + 1] + ")" : "") + ", " + r.cells[r.cells.length - 1]));
+        chart.append(point);
+      }
+    });
+    return chart;
+  }
+  body.append(el("h1", data.title), el("p", "made " + data.made + "; " + rows.length + " batches of " + trend.models.length + " model(s), in the order they ran"));
+  for (const note of trend.notes) body.append(el("p", note, {class: "verdict note"}));
+  const charts = el("div", null, {class: "charts"});
+  charts.append(timeChart("accuracy-trend", "accuracy, and its 95% interval", r => r.scored ? r.accuracy : null, r => r.scored ? r.accuracy_interval : null, 3, null),
+                timeChart("tokens-trend", "tokens", r => r.tokens, null, 5, v => Math.round(v).toLocaleString("en-US")));
+  if (rows.some(r => r.cost !== null)) charts.append(timeChart("cost-trend", "cost", r => r.cost, null, 6, v => "$" + Number(v.toPrecision(2))));
+  body.append(el("h2", "Over time"), legend(trend.models, "legend"), charts, el("h2", "Batches"));
+  const table = el("table", null, {id: "trend-table"}), head = el("tr");
+  for (const name of trend.columns) head.append(el("th", name));
+  table.append(head);
+  for (const r of rows) { const row = el("tr"); r.cells.forEach((text, n) => row.append(el("td", text, n > 1 && n < 7 ? {class: "num"} : {}))); table.append(row); }
+  body.append(table);
 } else {
 body.append(el("h1", data.title), el("p", "made " + data.made + "; " + data.tasks.length + " rows"));
 const configs = data.configurations;
-if (configs.some(c => c.summary)) {
+if (data.figures && data.figures.length) {  // --summary's table, in its words and figures (made by it)
   body.append(el("h2", "Figures"));
-  const table = el("table", null, {class: "figures"});
+  const table = el("table", null, {class: "figures", id: "figures"});
   const head = el("tr"); head.append(el("th", ""));
   for (const c of configs) head.append(el("th", c.label));
   table.append(head);
-  const rows = [["tasks", s => s.tasks], ["completion", s => percent(s.completion_rate)],
-    ["accuracy", s => s.scored ? percent(s.accuracy) + " of " + s.scored : "-"],
-    ["rounds (mean)", s => s.rounds ? figure(s.rounds.mean, 1) : "-"], ["tokens", s => s.tokens ? s.tokens.total : "-"],
-    ["cost", s => s.cost === null || s.cost === undefined ? "-" : "$" + figure(s.cost, 4)],
-    ["seconds (p50)", s => s.seconds ? figure(s.seconds.p50, 2) : "-"]];
-  rows.splice(3, 0, ["accuracy 95% interval", s => s.scored && s.accuracy_interval ? percent(s.accuracy_interval[0]) + " to " + percent(s.accuracy_interval[1]) : "-"],
-    );
-  for (const c of configs) for (const key of Object.keys((c.summary && c.summary.groups) || {}))
-    for (const name of Object.keys(c.summary.groups[key])) if (!rows.some(r => r[0] === "by " + key + ": " + name))
-      rows.push(["by " + key + ": " + name, s => { const g = ((s.groups || {})[key] || {})[name]; return !g ? "-" : g.scored ? percent(g.accuracy) + " of " + g.scored : percent(g.success_rate) + " succeeded"; }]);
-  for (const [name, value] of rows) {
+  for (const [name, ...cells] of data.figures) {
     const row = el("tr"); row.append(el("td", name));
-    for (const c of configs) row.append(el("td", c.summary ? value(c.summary) : "-", {class: "num"}));
+    for (const text of cells) row.append(el("td", text, {class: "num"}));
     table.append(row);
   }
   body.append(table);
+  for (const line of data.repeats || []) body.append(el("p", line, {class: "repeats"}));
 }
 if (data.verdicts && data.verdicts.length) {  // the paired tests, in the words --summary uses
   body.append(el("h2", "Is the difference more than noise?"));
   for (const line of data.verdicts) body.append(el("p", line, {class: "verdict"}));
 }
+function figureOf(name, n) {  // configuration n's cell of --summary's row `name`
+  const row = (data.figures || []).find(r => r[0] === name);
+  return row ? row[n + 1] : "n/a";
+}
+function shareChart(id, title, bars) {  // bars: [configuration, share, words, interval or null, lighter]
+  const width = 300, bar = 18, left = 170, chart = svg("svg", {width: left + width + 190, height: bars.length * (bar + 6) + 40, class: "chart", id: id});
+  chart.append(svg("text", {x: 0, y: 12}, title));
+  bars.forEach(([n, share, words, interval, lighter], row) => {
+    const y = 20 + row * (bar + 6), middle = y + bar / 2;
+    if (!row || bars[row - 1][0] !== n) chart.append(mark(n, 8, middle, 10), svg("text", {x: 18, y: middle + 4}, configs[n].label.slice(0, 24)));
+    const rect = svg("rect", {x: left, y: y, width: Math.max(1, width * share), height: bar, fill: look(n).colour, "data-config": n,
+                              "fill-opacity": lighter ? 0.4 : 1, stroke: look(n).colour});
+    rect.append(svg("title", {}, configs[n].label + ": " + words));
+    chart.append(rect, svg("text", {x: left + width + 8, y: middle + 4}, words));
+    if (interval) for (const [x1, x2, y1, y2] of [[interval[0], interval[1], middle, middle], [interval[0], interval[0], y + 3, y + bar - 3], [interval[1], interval[1], y + 3, y + bar - 3]])
+      chart.append(svg("line", {x1: left + width * x1, x2: left + width * x2, y1: y1, y2: y2, stroke: "#222", "stroke-width": 1.5}));
+  });
+  const bottom = 20 + bars.length * (bar + 6) + 12;
+  chart.append(svg("line", {x1: left, x2: left, y1: 16, y2: bottom - 10, stroke: "#999"}),
+               svg("text", {x: left - 4, y: bottom}, "0%"), svg("text", {x: left + width - 14, y: bottom}, "100%"));
+  return chart;
+}
+function accuracyChart() {
+  const bars = [];
+  configs.forEach((c, n) => { const s = c.summary; if (s && s.scored && s.accuracy !== null) bars.push([n, s.accuracy, figureOf("accuracy", n), s.accuracy_interval, false]); });
+  return bars.length ? shareChart("accuracy-chart", "accuracy, and its 95% interval", bars) : null;
+}
+function repeatsChart() {  // pass@1 (every try) and pass^k (all k tries of a task), as --summary words them
+  const bars = [];
+  configs.forEach((c, n) => {
+    const repeated = c.summary && c.summary.repeats;
+    if (!repeated || repeated.pass_at_1 === null) return;
+    const [first, all] = figureOf("pass@1 / pass^k", n).split(" / ");
+    bars.push([n, repeated.pass_at_1, "pass@1 " + first, null, false], [n, repeated.pass_all, "pass^" + repeated.tries + " " + all, null, true]);
+  });
+  return bars.length ? shareChart("repeats-chart", "pass@1 (of the runs) and pass^k (of the tasks)", bars) : null;
+}
 function statusChart() {
-  const width = 420, bar = 22, left = 140, chart = svg("svg", {width: width + left, height: configs.length * (bar + 8) + 30, class: "chart", id: "status-chart"});
+  const width = 420, bar = 22, left = 160, chart = svg("svg", {width: width + left, height: configs.length * (bar + 8) + 30, class: "chart", id: "status-chart"});
   configs.forEach((c, row) => {
     const counts = Object.create(null); let total = 0;  // a status named "constructor" is a status
     for (const task of data.tasks) { const run = task.runs[row]; if (run) { counts[run.status] = (counts[run.status] || 0) + 1; total++; } }
-    chart.append(svg("text", {x: 0, y: row * (bar + 8) + 15}, c.label.slice(0, 22)));
+    chart.append(mark(row, 6, row * (bar + 8) + 11, 10), svg("text", {x: 16, y: row * (bar + 8) + 15}, c.label.slice(0, 22)));
     let x = left;
     for (const status of STATUSES.concat(Object.keys(counts).filter(s => !STATUSES.includes(s)))) {
       if (!counts[status]) continue;
       const w = Math.max(1, width * counts[status] / total);
       const rect = svg("rect", {x: x, y: row * (bar + 8), width: w, height: bar, fill: Object.prototype.hasOwnProperty.call(COLOURS, status) ? COLOURS[status] : "#666"});
-      rect.append(svg("title", {}, status + ": " + counts[status]));
-      chart.append(rect); x += w;
+      rect.append(svg("title", {}, c.label + ": " + status + ": " + counts[status]));
+      chart.append(rect);
+      if (w > 7 * (status.length + String(counts[status]).length + 1)) chart.append(svg("text", {x: x + 4, y: row * (bar + 8) + 15, fill: "#fff", class: "inside"}, status + " " + counts[status]));
+      x += w;
     }
   });
   let x = 0; const y = configs.length * (bar + 8) + 18;
@@ -310,24 +437,26 @@ function statusChart() {
   chart.setAttribute("width", Math.max(width + left, x));
   return chart;
 }
-function histogram(title, value, id) {
-  const values = []; for (const task of data.tasks) for (const run of task.runs) if (run && value(run) !== null) values.push(value(run));
-  let most = 1e-9; for (const v of values) if (v > most) most = v;  // no spread: 100,000 values overflow the stack
-  const bins = 20, width = 400, height = 120, counts = new Array(bins).fill(0);
-  for (const v of values) counts[Math.min(bins - 1, Math.floor(bins * v / most))]++;
-  const top = Math.max(1, ...counts), chart = svg("svg", {width: width + 40, height: height + 30, class: "chart", id: id});
+function histogram(title, value, id) {  // a bar a configuration in each bin, in the legend's order
+  let most = 1e-9;  // no spread: 100,000 values overflow the stack
+  for (const task of data.tasks) for (const run of task.runs) if (run && value(run) !== null && value(run) > most) most = value(run);
+  const bins = 20, width = 400, height = 120, counts = configs.map(() => new Array(bins).fill(0));
+  for (const task of data.tasks) task.runs.forEach((run, n) => { if (run && value(run) !== null) counts[n][Math.min(bins - 1, Math.floor(bins * value(run) / most))]++; });
+  let top = 1; for (const each of counts) for (const count of each) if (count > top) top = count;
+  const chart = svg("svg", {width: width + 40, height: height + 30, class: "chart", id: id}), step = width / bins, thick = (step - 2) / configs.length;
   chart.append(svg("text", {x: 0, y: 12}, title));
-  counts.forEach((count, n) => {
-    const h = height * count / top, rect = svg("rect", {x: 30 + n * width / bins, y: height + 15 - h, width: width / bins - 2, height: h, fill: "#57a"});
-    rect.append(svg("title", {}, figure(n * most / bins, 2) + " to " + figure((n + 1) * most / bins, 2) + ": " + count));
+  counts.forEach((each, c) => each.forEach((count, n) => {
+    const h = height * count / top, rect = svg("rect", {x: 30 + n * step + c * thick, y: height + 15 - h, width: thick, height: h, fill: look(c).colour, "data-config": c});
+    rect.append(svg("title", {}, configs[c].label + ": " + figure(n * most / bins, 2) + " to " + figure((n + 1) * most / bins, 2) + ": " + count));
     chart.append(rect);
-  });
+  }));
   chart.append(svg("text", {x: 30, y: height + 28}, "0"), svg("text", {x: width, y: height + 28}, figure(most, most < 10 ? 2 : 0)));
   return chart;
 }
 const charts = el("div", null, {class: "charts"});
-charts.append(statusChart(), histogram("rounds per task", r => r.rounds, "rounds-chart"), histogram("seconds per task", r => r.seconds, "seconds-chart"));
-body.append(el("h2", "Charts"), charts);
+for (const chart of [accuracyChart(), repeatsChart(), statusChart(), histogram("rounds per task", r => r.rounds, "rounds-chart"),
+                     histogram("seconds per task", r => r.seconds, "seconds-chart")]) if (chart) charts.append(chart);
+body.append(el("h2", "Charts"), legend(configs.map(c => c.label), "legend"), charts);
 body.append(el("h2", "Tasks"));
 const controls = el("div", null, {class: "controls"});
 const statusFilter = el("select", null, {id: "status-filter"}); statusFilter.append(el("option", "any status", {value: ""}));

@@ -1,5 +1,5 @@
 """What the command line does besides running one task: --batch (batch.py runs it), --runs and
---show (the run log), --summary and --report (the results), --config. Each command imports the layer
+--show (the run log), --summary, --report and --trend (the results), --config. Each command imports the layer
 it reads only when it runs.
 
 It imports commands (the screen, a run's outcome), the terminal, private files and the settings.
@@ -267,6 +267,21 @@ def write_report(args: argparse.Namespace, redactor: Redactor) -> int:
         raise ConfigError(str(error).replace("--summary:", "--report:", 1)) from None
     default = Path(args.report[0]) / "report.html" if len(args.report) == 1 else Path("report.html")
     return write_page(args.output or str(default), report_page.page(data, redactor), None)
+
+
+def show_trend(args: argparse.Namespace, answer: SafeStream, redactor: Redactor) -> int:
+    """--trend DIR...: the batch results over time, a row a folder in the order they ran; with --json as
+    JSON, with --html as a report page (on stdout, or into -o FILE)."""
+    from agent_demo_kit import trend
+    trended = trend.trend(args.trend)
+    if args.html:
+        from agent_demo_kit import report_page
+        return write_page(args.output, report_page.page(report_page.trend_data(trended), redactor), answer)
+    if args.json:
+        answer.write_json(trended)
+    else:  # folder and model names from results files are shown escaped
+        print(inert("\n".join(trend.render_trend(trended))), file=answer)
+    return 0
 
 
 def write_page(path: Optional[str], page: bytes, answer: Optional[SafeStream]) -> int:

@@ -58,6 +58,65 @@ def fifty(tmp_path_factory):
         monkeypatch.undo()
 
 
+def repeated(body, tries={}):
+    """Model a: t0..t12 always right, the rest never (39 of 48 runs, 81.25%: JavaScript's toFixed says
+    81.3%, Python 81.2%); model b: t0..t9 always right, t10 and t11 on their first try only."""
+    model, task = body["model"], body["messages"][1]["content"].split("Task: ", 1)[-1]
+    number = int(task.split()[-1])
+    tries[model, task] = seen = tries.get((model, task), 0) + 1
+    right = number < 13 if model == "a" else number < 10 or number < 12 and seen == 1
+    return {"content": action("finish", result="5" if right else "4")}
+
+
+@pytest.fixture(scope="module")
+def two_repeated(tmp_path_factory):
+    """Two models' folders of 16 tasks, each tried 3 times."""
+    folder, monkeypatch = tmp_path_factory.mktemp("repeated"), pytest.MonkeyPatch()
+    monkeypatch.setenv("XDG_STATE_HOME", str(folder / "state"))  # not the developer's seal key
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(folder / "config"))
+    tasks = folder / "tasks.jsonl"
+    tasks.write_text("".join(json.dumps({"id": f"t{n}", "task": f"task {n}", "expected": "5"}) + "\n" for n in range(16)))
+    try:
+        with ScriptedServer([], screen=lambda body: repeated(body)) as server:
+            monkeypatch.setenv("LLM_API_URL", server.url)
+            monkeypatch.setenv("LLM_API_KEY", KEY)
+            for model in ("a", "b"):
+                main(["--batch", str(tasks), "--repeat", "3", "--parallel", "1", "-q", "-m", model])
+    finally:
+        monkeypatch.undo()
+    return folder / "tasks-results" / "a", folder / "tasks-results" / "b"
+
+
+def test_the_pages_figures_are_the_words_and_numbers_of_summary(two_repeated, cli, tmp_path):
+    from agent_demo_kit.comparison import figure_rows
+    _, out, _ = cli("--summary", *two_repeated, "--json")
+    compared = json.loads(out)
+    _, table, _ = cli("--summary", *two_repeated)
+    assert cli("--report", *two_repeated, "-o", tmp_path / "page.html")[0] == 0
+    data = page_data(tmp_path / "page.html")
+    assert [config["summary"] for config in data["configurations"]] == [
+        config["summary"] for config in compared["configurations"]], "the same figures as --summary --json"
+    assert data["figures"] == figure_rows(compared["configurations"])
+    for name, *cells in data["figures"]:
+        [line] = [line for line in table.splitlines() if line.startswith(name + "  ")]
+        assert line.split() == (name + "  " + "  ".join(cells)).split(), "the same words as --summary"
+    assert ["pass@1 / pass^k", "81.2% / 81.2%", "66.7% / 62.5%"] in data["figures"]
+    _, alone, _ = cli("--summary", two_repeated[0])
+    [said] = [line for line in alone.splitlines() if line.startswith("repeats ")]
+    assert data["repeats"][0] == "a: " + said[len("repeats"):].strip()
+    assert data["repeats"][1].startswith("b: 3 tries of 16 task(s): pass@1 66.7%, pass^3 62.5% (pass@1 of the runs,")
+
+
+def test_a_batchs_own_page_shows_the_figures_summary_shows_for_its_folder(two_repeated, cli):
+    from agent_demo_kit.comparison import figure_rows
+    _, out, _ = cli("--summary", two_repeated[1], "--json")
+    alone = json.loads(out)
+    data = page_data(two_repeated[1] / "report.html")
+    assert data["figures"] == figure_rows([{"summary": alone, "failures": len(alone["failures"])}])
+    assert data["repeats"] == ["b: 3 tries of 16 task(s): pass@1 66.7%, pass^3 62.5% (pass@1 of the runs, pass^3 of"
+                               " the tasks); per try 75.0%, 62.5%, 62.5% (sd 5.9 points)"]
+
+
 def test_a_batch_writes_its_report_page_with_a_row_a_task(fifty):
     data = page_data(fifty / "report.html")
     assert len(data["tasks"]) == 50
@@ -286,3 +345,69 @@ def test_one_runs_page_is_marked_as_one_run(tmp_path, serve, capsys):
     assert main(["--trace", str(tmp_path / "run.jsonl"), "-q", "add"]) == 0
     assert main(["--show", str(tmp_path / "run.jsonl"), "--html", "-o", str(tmp_path / "run.html")]) == 0
     assert page_data(tmp_path / "run.html")["kind"] == "run"
+
+
+@pytest.mark.processes
+def test_in_a_browser_the_figures_read_as_summary_says_them(browser, two_repeated, tmp_path):
+    assert main(["--report", *map(str, two_repeated), "-o", str(tmp_path / "page.html")]) == 0
+    data = page_data(tmp_path / "page.html")
+    page, problems = opened(browser, tmp_path / "page.html")
+    shown = [row.locator("th, td").all_inner_texts() for row in page.locator("#figures tr").all()]
+    assert shown == [["", "a", "b"], *data["figures"]]
+    assert ["pass@1 / pass^k", "81.2% / 81.2%", "66.7% / 62.5%"] in shown, "Python's rounding, not toFixed's 81.3%"
+    assert page.locator("p.repeats").all_inner_texts() == data["repeats"] and problems == []
+    page.close()
+
+
+def fills(locator):
+    return {element.get_attribute("fill") for element in locator.all()}
+
+
+@pytest.mark.processes
+def test_in_a_browser_each_configuration_has_one_colour_in_every_chart_and_the_legend(browser, two_repeated, tmp_path):
+    assert main(["--report", *map(str, two_repeated), "-o", str(tmp_path / "page.html")]) == 0
+    data = page_data(tmp_path / "page.html")
+    page, problems = opened(browser, tmp_path / "page.html")
+    assert page.locator("#legend .key").all_inner_texts() == ["a", "b"]
+    colours = [fills(page.locator(f'#legend [data-config="{n}"]')) for n in range(2)]
+    assert all(len(colour) == 1 for colour in colours) and colours[0] != colours[1]
+    for chart in ("accuracy-chart", "repeats-chart", "status-chart", "rounds-chart", "seconds-chart"):
+        for n in range(2):
+            marked = page.locator(f'#{chart} [data-config="{n}"]')
+            assert marked.count() and fills(marked) == colours[n], (chart, n)
+    for chart in ("accuracy-chart", "repeats-chart", "status-chart"):  # told apart by label, not by colour alone
+        assert {"a", "b"} <= set(page.locator(f"#{chart} text").all_text_contents()), chart
+    accuracy = next(row for row in data["figures"] if row[0] == "accuracy")
+    assert set(accuracy[1:]) <= set(page.locator("#accuracy-chart text").all_text_contents()), "--summary's words"
+    assert {"pass@1 81.2%", "pass^3 81.2%", "pass@1 66.7%", "pass^3 62.5%"} <= set(
+        page.locator("#repeats-chart text").all_text_contents())
+    assert problems == []
+    page.close()
+
+
+@pytest.mark.processes
+def test_in_a_browser_twelve_configurations_look_different_and_the_first_eight_differ_in_colour(browser, fifty):
+    page, problems = opened(browser, fifty / "report.html")
+    looks = page.evaluate("[...Array(12).keys()].map(n => look(n))")
+    assert len({(each["colour"], each["shape"]) for each in looks}) == 12
+    assert len({each["colour"] for each in looks[:8]}) == 8
+    assert {each["colour"] for each in looks} <= {"#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00",
+                                                  "#000000", "#F0E442"}, "Okabe and Ito's colour-blind-safe palette"
+    page.close()
+
+
+@pytest.mark.processes
+def test_in_a_browser_markup_in_a_model_name_is_a_label_in_the_legend_and_charts(browser, tmp_path, monkeypatch):
+    from agent_demo_kit.batch_folder import default_out
+    model = HOSTILE[1]
+    run_batch(tmp_path, ["hostile 0", "finish"], monkeypatch, model=model, ids={0: HOSTILE[0]})
+    run_batch(tmp_path, ["finish", "finish"], monkeypatch, model=HOSTILE[0])
+    folders = [default_out(str(tmp_path / "tasks.jsonl"), name) for name in (model, HOSTILE[0])]
+    assert main(["--report", *map(str, folders), "-o", str(tmp_path / "page.html")]) == 0
+    text = (tmp_path / "page.html").read_text()
+    assert text.count("<script") == 2 and "<img" not in text
+    page, problems = opened(browser, tmp_path / "page.html")
+    assert page.locator("#legend .key").all_inner_texts() == [model, HOSTILE[0]]
+    assert {model[:24], HOSTILE[0][:24]} <= set(page.locator("#accuracy-chart text").all_text_contents())
+    assert page.evaluate("window.pwned") is None and page.locator("img, a").count() == 0 and problems == []
+    page.close()
