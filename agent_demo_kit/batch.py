@@ -116,7 +116,7 @@ class Batch(Saying):
         self.failed, self.failures = 0, []  # type: int, List[dict]  # tasks that did not succeed, and the first few
         self.endpoint_failed = False  # a refused key or an endpoint that cannot be reached stopped the batch
         self.stopped_by = 0  # 130 or 143 once Ctrl-C or SIGTERM stopped the batch
-        self.scored_tasks = sum(task.expected is not None for task in self.tasks)
+        self.scored_tasks = sum(task.scored for task in self.tasks)
         self.queue: Deque[Planned] = collections.deque()
         self.lock = threading.Lock()
         self.done = self.ran = self.skipped = 0
@@ -206,13 +206,21 @@ class Batch(Saying):
 
     def scored(self, line: dict, task: BatchTask) -> dict:
         """The line with its score against what the task expects (correct: null when it expects nothing;
-        false when it did not finish) and, with --price, its cost."""
+        false when it did not finish; with promptfoo's asserts, true when all of them pass, each one's
+        verdict beside it) and, with --price, its cost."""
         match = task.match or self.match
-        line.pop("metadata", None)
+        finished = line.get("status") == "finished"
+        for name in ("metadata", "asserts"):
+            line.pop(name, None)
         if task.metadata:  # what the file says of the task now: its groups in the summary
             line["metadata"] = task.metadata
-        line.update(expected=task.expected, match=match, correct=None if task.expected is None else
-                    line.get("status") == "finished" and scoring.score(line.get("answer"), task.expected, match))
+        if task.asserts:  # judged only when the run finished: a failed run's "nothing" passes no not-contains
+            line["asserts"] = [{"type": kind, "value": value,
+                                "pass": scoring.assert_passes(line.get("answer"), kind, value) if finished else None}
+                               for kind, value in task.asserts]
+        line.update(expected=task.expected, match=match, correct=(
+            None if not task.scored else finished and all(each["pass"] for each in line["asserts"]) if task.asserts
+            else finished and scoring.score(line.get("answer"), task.expected, match)))
         return self.price(self.with_scores(line, task))
 
     def with_scores(self, line: dict, task: BatchTask) -> dict:
@@ -240,9 +248,11 @@ class Batch(Saying):
     def rescored(self, line: dict, task: BatchTask) -> dict:
         """A line read back, scored against what the file expects now (and priced by --price now),
         written again when that changed something."""
-        before = {name: line.get(name) for name in ("expected", "match", "correct", "cost", "scores")}
+        before = {name: line.get(name) for name in ("expected", "match", "asserts", "correct", "cost", "scores")}
+        judged = [[each.get("type"), each.get("value")] for each in before["asserts"] or () if isinstance(each, dict)]
         if _same(before["expected"], task.expected) and before["match"] == (task.match or self.match) \
-                and isinstance(before["correct"], bool) == (task.expected is not None):
+                and _same(judged, [list(each) for each in task.asserts or ()]) \
+                and isinstance(before["correct"], bool) == task.scored:
             line = dict(line)  # scored once, when it ended (a sealed line): a regex is not run again
             self.price(self.with_scores(line, task))
         else:
