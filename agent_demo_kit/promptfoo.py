@@ -203,3 +203,177 @@ def csv_tests(rows: Iterator[Tuple[int, List[str]]], names: List[str], header_li
             elif name.startswith("__metadata:") and value.strip():
                 metadata[name.partition(":")[2]] = value
         yield number, task_line(variables, asserts, metadata, where, fields, None, unsent)
+
+
+# --- promptfoo's YAML ---------------------------------------------------------------------------
+
+MAX_YAML_BYTES = 4 << 20  # a file of tests larger than this is no file someone wrote
+MOST_YAML_VALUES = 1_000_000  # values a file may hold, its aliases expanded (each *name counts again)
+DEEPEST_YAML = 64  # levels of nesting
+CONFIG_READ = ("prompts", "tests", "defaultTest", "description")
+CONFIG_REFUSED = ("scenarios", "redteam", "extensions", "nunjucksFilters")  # they add tests or change a verdict
+ASSERT_KEYS = ("type", "value", "metric", "weight")  # a metric names a score; a weight changes no verdict
+
+
+def yaml_tests(tasks: Any, source: str, fields: Optional[Dict[str, str]], unsent: Set[str],
+               notes: Optional[List[str]]) -> Iterator[Tuple[int, dict]]:
+    """The task lines of promptfoo's YAML (a list of test cases, or a promptfooconfig with prompts,
+    defaultTest and tests), each with its place among the tests."""
+    data = load_yaml(tasks, source)
+    prompt, defaults = None, {}
+    if isinstance(data, dict) and "tests" in data:
+        refused = [str(key) for key in data if key in CONFIG_REFUSED]
+        if refused:
+            raise ConfigError(f"{source}: {refused[0]} of a promptfooconfig is not read here (it adds tests or"
+                              " changes how they are judged): leave it out")
+        passed = sorted(str(key)[:40] for key in data if key not in CONFIG_READ)
+        if passed and notes is not None:
+            notes.append(f"{', '.join(passed)[:200]} of {source} not read"
+                         + (" (the model is --model's)" if "providers" in passed else ""))
+        prompt = first_prompt(data.get("prompts"), source, notes)
+        defaults = data.get("defaultTest") or {}
+        if not isinstance(defaults, dict):
+            raise ConfigError(f"{source}: defaultTest is not a test case ({str(defaults)[:80]!r}): write it in")
+        check_test_keys(defaults, f"{source} defaultTest")
+        for number, item in enumerate(as_list(defaults.get("assert"), f"{source} defaultTest"), 1):
+            kind = item.get("type") if isinstance(item, dict) else None
+            checked_assert(kind, "", {}, f"{source} defaultTest", f"assert {number}") if not (
+                isinstance(kind, str) and (kind[4:] if kind.startswith("not-") else kind) in scoring.ASSERTS) else None
+        data = data["tests"]
+    elif isinstance(data, dict) or data is not None and not isinstance(data, list):
+        raise ConfigError(f"{source} is neither a list of promptfoo's test cases nor a config with tests: (it holds"
+                          f" {'a mapping of ' + ', '.join(map(str, data))[:80] if isinstance(data, dict) else 'a ' + type(data).__name__})")
+    if isinstance(data, str):
+        raise ConfigError(f"{source}: tests: names files ({data[:80]!r}): give each file to --batch")
+    if not data:
+        raise ConfigError(f"{source} holds no test cases")
+    if not isinstance(data, list):
+        raise ConfigError(f"{source}: tests: is not a list of test cases")
+    check_fields(fields, source, prompt is not None)
+    for number, test in enumerate(data, 1):
+        if isinstance(test, str):
+            raise ConfigError(f"{source} test {number} is a file name ({test[:80]!r}): give it to --batch")
+        if not isinstance(test, dict):
+            raise ConfigError(f"{source} test {number} is not a test case (vars, assert, description, metadata)")
+        description = test.get("description")
+        where = f"{source} test {number}" + (f" ({str(description)[:60]!r})" if description else "")
+        check_test_keys(test, where)
+        variables = {**as_mapping(defaults.get("vars"), where, "vars"), **as_mapping(test.get("vars"), where, "vars")}
+        asserts = [assert_of(item, variables, where, f"defaultTest's assert {n}")
+                   for n, item in enumerate(as_list(defaults.get("assert"), where), 1)]
+        asserts += [assert_of(item, variables, where, f"assert {n}") for n, item in enumerate(as_list(
+            test.get("assert"), where), 1)]
+        metadata = {**as_mapping(defaults.get("metadata"), where, "metadata"),
+                    **as_mapping(test.get("metadata"), where, "metadata")}
+        for key, value in metadata.items():
+            if not (isinstance(value, (str, int, float, bool)) or value is None):
+                raise ConfigError(f"{where}: metadata {str(key)[:40]!r} must be a plain value (a text, a number,"
+                                  " true or false)")
+        if description:
+            metadata["description"] = str(description)
+        yield number, task_line(variables, asserts, metadata, where, fields, prompt, unsent)
+
+
+def load_yaml(tasks: Any, source: str) -> Any:
+    """A YAML file's data, by yaml.safe_load (no tags that make objects), within MAX_YAML_BYTES;
+    ConfigError when PyYAML is missing, for what is not YAML, and for a file whose aliases expand past
+    MOST_YAML_VALUES or that refers to itself (a "billion laughs": safe_load shares what an alias
+    names, and anything that walks the data would expand it)."""
+    try:
+        import yaml
+    except ImportError:
+        raise ConfigError(f"{source} is YAML: reading it needs PyYAML: pip install 'agent-demo[yaml]'") from None
+    raw = tasks.encode("utf-8", "surrogatepass") if isinstance(tasks, str) else tasks.read(MAX_YAML_BYTES + 1)
+    if len(raw) > MAX_YAML_BYTES:
+        raise ConfigError(f"{source} is larger than {MAX_YAML_BYTES >> 20} MB: not a file of tests someone wrote")
+    try:
+        if b"\0" in raw:
+            raise UnicodeDecodeError("utf-8", raw, 0, 1, "a NUL byte")
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ConfigError(f"{source} is not text (a NUL byte, or bytes that are not UTF-8)") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.MarkedYAMLError as error:
+        mark = error.problem_mark or error.context_mark
+        said = " ".join(str(error.problem or error.context).split())[:160]
+        raise ConfigError(f"{source} is not YAML (line {mark.line + 1 if mark else '?'}: {said})") from None
+    except yaml.YAMLError as error:
+        raise ConfigError(f"{source} is not YAML ({' '.join(str(error).split())[:160]})") from None
+    except RecursionError:
+        raise ConfigError(f"{source} is nested too deeply: not a file of tests someone wrote") from None
+    except ValueError as error:  # an integer of thousands of digits, say
+        raise ConfigError(f"{source} is not YAML ({' '.join(str(error).split())[:160]})") from None
+    count = 0
+
+    def walk(value: Any, depth: int, inside: Set[int]) -> None:
+        nonlocal count
+        count += 1
+        if count > MOST_YAML_VALUES:
+            raise ConfigError(f"{source} holds more than {MOST_YAML_VALUES:,} values, its aliases (*name) expanded:"
+                              " not a file of tests someone wrote")
+        if isinstance(value, (dict, list)):
+            if id(value) in inside:
+                raise ConfigError(f"{source} refers to itself (an alias inside its own anchor): not a file of tests")
+            if depth > DEEPEST_YAML:
+                raise ConfigError(f"{source} is nested too deeply (more than {DEEPEST_YAML} levels): not a file of"
+                                  " tests someone wrote")
+            inside.add(id(value))
+            for child in value.values() if isinstance(value, dict) else value:
+                walk(child, depth + 1, inside)
+            inside.discard(id(value))
+    walk(data, 0, set())
+    return data
+
+
+def first_prompt(prompts: Any, source: str, notes: Optional[List[str]]) -> Optional[str]:
+    """The template of each task: the first of a promptfooconfig's prompts (a text, or {raw: text})."""
+    if prompts is None or prompts == []:
+        return None
+    listed = prompts if isinstance(prompts, list) else [prompts]
+    first = listed[0].get("raw") if isinstance(listed[0], dict) else listed[0]
+    if isinstance(first, str) and first.startswith("file://") or isinstance(listed[0], dict) and str(
+            listed[0].get("id", "")).startswith("file://"):
+        raise ConfigError(f"{source}: prompt 1 names a file ({str(first or listed[0].get('id'))[:80]!r}): a file of"
+                          " tests names no file to read; write the prompt in")
+    if not isinstance(first, str) or not first.strip():
+        raise ConfigError(f"{source}: prompt 1 is not a text (give prompts: a list of templates with {{{{var}}}})")
+    if len(listed) > 1 and notes is not None:
+        notes.append(f"{source} has {len(listed)} prompts: the first is each test's task (promptfoo runs each"
+                     " test with each prompt)")
+    return first
+
+
+def check_test_keys(test: dict, where: str) -> None:
+    """ConfigError for what a test case says that is not read here (threshold, options, provider, ...)."""
+    unknown = [str(key) for key in test if key not in TEST_KEYS]
+    if unknown:
+        raise ConfigError(f"{where}: {unknown[0][:40]} of a promptfoo test is not read here (it would change what"
+                          " is sent or how the test passes): leave it out")
+
+
+def assert_of(item: Any, variables: Dict[str, Any], where: str, what: str) -> Tuple[str, Any]:
+    """A test case's {type, value} assert, made ready to judge."""
+    if not isinstance(item, dict):
+        raise ConfigError(f"{where}: {what} is not an assert ({{type: contains, value: ...}})")
+    unknown = [str(key) for key in item if key not in ASSERT_KEYS]
+    if unknown:
+        raise ConfigError(f"{where}: {what}'s {unknown[0][:40]} is not read here (it would change how it passes):"
+                          " leave it out")
+    return checked_assert(item.get("type"), item.get("value"), variables, where, what)
+
+
+def as_list(value: Any, where: str) -> list:
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise ConfigError(f"{where}: assert is not a list of asserts")
+    return value
+
+
+def as_mapping(value: Any, where: str, name: str) -> dict:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ConfigError(f"{where}: {name} is not a mapping ({str(value)[:80]!r})")
+    return {str(key): item for key, item in value.items()}

@@ -105,7 +105,10 @@ def read_tasks(tasks: Any, source: str, notes: Optional[List[str]] = None,
         files.add(name if folded == name else folded)
         found.append(task._replace(file=name))
 
-    if suffix in OTHER_FORMATS:
+    if suffix in ("yaml", "yml"):  # promptfoo's tests
+        for number, item in promptfoo.yaml_tests(tasks, source, fields, unsent, notes):
+            keep(task_of(item, number, source, f"{source} test {number}"), f"{source} test {number}")
+    elif suffix in OTHER_FORMATS:
         raise ConfigError(f"{source} is {OTHER_FORMATS[suffix]} by its name, not a task file: a task file is JSON Lines,"
                           ' a {"task": ...} object a line, CSV with a header, or a line of plain text a task')
     else:
@@ -333,7 +336,7 @@ def messages_text(messages: Any, where: str, name: str) -> str:
     return "\n\n".join(f"{message['role']}: {text}" for message, text in zip(messages, said))
 
 
-OTHER_FORMATS = {"yaml": "YAML", "yml": "YAML", "parquet": "Parquet", "xlsx": "a spreadsheet",
+OTHER_FORMATS = {"parquet": "Parquet", "xlsx": "a spreadsheet",
                  "arrow": "Arrow"}
 # The keys other formats give a task and its answer (inspect's input and target, OpenAI evals' ideal, ...),
 # and the task line's key each stands for.

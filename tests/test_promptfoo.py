@@ -172,3 +172,141 @@ def test_a_test_that_did_not_finish_is_not_right_whatever_its_not_asserts_say(tm
     [line] = results(tmp_path / "tests-results" / "gpt-4o-mini").values()
     assert line["status"] != "finished" and line["correct"] is False, line
     assert line["asserts"] == [{"type": "not-contains", "value": "sorry", "pass": None}]
+
+
+# --- promptfoo's YAML ---------------------------------------------------------------------------
+
+PROMPTFOOCONFIG = """\
+# promptfooconfig.yaml, as promptfoo's getting-started writes one
+description: Capitals, answered in one word
+prompts:
+  - "Answer in one word: what is the capital of {{ country }}?"
+providers:
+  - openai:gpt-4o-mini
+defaultTest:
+  assert:
+    - type: not-icontains
+      value: "I don't know"
+tests:
+  - description: France
+    vars:
+      country: France
+    assert:
+      - type: equals
+        value: Paris
+  - vars:
+      country: Germany
+    assert:
+      - type: icontains
+        value: berlin
+      - type: not-contains
+        value: Munich
+    metadata:
+      region: europe
+  - vars:
+      country: Japan
+    assert:
+      - type: contains-any
+        value: [Tokyo, 東京]
+  - vars: {country: Italy}
+    assert:
+      - {type: equals, value: Rome}
+"""
+
+
+def test_a_promptfooconfig_runs_its_first_prompt_with_the_vars_and_scores_all_its_asserts(tmp_path, cli, server):
+    pytest.importorskip("yaml")
+    path = tmp_path / "promptfooconfig.yaml"
+    path.write_text(PROMPTFOOCONFIG, encoding="utf-8")
+    code, out, err = cli("--batch", path, "--json")
+    summary = json.loads(out)
+    assert (code, summary["tasks"], summary["scored"], summary["correct"]) == (1, 4, 4, 2), err
+    tasks = sorted(request["body"]["messages"][1]["content"] for request in server.requests)
+    assert tasks[0] == "Task: Answer in one word: what is the capital of France?", tasks
+    lines = results(tmp_path / "promptfooconfig-results" / "gpt-4o-mini")
+    assert lines["1"]["asserts"] == [{"type": "not-icontains", "value": "I don't know", "pass": True},
+                                     {"type": "equals", "value": "Paris", "pass": True}]
+    assert lines["1"]["metadata"] == {"description": "France"} and lines["2"]["metadata"] == {"region": "europe"}
+    assert [each["pass"] for each in lines["2"]["asserts"]] == [True, True, False]
+    assert lines["3"]["correct"] is True and lines["4"]["correct"] is False
+    assert all(word not in sent(server) for word in ("Rome", "Munich", "berlin", "Tokyo", "know", "europe"))
+    assert f"providers of {path} not read (the model is --model's)" in err
+
+
+def test_a_yaml_list_of_test_cases_runs_each_with_its_one_var_as_the_task(tmp_path, cli, server):
+    pytest.importorskip("yaml")
+    path = tmp_path / "cases.yml"
+    path.write_text("- vars: {question: 'What is 2+2?'}\n  assert: [{type: equals, value: 4}]\n"
+                    "- vars:\n    question: Say hello\n  assert:\n    - type: starts-with\n      value: Hello\n"
+                    "- vars: {question: 'What is 2+2?', lang: fr}\n  assert: [{type: contains, value: '4'}]\n")
+    code, out, err = cli("--batch", path, "--json", "-q")
+    assert code == 2 and "cases.yml test 3: which var is the task? (vars: question, lang)" in err, err
+    code, out, err = cli("--batch", path, "--json", "--fields", "task=question")
+    assert (code, json.loads(out)["correct"]) == (0, 3), err
+    assert "vars other than the task's are not sent: lang" in err
+
+
+@pytest.mark.parametrize("text, said", [
+    ("tests:\n  - vars: {q: 'Is it safe?'}\n    assert:\n      - type: llm-rubric\n        value: is polite\n",
+     "test 1: assert 1 holds a llm-rubric assert, which cannot be scored here"),
+    ("tests:\n  - description: safety\n    vars: {q: x}\n    assert: [{type: javascript, value: 'output.length'}]\n",
+     "test 1 ('safety'): assert 1 holds a javascript assert"),
+    ("defaultTest:\n  assert: [{type: similar, value: yes, threshold: 0.8}]\ntests:\n  - vars: {q: x}\n",
+     "defaultTest: assert 1 holds a similar assert"),
+    ("tests:\n  - vars: {q: x}\n    threshold: 0.5\n", "test 1: threshold of a promptfoo test is not read here"),
+    ("tests:\n  - vars: {q: file://secret.txt}\n", "test 1: the var 'q' names a file ('file://secret.txt')"),
+    ("tests: file://tests/*.yaml\n", "tests: names files ('file://tests/*.yaml'): give each file to --batch"),
+    ("tests:\n  - file://more.yaml\n", "test 1 is a file name ('file://more.yaml'): give it to --batch"),
+    ("prompts: ['Say {{ name | upper }}']\ntests:\n  - vars: {name: x}\n", "test 1: the prompt uses nunjucks beyond"),
+    ("prompts: ['Tell me of {{topic}} in {{lang}}']\ntests:\n  - vars: {topic: x}\n",
+     "test 1: the prompt uses {{lang}}, which is no var of the test (its vars: topic)"),
+    ("prompts: [file://prompt.txt]\ntests:\n  - vars: {topic: x}\n", "prompt 1 names a file"),
+    ("tests:\n  - vars: {q: [a, b]}\n", "the var 'q' is a list (promptfoo runs a test for each of its values)"),
+    ("tests:\n  - vars: {q: x}\n    metadata: {tags: [a, b]}\n", "test 1: metadata 'tags' must be a plain value"),
+    ("scenarios:\n  - config: []\ntests:\n  - vars: {q: x}\n", "scenarios of a promptfooconfig is not read here"),
+    ("tests:\n", "holds no test cases"),
+    ("tests:\n  - vars: {q: x\n", "is not YAML (line 3:"),
+    ("just words\n", "is neither a list of promptfoo's test cases nor a config with tests:"),
+])
+def test_a_promptfoo_yaml_that_cannot_be_run_as_written_is_refused_naming_the_test(tmp_path, cli, server, text, said):
+    pytest.importorskip("yaml")
+    path = tmp_path / "promptfooconfig.yaml"
+    path.write_text(text)
+    code, _, err = cli("--batch", path)
+    assert (code, len(server.requests)) == (2, 0) and said in err, err
+    assert len(err.splitlines()) == 1
+
+
+def test_a_yaml_file_without_pyyaml_says_what_to_install(tmp_path, cli, server, monkeypatch):
+    monkeypatch.setitem(__import__("sys").modules, "yaml", None)  # import yaml fails, as where it is missing
+    path = tmp_path / "promptfooconfig.yaml"
+    path.write_text(PROMPTFOOCONFIG)
+    code, _, err = cli("--batch", path)
+    assert (code, len(server.requests)) == (2, 0), err
+    assert "promptfooconfig.yaml is YAML: reading it needs PyYAML: pip install 'agent-demo[yaml]'" in err
+
+
+LAUGHS = 'a: &a ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]\n' + "".join(
+    f"{name}: &{name} [{', '.join([f'*{before}'] * 9)}]\n" for before, name in zip("abcdefgh", "bcdefghi"))
+
+
+@pytest.mark.parametrize("text, said", [
+    (LAUGHS + "tests:\n  - vars: {q: *i}\n", "holds more than 1,000,000 values, its aliases (*name) expanded"),
+    ("tests: &t\n  - vars: {q: x}\n    metadata: *t\n", "refers to itself (an alias inside its own anchor)"),
+    ("tests:\n  - vars: {q: " + "[" * 5000 + "]" * 5000 + "}\n", "is nested too deeply"),
+    ("tests:\n  - vars: {q: x}\n  - &x [*x]\n", "refers to itself"),
+])
+def test_a_yaml_bomb_is_refused_before_it_is_expanded(tmp_path, cli, server, text, said):
+    pytest.importorskip("yaml")
+    path = tmp_path / "promptfooconfig.yaml"
+    path.write_text(text)
+    code, _, err = cli("--batch", path)
+    assert (code, len(server.requests)) == (2, 0) and said in err, err
+
+
+def test_a_yaml_file_past_the_size_cap_is_refused_unread(tmp_path, cli, server):
+    from agent_demo_kit import promptfoo
+    path = tmp_path / "promptfooconfig.yaml"
+    path.write_text("tests:\n" + "  - vars: {q: What is 2+2?}\n" * (promptfoo.MAX_YAML_BYTES // 26))
+    code, _, err = cli("--batch", path)
+    assert (code, len(server.requests)) == (2, 0) and "is larger than 4 MB: not a file of tests" in err, err
