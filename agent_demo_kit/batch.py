@@ -467,7 +467,8 @@ class Batch(Saying):
         pending = len(self.tasks) - self.tally.runs  # the rates are of every task of the file (or shard)
         summary = self.tally.summary(pending, self.scored_tasks - self.tally.scored, len(self.tasks) // self.tries)
         return {**summary, "config": self.config,
-                "tasks_file": None if self.source == "-" else os.path.abspath(self.source),
+                "tasks_file": None if self.source == "-" else self.source if self.source.startswith("hf:")
+                else os.path.abspath(self.source),
                 "failed_or_wrong": self.failed, "failures": self.failures[:FAILURES_SHOWN]}
 
 
