@@ -310,3 +310,17 @@ def test_a_yaml_file_past_the_size_cap_is_refused_unread(tmp_path, cli, server):
     path.write_text("tests:\n" + "  - vars: {q: What is 2+2?}\n" * (promptfoo.MAX_YAML_BYTES // 26))
     code, _, err = cli("--batch", path)
     assert (code, len(server.requests)) == (2, 0) and "is larger than 4 MB: not a file of tests" in err, err
+
+
+def test_a_rerun_judges_again_only_the_tests_whose_asserts_changed_and_sends_nothing(tmp_path, cli, server):
+    pytest.importorskip("yaml")
+    path = tmp_path / "promptfooconfig.yaml"
+    path.write_text(PROMPTFOOCONFIG, encoding="utf-8")
+    cli("--batch", path, "-q")
+    asked = len(server.requests)
+    folder = tmp_path / "promptfooconfig-results" / "gpt-4o-mini"
+    assert "all of: not-icontains" in (folder / "report.html").read_text(encoding="utf-8")
+    path.write_text(PROMPTFOOCONFIG.replace("value: Munich", "value: Hamburg"), encoding="utf-8")
+    code, out, err = cli("--batch", path, "--json", "-q")
+    assert (code, json.loads(out)["correct"], len(server.requests)) == (1, 3, asked), err
+    assert [each["pass"] for each in results(folder)["2"]["asserts"]] == [True, True, True]
