@@ -208,7 +208,7 @@ class Batch(Saying):
         """The line with its score against what the task expects (correct: null when it expects nothing;
         false when it did not finish; with promptfoo's asserts, true when all of them pass, each one's
         verdict beside it) and, with --price, its cost."""
-        match = task.match or self.match
+        match = self.match_of(task)
         finished = line.get("status") == "finished"
         for name in ("metadata", "asserts"):
             line.pop(name, None)
@@ -222,6 +222,11 @@ class Batch(Saying):
             None if not task.scored else finished and all(each["pass"] for each in line["asserts"]) if task.asserts
             else finished and scoring.score(line.get("answer"), task.expected, match)))
         return self.price(self.with_scores(line, task))
+
+    def match_of(self, task: BatchTask) -> Optional[str]:
+        """How the task's expected is matched (its line's match, else --match); none for promptfoo's
+        asserts, which say themselves how they judge."""
+        return None if task.asserts else task.match or self.match
 
     def with_scores(self, line: dict, task: BatchTask) -> dict:
         """The line with each --scorer's score of its answer, kept when it has them already (a scorer is
@@ -250,7 +255,7 @@ class Batch(Saying):
         written again when that changed something."""
         before = {name: line.get(name) for name in ("expected", "match", "asserts", "correct", "cost", "scores")}
         judged = [[each.get("type"), each.get("value")] for each in before["asserts"] or () if isinstance(each, dict)]
-        if _same(before["expected"], task.expected) and before["match"] == (task.match or self.match) \
+        if _same(before["expected"], task.expected) and before["match"] == self.match_of(task) \
                 and _same(judged, [list(each) for each in task.asserts or ()]) \
                 and isinstance(before["correct"], bool) == task.scored:
             line = dict(line)  # scored once, when it ended (a sealed line): a regex is not run again

@@ -38,6 +38,11 @@ TEST_KEYS = ("vars", "assert", "description", "metadata")  # what a test case sa
 CSV_COLUMNS_PASSED_BY = ("__metric",)  # names a score: it changes no verdict
 
 
+def said(names: Any) -> str:
+    """Names from a file (vars, keys), each on one line and short, for a message of one line."""
+    return ", ".join(" ".join(str(name).split())[:40] for name in names)[:200]
+
+
 def cell_assert(cell: str) -> Optional[Tuple[str, Any]]:
     """An __expected cell as promptfoo reads it: "contains: x", "not-icontains:x", "regex:^a",
     javascript:, grade:, python:, file://...; plain text is what the output equals. None for an empty
@@ -108,7 +113,7 @@ def render(template: str, variables: Dict[str, Any], where: str, what: str) -> s
         name = found[1]
         if name not in variables:
             raise ConfigError(f"{where}: {what} uses {{{{{name}}}}}, which is no var of the test (its vars:"
-                              f" {', '.join(map(str, variables))[:200] or 'none'})")
+                              f" {said(variables) or 'none'})")
         return var_text(variables[name], name, where)
     return _VAR.sub(var, template)
 
@@ -138,13 +143,13 @@ def task_line(variables: Dict[str, Any], asserts: List[Tuple[str, Any]], metadat
             name = fields["task"]
             if name not in variables:
                 raise ConfigError(f"{where}: no var {name!r} (--fields task={name}); its vars:"
-                                  f" {', '.join(map(str, variables))[:200] or 'none'}")
+                                  f" {said(variables) or 'none'}")
         elif len(variables) == 1:
             [name] = variables
         elif not variables:
             raise ConfigError(f"{where}: the test has no vars, so no task")
         else:
-            raise ConfigError(f"{where}: which var is the task? (vars: {', '.join(map(str, variables))[:200]}):"
+            raise ConfigError(f"{where}: which var is the task? (vars: {said(variables)}):"
                               " name it with --fields task=VAR")
         task = var_text(variables[name], name, where)
         unsent.update(str(other) for other in variables if other != name)
@@ -224,11 +229,11 @@ def yaml_tests(tasks: Any, source: str, fields: Optional[Dict[str, str]], unsent
     if isinstance(data, dict) and "tests" in data:
         refused = [str(key) for key in data if key in CONFIG_REFUSED]
         if refused:
-            raise ConfigError(f"{source}: {refused[0]} of a promptfooconfig is not read here (it adds tests or"
+            raise ConfigError(f"{source}: {said(refused[:1])} of a promptfooconfig is not read here (it adds tests or"
                               " changes how they are judged): leave it out")
-        passed = sorted(str(key)[:40] for key in data if key not in CONFIG_READ)
+        passed = sorted(str(key) for key in data if key not in CONFIG_READ)
         if passed and notes is not None:
-            notes.append(f"{', '.join(passed)[:200]} of {source} not read"
+            notes.append(f"{said(passed)} of {source} not read"
                          + (" (the model is --model's)" if "providers" in passed else ""))
         prompt = first_prompt(data.get("prompts"), source, notes)
         defaults = data.get("defaultTest") or {}
@@ -242,7 +247,7 @@ def yaml_tests(tasks: Any, source: str, fields: Optional[Dict[str, str]], unsent
         data = data["tests"]
     elif isinstance(data, dict) or data is not None and not isinstance(data, list):
         raise ConfigError(f"{source} is neither a list of promptfoo's test cases nor a config with tests: (it holds"
-                          f" {'a mapping of ' + ', '.join(map(str, data))[:80] if isinstance(data, dict) else 'a ' + type(data).__name__})")
+                          f" {'a mapping of ' + said(data) if isinstance(data, dict) else 'a ' + type(data).__name__})")
     if isinstance(data, str):
         raise ConfigError(f"{source}: tests: names files ({data[:80]!r}): give each file to --batch")
     if not data:
@@ -267,7 +272,7 @@ def yaml_tests(tasks: Any, source: str, fields: Optional[Dict[str, str]], unsent
                     **as_mapping(test.get("metadata"), where, "metadata")}
         for key, value in metadata.items():
             if not (isinstance(value, (str, int, float, bool)) or value is None):
-                raise ConfigError(f"{where}: metadata {str(key)[:40]!r} must be a plain value (a text, a number,"
+                raise ConfigError(f"{where}: metadata {said([key])!r} must be a plain value (a text, a number,"
                                   " true or false)")
         if description:
             metadata["description"] = str(description)
@@ -348,7 +353,7 @@ def check_test_keys(test: dict, where: str) -> None:
     """ConfigError for what a test case says that is not read here (threshold, options, provider, ...)."""
     unknown = [str(key) for key in test if key not in TEST_KEYS]
     if unknown:
-        raise ConfigError(f"{where}: {unknown[0][:40]} of a promptfoo test is not read here (it would change what"
+        raise ConfigError(f"{where}: {said(unknown[:1])} of a promptfoo test is not read here (it would change what"
                           " is sent or how the test passes): leave it out")
 
 
@@ -358,7 +363,7 @@ def assert_of(item: Any, variables: Dict[str, Any], where: str, what: str) -> Tu
         raise ConfigError(f"{where}: {what} is not an assert ({{type: contains, value: ...}})")
     unknown = [str(key) for key in item if key not in ASSERT_KEYS]
     if unknown:
-        raise ConfigError(f"{where}: {what}'s {unknown[0][:40]} is not read here (it would change how it passes):"
+        raise ConfigError(f"{where}: {what}'s {said(unknown[:1])} is not read here (it would change how it passes):"
                           " leave it out")
     return checked_assert(item.get("type"), item.get("value"), variables, where, what)
 

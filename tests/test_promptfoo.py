@@ -161,6 +161,8 @@ def test_fields_name_the_task_var_of_a_promptfoo_csv_and_asserts_may_use_vars(tm
     assert lines["3"]["asserts"] == [{"type": "contains", "value": "Bonn", "pass": False}]
     assert "Bonn" not in sent(server) and "answer" not in json.dumps(lines["2"].get("metadata"))
     assert "vars other than the task's are not sent: answer" in err
+    code, _, err = cli("--batch", path, "--fields", "task=country,expected=answer")
+    assert code == 2 and "is promptfoo's: its asserts say what is expected" in err, err
 
 
 def test_a_test_that_did_not_finish_is_not_right_whatever_its_not_asserts_say(tmp_path, cli, monkeypatch):
@@ -265,6 +267,7 @@ def test_a_yaml_list_of_test_cases_runs_each_with_its_one_var_as_the_task(tmp_pa
     ("tests:\n  - vars: {q: x}\n    metadata: {tags: [a, b]}\n", "test 1: metadata 'tags' must be a plain value"),
     ("scenarios:\n  - config: []\ntests:\n  - vars: {q: x}\n", "scenarios of a promptfooconfig is not read here"),
     ("tests:\n", "holds no test cases"),
+    ('tests:\n  - vars: {"a\\nb": x, c: y}\n', "which var is the task? (vars: a b, c)"),
     ("tests:\n  - vars: {q: x\n", "is not YAML (line 3:"),
     ("just words\n", "is neither a list of promptfoo's test cases nor a config with tests:"),
 ])
@@ -321,6 +324,7 @@ def test_a_rerun_judges_again_only_the_tests_whose_asserts_changed_and_sends_not
     folder = tmp_path / "promptfooconfig-results" / "gpt-4o-mini"
     assert "all of: not-icontains" in (folder / "report.html").read_text(encoding="utf-8")
     path.write_text(PROMPTFOOCONFIG.replace("value: Munich", "value: Hamburg"), encoding="utf-8")
-    code, out, err = cli("--batch", path, "--json", "-q")
+    code, out, err = cli("--batch", path, "--json", "-q", "--match", "exact")  # for expected; asserts judge themselves
     assert (code, json.loads(out)["correct"], len(server.requests)) == (1, 3, asked), err
     assert [each["pass"] for each in results(folder)["2"]["asserts"]] == [True, True, True]
+    assert results(folder)["2"]["match"] is None
