@@ -9,7 +9,7 @@ import os
 import sys
 from typing import Any, AsyncIterator, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
-from agent_demo_kit import __version__, events
+from agent_demo_kit import __version__
 from agent_demo_kit import prompts
 from agent_demo_kit.actions import Action, Parsed, native_calls, parse_reply, refusal_of
 from agent_demo_kit.conversation import Conversation, recall_rounds, shorten_args, truncate_result
@@ -34,6 +34,14 @@ __all__ = ["run", "arun", "astream", "events", "tool", "ToolError", "ConfigError
 
 def __dir__() -> List[str]:
     return list(__all__)
+
+
+def __getattr__(name: str) -> Any:
+    """agent_demo.events, the types of what a run reports to a caller: loaded when a caller asks."""
+    if name == "events":
+        from agent_demo_kit import events
+        return events
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class Agent:

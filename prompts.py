@@ -82,8 +82,26 @@ def render_system_prompt(tools: Dict[str, Any], mode: str, max_calls: int) -> st
     return text
 
 
+ANSWER_ONLY = {  # how to reply when the only actions are the ones that end a run: one at a time
+    "json": f"Reply with one JSON object and nothing else: {ACTION_FORMAT}",
+    "schema": 'Reply with one JSON object and nothing else: {"actions": [' + ACTION_FORMAT + "]}",
+    "tools": ("Call finish or fail through function calling.\n"
+              f"If you cannot call functions, reply with one JSON object and nothing else: {ACTION_FORMAT}"),
+}
+
+
 def _system_prompt(tools: Dict[str, Any], mode: str, max_calls: int) -> str:
     describe = _name if mode == "tools" else (lambda tool: _describe(tool, mode))
+    if all(name in ENDINGS for name in tools):  # --tools none: the answer is all there is to say
+        endings = "\n".join(describe(tool) for tool in tools.values())
+        return f"""You answer the user's task.
+
+{ANSWER_ONLY[mode]}
+
+Actions:
+{endings}
+
+When you have the answer, use finish. If the task cannot be done, use fail and say why; do not guess."""
     tool_list = "\n\nTools:\n" + "\n".join(describe(tool) for tool in tools.values())
     return f"""You are an agent that completes the user's task by calling tools.
 

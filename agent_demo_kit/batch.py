@@ -76,6 +76,20 @@ class Planned(NamedTuple):
     busy: int = 0  # times its trace was found locked when its turn came
 
 
+def refuse_another_configuration(out: Path, known: Dict[Any, dict], config: dict) -> None:
+    """ConfigError when the folder's lines (the ones this user's batches wrote) are another configuration's:
+    a batch (or its --plan) into it would mix them."""
+    for line in known.values():
+        if isinstance(line.get("config"), dict) and line["config"] != config:
+            raise another_configuration(out, config_differences(line["config"], config))
+
+
+def another_configuration(out: Path, differences: List[str]) -> ConfigError:
+    return ConfigError(f"{out} holds results of another configuration ({'; '.join(differences)}); these would be"
+                       " mixed with them. Give another --out (without --out each model has a folder of its own), or"
+                       f" move {out} away to start over")
+
+
 class Batch(Saying):
     """The tasks of one shard (or all of them), run into one output folder."""
 
@@ -84,7 +98,7 @@ class Batch(Saying):
                  part: Optional[Tuple[int, int]] = None, quiet: bool = False, named: Callable[[str], str] = keyword_name,
                  notes: Iterable[str] = (), match: Optional[str] = None, repeat: int = 1, source: str = "-",
                  command: Optional[str] = None, task_checks: bool = False, group_readable: bool = False,
-                 scorers: Any = None):
+                 scorers: Any = None, judge: Any = None):
         sliced = tasks if part is None else tasks[part[0]::part[1]]
         self.tasks = sliced if repeat == 1 else [task._replace(repeat=n, file=f"{task.file}@{n}" if n > 1 else task.file)
                                                  for task in sliced for n in range(1, repeat + 1)]
@@ -93,7 +107,8 @@ class Batch(Saying):
         self.settings = load_settings(given, environment, named=named)  # what is wrong is said before any task runs
         self.match, self.tries, self.source, self.command = match, repeat, source, command
         self.task_checks = task_checks  # run the checks task lines name (--task-checks), beside --check
-        self.scorers = scorers  # scorers.Scorers: the user's functions that score each answer (--scorer)
+        # What grades each answer besides `expected`: scorers.Scorers (--scorer), judge.Judge (--judge).
+        self.graders = [grader for grader in (scorers, judge) if grader is not None]
         self.group_readable = group_readable  # the output folder's group may read it (--group-readable)
         self.prices, self.config = self.settings.prices(), {**configuration(self.settings), "task_checks": task_checks}
         for task in sliced:  # a regex that does not compile is said before anything is sent
@@ -141,9 +156,7 @@ class Batch(Saying):
         # Only the lines this batch wrote count: a line someone put in (an archive that came with its
         # results, say) carries no seal of the user's, and its task's trace decides instead.
         known = read_results(self.out, sealed_only=True)
-        for line in known.values():
-            if isinstance(line.get("config"), dict) and line["config"] != self.config:
-                self.refuse(config_differences(line["config"], self.config))
+        refuse_another_configuration(self.out, known, self.config)
         traced = set(os.listdir(self.traces))
         for task in self.tasks:
             line = known.pop(task.key, None)
@@ -183,9 +196,7 @@ class Batch(Saying):
 
     def refuse(self, differences: List[str]) -> None:
         """Stop before anything is sent: the folder's results come from another configuration."""
-        raise ConfigError(f"{self.out} holds results of another configuration ({'; '.join(differences)}); these"
-                          " would be mixed with them. Give another --out (without --out each model has a folder of"
-                          f" its own), or move {self.out} away to start over")
+        raise another_configuration(self.out, differences)
 
     def trace(self, task: BatchTask) -> Path:
         return self.traces / f"{task.file}.jsonl"
@@ -229,15 +240,23 @@ class Batch(Saying):
         return None if task.asserts else task.match or self.match
 
     def with_scores(self, line: dict, task: BatchTask) -> dict:
-        """The line with each --scorer's score of its answer, kept when it has them already (a scorer is
-        run once a task, when it ends, as the regex judge is)."""
-        if not self.scorers or all(name in (line.get("scores") or {}) for name in self.scorers.names()):
-            return line
-        scores, error = self.scorers.score(task.task, line.get("answer"), task.expected,
-                                           finished=line.get("status") == "finished")
-        line["scores"] = {**(line.get("scores") if isinstance(line.get("scores"), dict) else {}), **scores}
-        if error:
-            line["scorer_error"] = error
+        """The line with each --scorer's and the --judge's score of its answer, kept when it has them
+        already (each grades a task once, when it ends, as the regex judge does)."""
+        for grader in self.graders:
+            if grader.graded(line):
+                continue
+            scores, error, kept = grader.score(task.task, line.get("answer"), task.expected,
+                                               finished=line.get("status") == "finished")
+            before = {name: score for name, score in (line.get("scores") if isinstance(line.get("scores"), dict)
+                                                      else {}).items() if name not in grader.names()}
+            for key in grader.kept_keys:  # another judge's word is not this one's
+                line.pop(key, None)
+            line["scores"] = {**before, **scores}
+            line.update(kept)
+            if error:
+                line[grader.error_key] = error
+            else:
+                line.pop(grader.error_key, None)
         return line
 
     def price(self, line: dict) -> dict:
@@ -253,7 +272,8 @@ class Batch(Saying):
     def rescored(self, line: dict, task: BatchTask) -> dict:
         """A line read back, scored against what the file expects now (and priced by --price now),
         written again when that changed something."""
-        before = {name: line.get(name) for name in ("expected", "match", "asserts", "correct", "cost", "scores")}
+        before = {name: line.get(name) for name in ("expected", "match", "asserts", "correct", "cost", "scores",
+                                                    "judge", "judge_error", "scorer_error")}
         judged = [[each.get("type"), each.get("value")] for each in before["asserts"] or () if isinstance(each, dict)]
         if _same(before["expected"], task.expected) and before["match"] == self.match_of(task) \
                 and _same(judged, [list(each) for each in task.asserts or ()]) \

@@ -31,10 +31,15 @@ def default_out(source: str, model: str) -> Path:
     dataset of the cache (hf:NAME:SPLIT), hf-NAME-SPLIT-results/MODEL here."""
     folder = Path("batch-results") if source == "-" else Path(source).with_name(f"{Path(source).stem}-results") \
         if not source.startswith("hf:") else Path(re.sub(r"[^A-Za-z0-9._-]+", "-", source).strip(".-") + "-results")
+    return folder / model_folder(model)
+
+
+def model_folder(model: str) -> str:
+    """The name of a model's folder of results (in FILE-results/, or in --out with several models)."""
     name = model.strip()
     safe = re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip(".-")[:80] or "model"
     # A name a folder cannot hold as it is gets a hash of itself too: openai/gpt-4o and openai-gpt-4o differ.
-    return folder / (safe if safe == name else f"{safe}-{hashlib.sha256(name.encode()).hexdigest()[:8]}")
+    return safe if safe == name else f"{safe}-{hashlib.sha256(name.encode()).hexdigest()[:8]}"
 
 
 def configuration(settings: Settings) -> dict:
@@ -43,7 +48,8 @@ def configuration(settings: Settings) -> dict:
     A rerun into a folder of another configuration is refused; --summary puts them side by side."""
     offered = {name: tool for name, tool in REGISTRY.items()
                if settings.tool_names is None or name in settings.tool_names}
-    system = prompts.render_system_prompt(offered_tools(offered), settings.mode, settings.max_calls)
+    system = prompts.render_system_prompt(offered_tools(offered, answer_only=settings.tool_names == []),
+                                          settings.mode, settings.max_calls)
     tools = [*(settings.tool_names or ["all"]), *(f"file {os.path.basename(path)}" for path in settings.tools_files),
              *(f"mcp {display_url(server) if mcp_urls([server]) else server}" for server in settings.mcp_servers),
              *([f"mcp-config {os.path.basename(settings.mcp_config)}"] if settings.mcp_config else [])]

@@ -85,6 +85,8 @@ class Saying:
         said = " ".join(said.split())
         tried = f" (try {line['repeat']})" if self.tries > 1 else ""
         verdict = {True: ", right", False: ", wrong"}.get(line.get("correct"), "") if line["status"] == "finished" else ""
+        scores = line.get("scores") if isinstance(line.get("scores"), dict) and line["status"] == "finished" else {}
+        verdict += "".join(f", {name} {score:g}" for name, score in scores.items())  # --scorer's, --judge's
         text = (f"[{self.done + self.skipped}/{len(self.tasks)}] {line['id']}{tried}: {line['status']}{verdict},"
                 f" {line['rounds']} round(s), {line['seconds']:.1f} s" + (f": {said[:120]}" if said else ""))
         if self.live:  # a line a task on a terminal: cut to its width, never wrapped

@@ -21,7 +21,8 @@ from agent_demo_kit.endings import RUN_STATUSES, ConfigError, EndpointError, Fin
 from agent_demo_kit.environment import read_environment
 from agent_demo_kit.redaction import Redactor
 from agent_demo_kit.settings import (DEFAULT_RETRY_ERRORS, HOSTED_PARALLEL, MATCHES, MODES, MOST_TRIES, pass_rate,
-                                     setting_fields, shard_of_n, shown_default, significance, whole_number)
+                                     setting_fields, shard_of_n, shown_default, significance, token_price,
+                                     whole_number)
 from agent_demo_kit.terminal import is_terminal, protected
 from agent_demo_kit.urls import mcp_urls, secrets_of
 from agent_demo_kit.tools import REGISTRY
@@ -134,7 +135,7 @@ def add_setting_flags(parser: argparse.ArgumentParser) -> None:
             options.update(action=argparse.BooleanOptionalAction, default=None)
         elif isinstance(default, bool):
             options.update(action="store_true", default=None)  # None: not given, so the environment or a resume holds
-        elif isinstance(default, list):
+        elif isinstance(default, list) or item.name == "model":  # -m a -m b: a batch a model
             options.update(action="append", metavar=meta["metavar"])
         elif item.name == "mode":
             options.update(choices=MODES)
@@ -211,6 +212,17 @@ def build_parser() -> Parser:
                        help="--batch: score each answer with FUNCTION of the Python file FILE too, called with"
                             " task=, answer=, expected= once a task ends (True, False, 0 to 1, or None); never"
                             " seen by the model; repeatable")
+    batch.add_argument("--judge", metavar="MODEL",
+                       help="--batch: MODEL grades each answer (0 to 1, with a reason) against --judge-rubric, on"
+                            " the batch's endpoint unless --judge-url; its tokens and cost are counted apart")
+    batch.add_argument("--judge-url", metavar="URL",
+                       help="--judge: the judge's endpoint (its key: LLM_JUDGE_KEY; default: the batch's endpoint"
+                            " and key)")
+    batch.add_argument("--judge-rubric", metavar="FILE",
+                       help="--judge: what makes an answer right, read from FILE (default: it does what the task"
+                            " asks and agrees with what is expected)")
+    batch.add_argument("--judge-price", type=flag_type(token_price), metavar="IN,OUT[,CACHED]",
+                       help="--judge: the judge's price, as --price")
     batch.add_argument("--match", choices=MATCHES, metavar="HOW",
                        help="--batch: how an answer is scored against a task's expected: exact, includes, number"
                             " or regex (a task line's \"match\" wins; default: case, quotes, surrounding"
@@ -280,11 +292,23 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
                                            ("--shard", args.shard), ("--pass-rate", args.pass_rate),
                                            ("--match", args.match), ("--repeat", args.repeat),
                                            ("--fields", args.fields), ("--scorer", args.scorer),
+                                           ("--judge", args.judge),
                                            ("--plan", args.plan),
                                            ("--task-checks", args.task_checks),
                                            ("--group-readable", args.group_readable)) if value]
     if batch_only and args.batch is None:
         parser.error(f"{', '.join(batch_only)} go{'es' if len(batch_only) == 1 else ''} with --batch")
+    args.models, args.model = args.model or [], (args.model or [None])[-1]
+    twice = next((model for number, model in enumerate(args.models) if model in args.models[:number]), None)
+    if twice is not None:
+        parser.error(f"-m {twice} is named twice")
+    if len(args.models) > 1 and args.batch is None:
+        parser.error(f"several models ({' '.join('-m ' + model for model in args.models)}) go with --batch: a run has"
+                     " one model")
+    judge_only = [flag for flag, value in (("--judge-url", args.judge_url), ("--judge-rubric", args.judge_rubric),
+                                           ("--judge-price", args.judge_price)) if value]
+    if judge_only and args.judge is None:
+        parser.error(f"{', '.join(judge_only)} go{'es' if len(judge_only) == 1 else ''} with --judge")
     if args.markdown and args.summary is None:
         parser.error("--markdown goes with --summary")
     if args.baseline is not None and args.summary is None:

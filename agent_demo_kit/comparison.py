@@ -363,7 +363,8 @@ def render_comparison(data: dict, markdown: bool = False) -> List[str]:
     else:
         lines.append("no task where they differ")
     lines.append("")
-    return lines + test_lines(data["tests"])
+    lines += test_lines(data["tests"])
+    return as_markdown(lines) if markdown else lines
 
 
 def test_lines(tests: List[dict]) -> List[str]:
@@ -493,14 +494,34 @@ def run_cell(run: Optional[dict]) -> str:
     return f"{said}: {run['answer']}" if run["answer"] else said
 
 
+class Markdown(str):
+    """A line written as Markdown already (a table's row: its | are the table's, its cells escaped)."""
+
+
+# What Markdown (GitHub's, in a pull request) would read as markup: HTML, emphasis, code, a link or image
+# (each needs a "]"), a heading, a table's cell border, a mention of someone; each is written as a character
+# reference, which shows as the character. A backslash stays: all it could escape here is a reference's "&".
+MARKDOWN_MARKUP = str.maketrans({"&": "&amp;", "<": "&lt;", ">": "&gt;",
+                                 **{character: f"&#{ord(character)};" for character in "`*_]|@#~"}})
+
+
+def markdown_text(text: str) -> str:
+    """Text from the results (an id, an answer, a label, metadata) that reads as itself in Markdown."""
+    return inert(str(text)).translate(MARKDOWN_MARKUP)
+
+
+def as_markdown(lines: List[str]) -> List[str]:
+    """Lines for a Markdown document: the ones written as Markdown as they are, every other line escaped."""
+    return [line if isinstance(line, Markdown) else Markdown(markdown_text(line)) for line in lines]
+
+
 def table(header: List[str], body: List[List[str]], markdown: bool) -> List[str]:
-    """Rows as aligned text, or as a Markdown table (| escaped); what came from outside shown inert,
+    """Rows as aligned text, or as a Markdown table (each cell escaped); what came from outside shown inert,
     before the columns are measured."""
-    header, body = [inert(str(cell)) for cell in header], [[inert(str(cell)) for cell in row] for row in body]
     if markdown:
-        escape = lambda text: str(text).replace("|", "\\|")  # noqa: E731
-        return [f"| {' | '.join(map(escape, header))} |", f"|{'---|' * len(header)}",
-                *(f"| {' | '.join(map(escape, row))} |" for row in body)]
+        return [Markdown(f"| {' | '.join(map(markdown_text, header))} |"), Markdown(f"|{'---|' * len(header)}"),
+                *(Markdown(f"| {' | '.join(map(markdown_text, row))} |") for row in body)]
+    header, body = [inert(str(cell)) for cell in header], [[inert(str(cell)) for cell in row] for row in body]
     widths = [max(len(str(row[index])) for row in [header, *body]) for index in range(len(header))]
     return ["  ".join(str(value).ljust(width) for value, width in zip(row, widths)).rstrip()
             for row in [header, *body]]

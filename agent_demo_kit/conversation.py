@@ -251,7 +251,8 @@ class Conversation:
 
     def __init__(self, task: str, settings: Settings, registry: Dict[str, Tool], client: Any,
                  on_compaction: Callable[[Compaction], None] = lambda compaction: None, finish: Optional[Tool] = None):
-        self.task, self.settings, self.tools = task, settings, in_use(registry)  # every tool offered
+        self.task, self.settings = task, settings
+        self.tools = in_use(registry, answer_only=settings.tool_names == [])  # every tool offered
         if finish:  # its result held to an output type: in the prompt, and where the endpoint constrains replies
             self.tools["finish"] = finish
         self.client = client  # owns the request's form (mode, schema variant, ...) and builds its body

@@ -112,13 +112,13 @@ def _dotenv_values(path: Path) -> Dict[str, str]:
     return {name: value for name, value in dotenv_values(stream=io.StringIO(text)).items() if value is not None}
 
 
-KEY_VARIABLES = ("LLM_API_KEY", "OPENAI_API_KEY", "LLM_ESCALATE_KEY")  # every key the project knows
+KEY_VARIABLES = ("LLM_API_KEY", "OPENAI_API_KEY", "LLM_ESCALATE_KEY", "LLM_JUDGE_KEY")  # every key the project knows
 
 
 def without_secrets(environment: Any, secrets: Iterable[str] = ()) -> Dict[str, str]:
     """The environment a child process of the user's (the check, the tools worker) gets: without any
     key the project knows, in whatever variable it stands (LLM_API_KEY, OPENAI_API_KEY,
-    LLM_ESCALATE_KEY, or one holding its value or a secret given)."""
+    LLM_ESCALATE_KEY, LLM_JUDGE_KEY, or one holding its value or a secret given)."""
     keys = [value.strip() for value in (*(environment.get(name) for name in KEY_VARIABLES), *secrets)
             if value and value.strip()]
     return {name: value for name, value in environment.items() if name not in KEY_VARIABLES

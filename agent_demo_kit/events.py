@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Optional
 
 from agent_demo_kit.endings import RunResult
-from agent_demo_kit.records import Call, Compaction, Reply, Round, RunEvents, Working
+from agent_demo_kit.records import (Call, Compaction, Reply, Round, RunEvents, Working, compaction_said,  # noqa: F401
+                                    fallback_said, retry_said)
 
 
 @dataclass(frozen=True)
@@ -105,24 +106,6 @@ class Ended:
 
 
 # --- what the trace says of a report, in words (screen_trace.ScreenTrace shows the same) --------------------
-
-def retry_said(cause: str, attempt: int, retries: int, wait: float) -> str:
-    if attempt:
-        return f"{cause}, retry {attempt}/{retries} in {wait:.3g} s"
-    return f"{cause}; sent again in {wait:.3g} s"  # a batch's shared limit took the blame: no retry spent
-
-
-def fallback_said(from_mode: str, to_mode: str, error: str, from_variant: Optional[str],
-                  to_variant: Optional[str]) -> str:
-    rejected = f"{from_mode} mode" + (f" as {from_variant}" if from_variant else "")
-    then = f"trying {to_variant}" if to_variant else f"falling back to {to_mode} mode"
-    return f"the endpoint rejected {rejected} ({error}); {then}"
-
-
-def compaction_said(compaction: Compaction) -> str:
-    return (f"rounds 1-{compaction.folded} folded into the digest ({compaction.chars_before:,} ->"
-            f" {compaction.chars_after:,} chars)")
-
 
 class _Feeding(Working):
     """Each piece of a streamed reply reported, redacted: what could be the start of a key still being

@@ -8,7 +8,7 @@ It imports comparison.
 from typing import List
 
 from agent_demo_kit.comparison import (DIFFERENCES_SHOWN, SIGNIFICANCE, Column, columns_of, compare, pass_rates,
-                                       rate, render_comparison)
+                                       as_markdown, rate, render_comparison)
 from agent_demo_kit.endings import ConfigError
 
 
@@ -70,4 +70,4 @@ def render_gate(data: dict, markdown: bool = False) -> List[str]:
             more = f" ... and {len(gated[name]) - len(shown)} more (--json lists them all)" if len(gated[name]) > \
                 len(shown) else ""
             lines.append(f"{name.replace('_', ' ')}: {', '.join(shown)}{more}")
-    return lines
+    return as_markdown(lines) if markdown else lines

@@ -139,6 +139,8 @@ class Tally:
         self.scored_tasks: set = set()  # with repeats: the tasks (not tries) that had an expected answer
         self.scores: Dict[str, List[float]] = {}  # --scorer's name -> [sum, runs scored]
         self.scorer_errors = 0
+        # --judge: the answers it graded, its tokens and cost (apart from the runs'), the answers it could not
+        self.judged = {"runs": 0, "prompt": 0, "completion": 0, "cost": 0.0, "costed": 0, "errors": 0}
         self.groups: Dict[str, Dict[str, List[int]]] = {}  # metadata key -> value -> [runs, succeeded, scored, correct]
 
     def add(self, figures: dict) -> None:
@@ -171,6 +173,7 @@ class Tally:
                 counted[0] += value
                 counted[1] += 1
         self.scorer_errors += bool(figures.get("scorer_error"))
+        self.add_judged(figures)
         metadata = figures.get("metadata")
         if isinstance(metadata, dict):
             self.add_to_groups(metadata, status == "finished", correct)
@@ -199,6 +202,20 @@ class Tally:
                 total["tokens"] += int(number(used.get("tokens")))
                 if isinstance(used.get("cost"), (int, float)) and not isinstance(used["cost"], bool):
                     total["cost"] = round(total.get("cost", 0.0) + number(used["cost"]), 6)
+
+    def add_judged(self, figures: dict) -> None:
+        """What the --judge spent on one run's answer, and whether it could grade it."""
+        judged, counted = figures.get("judge"), self.judged
+        counted["errors"] += bool(figures.get("judge_error"))
+        if not isinstance(judged, dict):
+            return
+        counted["runs"] += 1
+        tokens = judged.get("tokens") if isinstance(judged.get("tokens"), dict) else {}
+        counted["prompt"] += int(number(tokens.get("prompt")))
+        counted["completion"] += int(number(tokens.get("completion")))
+        if number(judged.get("cost")) or judged.get("cost") == 0 and not isinstance(judged.get("cost"), bool):
+            counted["cost"] += number(judged["cost"])
+            counted["costed"] += 1
 
     def add_to_groups(self, metadata: dict, finished: bool, correct: Any) -> None:
         """A run's place in each group its task's metadata names (at most MOST_GROUPS keys, and values)."""
@@ -252,6 +269,11 @@ class Tally:
             **({"scores": {name: {"mean": round(total / runs, 4), "runs": runs}
                            for name, (total, runs) in self.scores.items()}} if self.scores else {}),
             **({"scorer_errors": self.scorer_errors} if self.scorer_errors else {}),
+            **({"judge": {"runs": self.judged["runs"], "errors": self.judged["errors"],
+                          "tokens": {"prompt": self.judged["prompt"], "completion": self.judged["completion"],
+                                     "total": self.judged["prompt"] + self.judged["completion"]},
+                          "cost": round(self.judged["cost"], 8) if self.judged["costed"] else None}}
+               if self.judged["runs"] or self.judged["errors"] else {}),
             **({"groups": {key: {name: {"runs": runs, "success_rate": rate(succeeded, runs), "scored": scored,
                                         "correct": correct, "accuracy": rate(correct, scored)}
                                  for name, (runs, succeeded, scored, correct) in sorted(values.items())}
@@ -316,6 +338,12 @@ def render(summary: dict) -> List[str]:
                                                        for name, score in (summary.get("scores") or {}).items())
                      + (f"; {summary['scorer_errors']} run(s) the scorer failed on" if summary.get("scorer_errors")
                         else ""))
+    judged = summary.get("judge")
+    if judged:
+        lines.append(f"judge            {judged['runs']} answer(s) graded, {judged['tokens']['total']:,} tokens"
+                     + (f", {dollars(judged['cost'])}" if judged.get("cost") is not None else "")
+                     + " (apart from the runs')"
+                     + (f"; {judged['errors']} it could not grade" if judged["errors"] else ""))
     for key, values in (summary.get("groups") or {}).items():  # by the tasks' metadata
         lines.append(f"by {key:<13} " + "; ".join(
             f"{name} {share(group['accuracy'])} ({group['correct']} of {group['scored']})" if group["scored"] else

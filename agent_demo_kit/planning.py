@@ -27,8 +27,8 @@ def plan(tasks: List[Any], settings: Any, tries: int, earlier: Optional[dict], l
     """The figures of a batch of these tasks (each tried `tries` times) with these settings; earlier:
     the summary of the results already in its folder (None: none)."""
     runs = len(tasks) * tries
-    tools = {name: tool for name, tool in in_use(REGISTRY).items()
-             if settings.tool_names is None or name in settings.tool_names}
+    tools = in_use({name: tool for name, tool in REGISTRY.items()
+                    if settings.tool_names is None or name in settings.tool_names}, settings.tool_names == [])
     system = prompts.render_system_prompt(tools, settings.mode, settings.max_calls)
     first = statistics.fmean(json_size([{"role": "system", "content": system},
                                         {"role": "user", "content": prompts.render_task(task.task)}])

@@ -357,3 +357,23 @@ def number(value: Any) -> float:
             and not math.isfinite(value):
         return 0
     return value if -MOST_A_FIGURE <= value <= MOST_A_FIGURE else 0  # an int of 400 digits is no float
+
+
+# --- the reports in words: the same on the screen and in a caller's events ---------------------
+
+def retry_said(cause: str, attempt: int, retries: int, wait: float) -> str:
+    if attempt:
+        return f"{cause}, retry {attempt}/{retries} in {wait:.3g} s"
+    return f"{cause}; sent again in {wait:.3g} s"  # a batch's shared limit took the blame: no retry spent
+
+
+def fallback_said(from_mode: str, to_mode: str, error: str, from_variant: Optional[str],
+                  to_variant: Optional[str]) -> str:
+    rejected = f"{from_mode} mode" + (f" as {from_variant}" if from_variant else "")
+    then = f"trying {to_variant}" if to_variant else f"falling back to {to_mode} mode"
+    return f"the endpoint rejected {rejected} ({error}); {then}"
+
+
+def compaction_said(compaction: Compaction) -> str:
+    return (f"rounds 1-{compaction.folded} folded into the digest ({compaction.chars_before:,} ->"
+            f" {compaction.chars_after:,} chars)")

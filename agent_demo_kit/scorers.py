@@ -28,9 +28,18 @@ class Scorers:
     def names(self) -> List[str]:
         return [name for name, _ in self.functions]
 
-    def score(self, task: str, answer: Any, expected: Any, finished: bool) -> Tuple[Dict[str, float], Optional[str]]:
-        """Each function's score of one answer (0 each when the task did not finish), and what went wrong
-        with one (None: nothing); a function that raised or gave something else scores nothing."""
+    def graded(self, line: dict) -> bool:
+        """Does the line hold each function's score already (a scorer grades a task once)?"""
+        return all(name in (line.get("scores") or {}) for name in self.names())
+
+    error_key = "scorer_error"  # what the results line calls what went wrong
+    kept_keys = ()  # what else it puts in the line
+
+    def score(self, task: str, answer: Any, expected: Any, finished: bool) -> Tuple[Dict[str, float], Optional[str],
+                                                                                    dict]:
+        """Each function's score of one answer (0 each when the task did not finish), what went wrong
+        with one (None: nothing), and nothing else for the line; a function that raised or gave
+        something else scores nothing."""
         scores: Dict[str, float] = {}
         for name, function in self.functions:
             if not finished:
@@ -39,11 +48,13 @@ class Scorers:
             try:
                 with self.lock:
                     given = score_of(function(task=task, answer=answer, expected=expected))
-            except (Exception, SystemExit) as error:  # the user's function: its error is the task's, the batch goes on
-                return scores, f"{name}: {type(error).__name__}: {error}"[:MESSAGE_CHARS]
+            except BaseException as error:  # the user's function: whatever it raises is the task's, the batch goes on
+                if isinstance(error, KeyboardInterrupt) and threading.current_thread() is threading.main_thread():
+                    raise  # Ctrl-C while it ran (a signal comes to the main thread only): the batch stops
+                return scores, f"{name}: {type(error).__name__}{f': {error}' if str(error) else ''}"[:MESSAGE_CHARS], {}
             if given is not None:
                 scores[name] = given
-        return scores, None
+        return scores, None, {}
 
 
 def score_of(given: Any) -> Optional[float]:

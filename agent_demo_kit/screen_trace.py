@@ -2,12 +2,12 @@
 terminal.py makes (stderr, live on a terminal), or nowhere when there is none (--quiet, a Python
 caller), without loading the terminal's code then.
 
-It imports records, limits, events and prompts.
+It imports records, limits and prompts.
 """
 import contextlib
 from typing import Any, ContextManager, List, Optional
 
-from agent_demo_kit.events import compaction_said, fallback_said, retry_said
+from agent_demo_kit.records import compaction_said, fallback_said, retry_said
 from agent_demo_kit.limits import TASK_SHOWN_CHARS
 from agent_demo_kit.prompts import clip
 from agent_demo_kit.records import Compaction, RunEvents, Working, to_json

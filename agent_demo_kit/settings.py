@@ -150,7 +150,7 @@ class Settings:
     url: str = setting("https://api.openai.com/v1/chat/completions",
                        "chat-completions URL or base URL ending in /v1", "--url", ("LLM_API_URL", "OPENAI_BASE_URL"),
                        metavar="URL")
-    model: str = setting("gpt-4o-mini", "model name", "--model", ("LLM_MODEL",), metavar="NAME", short="-m")
+    model: str = setting("gpt-4o-mini", "model name; with --batch, again for each model to compare", "--model", ("LLM_MODEL",), metavar="NAME", short="-m")
     api_key: Optional[str] = setting(None, "bearer key; optional for local servers (no Authorization header then)",
                                      variables=("LLM_API_KEY", "OPENAI_API_KEY"), resume=False, repr=False,
                                      shown="none")
@@ -172,8 +172,8 @@ class Settings:
                                variables=("AGENT_KEEP_RECENT",), parse=whole_number(0))
     max_calls: int = setting(8, "actions run per reply at most", "--max-calls", ("AGENT_MAX_CALLS",),
                              whole_number(1), metavar="N")
-    tool_names: Optional[List[str]] = setting(None, "expose only these tools; finish, fail, recall and note always",
-                                              "--tools", metavar="NAME,NAME", resume=False, shown="all")
+    tool_names: Optional[List[str]] = setting(None, "expose only these tools (none: no tool, only the answer);"
+                                              " finish, fail, recall and note always", "--tools", metavar="NAME,NAME", resume=False, shown="all")
     tools_files: List[str] = setting([], "make each public function in the Python file PATH a tool; repeatable",
                                      "--tools-file", metavar="PATH", shown="none")
     mcp_servers: List[str] = setting([], "add the tools of an MCP server: a command run over stdio, or an"
@@ -378,7 +378,7 @@ def _checked(item: Any, value: Any, source: str) -> Any:
         except ValueError as error:
             raise ConfigError(f"{source} {error}") from None
     if item.name == "tool_names" and isinstance(value, str):
-        value = [name.strip() for name in value.split(",") if name.strip()]
+        value = [name.strip() for name in value.split(",") if name.strip() and name.strip() != "none"]
     if isinstance(default, list) or item.name == "tool_names":
         if isinstance(value, str) or not all(isinstance(entry, str) for entry in value):
             raise ConfigError(f"{source} must be a list of strings, got {value!r}")

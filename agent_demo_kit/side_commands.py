@@ -9,7 +9,7 @@ import os
 import shutil
 import sys
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from agent_demo_kit.commands import (ending_on_sigterm, given_settings, json_object, print_answer, say_material,
                                      screen)
@@ -42,8 +42,8 @@ def list_runs(args: argparse.Namespace, environment: Dict[str, str], answer: Saf
 
 
 def run_batch(args: argparse.Namespace, environment: Dict[str, str], answer: SafeStream) -> int:
-    """--batch FILE: every task of the file (or of its --shard), into --out; the summary with --json."""
-    from agent_demo_kit.batch import Batch
+    """--batch FILE: every task of the file (or of its --shard), into --out; the summary with --json.
+    With several models (-m a -m b), each in turn, then their comparison."""
     from agent_demo_kit.task_file import parse_fields, read_tasks
     source, notes = "stdin" if args.batch == "-" else args.batch, []
     try:
@@ -65,18 +65,65 @@ def run_batch(args: argparse.Namespace, environment: Dict[str, str], answer: Saf
             stream.close()
     if not tasks:
         raise ConfigError(f"--batch: {source} holds no task")
+    if not args.models and environment.get("AGENT_BATCH_MODELS", "").strip():  # the settings file's list
+        args.models = models_of(environment["AGENT_BATCH_MODELS"])
+        args.model = args.models[-1]
     if args.plan:
         return show_plan(args, environment, answer, tasks)
+    if len(args.models) > 1:
+        return each_model(args, environment, answer, tasks, notes)
+    return batch_of(args, environment, answer, tasks, notes)
+
+
+def models_of(text: str) -> List[str]:
+    """AGENT_BATCH_MODELS=small,big: the models a batch runs with, each once; ConfigError for a name twice."""
+    models = [name.strip() for name in text.split(",") if name.strip()]
+    twice = next((model for number, model in enumerate(models) if model in models[:number]), None)
+    if twice is not None:
+        raise ConfigError(f"AGENT_BATCH_MODELS names {twice} twice")
+    return models
+
+
+def each_model(args: argparse.Namespace, environment: Dict[str, str], answer: SafeStream, tasks: List[Any],
+               notes: List[str]) -> int:
+    """--batch FILE -m a -m b: the batch with each model in turn (one at a time: one endpoint, one limit
+    on requests in flight), a folder each (under --out when given), then the models side by side. A
+    batch stopped by Ctrl-C or an endpoint that fails everything stops the rest."""
+    from agent_demo_kit import comparison
+    from agent_demo_kit.batch_folder import default_out, model_folder
+    folders, worst = [], 0
+    for model in args.models:
+        each = argparse.Namespace(**{**vars(args), "model": model, "models": [model], "json": False,
+                                     "out": str(Path(args.out) / model_folder(model)) if args.out else None})
+        code = batch_of(each, environment, answer, tasks, list(notes))
+        folders.append(each.out or str(default_out(args.batch, model)))
+        worst = max(worst, code)
+        if code not in (0, 1):  # interrupted, or the endpoint, the settings: the next model would meet it too
+            return code
+    compared = comparison.summarize(folders)
+    if args.json:
+        answer.write_json(compared)
+    else:
+        print(inert("\n".join([*([] if args.quiet else [""]), *comparison.render_comparison(compared)])), file=answer)
+    return worst
+
+
+def batch_of(args: argparse.Namespace, environment: Dict[str, str], answer: SafeStream, tasks: List[Any],
+             notes: List[str]) -> int:
+    """The batch of these tasks with the settings the flags give."""
+    from agent_demo_kit.batch import Batch
     scorers = None
     if args.scorer:  # files the user named: imported here, as a --tools-file is
         from agent_demo_kit.scorers import load_scorers
         scorers = load_scorers(args.scorer)
+    judge = judge_of(args, environment) if args.judge is not None else None
     batch = Batch(tasks, Path(args.out) if args.out else None, given_settings(args), environment,
                   parallel=args.parallel,
                   retry_errors=DEFAULT_RETRY_ERRORS if args.retry_errors is None else args.retry_errors,
                   rerun_failed=args.rerun_failed, part=args.shard, quiet=args.quiet, named=flag_name, notes=notes,
                   match=args.match, repeat=args.repeat or 1, source=args.batch, command=args.command,
-                  task_checks=args.task_checks, group_readable=args.group_readable, scorers=scorers)
+                  task_checks=args.task_checks, group_readable=args.group_readable, scorers=scorers,
+                  judge=judge)
     with ending_on_sigterm():
         code, summary = batch.run(args.pass_rate)
     if args.json:
@@ -84,24 +131,58 @@ def run_batch(args: argparse.Namespace, environment: Dict[str, str], answer: Saf
     return code
 
 
+def judge_of(args: argparse.Namespace, environment: Dict[str, str]) -> Any:
+    """--judge MODEL: the judge, with its rubric (--judge-rubric FILE) and its endpoint, key and price."""
+    from agent_demo_kit.judge import RUBRIC, Judge, judge_settings
+    rubric = RUBRIC
+    if args.judge_rubric:
+        try:
+            with open(args.judge_rubric, encoding="utf-8") as file:
+                rubric = file.read(64 * 1024).strip()
+        except (OSError, UnicodeDecodeError) as error:
+            raise ConfigError(f"--judge-rubric: cannot read {args.judge_rubric}:"
+                              f" {getattr(error, 'strerror', None) or error}") from None
+        if not rubric:
+            raise ConfigError(f"--judge-rubric: {args.judge_rubric} is empty")
+    settings = load_settings(given_settings(args), environment, named=flag_name)
+    return Judge(judge_settings(settings, args.judge, args.judge_url, environment.get("LLM_JUDGE_KEY") or None,
+                                args.judge_price), rubric)
+
+
 def show_plan(args: argparse.Namespace, environment: Dict[str, str], answer: SafeStream, tasks: List[Any]) -> int:
-    """--batch FILE --plan: what the batch would take, from its folder's earlier results if any; nothing sent."""
+    """--batch FILE --plan: what the batch would take (with each model, for several); nothing sent."""
+    from agent_demo_kit.batch_folder import model_folder
+    from agent_demo_kit.planning import render_plan
+    several = len(args.models) > 1
+    plans = [planned(argparse.Namespace(**{**vars(args), "model": model, "out": str(Path(args.out) / model_folder(
+        model)) if args.out and several else args.out}), environment, tasks)
+        for model in args.models or [args.model]]
+    if args.json:
+        answer.write_json([figures for figures, _ in plans] if several else plans[0][0])
+    else:
+        print("\n\n".join("\n".join(render_plan(figures, priced)) for figures, priced in plans), file=answer)
+    return 0
+
+
+def planned(args: argparse.Namespace, environment: Dict[str, str], tasks: List[Any]) -> Tuple[dict, bool]:
+    """The figures of what one batch would take, from its folder's earlier results if any; and whether
+    a price was given."""
     from agent_demo_kit import comparison
-    from agent_demo_kit.batch_folder import default_out
-    from agent_demo_kit.planning import plan, render_plan
+    from agent_demo_kit.batch import refuse_another_configuration
+    from agent_demo_kit.batch_folder import configuration, default_out
+    from agent_demo_kit.planning import plan
     settings = load_settings(given_settings(args), environment, named=flag_name, check_endpoint=False)  # no key yet
     sliced = tasks if args.shard is None else tasks[args.shard[0]::args.shard[1]]
     out = Path(args.out) if args.out else default_out(args.batch, settings.model)
+    if out.is_dir():  # what the batch itself would refuse, the plan refuses too
+        refuse_another_configuration(out, comparison.read_results(out, sealed_only=True),
+                                     {**configuration(settings), "task_checks": args.task_checks})
     try:
         earlier: Optional[dict] = comparison.summarize([str(out)]) if out.is_dir() else None
-    except ConfigError:  # no results there yet, or several configurations: a guess then
+    except ConfigError:  # no results there yet: a guess then
         earlier = None
-    figures = plan(sliced, settings, args.repeat or 1, earlier, args.significance or comparison.SIGNIFICANCE)
-    if args.json:
-        answer.write_json(figures)
-    else:
-        print("\n".join(render_plan(figures, settings.price is not None)), file=answer)
-    return 0
+    return plan(sliced, settings, args.repeat or 1, earlier, args.significance or comparison.SIGNIFICANCE), \
+        settings.price is not None
 
 
 def show_summary(args: argparse.Namespace, environment: Dict[str, str], answer: SafeStream) -> int:
@@ -130,6 +211,7 @@ def show_summary(args: argparse.Namespace, environment: Dict[str, str], answer: 
         if summary.get("not_sealed_by_you"):
             shown.append(comparison.seal_note({"label": summary["folders"][0], **summary}))
         shown += comparison.render_failures(summary.get("failures") or [])
+        shown = comparison.as_markdown(shown) if args.markdown else shown
     # For people, piped or not: answers, ids and model names from results files are shown escaped.
     print(inert("\n".join(shown)), file=answer)
     if "configurations" not in summary and summary.get("failures") and summary.get("folders"):

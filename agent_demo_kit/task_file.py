@@ -87,7 +87,7 @@ def read_tasks(tasks: Any, source: str, notes: Optional[List[str]] = None,
     another format (a JSON array, YAML in a .txt file), an id used twice, a file that is not text.
     notes gets what is said once (the keys --fields leaves out)."""
     found: List[BatchTask] = []
-    seen: Dict[str, int] = {}  # id -> its line
+    seen: Dict[str, str] = {}  # id -> where it is ("line 3", "test 2")
     files: set = set()  # the trace names taken, as a file system that ignores case sees them
     unsent: Set[str] = set()  # promptfoo's vars that are not the task
     suffix = source.rpartition(".")[2].lower() if "." in source.rpartition("/")[2] else ""
@@ -130,8 +130,8 @@ def line_tasks(tasks: Any, source: str, suffix: str, fields: Optional[Dict[str, 
             continue
         seen_as = structured(line, first)
         if first and (suffix in ("csv", "tsv") or seen_as and seen_as.startswith(("CSV with a header", "TSV with a"))):
-            entries: Iterator[Tuple[int, Any]] = csv_rows(raw, lines, number, source, "\t" if suffix == "tsv" or
-                                                         seen_as and seen_as.startswith("TSV") else ",", fields, unsent)
+            delimiter = "\t" if suffix == "tsv" or seen_as and seen_as.startswith("TSV") else ","
+            entries: Iterator[Tuple[int, Any]] = csv_rows(raw, lines, number, source, delimiter, fields, unsent, notes)
             shape_of_file = "CSV"
         else:
             entries = iter([(number, line)])
@@ -150,8 +150,9 @@ def line_tasks(tasks: Any, source: str, suffix: str, fields: Optional[Dict[str, 
                     raise ConfigError(f"{source} line {number}: not a JSON object on one line ({error}): a task file"
                                       ' holds one {"task": ...} object a line') from None
                 if fields and isinstance(item, dict):
-                    item, dropped = with_fields(item, fields, f"{source} line {number}")
+                    item, dropped, named = with_fields(item, fields, f"{source} line {number}")
                     left_out.update(dropped)
+                    by_name(notes, named)
                 peer = peer_shape(item)
                 shape = PEER_SHAPES.get(peer, "")
                 shape_of_file = shape_of_file or shape or "agent-demo"
@@ -214,6 +215,8 @@ def task_of(item: Any, number: int, source: str, where: Optional[str] = None) ->
                      metadata=metadata or None, asserts=asserts or None)
 
 
+READ_AS = {"task": "the task", "expected": "what is expected", "id": "the id", "match": "how it is matched",
+           "check": "its check", "metadata": "its metadata"}
 # A CSV column's name (lower case, spaces as _) and the task line's key it stands for.
 COLUMNS = {**dict.fromkeys(("task", "input", "question", "prompt", "query", "instruction"), "task"),
            **dict.fromkeys(("expected", "answer", "target", "ideal", "label", "expected_output", "expected_answer",
@@ -222,10 +225,12 @@ COLUMNS = {**dict.fromkeys(("task", "input", "question", "prompt", "query", "ins
 
 
 def csv_rows(header: str, lines: Iterator[Tuple[int, str]], number: int, source: str, delimiter: str,
-             fields: Optional[Dict[str, str]], unsent: Set[str]) -> Iterator[Tuple[int, dict]]:
-    """The rows of CSV (or TSV) with a header, as task lines: the columns --fields names (else the ones
-    whose names say so: question is the task, answer what is expected), the others the task's metadata;
-    or promptfoo's tests, when its header names __expected or another column of promptfoo's."""
+             fields: Optional[Dict[str, str]], unsent: Set[str], notes: Optional[List[str]] = None
+             ) -> Iterator[Tuple[int, dict]]:
+    """The rows of CSV (or TSV) with a header, as task lines: the columns --fields names, and for what it
+    leaves out the ones whose names say so (question is the task, answer what is expected); the others
+    the task's metadata. Or promptfoo's tests, when its header names __expected or another column of
+    promptfoo's."""
     reader = csv.reader(itertools.chain([header], (raw for _, raw in lines)), delimiter=delimiter)
     names = [name.strip() for name in next(reader)]
     if promptfoo.is_csv_of_tests(names):
@@ -238,7 +243,9 @@ def csv_rows(header: str, lines: Iterator[Tuple[int, str]], number: int, source:
         if missing:
             raise ConfigError(f"--fields: {source} has no column {', '.join(map(repr, missing))} (its columns:"
                               f" {', '.join(names)[:200]})")
-        keys = {name: next((key for key, column in fields.items() if column == name), None) for name in names}
+        keys = {name: next((key for key, column in fields.items() if column == name), None) or
+                (keys[name] if keys[name] not in fields else None) for name in names}
+        by_name(notes, [name for name in names if keys[name] and name not in fields.values()])
     twice = sorted({key for key in keys.values() if key and list(keys.values()).count(key) > 1})
     if twice or len(set(names)) < len(names):
         raise ConfigError(f"{source} line {number}: its header names " + (f"the {twice[0]} twice" if twice else
@@ -262,15 +269,28 @@ def csv_rows(header: str, lines: Iterator[Tuple[int, str]], number: int, source:
         yield number - 1 + reader.line_num, item
 
 
-def with_fields(item: dict, fields: Dict[str, str], where: str) -> Tuple[dict, List[str]]:
-    """A JSON line's keys as --fields names them (task=question: its question is the task), and the
-    keys it leaves out."""
+def with_fields(item: dict, fields: Dict[str, str], where: str) -> Tuple[dict, List[str], List[str]]:
+    """A JSON line's keys as --fields names them (task=question: its question is the task), and for
+    what it leaves out the keys whose names say so (answer is what is expected); the keys not read,
+    and the ones read by their names."""
     missing = [key for key in fields.values() if key not in item]
     if "task" in fields and fields["task"] in missing:
         raise ConfigError(f"{where}: no key {fields['task']!r} (--fields task={fields['task']}); its keys:"
                           f" {', '.join(map(str, item))[:200]}")
     named = {key: item[column] for key, column in fields.items() if column in item}
-    return named, [key for key in item if key not in fields.values()]
+    meaning = {column: COLUMNS.get(column.lower().replace(" ", "_"), column if column == "metadata" else None)
+               for column in item if column not in fields.values()}
+    by_name = {column: key for column, key in meaning.items() if key and key not in fields}
+    named.update({key: item[column] for column, key in by_name.items()})
+    return named, [key for key in item if key not in fields.values() and key not in by_name], list(by_name)
+
+
+def by_name(notes: Optional[List[str]], columns: List[str]) -> None:
+    """Say once which columns --fields left out are read for what their names say."""
+    if columns and notes is not None and "--fields: read by name" not in " ".join(notes):
+        read = (f"{column!r} as {READ_AS[COLUMNS.get(column.lower().replace(' ', '_'), 'metadata')]}"
+                for column in columns[:10])
+        notes.append(f"--fields: read by name: {', '.join(read)}")
 
 
 def parse_fields(text: str) -> Dict[str, str]:
@@ -281,6 +301,8 @@ def parse_fields(text: str) -> Dict[str, str]:
         key, column = key.strip(), column.strip()
         if key not in ("task", "expected", "id", "match") or not column:
             raise ValueError(f"give KEY=COLUMN pairs, KEY one of task, expected, id, match: got {pair.strip()!r}")
+        if key in fields:
+            raise ValueError(f"{key} is named twice ({key}={fields[key]}, {key}={column}): give each key once")
         fields[key] = column
     if "task" not in fields:
         raise ValueError("name the task's column: task=COLUMN")

@@ -167,7 +167,8 @@ def _stray_userinfo(url: str) -> Optional[str]:
 def secrets_of(environment: Dict[str, str], *urls: Optional[str]) -> List[str]:
     """What must never be shown: the keys, and each URL's password and query values (but plain ones),
     as written and as sent (a short query value such as ?page=1 is hidden in the URL, not everywhere)."""
-    found = [(environment.get(name) or "").strip() for name in ("LLM_API_KEY", "OPENAI_API_KEY", "LLM_ESCALATE_KEY")]
+    found = [(environment.get(name) or "").strip() for name in ("LLM_API_KEY", "OPENAI_API_KEY", "LLM_ESCALATE_KEY",
+                                                                 "LLM_JUDGE_KEY")]
     for url in (*urls, *(environment.get(name) for name in ("LLM_API_URL", "OPENAI_BASE_URL", "LLM_ESCALATE_URL"))):
         found += _url_secrets(url or "")
     return [secret for secret in found if secret]

@@ -477,3 +477,25 @@ def test_a_settings_file_others_can_write_is_refused(cli, tmp_path):
     code, out, err = cli("--config", "--json")
     assert code == 0 and json.loads(out)["problem"] == (f"the settings file {path} is writable by others (mode 666):"
                                                         f" chmod 600 {path}")
+
+
+@pytest.mark.parametrize("mode", ["json", "schema", "tools"])
+def test_a_question_that_needs_no_tool_pays_for_a_short_prompt(serve, cli, mode):
+    server = serve([act("finish", result="Paris")])
+    code, out, err = cli("--tools", "none", "--mode", mode, "--no-log", "What is the capital of France?")
+    light = server.requests[0]["body"]["messages"][0]["content"]
+    assert (code, out.strip()) == (0, "Paris"), err
+    code, out, err = cli("--mode", mode, "--no-log", "What is the capital of France?")
+    full = server.requests[1]["body"]["messages"][0]["content"]
+    assert len(light.split()) <= 100 < 250 <= len(full.split()), (len(light.split()), len(full.split()))
+    assert "finish" in light and "fail" in light and "recall" not in light and "calculator" not in light
+    assert "array" not in light and "At most" not in light, "one action: nothing of several calls at once"
+
+
+def test_a_short_prompt_still_shows_the_answer_s_schema(serve, cli, tmp_path):
+    server = serve([act("finish", result={"city": "Paris"})])
+    schema = tmp_path / "answer.json"
+    schema.write_text(json.dumps({"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}))
+    code, out, err = cli("--tools", "none", "--output-schema", schema, "--no-log", "Capital of France?")
+    assert code == 0 and '"city"' in server.requests[0]["body"]["messages"][1]["content"], err
+    assert json.loads(out) == {"city": "Paris"}

@@ -2,8 +2,10 @@
 belong to one configuration, two models side by side, repeats, cost, and what failed."""
 import json
 import os
+import re
 import signal
 import time
+from itertools import groupby
 from pathlib import Path
 
 import pytest
@@ -508,6 +510,10 @@ def test_a_plan_says_what_a_batch_would_take_and_sends_nothing(tmp_path, cli, mo
     code, out, _ = cli("--batch", path, "--plan")
     assert "requests    about 40 (2 a run, as the earlier results in its folder averaged)" in out, out
     assert "nothing was sent" in out
+    folder = tmp_path / "tasks-results" / "gpt-4o-mini"
+    for other in (("--max-rounds", "3"), ("-m", "big"), ("--task-checks",)):  # what the run itself would refuse
+        code, _, err = cli("--batch", path, "--out", folder, "--plan", *other)
+        assert code == 2 and f"{folder} holds results of another configuration" in err, (other, err)
 
 
 def test_the_smallest_difference_a_plan_names_is_connors_for_mcnemars_test():
@@ -531,11 +537,70 @@ def test_a_gate_refuses_new_results_that_lack_tasks_or_hold_other_ones(tmp_path,
     assert code == 2 and "1 task(s) have another text under the same id (t0)" in err, err
 
 
-def test_a_scorer_that_exits_costs_that_answer_its_score(tmp_path, cli, monkeypatch):
+@pytest.mark.parametrize("raised, said", [("sys.exit(3)", "SystemExit: 3"), ("raise Stop('no')", "Stop: no"),
+                                           ("raise KeyboardInterrupt", "KeyboardInterrupt")])
+def test_a_scorer_that_exits_or_raises_anything_costs_that_answer_its_score(tmp_path, cli, monkeypatch, raised, said):
     path = tmp_path / "tasks.jsonl"
-    path.write_text('{"id": "t1", "task": "q1"}\n')
-    (tmp_path / "score.py").write_text("import sys\ndef quits(task, answer, expected):\n    sys.exit(3)\n")
-    scripted_batch(tmp_path, monkeypatch, Answers({"gpt-4o-mini": {"q1": "1"}}))
-    code, out, _ = cli("--batch", path, "--json", "-q", "--scorer", f"{tmp_path}/score.py:quits")
-    assert (code, json.loads(out)["scorer_errors"]) == (0, 1)
-    assert results_of(tmp_path / "tasks-results" / "gpt-4o-mini")["t1"]["scorer_error"] == "quits: SystemExit: 3"
+    path.write_text("".join(f'{{"id": "t{n}", "task": "q{n}"}}\n' for n in range(4)))
+    (tmp_path / "score.py").write_text("import sys\nclass Stop(BaseException):\n    pass\n"
+                                       f"def quits(task, answer, expected):\n    if task == 'q1':\n        {raised}\n"
+                                       "    return 1\n")
+    scripted_batch(tmp_path, monkeypatch, Answers({"gpt-4o-mini": {f"q{n}": "1" for n in range(4)}}))
+    code, out, err = cli("--batch", path, "--json", "-q", "--parallel", "2", "--scorer", f"{tmp_path}/score.py:quits")
+    assert (code, json.loads(out)["scorer_errors"], json.loads(out)["status_counts"]) == (0, 1, {"finished": 4}), err
+    lines = results_of(tmp_path / "tasks-results" / "gpt-4o-mini")
+    assert lines["t1"]["scorer_error"] == f"quits: {said}" and lines["t2"]["scores"] == {"quits": 1.0}
+    assert "Traceback" not in err
+
+
+def markdown_cells(line):
+    """The cells of a Markdown table row, split where GitHub splits them (at a | not escaped)."""
+    return re.split(r"(?<!\\)\|", line.strip())[1:-1]
+
+
+def test_markdown_for_a_pull_request_shows_ids_answers_and_metadata_as_text_never_as_markup(tmp_path, cli,
+                                                                                              monkeypatch):
+    hostile = "<img src=x onerror=alert(1)> | @alice [link](http://x) **bold** `code`"
+    path = tmp_path / "tasks.jsonl"
+    path.write_text("".join(json.dumps({"id": f"t{n}|<b>{n}</b>", "task": f"q{n}", "expected": "5",
+                                        "metadata": {"kind": "a|b <i>"}}) + "\n" for n in range(12)))
+    scripted_batch(tmp_path, monkeypatch, Answers({"old": {f"q{n}": "5" for n in range(12)},
+                                                   "new": {f"q{n}": hostile for n in range(12)}}))
+    cli("--batch", path, "-m", "old", "-q")
+    cli("--batch", path, "-m", "new", "-q")
+    folders = tmp_path / "tasks-results"
+    for flags in (("--summary", folders), ("--summary", folders / "new", "--baseline", folders / "old"),
+                  ("--summary", folders / "new")):
+        code, out, err = cli(*flags, "--markdown")
+        assert "<" not in out and "@alice" not in out and "](" not in out and "**" not in out and "`" not in out, out
+        tables = [list(rows) for is_row, rows in groupby(out.splitlines(), lambda line: line.startswith("|")) if is_row]
+        assert tables and all(len({len(markdown_cells(row)) for row in rows}) == 1 for rows in tables), out
+        assert "by kind: a&#124;b &lt;i&gt;" in out, out
+
+
+def test_several_models_in_one_command_get_a_folder_each_and_end_with_the_comparison(tmp_path, cli, monkeypatch):
+    path = tmp_path / "tasks.jsonl"
+    path.write_text("".join(json.dumps({"id": f"t{n}", "task": f"q{n}", "expected": str(n)}) + "\n" for n in range(12)))
+    server = scripted_batch(tmp_path, monkeypatch, Answers({"small": {f"q{n}": "0" for n in range(12)},
+                                                            "big": {f"q{n}": str(n) for n in range(12)}}))
+    code, out, err = cli("--batch", path, "-m", "small", "-m", "big", "-q")
+    assert code == 1, err  # small got 11 of 12 wrong
+    folders = tmp_path / "tasks-results"
+    assert len(results_of(folders / "small")) == len(results_of(folders / "big")) == 12
+    assert sorted(request["body"]["model"] for request in server.requests) == ["big"] * 12 + ["small"] * 12
+    assert "|" not in out and "small" in out.splitlines()[0] and "big" in out.splitlines()[0], out
+    assert "big vs small: on 12 task(s) both ran, right only with big 11, only with small 0" in out, out
+    code, out, err = cli("--batch", path, "-m", "small", "-m", "big", "--json", "--out", tmp_path / "both")
+    compared = json.loads(out)
+    assert [column["label"] for column in compared["configurations"]] == ["small", "big"], out
+    assert [column["summary"]["correct"] for column in compared["configurations"]] == [1, 12]
+    assert sorted(os.listdir(tmp_path / "both")) == ["big", "small"]
+    code, _, err = cli("-m", "small", "-m", "big", "compute 2 + 3")
+    assert code == 2 and "several models (-m small -m big) go with --batch" in err, err
+    code, _, err = cli("--batch", path, "-m", "small", "-m", "small")
+    assert code == 2 and "-m small is named twice" in err, err
+    monkeypatch.setenv("AGENT_BATCH_MODELS", "big, small")  # as a settings file may say
+    code, out, err = cli("--batch", path, "--out", tmp_path / "listed", "--json", "-q")
+    assert [column["label"] for column in json.loads(out)["configurations"]] == ["big", "small"], err
+    code, out, err = cli("--batch", path, "--out", tmp_path / "listed" / "big", "-m", "big", "--json", "-q")
+    assert (code, json.loads(out)["tasks"]) == (0, 12), "-m wins over the list"

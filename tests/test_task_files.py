@@ -201,6 +201,8 @@ def test_fields_say_which_key_or_column_is_the_task_and_what_is_expected(tmp_pat
     assert code == 2 and "--fields: name the task's column" in err
     code, _, err = cli("--batch", csv, "--fields", "task=Prompt Text,expected=Prompt Text")
     assert code == 2 and "--fields: each key needs a column of its own" in err
+    code, _, err = cli("--batch", csv, "--fields", "task=Gold Label,task=Prompt Text")
+    assert code == 2 and "--fields: task is named twice (task=Gold Label, task=Prompt Text)" in err, err
 
 
 def test_groups_are_rows_of_the_markdown_tables_too(tmp_path, cli, monkeypatch):
@@ -219,3 +221,19 @@ def test_csv_that_cannot_be_read_as_tasks_is_refused_naming_the_line(tmp_path, c
     path.write_text(text)
     code, _, err = cli("--batch", path)
     assert (code, len(server.requests)) == (2, 0) and said in err, err
+
+
+@pytest.mark.parametrize("name, text", [
+    ("q.csv", "Prompt Text,answer,category\nWhat is 2+2?,4,add\nWhat is 3+3?,6,add\n"),
+    ("q.jsonl", json.dumps({"Prompt Text": "What is 2+2?", "expected": "4", "id": "a"}) + "\n"
+     + json.dumps({"Prompt Text": "What is 3+3?", "expected": "6", "id": "b"}) + "\n"),
+])
+def test_fields_that_name_only_the_task_leave_the_other_columns_to_their_names(tmp_path, cli, server, name, text):
+    path = tmp_path / name
+    path.write_text(text)
+    code, out, err = cli("--batch", path, "--json", "--fields", "task=Prompt Text")
+    summary = json.loads(out)
+    assert (code, summary["scored"], summary["correct"]) == (1, 2, 1), err  # the model says 4 each time
+    assert "--fields: read by name: " in err and "as what is expected" in err, err
+    sent = [request["body"]["messages"][1]["content"] for request in server.requests]
+    assert all("6" not in task.replace("3+3", "") for task in sent)
