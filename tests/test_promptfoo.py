@@ -328,3 +328,19 @@ def test_a_rerun_judges_again_only_the_tests_whose_asserts_changed_and_sends_not
     assert (code, json.loads(out)["correct"], len(server.requests)) == (1, 3, asked), err
     assert [each["pass"] for each in results(folder)["2"]["asserts"]] == [True, True, True]
     assert results(folder)["2"]["match"] is None
+
+
+@pytest.mark.processes
+def test_the_command_line_runs_promptfoos_files_as_a_person_would(tmp_path, server):
+    """python agent_demo.py --batch promptfooconfig.yaml, then its CSV: exit 1 (some wrong), a line a test."""
+    pytest.importorskip("yaml")
+    from conftest import KEY, run_cli
+    env = {"LLM_API_URL": server.url, "LLM_API_KEY": KEY}
+    (tmp_path / "promptfooconfig.yaml").write_text(PROMPTFOOCONFIG, encoding="utf-8")
+    (tmp_path / "tests.csv").write_text(PROMPTFOO_CSV)
+    for name, tests, wrong in (("promptfooconfig", 4, "4: wrong: answered \"I don't know\", failed not-icontains"),
+                               ("tests", 7, "3: wrong: answered 'Berlin, not Munich', failed not-contains 'Munich'")):
+        code, out, err = run_cli("--batch", tmp_path / f"{name}.{'csv' if name == 'tests' else 'yaml'}", env=env,
+                                 new_interpreter=True)
+        assert code == 1 and wrong in err, err
+        assert len(results(tmp_path / f"{name}-results" / "gpt-4o-mini")) == tests
