@@ -131,7 +131,7 @@ class Batch(Saying):
         self.failed, self.failures = 0, []  # type: int, List[dict]  # tasks that did not succeed, and the first few
         self.endpoint_failed = False  # a refused key or an endpoint that cannot be reached stopped the batch
         self.stopped_by = 0  # 130 or 143 once Ctrl-C or SIGTERM stopped the batch
-        self.scored_tasks = sum(task.expected is not None for task in self.tasks)
+        self.scored_tasks = sum(task.scored for task in self.tasks)
         self.queue: Deque[Planned] = collections.deque()
         self.lock = threading.Lock()
         self.done = self.ran = self.skipped = 0
@@ -217,14 +217,27 @@ class Batch(Saying):
 
     def scored(self, line: dict, task: BatchTask) -> dict:
         """The line with its score against what the task expects (correct: null when it expects nothing;
-        false when it did not finish) and, with --price, its cost."""
-        match = task.match or self.match
-        line.pop("metadata", None)
+        false when it did not finish; with promptfoo's asserts, true when all of them pass, each one's
+        verdict beside it) and, with --price, its cost."""
+        match = self.match_of(task)
+        finished = line.get("status") == "finished"
+        for name in ("metadata", "asserts"):
+            line.pop(name, None)
         if task.metadata:  # what the file says of the task now: its groups in the summary
             line["metadata"] = task.metadata
-        line.update(expected=task.expected, match=match, correct=None if task.expected is None else
-                    line.get("status") == "finished" and scoring.score(line.get("answer"), task.expected, match))
+        if task.asserts:  # judged only when the run finished: a failed run's "nothing" passes no not-contains
+            line["asserts"] = [{"type": kind, "value": value,
+                                "pass": scoring.assert_passes(line.get("answer"), kind, value) if finished else None}
+                               for kind, value in task.asserts]
+        line.update(expected=task.expected, match=match, correct=(
+            None if not task.scored else finished and all(each["pass"] for each in line["asserts"]) if task.asserts
+            else finished and scoring.score(line.get("answer"), task.expected, match)))
         return self.price(self.with_scores(line, task))
+
+    def match_of(self, task: BatchTask) -> Optional[str]:
+        """How the task's expected is matched (its line's match, else --match); none for promptfoo's
+        asserts, which say themselves how they judge."""
+        return None if task.asserts else task.match or self.match
 
     def with_scores(self, line: dict, task: BatchTask) -> dict:
         """The line with each --scorer's and the --judge's score of its answer, kept when it has them
@@ -259,10 +272,12 @@ class Batch(Saying):
     def rescored(self, line: dict, task: BatchTask) -> dict:
         """A line read back, scored against what the file expects now (and priced by --price now),
         written again when that changed something."""
-        before = {name: line.get(name) for name in ("expected", "match", "correct", "cost", "scores", "judge",
-                                                    "judge_error", "scorer_error")}
-        if _same(before["expected"], task.expected) and before["match"] == (task.match or self.match) \
-                and isinstance(before["correct"], bool) == (task.expected is not None):
+        before = {name: line.get(name) for name in ("expected", "match", "asserts", "correct", "cost", "scores",
+                                                    "judge", "judge_error", "scorer_error")}
+        judged = [[each.get("type"), each.get("value")] for each in before["asserts"] or () if isinstance(each, dict)]
+        if _same(before["expected"], task.expected) and before["match"] == self.match_of(task) \
+                and _same(judged, [list(each) for each in task.asserts or ()]) \
+                and isinstance(before["correct"], bool) == task.scored:
             line = dict(line)  # scored once, when it ended (a sealed line): a regex is not run again
             self.price(self.with_scores(line, task))
         else:
@@ -477,7 +492,8 @@ class Batch(Saying):
         pending = len(self.tasks) - self.tally.runs  # the rates are of every task of the file (or shard)
         summary = self.tally.summary(pending, self.scored_tasks - self.tally.scored, len(self.tasks) // self.tries)
         return {**summary, "config": self.config,
-                "tasks_file": None if self.source == "-" else os.path.abspath(self.source),
+                "tasks_file": None if self.source == "-" else self.source if self.source.startswith("hf:")
+                else os.path.abspath(self.source),
                 "failed_or_wrong": self.failed, "failures": self.failures[:FAILURES_SHOWN]}
 
 

@@ -27,8 +27,10 @@ from agent_demo_kit.urls import display_url, endpoint_of, mcp_urls
 
 def default_out(source: str, model: str) -> Path:
     """The folder a task file's results go to when --out is not given: beside it, named after it, a
-    folder a model (FILE-results/MODEL), so that the same file run with two models just works."""
-    folder = Path("batch-results") if source == "-" else Path(source).with_name(f"{Path(source).stem}-results")
+    folder a model (FILE-results/MODEL), so that the same file run with two models just works; for a
+    dataset of the cache (hf:NAME:SPLIT), hf-NAME-SPLIT-results/MODEL here."""
+    folder = Path("batch-results") if source == "-" else Path(source).with_name(f"{Path(source).stem}-results") \
+        if not source.startswith("hf:") else Path(re.sub(r"[^A-Za-z0-9._-]+", "-", source).strip(".-") + "-results")
     return folder / model_folder(model)
 
 

@@ -179,8 +179,10 @@ def build_parser() -> Parser:
     batch = parser.add_argument_group("many tasks (docs/batch.md)")
     batch.add_argument("--batch", metavar="FILE",
                        help='run each task of FILE (JSON Lines: {"id", "task", "check", "expected"}, or a line of'
-                            " plain text; - reads stdin) and write a trace per task, results.jsonl and"
-                            " summary.json to --out; the same command again goes on where it stopped")
+                            " plain text; CSV; promptfoo's tests; - reads stdin; hf:NAME[:SPLIT] a Hugging Face"
+                            " dataset of the local cache, or FOLDER[:SPLIT] one saved on disk) and write a trace per"
+                            " task, results.jsonl and summary.json to --out; the same command again goes on where it"
+                            " stopped")
     batch.add_argument("--out", metavar="DIR", help="--batch: the output folder (default: FILE-results beside FILE)")
     batch.add_argument("--parallel", type=flag_type(whole_number(1)), metavar="N",
                        help=f"--batch: tasks at once, under one limit on requests in flight that a 429 lowers"

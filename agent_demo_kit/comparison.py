@@ -311,7 +311,10 @@ def failures(lines: Any) -> List[dict]:
     for line in lines:
         if not is_failure(line):
             continue
-        if line.get("status") == "finished":
+        if line.get("status") == "finished" and isinstance(line.get("asserts"), list):  # promptfoo's
+            why = f"answered {one_line(line.get('answer'))!r}, failed " \
+                  f"{one_line(scoring.asserts_said(line['asserts'], failed_only=True), 120)}"
+        elif line.get("status") == "finished":
             why = f"answered {one_line(line.get('answer'))!r}, expected {one_line(line.get('expected'))!r}"
         else:
             why = one_line(line.get("error") or line.get("summary") or line.get("status"), 120)

@@ -18,7 +18,7 @@ from array import array
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tuple
 
-from agent_demo_kit import comparison, metrics, run_log, trace_file, trend
+from agent_demo_kit import comparison, metrics, run_log, scoring, trace_file, trend
 from agent_demo_kit.private_files import write_private
 from agent_demo_kit.endings import ConfigError
 from agent_demo_kit.records import number
@@ -86,8 +86,9 @@ def inside_traces(folder: str, named: str) -> bool:
 def task_entry(key: Any, lines: List[Optional[dict]], folders: List[List[str]], differs: bool = False) -> Dict[str, Any]:
     """A row: the task (id, try, text, expected) and each configuration's run of it (None: not run)."""
     runs = [run_entry(line, where) if line is not None else None for line, where in zip(lines, folders)]
-    expected = next((line.get("expected") for line in lines if line is not None and line.get("expected") is not None),
-                    None)
+    expected = next((line.get("expected") if line.get("expected") is not None else
+                     "all of: " + scoring.asserts_said(line["asserts"]) for line in lines if line is not None and (
+                         line.get("expected") is not None or isinstance(line.get("asserts"), list))), None)
     task = next((run.pop("task") for run in runs if run is not None and run.get("task")), "")
     for run in runs:
         if run is not None:

@@ -4,6 +4,8 @@ and what a count of right answers says (an interval, a paired test of two config
 The default match is forgiving where people are: case, surrounding whitespace, quotes and final
 punctuation do not count, and a numeric expectation is compared with the answer's final number
 ("The result is 1,536." matches 1536). `exact`, `includes`, `number` and `regex` say otherwise.
+A promptfoo test's asserts are judged as promptfoo judges them (all must pass): the output as it
+is, text, or a typed answer as JSON.
 It imports only records.
 """
 import atexit
@@ -83,6 +85,115 @@ def matches(answer: str, expected: Any, match: Optional[str]) -> bool:
         return number is not None and final is not None and math.isclose(final, number, rel_tol=RELATIVE_TOLERANCE,
                                                                           abs_tol=1e-12)
     return normalized(answer) == normalized(wanted)
+
+
+# promptfoo's assert types judged here (each also with "not-" before it, which turns its verdict).
+ASSERTS = ("equals", "contains", "icontains", "starts-with", "regex", "contains-any", "contains-all",
+           "icontains-any", "icontains-all")
+
+
+def check_assert(kind: str, value: Any) -> None:
+    """BadExpectation if promptfoo's assert of this type and value cannot be scored here: a type it
+    scores with code, a model or a service (javascript, llm-rubric, similar, ...), a value of the
+    wrong kind, a regex that does not compile."""
+    base = kind[4:] if kind.startswith("not-") else kind
+    if base not in ASSERTS:
+        raise BadExpectation(f"{kind} cannot be scored here (only {', '.join(ASSERTS)} and their not- forms)")
+    if value is None:
+        raise BadExpectation(f"a {kind} assert has no value")
+    if base.endswith(("-any", "-all")):
+        if not isinstance(value, list) or not value or not all(_text_or_number(each) for each in value):
+            raise BadExpectation(f"a {kind} assert's value must be a list of texts or numbers")
+    elif base in ("starts-with", "regex"):
+        if not isinstance(value, str) or not value:
+            raise BadExpectation(f"a {kind} assert's value must be a text")
+    elif base in ("contains", "icontains") and not (_text_or_number(value) and value != ""):
+        raise BadExpectation(f"a {kind} assert's value must be a text or a number")
+    elif base == "equals" and not (_text_or_number(value) or isinstance(value, (dict, list))):
+        raise BadExpectation(f"a {kind} assert's value must be a text, a number, or JSON to compare with")
+    if base == "regex":
+        try:
+            re.compile(value)
+        except re.error as error:
+            raise BadExpectation(f'"regex" is not a regular expression ({error}): {value[:80]!r}') from None
+
+
+def _text_or_number(value: Any) -> bool:
+    return isinstance(value, str) or isinstance(value, (int, float)) and not isinstance(value, bool) \
+        and math.isfinite(value)
+
+
+def assert_passes(answer: Any, kind: str, value: Any) -> bool:
+    """Does the answer pass promptfoo's assert (checked by check_assert)? As promptfoo judges it: on
+    the output as it is (a typed answer as its JSON text), case counting but for icontains."""
+    inverse, base = kind.startswith("not-"), kind[4:] if kind.startswith("not-") else kind
+    output = output_string(answer)
+    if base == "equals" and isinstance(value, (dict, list)):
+        try:
+            passed = _same_json(value, json.loads(output))
+        except ValueError:
+            passed = False
+    elif base == "equals":
+        passed = output == js_string(value)
+    elif base == "regex":
+        passed = REGEX.search(value, output[:SCORED_CHARS])
+    elif base == "starts-with":
+        passed = output.startswith(value)
+    else:
+        folded = base.startswith("i")
+        said = output.lower() if folded else output
+        wanted = [js_string(each).lower() if folded else js_string(each)
+                  for each in (value if isinstance(value, list) else [value])]
+        found = (wanted_one in said for wanted_one in wanted)
+        passed = all(found) if base.endswith("-all") else any(found)
+    return passed != inverse
+
+
+def output_string(answer: Any) -> str:
+    """An answer as promptfoo's asserts read an output: text as it is, anything else as compact JSON
+    (JavaScript's JSON.stringify); nothing as ""."""
+    if answer is None:
+        return ""
+    if isinstance(answer, str):
+        return answer
+    return json.dumps(_js_numbers(answer), ensure_ascii=False, separators=(",", ":"))
+
+
+def js_string(value: Any) -> str:
+    """A value as JavaScript's String() writes it: 1.0 as "1"."""
+    if isinstance(value, float) and value.is_integer() and abs(value) < 1e21:
+        return str(int(value))
+    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+
+
+def _js_numbers(value: Any) -> Any:
+    if isinstance(value, float) and value.is_integer() and abs(value) < 1e21:
+        return int(value)
+    if isinstance(value, dict):
+        return {key: _js_numbers(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_js_numbers(item) for item in value]
+    return value
+
+
+def _same_json(one: Any, other: Any) -> bool:
+    """Deep equality as JavaScript's isDeepStrictEqual sees parsed JSON: true is no number, 1 is 1.0."""
+    if isinstance(one, bool) or isinstance(other, bool):
+        return type(one) is type(other) and one == other
+    if isinstance(one, dict) and isinstance(other, dict):
+        return one.keys() == other.keys() and all(_same_json(one[key], other[key]) for key in one)
+    if isinstance(one, list) and isinstance(other, list):
+        return len(one) == len(other) and all(map(_same_json, one, other))
+    if isinstance(one, (int, float)) and isinstance(other, (int, float)):
+        return one == other
+    return type(one) is type(other) and one == other
+
+
+def asserts_said(asserts: Any, failed_only: bool = False) -> str:
+    """A line of a results line's asserts for people: "icontains 'paris', not-contains 'London'"."""
+    said = [f"{each.get('type')} {each.get('value')!r}" for each in asserts if isinstance(each, dict)
+            and (not failed_only or each.get("pass") is False)]
+    return ", ".join(said)
 
 
 class RegexJudge:

@@ -50,8 +50,10 @@ def run_batch(args: argparse.Namespace, environment: Dict[str, str], answer: Saf
         fields = parse_fields(args.fields) if args.fields is not None else None
     except ValueError as error:
         raise ConfigError(f"--fields: {error}") from None
+    from agent_demo_kit import hf_datasets
     try:  # read a line at a time: a file that is not text is refused before it is all in memory
-        stream = sys.stdin.buffer if args.batch == "-" else open(args.batch, "rb")
+        stream = sys.stdin.buffer if args.batch == "-" else hf_datasets.dataset_rows(args.batch) \
+            if hf_datasets.names_a_dataset(args.batch) else open(args.batch, "rb")
     except OSError as error:
         raise ConfigError(f"--batch: cannot read {args.batch}: {error.strerror or error}") from None
     try:
@@ -59,7 +61,7 @@ def run_batch(args: argparse.Namespace, environment: Dict[str, str], answer: Saf
     except OSError as error:
         raise ConfigError(f"--batch: cannot read {args.batch}: {error.strerror or error}") from None
     finally:
-        if args.batch != "-":
+        if hasattr(stream, "close") and args.batch != "-":
             stream.close()
     if not tasks:
         raise ConfigError(f"--batch: {source} holds no task")

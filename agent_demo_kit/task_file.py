@@ -14,9 +14,9 @@ import io
 import itertools
 import json
 import re
-from typing import Any, Dict, Iterator, List, NamedTuple, Optional, Tuple
+from typing import Any, Dict, Iterator, List, NamedTuple, Optional, Set, Tuple
 
-from agent_demo_kit import scoring
+from agent_demo_kit import promptfoo, scoring
 from agent_demo_kit.comparison import Key
 from agent_demo_kit.endings import ConfigError
 
@@ -37,6 +37,12 @@ class BatchTask(NamedTuple):
     match: Optional[str] = None  # how the answer is scored against expected (None: the default)
     repeat: int = 1  # which try of the task (--repeat)
     metadata: Optional[dict] = None  # what the file says of the task (category, difficulty, ...), never sent
+    asserts: Optional[tuple] = None  # promptfoo's (type, value) pairs, all to pass; None: scored by expected
+
+    @property
+    def scored(self) -> bool:
+        """Does the file say what its answer should be (expected, or asserts)?"""
+        return self.expected is not None or bool(self.asserts)
 
     @property
     def key(self) -> Key:
@@ -73,19 +79,49 @@ def read_tasks(tasks: Any, source: str, notes: Optional[List[str]] = None,
                fields: Optional[Dict[str, str]] = None) -> List[BatchTask]:
     """The tasks of a task file (a binary stream, or text): JSON Lines, a JSON object a line ({"id",
     "task", "check", "expected", "match", "metadata"}; only task is needed) or a line of plain text
-    that is a task; a peer's samples (inspect's, OpenAI evals'); or CSV or TSV with a header. Blank
-    lines are passed by. The id is the line number when none is given. fields (--fields) says which
-    key or column is the task, the id, what is expected (task=question, expected=answer, ...).
-    ConfigError naming the line for anything else: a key no task line knows (a typo such as
-    "expectd" would score nothing), a line of another format (a JSON array, YAML), an id used twice, a
-    file that is not text. notes gets what is said once (the keys --fields leaves out)."""
+    that is a task; a peer's samples (inspect's, OpenAI evals'); CSV or TSV with a header; promptfoo's
+    tests (its CSV, or YAML by the file's name). Blank lines are passed by. The id is the line number
+    (a YAML test's place) when none is given. fields (--fields) says which key or column is the task,
+    the id, what is expected (task=question, expected=answer, ...). ConfigError naming the line for
+    anything else: a key no task line knows (a typo such as "expectd" would score nothing), a line of
+    another format (a JSON array, YAML in a .txt file), an id used twice, a file that is not text.
+    notes gets what is said once (the keys --fields leaves out)."""
     found: List[BatchTask] = []
-    seen: set = set()
+    seen: Dict[str, str] = {}  # id -> where it is ("line 3", "test 2")
     files: set = set()  # the trace names taken, as a file system that ignores case sees them
+    unsent: Set[str] = set()  # promptfoo's vars that are not the task
     suffix = source.rpartition(".")[2].lower() if "." in source.rpartition("/")[2] else ""
-    if suffix in OTHER_FORMATS:
+
+    def keep(task: BatchTask, where: str) -> None:
+        if task.id in seen:
+            raise ConfigError(f"{where}: the id {task.id!r} is also {seen[task.id]}'s; each task needs its own")
+        seen[task.id] = where.rpartition(f"{source} ")[2]
+        name = file_name(task.id)
+        name = task.id if name == task.id else name  # one string kept, not two: a million tasks stay small
+        folded = name.lower()
+        if folded in files:  # two ids that differ only where a file name cannot
+            name = f"{name}-{hashlib.sha256(task.id.encode()).hexdigest()[:8]}"
+            folded = name.lower()
+        files.add(name if folded == name else folded)
+        found.append(task._replace(file=name))
+
+    if suffix in ("yaml", "yml"):  # promptfoo's tests
+        for number, item in promptfoo.yaml_tests(tasks, source, fields, unsent, notes):
+            keep(task_of(item, number, source, f"{source} test {number}"), f"{source} test {number}")
+    elif suffix in OTHER_FORMATS:
         raise ConfigError(f"{source} is {OTHER_FORMATS[suffix]} by its name, not a task file: a task file is JSON Lines,"
                           ' a {"task": ...} object a line, CSV with a header, or a line of plain text a task')
+    else:
+        for number, task in line_tasks(tasks, source, suffix, fields, unsent, notes):
+            keep(task, f"{source} line {number}")
+    if unsent and notes is not None:
+        notes.append(f"vars other than the task's are not sent: {', '.join(sorted(unsent)[:10])}")
+    return found
+
+
+def line_tasks(tasks: Any, source: str, suffix: str, fields: Optional[Dict[str, str]], unsent: Set[str],
+               notes: Optional[List[str]]) -> Iterator[Tuple[int, BatchTask]]:
+    """The tasks of a file read a line at a time (JSON Lines, plain text, CSV), with their lines."""
     first, shape_of_file, left_out = True, None, set()
     lines = text_lines(tasks, source)
     for number, raw in lines:  # number: the line's
@@ -94,15 +130,15 @@ def read_tasks(tasks: Any, source: str, notes: Optional[List[str]] = None,
             continue
         seen_as = structured(line, first)
         if first and (suffix in ("csv", "tsv") or seen_as and seen_as.startswith(("CSV with a header", "TSV with a"))):
-            entries: Iterator[Tuple[int, Any]] = csv_rows(raw, lines, number, source, "\t" if suffix == "tsv" or
-                                                         seen_as and seen_as.startswith("TSV") else ",", fields, notes)
+            delimiter = "\t" if suffix == "tsv" or seen_as and seen_as.startswith("TSV") else ","
+            entries: Iterator[Tuple[int, Any]] = csv_rows(raw, lines, number, source, delimiter, fields, unsent, notes)
             shape_of_file = "CSV"
         else:
             entries = iter([(number, line)])
         first = False
         for number, entry in entries:
-            if isinstance(entry, dict):  # a CSV row
-                found.append(task_of(entry, number, source))
+            if isinstance(entry, dict):  # a CSV row, or promptfoo's test
+                yield number, task_of(entry, number, source)
             elif seen_as:
                 raise ConfigError(f"{source} line {number} looks like {seen_as}, not a task: a task file is JSON"
                                   ' Lines, a {"task": ...} object a line, CSV with a header, or a line of plain text'
@@ -125,69 +161,58 @@ def read_tasks(tasks: Any, source: str, notes: Optional[List[str]] = None,
                                       f" the file's first task is of {shape_of_file}'s: a file holds tasks of one format")
                 if peer:  # a peer's sample, read as it is: its input the task, its answer what is expected
                     item = as_task_line(item, peer, f"{source} line {number}")
-                found.append(task_of(item, number, source))
+                yield number, task_of(item, number, source)
             else:
                 if shape_of_file not in (None, "agent-demo"):
                     raise ConfigError(f"{source} line {number} is a line of plain text, where the file's first task is"
                                       f" of {shape_of_file}'s format: a file holds tasks of one format")
                 shape_of_file = "agent-demo"
-                found.append(BatchTask(number, str(number), line))
-            ident = found[-1].id
-            if ident in seen:
-                earlier = next(task.line for task in found if task.id == ident)
-                raise ConfigError(f"{source} line {number}: the id {ident!r} is also line {earlier}'s; each task"
-                                  " needs its own")
-            seen.add(ident)
-            name = file_name(ident)
-            name = ident if name == ident else name  # one string kept, not two: a million tasks stay small
-            folded = name.lower()
-            if folded in files:  # two ids that differ only where a file name cannot
-                name = f"{name}-{hashlib.sha256(ident.encode()).hexdigest()[:8]}"
-                folded = name.lower()
-            files.add(name if folded == name else folded)
-            found[-1] = found[-1]._replace(file=name)
+                yield number, BatchTask(number, str(number), line)
     if left_out and notes is not None:
         notes.append(f"--fields: {', '.join(sorted(left_out)[:10])} not read (not named by --fields)")
-    return found
 
 
-def task_of(item: Any, number: int, source: str) -> BatchTask:
-    """One task from a line's (or a row's) object; ConfigError naming the line for what it cannot be."""
+def task_of(item: Any, number: int, source: str, where: Optional[str] = None) -> BatchTask:
+    """One task from a line's (or a row's, or a test's) object; ConfigError naming the line (where) for
+    what it cannot be."""
+    where = where or f"{source} line {number}"
+    asserts = item.pop("asserts", None) if isinstance(item, dict) and "asserts" in item and \
+        isinstance(item["asserts"], tuple) else None  # promptfoo's, made by its reader (never a JSON line's)
     unknown = sorted(item.keys() - set(TASK_KEYS))
     holder = next((key for key in unknown if isinstance(item[key], list) and item[key]
                    and all(isinstance(inner, dict) and "role" not in inner for inner in item[key])), None)
     if holder:  # {"tasks": [{...}, ...]}: a whole file's tasks in one object (not a list of chat messages)
-        raise ConfigError(f"{source} line {number} looks like a JSON object holding the tasks (its key"
+        raise ConfigError(f"{where} looks like a JSON object holding the tasks (its key"
                           f" {holder!r}), not a task: a task file is JSON Lines, one {{\"task\": ...}} object a line")
     if unknown:  # before anything else: another format's keys say what it is
-        raise ConfigError(f"{source} line {number}: {', '.join(map(json.dumps, unknown))}"
+        raise ConfigError(f"{where}: {', '.join(map(json.dumps, unknown))}"
                           f" {'is no key' if len(unknown) == 1 else 'are no keys'} of a task line"
                           f"{meant_keys(unknown, item)}; a task line knows {', '.join(TASK_KEYS)}"
                           " (--fields names others)")
     task = item.get("task")
     if not isinstance(task, str) or not task.strip():
-        raise ConfigError(f'{source} line {number}: "task" must be a text that is not empty')
+        raise ConfigError(f'{where}: "task" must be a text that is not empty')
     if item.get("check") is not None and (not isinstance(item["check"], str) or not item["check"].strip()):
-        raise ConfigError(f'{source} line {number}: "check" must be a command line (a text that is not empty)')
+        raise ConfigError(f'{where}: "check" must be a command line (a text that is not empty)')
     ident = item.get("id", number)
     if not isinstance(ident, (str, int)) or isinstance(ident, bool) or str(ident).strip() == "" \
             or re.search(r"[\x00-\x1f\x7f]", str(ident)):
-        raise ConfigError(f'{source} line {number}: "id" must be a whole number or a text of one line')
+        raise ConfigError(f'{where}: "id" must be a whole number or a text of one line')
     expected, match = item.get("expected"), item.get("match")
     if match is not None and match not in scoring.MATCHES:
-        raise ConfigError(f'{source} line {number}: "match" must be one of {", ".join(scoring.MATCHES)}')
+        raise ConfigError(f'{where}: "match" must be one of {", ".join(scoring.MATCHES)}')
     try:
         if expected is not None:
             scoring.check_expectation(expected, match)
     except scoring.BadExpectation as error:
-        raise ConfigError(f"{source} line {number}: {error}") from None
+        raise ConfigError(f"{where}: {error}") from None
     metadata = item.get("metadata")
     if metadata is not None and not (isinstance(metadata, dict) and all(
             isinstance(value, (str, int, float, bool)) or value is None for value in metadata.values())):
-        raise ConfigError(f'{source} line {number}: "metadata" must be an object of plain values'
+        raise ConfigError(f'{where}: "metadata" must be an object of plain values'
                           ' ({"category": "math", "difficulty": 2})')
     return BatchTask(number, str(ident), task.strip(), item.get("check"), expected, match=match,
-                     metadata=metadata or None)
+                     metadata=metadata or None, asserts=asserts or None)
 
 
 READ_AS = {"task": "the task", "expected": "what is expected", "id": "the id", "match": "how it is matched",
@@ -195,17 +220,23 @@ READ_AS = {"task": "the task", "expected": "what is expected", "id": "the id", "
 # A CSV column's name (lower case, spaces as _) and the task line's key it stands for.
 COLUMNS = {**dict.fromkeys(("task", "input", "question", "prompt", "query", "instruction"), "task"),
            **dict.fromkeys(("expected", "answer", "target", "ideal", "label", "expected_output", "expected_answer",
-                            "reference", "solution", "ground_truth", "gold", "__expected"), "expected"),
+                            "reference", "solution", "ground_truth", "gold"), "expected"),
            **dict.fromkeys(("id", "task_id", "name"), "id"), "match": "match", "check": "check"}
 
 
 def csv_rows(header: str, lines: Iterator[Tuple[int, str]], number: int, source: str, delimiter: str,
-             fields: Optional[Dict[str, str]], notes: Optional[List[str]] = None) -> Iterator[Tuple[int, dict]]:
+             fields: Optional[Dict[str, str]], unsent: Set[str], notes: Optional[List[str]] = None
+             ) -> Iterator[Tuple[int, dict]]:
     """The rows of CSV (or TSV) with a header, as task lines: the columns --fields names, and for what it
     leaves out the ones whose names say so (question is the task, answer what is expected); the others
-    the task's metadata."""
+    the task's metadata. Or promptfoo's tests, when its header names __expected or another column of
+    promptfoo's."""
     reader = csv.reader(itertools.chain([header], (raw for _, raw in lines)), delimiter=delimiter)
     names = [name.strip() for name in next(reader)]
+    if promptfoo.is_csv_of_tests(names):
+        rows = ((number - 1 + reader.line_num, row) for row in reader if any(value.strip() for value in row))
+        yield from promptfoo.csv_tests(rows, names, number, source, fields, unsent)
+        return
     keys = {name: COLUMNS.get(name.lower().replace(" ", "_")) for name in names}
     if fields:
         missing = [column for column in fields.values() if column not in names]
@@ -327,7 +358,7 @@ def messages_text(messages: Any, where: str, name: str) -> str:
     return "\n\n".join(f"{message['role']}: {text}" for message, text in zip(messages, said))
 
 
-OTHER_FORMATS = {"yaml": "YAML", "yml": "YAML", "parquet": "Parquet", "xlsx": "a spreadsheet",
+OTHER_FORMATS = {"parquet": "Parquet", "xlsx": "a spreadsheet",
                  "arrow": "Arrow"}
 # The keys other formats give a task and its answer (inspect's input and target, OpenAI evals' ideal, ...),
 # and the task line's key each stands for.
@@ -338,7 +369,7 @@ _ANSWER_WORDS = r"expected|expected[ _]output|expected[ _]answer|answer|target|i
                 r"|ground[ _]truth|gold"
 _KEY_WORDS = rf"task|input|question|prompt|query|instruction|id|vars|assert|{_ANSWER_WORDS}"
 # What a line of another format looks like, where this file's format would take it for a task's text.
-_HEADER_FIELD = re.compile(r'\s*"?[A-Za-z_][A-Za-z0-9_.-]*"?\s*')
+_HEADER_FIELD = re.compile(r'\s*"?([A-Za-z_][A-Za-z0-9_.-]*|__[a-z]+:[^"\t,;|]+)"?\s*')  # __metadata:NAME too
 _COLUMN = re.compile(r'\s*"?[A-Za-z][A-Za-z0-9_.-]*( [A-Za-z0-9_.-]+){0,2}"?\s*')  # a name of up to three words
 _KEY_COLUMN = re.compile(rf'\s*"?([A-Za-z]+[ _])?({_KEY_WORDS})([ _][A-Za-z]+)?"?\s*', re.IGNORECASE)  # Expected Answer
 _KEYED = re.compile(  # a key in YAML, TOML, INI, a mapping written inline, a few-shot line: its word in group "key"

@@ -40,7 +40,8 @@ LAYERS = {
     "results": {"agent_demo_kit.scoring", "agent_demo_kit.scorers", "agent_demo_kit.judge", "agent_demo_kit.metrics",
                 "agent_demo_kit.comparison", "agent_demo_kit.gate", "agent_demo_kit.trend",
                 "agent_demo_kit.report_page"},
-    "batch": {"agent_demo_kit.task_file", "agent_demo_kit.batch_folder", "agent_demo_kit.batch_view",
+    "batch": {"agent_demo_kit.task_file", "agent_demo_kit.promptfoo", "agent_demo_kit.hf_datasets",
+              "agent_demo_kit.batch_folder", "agent_demo_kit.batch_view",
               "agent_demo_kit.planning",
               "agent_demo_kit.batch"},
 }

@@ -35,7 +35,7 @@ def server(monkeypatch):
     ("tasks.txt", "42\n", "a JSON value"),
     ("tasks.json", '{"tasks": [{"task": "What is 2+2?", "expected": "4"}]}\n', "a JSON object holding the tasks"),
     ("tasks.json", '{\n  "task": "What is 2+2?",\n  "expected": "4"\n}\n', "not a JSON object on one line"),
-    ("promptfoo.yaml", "tests:\n", "is YAML by its name"),
+    ("tasks.parquet", "PAR1\n", "is Parquet by its name"),
 ])
 def test_a_file_of_another_format_is_refused_naming_it_and_nothing_is_sent(tmp_path, cli, server, name, text, seen):
     path = tmp_path / name
