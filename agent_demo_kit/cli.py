@@ -406,7 +406,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             return Interrupted.exit_code
         except OutputClosed:  # --help or --version into a reader that went away (| head): it took what it wanted
             return 0
-        redactor.add(*secrets_of(environment, args.url, *mcp_urls(args.mcp_servers or [])))
+        redactor.add(*secrets_of(environment, args.url, args.judge_url, *mcp_urls(args.mcp_servers or [])))
         for note in getattr(environment, "notes", []):  # a ./.env passed by
             print(f"agent-demo: {note}", file=sys.stderr)
         if unreadable or args.runs or args.show is not None or args.config or args.summary is not None \

@@ -441,12 +441,13 @@ def figure_rows(columns: List[dict]) -> List[List[str]]:
 
 
 def figure_names(columns: List[dict]) -> List[str]:
-    """The rows of a table of these columns: the figures, then each --scorer's score and each group of
-    the tasks' metadata that one of them has."""
+    """The rows of a table of these columns: the figures, then each --scorer's score, the --judge's cost
+    and each group of the tasks' metadata that one of them has."""
     names = list(FIGURES)
     for column in columns:
         summary = column["summary"]
         names += [f"score {name}" for name in summary.get("scores") or {} if f"score {name}" not in names]
+        names += ["judge"] if summary.get("judge") and "judge" not in names else []
         names += [f"by {key}: {value}" for key, values in (summary.get("groups") or {}).items()
                   for value in values if f"by {key}: {value}" not in names]
     return names
@@ -458,6 +459,10 @@ def cell(column: dict, name: str) -> str:
     if name.startswith("score "):
         score = (summary.get("scores") or {}).get(name[len("score "):])
         return "n/a" if not score else f"{score['mean']:.3g} ({score['runs']} runs)"
+    if name == "judge":  # what the --judge model cost, apart from the runs'
+        judged = summary.get("judge")
+        return "n/a" if not judged else f"{judged['runs']} graded, {judged['tokens']['total']:,} tokens" + (
+            f", {metrics.dollars(judged['cost'])}" if judged.get("cost") is not None else "")
     if name.startswith("by "):
         key, _, value = name[len("by "):].partition(": ")
         group = ((summary.get("groups") or {}).get(key) or {}).get(value)

@@ -23,6 +23,7 @@ from agent_demo_kit.settings import Settings, chat_completions_url, check_endpoi
 from agent_demo_kit.urls import secrets_of
 
 NAME = "judge"  # its score's name, beside each --scorer's
+MOST_RUBRIC_CHARS = 16_000  # a rubric is a page, not a document: each request carries it
 RUBRIC = ("The answer is right when it does what the task asks and, if a reference answer is given, agrees with"
           " it; wording, format and extra explanation do not matter. Partly right earns a part of the score.")
 REASON_CHARS = 500  # of the judge's reason, kept in the results line
@@ -46,12 +47,12 @@ class Judge:
     error_key = "judge_error"
     kept_keys = (NAME,)
 
-    def __init__(self, settings: Settings, rubric: str = RUBRIC):
+    def __init__(self, settings: Settings, rubric: str = RUBRIC, hidden: Tuple[str, ...] = ()):
         self.settings, self.rubric = settings, rubric
         self.rubric_hash = hashlib.sha256(rubric.encode("utf-8")).hexdigest()[:12]  # which rubric graded a line
         self.prices = settings.prices()
-        # What its endpoint says back (an error, a reason) never shows its key, or the batch's.
-        self.redact = Redactor(*secrets_of({"LLM_JUDGE_KEY": settings.api_key or ""}, settings.url))
+        # What its endpoint says back (an error, a reason) never shows its key, or the batch's (hidden).
+        self.redact = Redactor(*secrets_of({"LLM_JUDGE_KEY": settings.api_key or ""}, settings.url), *hidden)
         self.local = threading.local()
 
     def names(self) -> list:
@@ -103,7 +104,7 @@ def verdict(content: str) -> Tuple[Optional[float], str]:
     for _, _, value in reversed(json_spans(strip_think(content or ""))):
         if not isinstance(value, dict):
             continue
-        given = value.get("score", value.get("verdict"))
+        given = value["score"] if value.get("score") is not None else value.get("verdict")
         if isinstance(given, str):
             given = WORDS.get(given.strip().lower(), given)
             try:

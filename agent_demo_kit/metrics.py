@@ -209,7 +209,7 @@ class Tally:
         counted["errors"] += bool(figures.get("judge_error"))
         if not isinstance(judged, dict):
             return
-        counted["runs"] += 1
+        counted["runs"] += "score" in judged  # graded; a reply without a score costs its tokens all the same
         tokens = judged.get("tokens") if isinstance(judged.get("tokens"), dict) else {}
         counted["prompt"] += int(number(tokens.get("prompt")))
         counted["completion"] += int(number(tokens.get("completion")))

@@ -21,7 +21,7 @@ from agent_demo_kit.screen_trace import ScreenTrace
 from agent_demo_kit.settings import (DEFAULT_RETRY_ERRORS, check_endpoint_settings, flag_name, load_settings,
                                      setting_fields, shown_default)
 from agent_demo_kit.terminal import SafeStream, inert
-from agent_demo_kit.urls import display_url
+from agent_demo_kit.urls import display_url, secrets_of
 
 
 def list_runs(args: argparse.Namespace, environment: Dict[str, str], answer: SafeStream) -> int:
@@ -133,20 +133,23 @@ def batch_of(args: argparse.Namespace, environment: Dict[str, str], answer: Safe
 
 def judge_of(args: argparse.Namespace, environment: Dict[str, str]) -> Any:
     """--judge MODEL: the judge, with its rubric (--judge-rubric FILE) and its endpoint, key and price."""
-    from agent_demo_kit.judge import RUBRIC, Judge, judge_settings
+    from agent_demo_kit.judge import MOST_RUBRIC_CHARS, RUBRIC, Judge, judge_settings
     rubric = RUBRIC
     if args.judge_rubric:
         try:
             with open(args.judge_rubric, encoding="utf-8") as file:
-                rubric = file.read(64 * 1024).strip()
+                rubric = file.read(MOST_RUBRIC_CHARS + 1).strip()
         except (OSError, UnicodeDecodeError) as error:
             raise ConfigError(f"--judge-rubric: cannot read {args.judge_rubric}:"
                               f" {getattr(error, 'strerror', None) or error}") from None
         if not rubric:
             raise ConfigError(f"--judge-rubric: {args.judge_rubric} is empty")
+        if len(rubric) > MOST_RUBRIC_CHARS:  # every request carries it
+            raise ConfigError(f"--judge-rubric: {args.judge_rubric} is longer than {MOST_RUBRIC_CHARS:,} characters;"
+                              " a rubric says what makes an answer right, in a page")
     settings = load_settings(given_settings(args), environment, named=flag_name)
     return Judge(judge_settings(settings, args.judge, args.judge_url, environment.get("LLM_JUDGE_KEY") or None,
-                                args.judge_price), rubric)
+                                args.judge_price), rubric, tuple(secrets_of(environment, settings.url)))
 
 
 def show_plan(args: argparse.Namespace, environment: Dict[str, str], answer: SafeStream, tasks: List[Any]) -> int:

@@ -163,3 +163,35 @@ def test_the_rubric_is_the_users_own_words(tmp_path, cli, servers):
                        "--judge-rubric", tmp_path / "rubric.txt")
     assert "[1/1] t0: finished, right, judge 1, 1 round(s)" in err, err
     assert "Rubric: Right only when the answer is a bare number." in judge.requests[0]["body"]["messages"][0]["content"]
+
+
+def test_the_judges_login_and_the_batchs_key_are_never_shown(tmp_path, cli, servers):
+    runs, judge = servers
+    runs.screen = lambda body: action("fail", reason="cannot") if "1 + 1" in body["messages"][1]["content"] \
+        else model(body)
+    judge.screen = lambda body: {"content": json.dumps({"score": 1, "reason": f"the runs used {KEY}"})}
+    url = judge.url.replace("http://", "http://bob:PASSWORDSECRET99@") + "?api-key=QUERYSECRET1234567"
+    code, out, err = cli("--batch", tasks_file(tmp_path, 2), "--judge", "grader", "--judge-url", url)
+    said = err + out + (tmp_path / "tasks-results" / "gpt-4o-mini" / "results.jsonl").read_text()
+    assert "--judge-url" in err and "PASSWORDSECRET99" not in said and "QUERYSECRET1234567" not in said, err
+    assert KEY not in said and "the runs used [redacted" in said
+
+
+def test_the_judges_figures_count_what_it_graded_and_a_verdict_word_is_a_score(tmp_path, cli, servers):
+    runs, judge = servers
+    replies = iter(['{"score": null, "verdict": "right", "reason": "yes"}', "no score here", '{"score": 0}'])
+    judge.screen = lambda body: next(replies)
+    code, out, err = cli("--batch", tasks_file(tmp_path, 3), "--json", "-q", "--judge", "grader",
+                         "--judge-url", judge.url)
+    judged = json.loads(out)["judge"]
+    assert (judged["runs"], judged["errors"]) == (2, 1), judged
+    code, out, _ = cli("--summary", tmp_path / "tasks-results" / "gpt-4o-mini", "--markdown")
+    assert "| judge | 2 graded, 45 tokens |" in out, out
+
+
+def test_a_rubric_too_long_to_be_one_is_refused(tmp_path, cli, servers):
+    runs, judge = servers
+    (tmp_path / "rubric.txt").write_text("Be strict. " * 10_000)
+    code, _, err = cli("--batch", tasks_file(tmp_path, 1), "--judge", "grader", "--judge-rubric",
+                       tmp_path / "rubric.txt")
+    assert code == 2 and "--judge-rubric: " in err and "longer than" in err and runs.requests == [], err
