@@ -166,7 +166,7 @@ class Agent:
                 self.token_limit += self.usage.get("total_tokens", 0)
         kept = {name: value for name, value in recorded_settings(self.settings).items() if name not in ("url", "model")}
         kept.update(max_rounds=self.round_limit, max_tokens=self.token_limit, tools=list(self.registry),
-                    **self.client.form.record())
+                    answer_only=self.settings.tool_names == [], **self.client.form.record())
         model, url = self.settings.model, display_url(self.settings.endpoint)
         if follow_up is not None:
             self.hooks.follow_up(follow_up, model, url, len(history), kept)

@@ -363,9 +363,9 @@ def action_schema(tools: Dict[str, Any], max_calls: int) -> dict:
     Alone, because a model held to the schema writes whatever it allows: given the choice, a small
     one ends the run in the reply that makes its first call, with an answer it has not seen."""
     ending = {"type": "array", "items": _one_of([tools[name] for name in ENDINGS]), "minItems": 1, "maxItems": 1}
-    calls = {"type": "array", "items": _one_of([tool for name, tool in tools.items() if name not in ENDINGS]),
-             "minItems": 1, "maxItems": max_calls}
-    return {"type": "object", "properties": {"actions": {"anyOf": [calls, ending]}},
+    others = [tool for name, tool in tools.items() if name not in ENDINGS]
+    calls = {"type": "array", "items": _one_of(others), "minItems": 1, "maxItems": max_calls}
+    return {"type": "object", "properties": {"actions": {"anyOf": [calls, ending]} if others else ending},
             "required": ["actions"], "additionalProperties": False}
 
 

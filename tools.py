@@ -312,9 +312,9 @@ def clash_message(name: str) -> str:
 def in_use(registry: Dict[str, Tool], answer_only: bool = False) -> Dict[str, Tool]:
     """Every tool a run offers, by name: the registry's, then finish, fail, recall and note. The one
     list the prompt, the schemas, the format errors and every name-clash check go by. answer_only
-    (--tools none): finish and fail alone, a question that needs no tool has no use of the others."""
-    if answer_only:
-        return {name: CONTROL_ACTIONS[name] for name in ("finish", "fail")}
+    (--tools none): without recall and note, which a question that needs no tool has no use of."""
+    if answer_only:  # but what the run itself offers (read_material, for what was piped in)
+        return {**registry, **{name: CONTROL_ACTIONS[name] for name in ("finish", "fail")}}
     return {**registry, **CONTROL_ACTIONS}
 
 

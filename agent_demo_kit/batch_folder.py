@@ -50,7 +50,7 @@ def configuration(settings: Settings) -> dict:
                if settings.tool_names is None or name in settings.tool_names}
     system = prompts.render_system_prompt(offered_tools(offered, answer_only=settings.tool_names == []),
                                           settings.mode, settings.max_calls)
-    tools = [*(settings.tool_names or ["all"]), *(f"file {os.path.basename(path)}" for path in settings.tools_files),
+    tools = [*(["all"] if settings.tool_names is None else settings.tool_names or ["none"]), *(f"file {os.path.basename(path)}" for path in settings.tools_files),
              *(f"mcp {display_url(server) if mcp_urls([server]) else server}" for server in settings.mcp_servers),
              *([f"mcp-config {os.path.basename(settings.mcp_config)}"] if settings.mcp_config else [])]
     return {"model": settings.model.strip(), "endpoint": endpoint_of(settings.endpoint), "mode": settings.mode,

@@ -378,7 +378,10 @@ def _checked(item: Any, value: Any, source: str) -> Any:
         except ValueError as error:
             raise ConfigError(f"{source} {error}") from None
     if item.name == "tool_names" and isinstance(value, str):
-        value = [name.strip() for name in value.split(",") if name.strip() and name.strip() != "none"]
+        value = [name.strip() for name in value.split(",") if name.strip()]
+        if "none" in value and len(value) > 1:
+            raise ConfigError(f"{source}: none goes alone (no tool, only the answer), got {', '.join(value)}")
+        value = [] if value == ["none"] else value
     if isinstance(default, list) or item.name == "tool_names":
         if isinstance(value, str) or not all(isinstance(entry, str) for entry in value):
             raise ConfigError(f"{source} must be a list of strings, got {value!r}")

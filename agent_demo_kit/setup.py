@@ -9,6 +9,7 @@ conversation and the screen's trace; each layer the settings choose only then: t
 file, a resume), checks and output types, escalation, the tool sources, telemetry, events.
 """
 import contextlib
+import dataclasses
 import os
 import sys
 from pathlib import Path
@@ -66,6 +67,8 @@ def prepare(task: str = "", *, given: Dict[str, Any], environment: Dict[str, str
             log, recorded, settings = take_up(resume, follow_up is not None, given, environment, named, redactor, confirm,
                                               screen_trace, written, closing)
             start, history, unfinished, task = recorded.start, recorded.rounds, recorded.unfinished, recorded.start["task"]
+            if start.get("answer_only") is True and settings.tool_names is None:  # --tools none holds, as tools do
+                settings = dataclasses.replace(settings, tool_names=[])
         else:
             settings = settings or load_settings(given, environment, named=named)
         gate_for = gate if callable(gate) else lambda settings: gate  # arun()'s: the one for each endpoint
@@ -207,6 +210,10 @@ def tool_registry(settings: Settings, functions: Sequence[Callable], redactor: A
     and the notes to say once it is written. ConfigError if a function or a file gives no usable
     tool, a name clashes, a server does not start, or --tools names a tool that does not exist.
     What they start is stopped when `closing` closes."""
+    if settings.tool_names == [] and (settings.tools_files or settings.mcp_servers or settings.mcp_config):
+        adding = settings.named("tools_files") if settings.tools_files else settings.named(
+            "mcp_servers" if settings.mcp_servers else "mcp_config")
+        raise ConfigError(f"{settings.named('tool_names')} none offers no tool: {adding} would add none")
     registry = dict(REGISTRY)
     for function in functions:
         try:

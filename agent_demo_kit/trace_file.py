@@ -288,7 +288,7 @@ class TraceFile(RunEvents):
 # has its own), the request's form, the tools it narrowed to, the material it reads, the MCP servers it
 # saw (to say what changed). Never what starts a process, loads a file or chooses where requests go.
 LATER_RECORDS_KEEP = {"max_rounds", "max_tokens", "mode", "schema_variant", "reply_cap_field", "stream", "tools",
-                      "material", "material_shown", "mcp"}
+                      "answer_only", "material", "material_shown", "mcp"}
 
 
 @dataclass

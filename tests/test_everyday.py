@@ -499,3 +499,46 @@ def test_a_short_prompt_still_shows_the_answer_s_schema(serve, cli, tmp_path):
     code, out, err = cli("--tools", "none", "--output-schema", schema, "--no-log", "Capital of France?")
     assert code == 0 and '"city"' in server.requests[0]["body"]["messages"][1]["content"], err
     assert json.loads(out) == {"city": "Paris"}
+
+
+@pytest.mark.parametrize("again", [("--resume",), ("--continue", "and in Italy?")])
+def test_a_run_with_no_tool_stays_one_when_it_goes_on(serve, cli, tmp_path, again):
+    server = serve(["I think it is Paris", act("finish", result="Paris")])
+    trace = tmp_path / "run.jsonl"
+    code, _, err = cli("--tools", "none", "--max-rounds", "1", "--trace", trace, "Capital of France?")
+    assert code == 1, err
+    if again[0] == "--continue":
+        server.replies.insert(1, act("finish", result="Paris"))
+        assert cli("--resume", trace, "--max-rounds", "3")[0] == 0
+    code, _, err = cli(again[0], trace, *again[1:], "--max-rounds", "3")
+    assert code == 0, err
+    systems = [request["body"]["messages"][0]["content"] for request in server.requests]
+    assert all(system == systems[0] for system in systems) and "recall" not in systems[-1], systems[-1]
+
+
+def test_a_run_with_no_tool_still_reads_what_was_piped_in_page_by_page(serve, cli):
+    server = serve([act("finish", result="read")])
+    material = "".join(f"line {n}: {'x' * 60}\n" for n in range(5_000))
+    code, _, err = cli("--tools", "none", "--mode", "tools", "--no-log", "sum it up", stdin=material)
+    assert code == 0, err
+    offered = [tool["function"]["name"] for tool in server.requests[0]["body"]["tools"]]
+    assert "read_material" in offered and "read_material" in server.requests[0]["body"]["messages"][0]["content"]
+
+
+def test_with_no_tool_the_schema_mode_schema_is_one_a_validator_takes(serve, cli):
+    jsonschema = pytest.importorskip("jsonschema")
+    server = serve([act("finish", result="Paris")])
+    cli("--tools", "none", "--mode", "schema", "--no-log", "Capital of France?")
+    schema = server.requests[0]["body"]["response_format"]["json_schema"]["schema"]
+    jsonschema.Draft202012Validator.check_schema(schema)
+    jsonschema.validate({"actions": [{"tool": "finish", "args": {"result": "Paris"}}]}, schema)
+
+
+@pytest.mark.parametrize("flags, said", [
+    (("--tools", "none,calculator"), "--tools: none goes alone"),
+    (("--tools", "none", "--tools-file", "tools.py"), "--tools none offers no tool: --tools-file would add none"),
+])
+def test_no_tool_and_a_tool_are_refused_together(serve, cli, flags, said):
+    server = serve([act("finish", result="x")])
+    code, _, err = cli(*flags, "--no-log", "q")
+    assert code == 2 and said in err and server.requests == [], err
