@@ -304,7 +304,8 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
     if batch_only and args.batch is None:
         parser.error(f"{', '.join(batch_only)} go{'es' if len(batch_only) == 1 else ''} with --batch")
     args.models, args.model = args.model or [], (args.model or [None])[-1]
-    twice = next((model for number, model in enumerate(args.models) if model in args.models[:number]), None)
+    twice = next((model for number, model in enumerate(args.models)
+                  if model.strip() in [other.strip() for other in args.models[:number]]), None)
     if twice is not None:
         parser.error(f"-m {twice} is named twice")
     if len(args.models) > 1 and args.batch is None:

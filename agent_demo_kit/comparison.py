@@ -521,13 +521,20 @@ MARKDOWN_MARKUP = str.maketrans({"&": "&amp;", "<": "&lt;", ">": "&gt;",
 
 
 def markdown_text(text: str) -> str:
-    """Text from the results (an id, an answer, a label, metadata) that reads as itself in Markdown."""
-    return inert(str(text)).translate(MARKDOWN_MARKUP)
+    """Text from the results (an id, an answer, a label, metadata) that reads as itself in Markdown, on
+    one line (a line break in a model's name would end a table row, or start a heading)."""
+    return " ".join(inert(str(text)).translate(MARKDOWN_MARKUP).splitlines())
 
 
 def as_markdown(lines: List[str]) -> List[str]:
-    """Lines for a Markdown document: the ones written as Markdown as they are, every other line escaped."""
-    return [line if isinstance(line, Markdown) else Markdown(markdown_text(line)) for line in lines]
+    """Lines for a Markdown document: the ones written as Markdown as they are, every other line escaped,
+    and a blank line between a table and what follows it (else it would be the table's next row)."""
+    done: List[str] = []
+    for line in lines:
+        if not isinstance(line, Markdown) and line and done and done[-1].startswith("|"):
+            done.append(Markdown(""))
+        done.append(line if isinstance(line, Markdown) else Markdown(markdown_text(line)))
+    return done
 
 
 def table(header: List[str], body: List[List[str]], markdown: bool) -> List[str]:

@@ -65,9 +65,11 @@ def run_batch(args: argparse.Namespace, environment: Dict[str, str], answer: Saf
             stream.close()
     if not tasks:
         raise ConfigError(f"--batch: {source} holds no task")
-    if not args.models and environment.get("AGENT_BATCH_MODELS", "").strip():  # the settings file's list
-        args.models = models_of(environment["AGENT_BATCH_MODELS"])
-        args.model = args.models[-1]
+    listed = models_of(environment.get("AGENT_BATCH_MODELS", "")) if not args.models else []
+    if listed:  # the settings file's list
+        args.models, args.model = listed, listed[-1]
+    if len(args.models) > 1:
+        one_folder_a_model(args.models)
     if args.plan:
         return show_plan(args, environment, answer, tasks)
     if len(args.models) > 1:
@@ -82,6 +84,17 @@ def models_of(text: str) -> List[str]:
     if twice is not None:
         raise ConfigError(f"AGENT_BATCH_MODELS names {twice} twice")
     return models
+
+
+def one_folder_a_model(models: List[str]) -> None:
+    """ConfigError, before anything is sent, for two models whose results would go to one folder."""
+    from agent_demo_kit.batch_folder import model_folder
+    folders: Dict[str, str] = {}
+    for model in models:
+        other = folders.setdefault(model_folder(model), model)
+        if other != model:
+            raise ConfigError(f"-m {other} and -m {model} would share the folder {model_folder(model)}: name each"
+                              " model once")
 
 
 def each_model(args: argparse.Namespace, environment: Dict[str, str], answer: SafeStream, tasks: List[Any],

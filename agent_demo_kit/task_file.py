@@ -281,6 +281,11 @@ def with_fields(item: dict, fields: Dict[str, str], where: str) -> Tuple[dict, L
     meaning = {column: COLUMNS.get(column.lower().replace(" ", "_"), column if column == "metadata" else None)
                for column in item if column not in fields.values()}
     by_name = {column: key for column, key in meaning.items() if key and key not in fields}
+    for key in dict.fromkeys(by_name.values()):
+        columns = [column for column, meant in by_name.items() if meant == key]
+        if len(columns) > 1:  # which one is the answer? Not the last one by chance
+            raise ConfigError(f"{where}: {' and '.join(map(repr, columns[:3]))} are both {READ_AS[key]} by their"
+                              f" names: name the one with --fields {key}=KEY")
     named.update({key: item[column] for column, key in by_name.items()})
     return named, [key for key in item if key not in fields.values() and key not in by_name], list(by_name)
 

@@ -604,3 +604,37 @@ def test_several_models_in_one_command_get_a_folder_each_and_end_with_the_compar
     assert [column["label"] for column in json.loads(out)["configurations"]] == ["big", "small"], err
     code, out, err = cli("--batch", path, "--out", tmp_path / "listed" / "big", "-m", "big", "--json", "-q")
     assert (code, json.loads(out)["tasks"]) == (0, 12), "-m wins over the list"
+
+
+@pytest.mark.parametrize("models, said", [(("good", " good"), "-m  good is named twice"),
+                                          (("good/x", "good-x-" + __import__("hashlib").sha256(b"good/x").hexdigest()[:8]),
+                                           "would share the folder")])
+def test_two_models_of_one_folder_are_refused_before_anything_is_sent(tmp_path, cli, monkeypatch, models, said):
+    path = tmp_path / "tasks.jsonl"
+    path.write_text('{"id": "t0", "task": "q0", "expected": "0"}\n')
+    server = scripted_batch(tmp_path, monkeypatch, Answers({model.strip(): {"q0": "0"} for model in models}))
+    code, _, err = cli("--batch", path, *(word for model in models for word in ("-m", model)))
+    assert code == 2 and said in err and server.requests == [], err
+
+
+@pytest.mark.parametrize("listed", [",", " , ", ""])
+def test_an_empty_list_of_models_is_no_list(tmp_path, cli, monkeypatch, listed):
+    path = tmp_path / "tasks.jsonl"
+    path.write_text('{"id": "t0", "task": "q0", "expected": "0"}\n')
+    scripted_batch(tmp_path, monkeypatch, Answers({"gpt-4o-mini": {"q0": "0"}}))
+    monkeypatch.setenv("AGENT_BATCH_MODELS", listed)
+    code, _, err = cli("--batch", path, "-q")
+    assert code == 0 and (tmp_path / "tasks-results" / "gpt-4o-mini").is_dir(), err
+
+
+def test_markdown_keeps_its_tables_whole_whatever_comes_after_or_inside(tmp_path, cli, monkeypatch):
+    path = tmp_path / "tasks.jsonl"
+    path.write_text("".join(json.dumps({"id": f"t{n}", "task": f"q{n}", "expected": "5"}) + "\n" for n in range(3)))
+    name = "good\n| injected | row |\n\n# Heading"
+    scripted_batch(tmp_path, monkeypatch, Answers({name: {f"q{n}": "4" for n in range(3)}}))
+    cli("--batch", path, "-m", name, "-q", "--out", tmp_path / "folder")
+    code, out, _ = cli("--summary", tmp_path / "folder", "--markdown")
+    lines = out.splitlines()
+    assert not any(line.startswith(("| injected", "# Heading")) for line in lines), out
+    last_row = max(number for number, line in enumerate(lines) if line.startswith("|"))
+    assert lines[last_row + 1] == "" and "did not finish or were wrong" in out, out

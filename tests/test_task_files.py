@@ -237,3 +237,11 @@ def test_fields_that_name_only_the_task_leave_the_other_columns_to_their_names(t
     assert "--fields: read by name: " in err and "as what is expected" in err, err
     sent = [request["body"]["messages"][1]["content"] for request in server.requests]
     assert all("6" not in task.replace("3+3", "") for task in sent)
+
+
+def test_fields_refuse_two_keys_read_as_one_by_their_names(tmp_path, cli, server):
+    path = tmp_path / "q.jsonl"
+    path.write_text(json.dumps({"q": "Q1", "expected": "E1", "answer": "A1", "id": "x", "name": "z"}) + "\n")
+    code, _, err = cli("--batch", path, "--fields", "task=q")
+    assert code == 2 and "'expected' and 'answer' are both what is expected by their names" in err, err
+    assert server.requests == []
