@@ -185,12 +185,14 @@ def planned(args: argparse.Namespace, environment: Dict[str, str], tasks: List[A
     a price was given."""
     from agent_demo_kit import comparison
     from agent_demo_kit.batch import refuse_another_configuration
-    from agent_demo_kit.batch_folder import configuration, default_out
+    from agent_demo_kit.batch_folder import check_output_folder, check_output_parents, configuration, default_out
     from agent_demo_kit.planning import plan
     settings = load_settings(given_settings(args), environment, named=flag_name, check_endpoint=False)  # no key yet
     sliced = tasks if args.shard is None else tasks[args.shard[0]::args.shard[1]]
     out = Path(args.out) if args.out else default_out(args.batch, settings.model)
-    if out.is_dir():  # what the batch itself would refuse, the plan refuses too
+    check_output_parents(out)  # what the batch itself would refuse, the plan refuses too
+    if out.is_dir():
+        check_output_folder(out)
         refuse_another_configuration(out, comparison.read_results(out, sealed_only=True),
                                      {**configuration(settings), "task_checks": args.task_checks})
     try:

@@ -638,3 +638,16 @@ def test_markdown_keeps_its_tables_whole_whatever_comes_after_or_inside(tmp_path
     assert not any(line.startswith(("| injected", "# Heading")) for line in lines), out
     last_row = max(number for number, line in enumerate(lines) if line.startswith("|"))
     assert lines[last_row + 1] == "" and "did not finish or were wrong" in out, out
+
+
+def test_a_plan_refuses_a_folder_the_batch_would_refuse(tmp_path, cli, monkeypatch):
+    path = tmp_path / "tasks.jsonl"
+    path.write_text('{"id": "t0", "task": "q0", "expected": "0"}\n')
+    server = scripted_batch(tmp_path, monkeypatch, Answers({"gpt-4o-mini": {"q0": "0"}}))
+    team = tmp_path / "team"
+    team.mkdir()
+    team.chmod(0o777)
+    code, _, plan_said = cli("--batch", path, "--out", team / "x", "--plan")
+    code_of_batch, _, batch_said = cli("--batch", path, "--out", team / "x")
+    assert (code, code_of_batch, server.requests) == (2, 2, []), plan_said
+    assert plan_said.splitlines()[-1] == batch_said.splitlines()[-1], (plan_said, batch_said)
