@@ -426,6 +426,10 @@ def rerun_command(summary: dict) -> str:
             continue
         if config.get(name) is not None and not (name == "mode" and config[name] == "json"):
             words += [flag, str(config[name])]
+    tools = config.get("tools") if isinstance(config.get("tools"), list) else []
+    named = [str(tool) for tool in tools if not str(tool).startswith(("file ", "mcp ", "mcp-config "))]
+    if named and named != ["all"]:  # --tools: a folder of other tools is another configuration
+        words += ["--tools", ",".join(named)]
     tries = (summary.get("repeats") or {}).get("tries")
     if tries and tries > 1:
         words += ["--repeat", str(tries)]

@@ -651,3 +651,17 @@ def test_a_plan_refuses_a_folder_the_batch_would_refuse(tmp_path, cli, monkeypat
     code_of_batch, _, batch_said = cli("--batch", path, "--out", team / "x")
     assert (code, code_of_batch, server.requests) == (2, 2, []), plan_said
     assert plan_said.splitlines()[-1] == batch_said.splitlines()[-1], (plan_said, batch_said)
+
+
+def test_the_command_that_runs_failed_tasks_again_keeps_the_tools_of_their_configuration(tmp_path, cli, monkeypatch):
+    path = tmp_path / "tasks.jsonl"
+    path.write_text('{"id": "t0", "task": "q0", "expected": "0"}\n')
+    server = scripted_batch(tmp_path, monkeypatch, Answers({"gpt-4o-mini": {"q0": "1"}}))
+    for tools in ("none", "calculator"):
+        out = tmp_path / tools
+        cli("--batch", path, "--tools", tools, "--out", out, "-q")
+        code, _, err = cli("--summary", out)
+        again = err.split("to run them again: ", 1)[1].splitlines()[0]
+        assert f"--tools {tools}" in again, err
+        sent = len(server.requests)
+        assert cli(*__import__("shlex").split(again)[1:])[0] == 1 and len(server.requests) == sent + 1, again
