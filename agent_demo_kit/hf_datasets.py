@@ -48,8 +48,10 @@ class RowLines:
 def dataset_rows(batch: str) -> RowLines:
     """The rows of the dataset --batch names, offline; ConfigError when `datasets` is missing, the name
     is not in the local cache, the split is not one of its splits (or none is named among several)."""
-    datasets = offline_datasets(batch)
     folder_split = _folder_and_split(batch)
+    if not batch.startswith(PREFIX):  # before the library is imported: it never sees such a folder
+        refuse_code(folder_split[0] if folder_split else batch, batch)
+    datasets = offline_datasets(batch)
     split: Optional[str] = None
     try:
         if batch.startswith(PREFIX):
@@ -58,6 +60,9 @@ def dataset_rows(batch: str) -> RowLines:
                 raise ConfigError(f"--batch {batch}: give hf:NAME, hf:NAME:SPLIT or hf:NAME:CONFIG:SPLIT")
             name, config, split = parts[0], parts[1] if len(parts) == 3 else None, parts[-1] if len(parts) > 1 \
                 else None
+            if name.startswith(("/", ".", "~")) or os.path.exists(name):  # the library would read it as a folder
+                raise ConfigError(f"--batch {batch}: {name!r} is a path, not a dataset's name in the cache; give the"
+                                  " folder itself: --batch FOLDER")
             loaded = cached(datasets, name, config, batch)
         else:
             folder, split = folder_split if folder_split else (batch, None)
@@ -84,6 +89,16 @@ def dataset_rows(batch: str) -> RowLines:
     return RowLines(iter(loaded))
 
 
+def refuse_code(folder: str, batch: str) -> None:
+    """ConfigError for a folder that holds Python: a dataset's loading script is code someone else wrote,
+    and a task file never runs anything (the library before 4.0 would run it)."""
+    for where, _, files in os.walk(folder):
+        script = next((name for name in files if name.endswith(".py")), None)
+        if script:
+            raise ConfigError(f"--batch {batch}: {os.path.join(where, script)} is Python; a dataset is read as"
+                              " data, and a folder with a loading script is not read at all")
+
+
 def cached(datasets: Any, name: str, config: Optional[str], batch: str) -> Any:
     """A dataset of the local cache by its hub name, all its splits; ConfigError when it is not there."""
     try:
@@ -105,6 +120,10 @@ def offline_datasets(batch: str) -> Any:
     except ImportError:
         raise ConfigError(f"--batch {batch} is a dataset: reading it needs the datasets library: pip install"
                           " 'agent-demo[datasets]'") from None
+    if int(str(getattr(datasets, "__version__", "0")).split(".")[0] or 0) < 4:  # 4.0 runs no loading script
+        raise ConfigError(f"--batch {batch}: datasets {getattr(datasets, '__version__', '?')} may run a dataset's"
+                          " loading script (Python someone else wrote); it needs datasets 4 or later: pip install"
+                          " 'agent-demo[datasets]'")
     datasets.config.HF_HUB_OFFLINE = huggingface_hub.constants.HF_HUB_OFFLINE = True
     if hasattr(datasets.config, "HF_DATASETS_OFFLINE"):
         datasets.config.HF_DATASETS_OFFLINE = True

@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 import sys
+import types
 
 import pytest
 
@@ -126,3 +127,28 @@ def test_a_dataset_without_the_library_says_what_to_install(tmp_path, cli, serve
         assert (code, len(server.requests)) == (2, 0), err
         assert f"--batch {batch} is a dataset: reading it needs the datasets library: pip install" \
                " 'agent-demo[datasets]'" in err
+
+
+def test_a_dataset_folder_with_a_loading_script_is_refused_and_nothing_of_it_runs(tmp_path, cli, server):
+    evil = tmp_path / "evil"
+    evil.mkdir()
+    marker = tmp_path / "ran"
+    (evil / "evil.py").write_text(f"open({str(marker)!r}, 'w').write('the loading script ran')\n")
+    (evil / "data.jsonl").write_text(json.dumps({"task": "2+2", "expected": "4"}) + "\n")
+    for batch in (str(evil), f"{evil}:train", f"hf:{evil}"):
+        code, _, err = cli("--batch", batch, "--plan")
+        assert (code, server.requests, marker.exists()) == (2, [], False), err
+        assert "is Python" in err or "is a path, not a dataset's name" in err, err
+
+
+def test_a_datasets_library_that_may_run_loading_scripts_is_refused(tmp_path, cli, server, monkeypatch):
+    old = types.ModuleType("datasets")
+    old.__version__ = "2.16.0"
+    hub = types.ModuleType("huggingface_hub")
+    hub.constants = types.SimpleNamespace(HF_HUB_OFFLINE=False)
+    monkeypatch.setitem(sys.modules, "datasets", old)
+    monkeypatch.setitem(sys.modules, "huggingface_hub", hub)
+    monkeypatch.setitem(sys.modules, "huggingface_hub.constants", hub.constants)
+    (tmp_path / "saved").mkdir()
+    code, _, err = cli("--batch", tmp_path / "saved")
+    assert code == 2 and "datasets 2.16.0 may run a dataset's loading script" in err and server.requests == [], err
