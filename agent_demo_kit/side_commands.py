@@ -51,13 +51,14 @@ def run_batch(args: argparse.Namespace, environment: Dict[str, str], answer: Saf
     except ValueError as error:
         raise ConfigError(f"--fields: {error}") from None
     from agent_demo_kit import hf_datasets
+    dataset = args.batch != "-" and hf_datasets.names_a_dataset(args.batch)
     try:  # read a line at a time: a file that is not text is refused before it is all in memory
-        stream = sys.stdin.buffer if args.batch == "-" else hf_datasets.dataset_rows(args.batch) \
-            if hf_datasets.names_a_dataset(args.batch) else open(args.batch, "rb")
+        stream = sys.stdin.buffer if args.batch == "-" else hf_datasets.dataset_rows(args.batch) if dataset \
+            else open(args.batch, "rb")
     except OSError as error:
         raise ConfigError(f"--batch: cannot read {args.batch}: {error.strerror or error}") from None
     try:
-        tasks = read_tasks(stream, source, notes, fields)
+        tasks = read_tasks(stream, source, notes, fields, named_by_suffix=not dataset)
     except OSError as error:
         raise ConfigError(f"--batch: cannot read {args.batch}: {error.strerror or error}") from None
     finally:

@@ -76,7 +76,7 @@ def text_lines(tasks: Any, source: str) -> Iterator[Tuple[int, str]]:
 
 
 def read_tasks(tasks: Any, source: str, notes: Optional[List[str]] = None,
-               fields: Optional[Dict[str, str]] = None) -> List[BatchTask]:
+               fields: Optional[Dict[str, str]] = None, named_by_suffix: bool = True) -> List[BatchTask]:
     """The tasks of a task file (a binary stream, or text): JSON Lines, a JSON object a line ({"id",
     "task", "check", "expected", "match", "metadata"}; only task is needed) or a line of plain text
     that is a task; a peer's samples (inspect's, OpenAI evals'); CSV or TSV with a header; promptfoo's
@@ -85,12 +85,13 @@ def read_tasks(tasks: Any, source: str, notes: Optional[List[str]] = None,
     the id, what is expected (task=question, expected=answer, ...). ConfigError naming the line for
     anything else: a key no task line knows (a typo such as "expectd" would score nothing), a line of
     another format (a JSON array, YAML in a .txt file), an id used twice, a file that is not text.
-    notes gets what is said once (the keys --fields leaves out)."""
+    notes gets what is said once (the keys --fields leaves out). named_by_suffix=False: the source's
+    name says nothing of its format (a dataset's rows, JSON a line, from a folder named data.csv)."""
     found: List[BatchTask] = []
     seen: Dict[str, str] = {}  # id -> where it is ("line 3", "test 2")
     files: set = set()  # the trace names taken, as a file system that ignores case sees them
     unsent: Set[str] = set()  # promptfoo's vars that are not the task
-    suffix = source.rpartition(".")[2].lower() if "." in source.rpartition("/")[2] else ""
+    suffix = source.rpartition(".")[2].lower() if named_by_suffix and "." in source.rpartition("/")[2] else ""
 
     def keep(task: BatchTask, where: str) -> None:
         if task.id in seen:

@@ -152,3 +152,13 @@ def test_a_datasets_library_that_may_run_loading_scripts_is_refused(tmp_path, cl
     (tmp_path / "saved").mkdir()
     code, _, err = cli("--batch", tmp_path / "saved")
     assert code == 2 and "datasets 2.16.0 may run a dataset's loading script" in err and server.requests == [], err
+
+
+@needs_datasets
+@pytest.mark.parametrize("name", ["ds.yaml", "ds.csv"])
+def test_a_dataset_folder_is_read_as_rows_whatever_its_name_ends_with(tmp_path, cli, server, hf, name):
+    (tmp_path / name).mkdir()
+    hf.Dataset.from_list([{"task": row["question"], "expected": row["answer"]} for row in QA]).to_parquet(
+        str(tmp_path / name / "test.parquet"))
+    code, out, err = cli("--batch", tmp_path / name, "--json", "-q")
+    assert (code, json.loads(out)["correct"]) == (1, 4), err
