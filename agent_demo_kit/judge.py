@@ -56,6 +56,7 @@ class Judge:
         self.local = threading.local()
 
     def names(self) -> list:
+        """The scores it gives: one, its own."""
         return [NAME]
 
     def graded(self, line: dict) -> bool:
@@ -68,6 +69,7 @@ class Judge:
             self.settings.model and kept.get("rubric") == self.rubric_hash
 
     def client(self) -> ModelClient:
+        """This worker thread's client of the judge's endpoint (a client is one thread's)."""
         if getattr(self.local, "client", None) is None:
             self.local.client = ModelClient(self.settings)
         return self.local.client
@@ -99,27 +101,35 @@ class Judge:
 
 
 def verdict(content: str) -> Tuple[Optional[float], str]:
-    """The score (0..1) and reason of the judge's reply: its last JSON object with a score (or a
-    verdict such as "right"); (None, "") when it holds none."""
-    for _, _, value in reversed(json_spans(strip_think(content or ""))):
-        if not isinstance(value, dict):
-            continue
-        given = value["score"] if value.get("score") is not None else value.get("verdict")
-        if isinstance(given, str):
-            given = WORDS.get(given.strip().lower(), given)
-            try:
-                given = float(given)
-            except ValueError:
-                continue
-        if isinstance(given, bool):
-            given = float(given)
-        if isinstance(given, (int, float)) and math.isfinite(given) and 0 <= given <= 1:
-            reason = value.get("reason")
-            return round(float(given), 6), (reason if isinstance(reason, str) else "")[:REASON_CHARS]
+    """The score (0..1) and reason of the judge's reply: its first JSON object that gives a score (or a
+    verdict such as "right"); (None, "") when it holds none, or when that one is no score from 0 to 1.
+    The first, and only it: a judge that quotes the answer it grades after its own verdict would quote
+    whatever verdict the answer wrote for itself."""
+    for _, _, value in json_spans(strip_think(content or "")):
+        if isinstance(value, dict) and (value.get("score") is not None or value.get("verdict") is not None):
+            score = score_in(value)
+            return score, str(value.get("reason") or "")[:REASON_CHARS] if score is not None else ""
     return None, ""
 
 
+def score_in(value: dict) -> Optional[float]:
+    """The score a verdict object gives: a number from 0 to 1, true or false, or a word such as "right"."""
+    given = value["score"] if value.get("score") is not None else value.get("verdict")
+    if isinstance(given, str):
+        word = given.strip().lower()
+        try:
+            given = WORDS[word] if word in WORDS else float(word)
+        except ValueError:
+            return None
+    if isinstance(given, bool):
+        given = float(given)
+    if isinstance(given, (int, float)) and math.isfinite(given) and 0 <= given <= 1:
+        return round(float(given), 6)
+    return None
+
+
 def whole(value: Any) -> int:
+    """A token count the endpoint gave, or 0 for anything that is not one."""
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
 
 
