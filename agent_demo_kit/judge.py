@@ -92,7 +92,8 @@ class Judge:
         tokens = {"prompt": whole(usage.get("prompt_tokens")), "completion": whole(usage.get("completion_tokens"))}
         spent = cost({self.settings.model: {"rounds": 1, **tokens, "tokens": sum(tokens.values())}}, self.prices) \
             if self.prices else None
-        kept = {"model": self.settings.model, "rubric": self.rubric_hash, "tokens": tokens, **({"cost": spent} if spent is not None else {})}
+        kept = {"model": self.settings.model, "rubric": self.rubric_hash, "tokens": tokens,
+                **({"cost": spent} if spent is not None else {})}
         score, reason = verdict(reply.content)
         if score is None:
             return {}, self.redact(f"the judge's reply holds no score: {reply.content.strip()[:80]!r}")[:ERROR_CHARS], \
