@@ -18,7 +18,7 @@ import statistics
 import subprocess
 import sys
 import threading
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from agent_demo_kit.records import answer_text
 from agent_demo_kit.settings import MATCHES  # noqa: F401  (scoring.MATCHES too)
@@ -51,10 +51,9 @@ def check_expectation(expected: Any, match: Optional[str]) -> None:
     """BadExpectation if this expectation cannot be scored with this match."""
     for value in expected_values(expected):
         if match == "regex":
-            try:
-                re.compile(str(value))
-            except re.error as error:
-                raise BadExpectation(f'"expected" is not a regular expression: {error}') from None
+            problem = REGEX.problem(str(value))
+            if problem:
+                raise BadExpectation(f'"expected" {problem}')
         if match == "number" and as_number(value) is None:
             raise BadExpectation(f'"expected" {json.dumps(value)} is not a number, as --match number needs')
 
@@ -78,7 +77,7 @@ def matches(answer: str, expected: Any, match: Optional[str]) -> bool:
     if match == "includes":
         return normalized(wanted) in normalized(answer)
     if match == "regex":
-        return REGEX.search(wanted, answer)
+        return REGEX.search(wanted, answer) is True  # not searched in time: not a match
     number = as_number(expected)
     if match == "number" or number is not None:
         final = final_number(answer)
@@ -112,10 +111,9 @@ def check_assert(kind: str, value: Any) -> None:
     elif base == "equals" and not (_text_or_number(value) or isinstance(value, (dict, list))):
         raise BadExpectation(f"a {kind} assert's value must be a text, a number, or JSON to compare with")
     if base == "regex":
-        try:
-            re.compile(value)
-        except re.error as error:
-            raise BadExpectation(f'"regex" is not a regular expression ({error}): {value[:80]!r}') from None
+        problem = REGEX.problem(value)
+        if problem:
+            raise BadExpectation(f'"regex" {problem}: {value[:80]!r}')
 
 
 def _text_or_number(value: Any) -> bool:
@@ -131,12 +129,15 @@ def assert_passes(answer: Any, kind: str, value: Any) -> bool:
     if base == "equals" and isinstance(value, (dict, list)):
         try:
             passed = _same_json(value, json.loads(output))
-        except ValueError:
-            passed = False
+        except ValueError:  # not JSON: as promptfoo, no verdict to turn, not-equals fails too
+            return False
     elif base == "equals":
         passed = output == js_string(value)
     elif base == "regex":
-        passed = REGEX.search(value, output[:SCORED_CHARS])
+        found = REGEX.search(value, output[:SCORED_CHARS])
+        if found is None:  # not searched in time: no verdict to turn, a not-regex fails too
+            return False
+        passed = found
     elif base == "starts-with":
         passed = output.startswith(value)
     else:
@@ -209,8 +210,28 @@ class RegexJudge:
         self.children: set = set()  # every child, searching or idle: what close() ends
         self.closes = 0  # times close() ended them all
         self.lock = threading.Lock()  # over the above: a search holds no lock while it runs
+        self.checked: Dict[str, Optional[str]] = {}  # a task file's patterns, and what is wrong with each
 
-    def search(self, pattern: str, text: str) -> bool:
+    def problem(self, pattern: str) -> Optional[str]:
+        """What is wrong with a task file's pattern (None: nothing), compiled in a child as a search is:
+        compiling a long pattern of case-folded ranges takes minutes too. Too long, or not compiled in
+        time, is a problem; each pattern is checked once."""
+        if len(pattern) > MOST_PATTERN_CHARS:
+            return f"is a regular expression of {len(pattern):,} characters; at most {MOST_PATTERN_CHARS:,}"
+        with self.lock:
+            if pattern in self.checked:
+                return self.checked[pattern]
+        said = self.search(pattern, None)
+        problem = None if said is True else "is not a regular expression" + (
+            f" ({said})" if isinstance(said, str) else f" compiled within {REGEX_SECONDS:g} s")
+        with self.lock:
+            if len(self.checked) < MOST_CHECKED:
+                self.checked[pattern] = problem
+        return problem
+
+    def search(self, pattern: str, text: Optional[str]) -> Any:
+        """re.search in a child: True or False; None when it was not searched in time (or the child was
+        ended). With text None, only compiled: True, or what re said is wrong (or None)."""
         with self.lock:
             closes = self.closes
         for _ in range(2):  # a child that died meanwhile (Ctrl-C reaches it too) is started again once
@@ -220,9 +241,9 @@ class RegexJudge:
                 return self._ask(process or self._start(), pattern, text)
             except (OSError, ValueError):
                 with self.lock:
-                    if self.closes != closes:  # ended by close(): not a match, and not searched again
-                        return False
-        return False
+                    if self.closes != closes:  # ended by close(): no verdict, and not searched again
+                        return None
+        return None
 
     def _start(self) -> subprocess.Popen:
         # Isolated (-I: neither the current folder nor PYTHON* variables reach its sys.path), from /, with
@@ -233,7 +254,7 @@ class RegexJudge:
             self.children.add(process)
         return process
 
-    def _ask(self, process: subprocess.Popen, pattern: str, text: str) -> bool:
+    def _ask(self, process: subprocess.Popen, pattern: str, text: Optional[str]) -> Any:
         try:
             process.stdin.write(json.dumps([pattern, text]).encode() + b"\n")
             process.stdin.flush()
@@ -242,15 +263,15 @@ class RegexJudge:
         except BaseException:
             self._end(process)
             raise
-        if said is None:  # out of time: stopped, and not a match
+        if said is None:  # out of time: stopped, no verdict
             self._end(process)
-            return False
+            return None
         if not said:
             self._end(process)
             raise ValueError("the searcher ended")
         with self.lock:
             self.idle.append(process)
-        return said.strip() == b"1"
+        return True if said.strip() == b"1" else False if said.strip() == b"0" else json.loads(said)
 
     def close(self) -> None:
         """End every child, a search still running included (it then counts as not matching)."""
@@ -269,9 +290,14 @@ class RegexJudge:
                 pipe.close()
 
 
-REGEX_SECONDS = 2.0  # the longest one regex search of an answer may take
+REGEX_SECONDS = 2.0  # the longest one regex search of an answer (or one compile of a pattern) may take
+MOST_PATTERN_CHARS = 4_000  # a task file's pattern
+MOST_CHECKED = 10_000  # patterns whose check is remembered
 _SEARCHER = ("import json, re, sys\nfor line in sys.stdin:\n    pattern, text = json.loads(line)\n"
-             "    sys.stdout.write('1\\n' if re.search(pattern, text) else '0\\n')\n    sys.stdout.flush()\n")
+             "    try:\n        found = re.search(pattern, text) if text is not None else re.compile(pattern)\n"
+             "    except re.error as error:\n        said = json.dumps(str(error))\n"
+             "    else:\n        said = '1' if found else '0'\n"
+             "    sys.stdout.write(said + '\\n')\n    sys.stdout.flush()\n")
 REGEX = RegexJudge()
 atexit.register(REGEX.close)
 

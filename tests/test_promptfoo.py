@@ -47,7 +47,7 @@ def sent(server):
     ("equals", {"city": "Paris"}, {"city": "Paris"}, True),
     ("equals", {"n": 1}, '{"n": true}', False),
     ("equals", {"n": 1}, "not JSON", False),
-    ("not-equals", {"n": 1}, "not JSON", True),
+    ("not-equals", {"n": 1}, "not JSON", False),  # promptfoo: an output that is not JSON fails either way
     ("contains", "Paris", "It is Paris.", True),
     ("contains", "paris", "It is Paris.", False),
     ("contains", 42, "the answer is 42", True),
@@ -62,6 +62,8 @@ def sent(server):
     pytest.param("regex", r"^\d+$", "101", True, marks=pytest.mark.processes),
     pytest.param("regex", r"^\d+$", "101 apples", False, marks=pytest.mark.processes),
     pytest.param("not-regex", "(?i)sorry", "Sorry, I cannot", False, marks=pytest.mark.processes),
+    pytest.param("not-regex", "(a+)+b|secret", "a" * 40 + " the secret is 42", False, marks=pytest.mark.processes),
+    pytest.param("regex", "(a+)+b|secret", "a" * 40 + " the secret is 42", False, marks=pytest.mark.processes),
     ("contains-any", ["Tokyo", "東京"], "東京です", True),
     ("contains-all", ["a", "b"], "a only", False),
     ("icontains-all", ["A", "B"], "a and b", True),
@@ -79,11 +81,13 @@ def test_an_assert_judges_the_answer_as_promptfoo_does(kind, value, answer, pass
 @pytest.mark.parametrize("kind, value, said", [
     ("llm-rubric", "is polite", "llm-rubric cannot be scored here"),
     ("not-javascript", "output.length < 9", "not-javascript cannot be scored here"),
-    ("regex", "(unclosed", "not a regular expression"),
+    pytest.param("regex", "(unclosed", "not a regular expression", marks=pytest.mark.processes),
     ("starts-with", 4, "must be a text"),
     ("contains", None, "has no value"),
     ("contains", True, "must be a text or a number"),
     ("contains-any", [], "a list of texts or numbers"),
+    pytest.param("regex", "x" * 4_001, "a regular expression of 4,001 characters; at most 4,000",
+                 marks=pytest.mark.processes),
 ])
 def test_an_assert_that_cannot_be_scored_is_refused_naming_why(kind, value, said):
     from agent_demo_kit import scoring

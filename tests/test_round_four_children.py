@@ -98,7 +98,8 @@ def test_a_rerun_with_nothing_to_run_scores_no_regex_again(tmp_path, cli, monkey
                                          "match": "regex"}) + "\n" for n in range(3)))
     searched = []
     search = scoring.REGEX.search
-    monkeypatch.setattr(scoring.REGEX, "search", lambda pattern, text: searched.append(text) or search(pattern, text))
+    monkeypatch.setattr(scoring.REGEX, "search", lambda pattern, text: (text is not None and searched.append(text))
+                        or search(pattern, text))  # a search of an answer (not the pattern's check as it is read)
     with ScriptedServer([], screen=lambda body: action("finish", result="42")) as server:
         monkeypatch.setenv("LLM_API_URL", server.url)
         monkeypatch.setenv("LLM_API_KEY", KEY)
