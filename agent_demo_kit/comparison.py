@@ -375,6 +375,7 @@ def test_lines(tests: List[dict]) -> List[str]:
     """Each paired test in words: the same on the terminal, in Markdown and on the report page."""
     lines = []
     for test in tests:
+        test = {**test, "first": table_cell(test["first"]), "second": table_cell(test["second"])}  # on one line
         verdict = "more than noise" if test["more_than_noise"] else "could be noise"
         if test.get("test", "exact McNemar test") == "exact McNemar test":
             lines.append(f"{test['second']} vs {test['first']}: on {test['both_ran']} task(s) both ran, right only with"
@@ -391,7 +392,7 @@ def test_lines(tests: List[dict]) -> List[str]:
 
 def seal_note(column: dict) -> str:
     """What a column's lines that carry no seal of yours are."""
-    return (f"{column['label']}: {column['not_sealed_by_you']} line(s) not sealed by you (written by another user,"
+    return (f"{table_cell(column['label'])}: {column['not_sealed_by_you']} line(s) not sealed by you (written by another user,"
             " or changed since): their figures are that folder's word, not your results")
 
 
@@ -541,13 +542,19 @@ def as_markdown(lines: List[str]) -> List[str]:
     return done
 
 
+def table_cell(cell: Any) -> str:
+    """A cell shown inert and on one line: a line break in a name from a results file would start a
+    row of its own (a forged one)."""
+    return inert(str(cell)).replace("\n", "\\n").replace("\t", "\\t")
+
+
 def table(header: List[str], body: List[List[str]], markdown: bool) -> List[str]:
     """Rows as aligned text, or as a Markdown table (each cell escaped); what came from outside shown inert,
     before the columns are measured."""
     if markdown:
         return [Markdown(f"| {' | '.join(map(markdown_text, header))} |"), Markdown(f"|{'---|' * len(header)}"),
                 *(Markdown(f"| {' | '.join(map(markdown_text, row))} |") for row in body)]
-    header, body = [inert(str(cell)) for cell in header], [[inert(str(cell)) for cell in row] for row in body]
+    header, body = [table_cell(cell) for cell in header], [[table_cell(cell) for cell in row] for row in body]
     widths = [max(len(str(row[index])) for row in [header, *body]) for index in range(len(header))]
     return ["  ".join(str(value).ljust(width) for value, width in zip(row, widths)).rstrip()
             for row in [header, *body]]

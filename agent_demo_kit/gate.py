@@ -8,7 +8,7 @@ It imports comparison.
 from typing import List
 
 from agent_demo_kit.comparison import (DIFFERENCES_SHOWN, SIGNIFICANCE, Column, columns_of, compare, pass_rates,
-                                       as_markdown, rate, render_comparison)
+                                       as_markdown, rate, render_comparison, table_cell)
 from agent_demo_kit.endings import ConfigError
 
 
@@ -56,7 +56,8 @@ def one_column(names: List[str], flag: str) -> Column:
 def render_gate(data: dict, markdown: bool = False) -> List[str]:
     """The comparison, then the verdict in the words --summary uses, and the tasks that turned."""
     gated = data["gate"]
-    lines = [f"baseline: {', '.join(gated['baseline'])}", f"new: {', '.join(gated['new'])}", "",
+    lines = [f"baseline: {', '.join(map(table_cell, gated['baseline']))}",
+             f"new: {', '.join(map(table_cell, gated['new']))}", "",
              *render_comparison(data, markdown), ""]
     worded = {"worse": "worse than the baseline, more than noise",
               "better": "better than the baseline, more than noise",
@@ -69,5 +70,5 @@ def render_gate(data: dict, markdown: bool = False) -> List[str]:
             shown = gated[name][:DIFFERENCES_SHOWN]
             more = f" ... and {len(gated[name]) - len(shown)} more (--json lists them all)" if len(gated[name]) > \
                 len(shown) else ""
-            lines.append(f"{name.replace('_', ' ')}: {', '.join(shown)}{more}")
+            lines.append(f"{name.replace('_', ' ')}: {', '.join(map(table_cell, shown))}{more}")
     return as_markdown(lines) if markdown else lines

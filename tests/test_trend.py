@@ -293,3 +293,17 @@ def test_in_a_browser_markup_in_a_model_name_is_text_and_nothing_runs(browser, h
     assert page.locator("#trend-table td:nth-child(2)").all_inner_texts() == [HOSTILE_MODEL]
     assert page.evaluate("window.pwned") is None and page.locator("img, a").count() == 0 and problems == []
     page.close()
+
+
+def test_a_model_name_with_line_breaks_stays_in_its_cell(tmp_path, cli, monkeypatch):
+    forged = "small\n2031-01-01 09:00  gpt-5  6  100.0%  61.0%-100.0%  90  n/a  forged"
+    tasks = write_tasks(tmp_path / "tasks.jsonl", 2)
+    with ScriptedServer([], screen=lambda body: {"content": action("finish", result="5")}) as server:
+        monkeypatch.setenv("LLM_API_URL", server.url)
+        monkeypatch.setenv("LLM_API_KEY", KEY)
+        cli("--batch", tasks, "-m", forged, "--out", tmp_path / "runs", "-q")
+        cli("--batch", tasks, "-m", "other", "--out", tmp_path / "other", "-q")
+    for flags in (("--trend", tmp_path / "runs"), ("--summary", tmp_path / "runs", tmp_path / "other")):
+        code, out, err = cli(*flags)
+        assert code == 0 and not any(line.startswith(("2031", "gpt-5")) for line in out.splitlines()), out
+        assert "small\\n2031-01-01" in out, out
