@@ -60,10 +60,16 @@ def cell_assert(cell: str) -> Optional[Tuple[str, Any]]:
         return "equals", cell
     inverse, kind, _, value = found.groups()
     if value is not None and kind.endswith(("-any", "-all")):
-        value = [each.strip() for each in value.split(",")]
+        value = listed(value)
     elif value is not None and kind not in ("contains-json", "is-json"):
         value = value.strip()
     return (inverse or "") + kind, value or None
+
+
+def listed(value: str) -> List[str]:
+    """A -any or -all assert's list written as one text, "Paris, London": its pieces, the empty ones
+    left out (as promptfoo's split leaves them), or "" would be in every answer."""
+    return [piece.strip() for piece in value.split(",") if piece.strip()]
 
 
 def checked_assert(kind: Any, value: Any, variables: Dict[str, Any], where: str, what: str) -> Tuple[str, Any]:
@@ -86,7 +92,7 @@ def checked_assert(kind: Any, value: Any, variables: Dict[str, Any], where: str,
         if isinstance(value, str) and base.endswith(("-any", "-all")):
             if '"' in value or "'" in value:  # promptfoo reads quotes there; this reader does not
                 raise scoring.BadExpectation(f"a {kind} assert's value must be a list of texts or numbers")
-            value = [each.strip() for each in value.split(",")]
+            value = listed(value)
         scoring.check_assert(kind, value)
     except scoring.BadExpectation as error:
         raise ConfigError(f"{where}: {what}: {error}") from None
@@ -212,7 +218,7 @@ def csv_tests(rows: Iterator[Tuple[int, List[str]]], names: List[str], header_li
 
 # --- promptfoo's YAML ---------------------------------------------------------------------------
 
-MAX_YAML_BYTES = 4 << 20  # a file of tests larger than this is no file someone wrote
+MAX_YAML_BYTES = 2 << 20  # a file of tests larger than this is no file someone wrote (CSV holds more)
 MOST_YAML_VALUES = 1_000_000  # values a file may hold, its aliases expanded (each *name counts again)
 DEEPEST_YAML = 64  # levels of nesting
 CONFIG_READ = ("prompts", "tests", "defaultTest", "description")
@@ -298,10 +304,14 @@ def load_yaml(tasks: Any, source: str) -> Any:
     except UnicodeDecodeError:
         raise ConfigError(f"{source} is not text (a NUL byte, or bytes that are not UTF-8)") from None
     try:
-        data = yaml.safe_load(text)
+        # The C loader when there is one: the same safe loader, in a fourth of the time and half the memory
+        # (a flow list of 1.9 million values, 3.8 MB: 7 s and 0.7 GB, against 33 s and 1.3 GB).
+        data = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))  # noqa: S506 (a safe loader)
     except yaml.MarkedYAMLError as error:
         mark = error.problem_mark or error.context_mark
         said = " ".join(str(error.problem or error.context).split())[:160]
+        if "nesting depth" in said:  # libyaml's own limit, before Python's recursion limit
+            raise ConfigError(f"{source} is nested too deeply: not a file of tests someone wrote") from None
         raise ConfigError(f"{source} is not YAML (line {mark.line + 1 if mark else '?'}: {said})") from None
     except yaml.YAMLError as error:
         raise ConfigError(f"{source} is not YAML ({' '.join(str(error).split())[:160]})") from None

@@ -316,7 +316,7 @@ def test_a_yaml_file_past_the_size_cap_is_refused_unread(tmp_path, cli, server):
     path = tmp_path / "promptfooconfig.yaml"
     path.write_text("tests:\n" + "  - vars: {q: What is 2+2?}\n" * (promptfoo.MAX_YAML_BYTES // 26))
     code, _, err = cli("--batch", path)
-    assert (code, len(server.requests)) == (2, 0) and "is larger than 4 MB: not a file of tests" in err, err
+    assert (code, len(server.requests)) == (2, 0) and "is larger than 2 MB: not a file of tests" in err, err
 
 
 def test_a_rerun_judges_again_only_the_tests_whose_asserts_changed_and_sends_nothing(tmp_path, cli, server):
@@ -348,3 +348,13 @@ def test_the_command_line_runs_promptfoos_files_as_a_person_would(tmp_path, serv
                                  new_interpreter=True)
         assert code == 1 and wrong in err, err
         assert len(results(tmp_path / f"{name}-results" / "gpt-4o-mini")) == tests
+
+
+@pytest.mark.parametrize("written", ["Paris,,London", "Paris, London,", ",Paris"])
+def test_an_empty_piece_of_a_list_is_no_piece_every_answer_holds(written):
+    from agent_demo_kit import promptfoo, scoring
+    kind, value = promptfoo.cell_assert(f"contains-any:{written}")
+    assert kind == "contains-any" and "" not in value
+    assert scoring.assert_passes("Berlin", kind, value) is False
+    kind, value = promptfoo.checked_assert("contains-any", written, {}, "test 1", "assert 1")
+    assert scoring.assert_passes("Berlin", kind, value) is False
