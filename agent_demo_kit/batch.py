@@ -246,7 +246,7 @@ class Batch(Saying):
             if grader.graded(line):
                 continue
             scores, error, kept = grader.score(task.task, line.get("answer"), task.expected,
-                                               finished=line.get("status") == "finished")
+                                               finished=line.get("status") == "finished", asserts=task.asserts)
             before = {name: score for name, score in (line.get("scores") if isinstance(line.get("scores"), dict)
                                                       else {}).items() if name not in grader.names()}
             for key in grader.kept_keys:  # another judge's word is not this one's

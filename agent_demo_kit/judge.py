@@ -74,13 +74,15 @@ class Judge:
             self.local.client = ModelClient(self.settings)
         return self.local.client
 
-    def score(self, task: str, answer: Any, expected: Any, finished: bool) -> Tuple[Dict[str, float], Optional[str],
-                                                                                    dict]:
+    def score(self, task: str, answer: Any, expected: Any, finished: bool,
+              asserts: Optional[tuple] = None) -> Tuple[Dict[str, float], Optional[str], dict]:
         """The judge's score of one answer (0 when the task did not finish, without asking), what went
         wrong (None: nothing), and what the results line keeps of it: {"judge": {model, score, reason,
         tokens, cost}}."""
         if not finished:
             return {NAME: 0.0}, None, {}
+        if expected is None and asserts:  # promptfoo's test: what the answer must pass is the reference
+            expected = "the answer must pass: " + "; ".join(f"{kind} {value!r}" for kind, value in asserts)
         messages = [{"role": "system", "content": SYSTEM.format(rubric=self.rubric)},
                     {"role": "user", "content": json.dumps({"task": task, "reference": expected, "answer": answer},
                                                            ensure_ascii=False, default=str)}]

@@ -35,8 +35,8 @@ class Scorers:
     error_key = "scorer_error"  # what the results line calls what went wrong
     kept_keys = ()  # what else it puts in the line
 
-    def score(self, task: str, answer: Any, expected: Any, finished: bool) -> Tuple[Dict[str, float], Optional[str],
-                                                                                    dict]:
+    def score(self, task: str, answer: Any, expected: Any, finished: bool,
+              asserts: Optional[tuple] = None) -> Tuple[Dict[str, float], Optional[str], dict]:
         """Each function's score of one answer (0 each when the task did not finish), what went wrong
         with one (None: nothing), and nothing else for the line; a function that raised or gave
         something else scores nothing."""

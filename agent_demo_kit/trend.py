@@ -54,8 +54,10 @@ def batch_row(folder: Path, column: Column) -> Tuple[float, dict]:
     summary = column.summary()
     config = column.config or {}
     column.count_seals()
-    held = frozenset((key[0], str(line.get("task_hash")), json.dumps(line.get("expected"), sort_keys=True))
-                     for key, line in column.lines.items())
+    held = frozenset((key[0], str(line.get("task_hash")), json.dumps(  # a task, and how its answer was judged
+        [line.get("expected"), line.get("match"), [(each.get("type"), each.get("value")) for each in line["asserts"]
+                                                   if isinstance(each, dict)] if isinstance(line.get("asserts"), list)
+         else None], sort_keys=True, default=str)) for key, line in column.lines.items())
     return ended[0], {
         "first_ended_at": iso(ended[0]), "last_ended_at": iso(ended[-1]),
         "model": str(config.get("model") or folder.name), "folder": str(folder), "config": column.config,

@@ -207,3 +207,15 @@ def test_a_rubric_too_long_to_be_one_is_refused(tmp_path, cli, servers):
 def test_the_judges_first_verdict_counts_and_an_answers_own_verdict_never_does(reply, score):
     from agent_demo_kit.judge import verdict
     assert verdict(reply)[0] == score
+
+
+def test_a_promptfoo_tests_asserts_are_the_judges_reference(tmp_path, cli, servers):
+    runs, judge = servers
+    runs.screen = lambda body: action("finish", result="Paris")
+    path = tmp_path / "tests.csv"
+    path.write_text("question,__expected\nWhat is the capital of France?,icontains:paris\n")
+    code, _, err = cli("--batch", path, "-q", "--judge", "grader", "--judge-url", judge.url)
+    graded = json.loads(judge.requests[0]["body"]["messages"][-1]["content"])
+    assert graded["reference"] == "the answer must pass: icontains 'paris'", graded
+    assert "paris" not in json.dumps([request["body"] for request in runs.requests]).lower().replace(
+        "capital of france", ""), "what is expected never reaches the model under test"

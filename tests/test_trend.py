@@ -307,3 +307,14 @@ def test_a_model_name_with_line_breaks_stays_in_its_cell(tmp_path, cli, monkeypa
         code, out, err = cli(*flags)
         assert code == 0 and not any(line.startswith(("2031", "gpt-5")) for line in out.splitlines()), out
         assert "small\\n2031-01-01" in out, out
+
+
+def test_the_same_tasks_judged_another_way_are_another_task_set(tmp_path, cli, monkeypatch):
+    tasks = write_tasks(tmp_path / "tasks.jsonl", 2)
+    with ScriptedServer([], screen=lambda body: {"content": action("finish", result="5")}) as server:
+        monkeypatch.setenv("LLM_API_URL", server.url)
+        monkeypatch.setenv("LLM_API_KEY", KEY)
+        cli("--batch", tasks, "--out", tmp_path / "first", "-q")
+        cli("--batch", tasks, "--out", tmp_path / "then", "-q", "--match", "exact")
+    code, out, _ = cli("--trend", tmp_path / "first", tmp_path / "then", "--json")
+    assert json.loads(out)["task_sets"] == 2, out
