@@ -248,8 +248,8 @@ def yaml_tests(tasks: Any, source: str, fields: Optional[Dict[str, str]], unsent
         check_test_keys(defaults, f"{source} defaultTest")
         for number, item in enumerate(as_list(defaults.get("assert"), f"{source} defaultTest"), 1):
             kind = item.get("type") if isinstance(item, dict) else None
-            checked_assert(kind, "", {}, f"{source} defaultTest", f"assert {number}") if not (
-                isinstance(kind, str) and (kind[4:] if kind.startswith("not-") else kind) in scoring.ASSERTS) else None
+            if not (isinstance(kind, str) and (kind[4:] if kind.startswith("not-") else kind) in scoring.ASSERTS):
+                checked_assert(kind, "", {}, f"{source} defaultTest", f"assert {number}")  # refused, named
         data = data["tests"]
     elif isinstance(data, dict) or data is not None and not isinstance(data, list):
         raise ConfigError(f"{source} is neither a list of promptfoo's test cases nor a config with tests: (it holds"
@@ -309,10 +309,10 @@ def load_yaml(tasks: Any, source: str) -> Any:
         data = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))  # noqa: S506 (a safe loader)
     except yaml.MarkedYAMLError as error:
         mark = error.problem_mark or error.context_mark
-        said = " ".join(str(error.problem or error.context).split())[:160]
-        if "nesting depth" in said:  # libyaml's own limit, before Python's recursion limit
+        problem = " ".join(str(error.problem or error.context).split())[:160]
+        if "nesting depth" in problem:  # libyaml's own limit, before Python's recursion limit
             raise ConfigError(f"{source} is nested too deeply: not a file of tests someone wrote") from None
-        raise ConfigError(f"{source} is not YAML (line {mark.line + 1 if mark else '?'}: {said})") from None
+        raise ConfigError(f"{source} is not YAML (line {mark.line + 1 if mark else '?'}: {problem})") from None
     except yaml.YAMLError as error:
         raise ConfigError(f"{source} is not YAML ({' '.join(str(error).split())[:160]})") from None
     except RecursionError:
@@ -379,6 +379,7 @@ def assert_of(item: Any, variables: Dict[str, Any], where: str, what: str) -> Tu
 
 
 def as_list(value: Any, where: str) -> list:
+    """A test's asserts as a list (none: empty); ConfigError naming where for anything else."""
     if value is None:
         return []
     if not isinstance(value, list):
@@ -387,6 +388,7 @@ def as_list(value: Any, where: str) -> list:
 
 
 def as_mapping(value: Any, where: str, name: str) -> dict:
+    """A test's vars or metadata as a mapping of texts (none: empty); ConfigError naming it for anything else."""
     if value is None:
         return {}
     if not isinstance(value, dict):

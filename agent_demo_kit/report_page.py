@@ -5,7 +5,7 @@ file as text, never as markup or code: the data rides in a JSON block escaped fo
 own script writes it with textContent, and a content security policy lets only that script (by its
 hash) run.
 
-It imports trace_file, run_log, terminal, redaction, comparison, metrics and trend.
+It imports trace_file, run_log, terminal, redaction, comparison, metrics, scoring and trend.
 """
 import base64
 import hashlib

@@ -5,8 +5,8 @@ The default match is forgiving where people are: case, surrounding whitespace, q
 punctuation do not count, and a numeric expectation is compared with the answer's final number
 ("The result is 1,536." matches 1536). `exact`, `includes`, `number` and `regex` say otherwise.
 A promptfoo test's asserts are judged as promptfoo judges them (all must pass): the output as it
-is, text, or a typed answer as JSON.
-It imports only records.
+is, text, or a typed answer as JSON; but a regex by Python's re, not JavaScript's.
+It imports records and settings.
 """
 import atexit
 import contextlib

@@ -4,7 +4,7 @@ model, tasks, accuracy and its interval, tokens and cost, counted as --summary c
 Folders that do not hold the same tasks are shown, and said to be: accuracy over different tasks is
 not a trend. (The run log keeps single runs, with nothing expected of them, not batches.)
 
-It imports comparison and metrics.
+It imports comparison, metrics and endings.
 """
 import json
 import os
