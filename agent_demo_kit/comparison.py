@@ -392,8 +392,8 @@ def test_lines(tests: List[dict]) -> List[str]:
 
 def seal_note(column: dict) -> str:
     """What a column's lines that carry no seal of yours are."""
-    return (f"{table_cell(column['label'])}: {column['not_sealed_by_you']} line(s) not sealed by you (written by another user,"
-            " or changed since): their figures are that folder's word, not your results")
+    return (f"{table_cell(column['label'])}: {column['not_sealed_by_you']} line(s) not sealed by you (written by"
+            " another user, or changed since): their figures are that folder's word, not your results")
 
 
 FIGURES = ("tasks", "completion", "accuracy", "pass@1 / pass^k", "rounds (mean)", "tokens", "cost", "time p50",
