@@ -202,8 +202,9 @@ def build_parser() -> Parser:
                             " default: all of them)")
     batch.add_argument("--fields", metavar="KEY=NAME,...",
                        help="--batch: which key of a JSON line, or column of a CSV file, is the task, what is"
-                            " expected, the id, the match (task=question,expected=answer,id=idx); other keys are"
-                            " not read, other columns are the task's metadata")
+                            " expected, the id, the match (task=question,expected=answer,id=idx); what it leaves"
+                            " out is read by name (answer: what is expected); other keys are not read, other"
+                            " columns are the task's metadata")
     batch.add_argument("--plan", action="store_true",
                        help="--batch: say how many requests and tokens the batch would take (as its folder's earlier"
                             " results did, else a guess), what that costs at --price, and how large a difference"
