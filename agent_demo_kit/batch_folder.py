@@ -29,8 +29,13 @@ def default_out(source: str, model: str) -> Path:
     """The folder a task file's results go to when --out is not given: beside it, named after it, a
     folder a model (FILE-results/MODEL), so that the same file run with two models just works; for a
     dataset of the cache (hf:NAME:SPLIT), hf-NAME-SPLIT-results/MODEL here."""
-    folder = Path("batch-results") if source == "-" else Path(source).with_name(f"{Path(source).stem}-results") \
-        if not source.startswith("hf:") else Path(re.sub(r"[^A-Za-z0-9._-]+", "-", source).strip(".-") + "-results")
+    if source == "-":
+        folder = Path("batch-results")
+    elif source.startswith("hf:"):
+        folder = Path(re.sub(r"[^A-Za-z0-9._-]+", "-", source).strip(".-") + "-results")
+    else:  # a file by its name without its suffix; a dataset's folder by its whole name (ds.v1, ds.v2)
+        path = Path(source)
+        folder = path.with_name(f"{path.name if os.path.isdir(source) else path.stem}-results")
     return folder / model_folder(model)
 
 

@@ -245,3 +245,25 @@ def test_fields_refuse_two_keys_read_as_one_by_their_names(tmp_path, cli, server
     code, _, err = cli("--batch", path, "--fields", "task=q")
     assert code == 2 and "'expected' and 'answer' are both what is expected by their names" in err, err
     assert server.requests == []
+
+
+def test_a_folder_of_another_task_files_results_is_refused_not_emptied(tmp_path, cli, server):
+    (tmp_path / "tests.csv").write_text("question,answer\nWhat is 2+2?,4\nWhat is 3+3?,6\n")
+    (tmp_path / "tests.jsonl").write_text(json.dumps({"task": "What is 5+5?", "expected": "10"}) + "\n")
+    assert cli("--batch", tmp_path / "tests.csv", "-q")[0] == 1
+    folder = tmp_path / "tests-results" / "gpt-4o-mini"
+    before = (folder / "results.jsonl").read_text()
+    sent = len(server.requests)
+    code, _, err = cli("--batch", tmp_path / "tests.jsonl", "-q")
+    assert (code, len(server.requests)) == (2, sent), err
+    assert f"holds the results of another task file ({tmp_path / 'tests.csv'})" in err, err
+    assert (folder / "results.jsonl").read_text() == before
+
+
+def test_dataset_folders_whose_names_differ_after_a_dot_get_folders_of_their_own(tmp_path):
+    from agent_demo_kit.batch_folder import default_out
+    for name in ("ds.v1", "ds.v2"):
+        (tmp_path / name).mkdir()
+    assert default_out(f"{tmp_path}/ds.v1/", "m") == tmp_path / "ds.v1-results" / "m"
+    assert default_out(str(tmp_path / "ds.v2"), "m") == tmp_path / "ds.v2-results" / "m"
+    assert default_out(str(tmp_path / "tests.jsonl"), "m") == tmp_path / "tests-results" / "m"
