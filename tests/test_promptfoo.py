@@ -358,3 +358,15 @@ def test_an_empty_piece_of_a_list_is_no_piece_every_answer_holds(written):
     assert scoring.assert_passes("Berlin", kind, value) is False
     kind, value = promptfoo.checked_assert("contains-any", written, {}, "test 1", "assert 1")
     assert scoring.assert_passes("Berlin", kind, value) is False
+
+
+def test_yaml_values_are_read_as_promptfoo_reads_them_yaml_1_2(tmp_path, cli, server):
+    pytest.importorskip("yaml")
+    path = tmp_path / "promptfooconfig.yaml"
+    path.write_text('prompts: ["Capital of {{ country }}? Time {{ t }} code {{ code }} n {{ n }} m {{ m }}"]\n'
+                    "tests:\n"
+                    "  - vars: {country: NO, t: 12:30, code: 0755, n: 1_000, m: 1e3}\n"
+                    "    assert: [{type: icontains, value: no}]\n")
+    code, _, err = cli("--batch", path, "-q")
+    [task] = [request["body"]["messages"][1]["content"] for request in server.requests]
+    assert task == "Task: Capital of NO? Time 12:30 code 755 n 1_000 m 1000", (task, err)
