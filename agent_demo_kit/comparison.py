@@ -453,6 +453,7 @@ def figure_names(columns: List[dict]) -> List[str]:
         summary = column["summary"]
         names += [f"score {name}" for name in summary.get("scores") or {} if f"score {name}" not in names]
         names += ["judge"] if summary.get("judge") and "judge" not in names else []
+        names += ["scorer failed"] if summary.get("scorer_errors") and "scorer failed" not in names else []
         names += [f"by {key}: {value}" for key, values in (summary.get("groups") or {}).items()
                   for value in values if f"by {key}: {value}" not in names]
     return names
@@ -467,7 +468,10 @@ def cell(column: dict, name: str) -> str:
     if name == "judge":  # what the --judge model cost, apart from the runs'
         judged = summary.get("judge")
         return "n/a" if not judged else f"{judged['runs']} graded, {judged['tokens']['total']:,} tokens" + (
-            f", {metrics.dollars(judged['cost'])}" if judged.get("cost") is not None else "")
+            f", {metrics.dollars(judged['cost'])}" if judged.get("cost") is not None else "") + (
+            f", {judged['errors']} it could not grade" if judged.get("errors") else "")
+    if name == "scorer failed":
+        return f"{summary['scorer_errors']} run(s)" if summary.get("scorer_errors") else "n/a"
     if name.startswith("by "):
         key, _, value = name[len("by "):].partition(": ")
         group = ((summary.get("groups") or {}).get(key) or {}).get(value)

@@ -186,7 +186,7 @@ def test_the_judges_figures_count_what_it_graded_and_a_verdict_word_is_a_score(t
     judged = json.loads(out)["judge"]
     assert (judged["runs"], judged["errors"]) == (2, 1), judged
     code, out, _ = cli("--summary", tmp_path / "tasks-results" / "gpt-4o-mini", "--markdown")
-    assert "| judge | 2 graded, 45 tokens |" in out, out
+    assert "| judge | 2 graded, 45 tokens, 1 it could not grade |" in out, out
 
 
 def test_a_rubric_too_long_to_be_one_is_refused(tmp_path, cli, servers):

@@ -548,6 +548,8 @@ def test_a_scorer_that_exits_or_raises_anything_costs_that_answer_its_score(tmp_
     scripted_batch(tmp_path, monkeypatch, Answers({"gpt-4o-mini": {f"q{n}": "1" for n in range(4)}}))
     code, out, err = cli("--batch", path, "--json", "-q", "--parallel", "2", "--scorer", f"{tmp_path}/score.py:quits")
     assert (code, json.loads(out)["scorer_errors"], json.loads(out)["status_counts"]) == (0, 1, {"finished": 4}), err
+    code, out, _ = cli("--summary", tmp_path / "tasks-results" / "gpt-4o-mini", "--markdown")
+    assert "| scorer failed | 1 run(s) |" in out, out
     lines = results_of(tmp_path / "tasks-results" / "gpt-4o-mini")
     assert lines["t1"]["scorer_error"] == f"quits: {said}" and lines["t2"]["scores"] == {"quits": 1.0}
     assert "Traceback" not in err
