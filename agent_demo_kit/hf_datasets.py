@@ -50,7 +50,7 @@ def dataset_rows(batch: str) -> RowLines:
     is not in the local cache, the split is not one of its splits (or none is named among several)."""
     folder_split = _folder_and_split(batch)
     if not batch.startswith(PREFIX):  # before the library is imported: it never sees such a folder
-        refuse_code(folder_split[0] if folder_split else batch, batch)
+        check_dataset_folder(folder_split[0] if folder_split else batch, batch)
     datasets = offline_datasets(batch)
     split: Optional[str] = None
     try:
@@ -89,14 +89,19 @@ def dataset_rows(batch: str) -> RowLines:
     return RowLines(iter(loaded))
 
 
-def refuse_code(folder: str, batch: str) -> None:
-    """ConfigError for a folder that holds Python: a dataset's loading script is code someone else wrote,
-    and a task file never runs anything (the library before 4.0 would run it)."""
-    for where, _, files in os.walk(folder):
-        script = next((name for name in files if name.endswith(".py")), None)
-        if script:
-            raise ConfigError(f"--batch {batch}: {os.path.join(where, script)} is Python; a dataset is read as"
-                              " data, and a folder with a loading script is not read at all")
+def check_dataset_folder(folder: str, batch: str) -> None:
+    """ConfigError for a folder that holds Python (a dataset's loading script is code someone else wrote,
+    and a task file never runs anything; the library before 4.0 would run it) or a link (to a file of
+    yours elsewhere, say, which the model would then be sent as tasks)."""
+    for where, folders, files in os.walk(folder):
+        for name in folders + files:
+            path = os.path.join(where, name)
+            if os.path.islink(path):
+                raise ConfigError(f"--batch {batch}: {path} is a link; a dataset's folder is read only when it"
+                                  " holds its own files")
+            if name.endswith(".py"):
+                raise ConfigError(f"--batch {batch}: {path} is Python; a dataset is read as data, and a folder with"
+                                  " a loading script is not read at all")
 
 
 def cached(datasets: Any, name: str, config: Optional[str], batch: str) -> Any:

@@ -162,3 +162,12 @@ def test_a_dataset_folder_is_read_as_rows_whatever_its_name_ends_with(tmp_path, 
         str(tmp_path / name / "test.parquet"))
     code, out, err = cli("--batch", tmp_path / name, "--json", "-q")
     assert (code, json.loads(out)["correct"]) == (1, 4), err
+
+
+def test_a_dataset_folder_with_a_link_out_of_it_is_refused_and_nothing_is_sent(tmp_path, cli, server):
+    (tmp_path / "outside").mkdir()
+    (tmp_path / "outside" / "private.csv").write_text("question,answer\nmy bank pin is 1234,x\n")
+    (tmp_path / "ds").mkdir()
+    (tmp_path / "ds" / "data.csv").symlink_to(tmp_path / "outside" / "private.csv")
+    code, _, err = cli("--batch", tmp_path / "ds", "--fields", "task=question")
+    assert (code, server.requests) == (2, []) and "is a link" in err, err
