@@ -329,12 +329,18 @@ class Batch(Saying):
             readable_by_group(self.out, lambda name: bool(OUTPUT_FILES.fullmatch(name)) or name == "report.html"
                               or os.path.dirname(name) == "traces" and name.endswith(".jsonl"))
         path = self.out / results_name(self.part, "results")
+        new = not path.exists()
         self.results = open(open_private(str(path), "the results file"), "a", encoding="utf-8")
         if not lock(self.results):
             self.results.close()
             raise ConfigError(f"{path} is being written by another agent-demo --batch that is still going")
         try:
-            self.plan()
+            try:
+                self.plan()
+            except ConfigError:  # refused before anything was sent: leave no empty results file behind
+                if new and self.results.tell() == 0:
+                    path.unlink()
+                raise
             self.say_start()
             self.say_task_checks()
             self.stopped_by = self.work_through()

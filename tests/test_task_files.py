@@ -267,3 +267,12 @@ def test_dataset_folders_whose_names_differ_after_a_dot_get_folders_of_their_own
     assert default_out(f"{tmp_path}/ds.v1/", "m") == tmp_path / "ds.v1-results" / "m"
     assert default_out(str(tmp_path / "ds.v2"), "m") == tmp_path / "ds.v2-results" / "m"
     assert default_out(str(tmp_path / "tests.jsonl"), "m") == tmp_path / "tests-results" / "m"
+
+
+def test_a_refused_shard_leaves_no_empty_results_file(tmp_path, cli, server):
+    path = tmp_path / "six.jsonl"
+    path.write_text("".join(json.dumps({"id": f"t{n}", "task": f"What is {n}+{n}?"}) + "\n" for n in range(6)))
+    assert cli("--batch", path, "-m", "a", "--out", tmp_path / "sh", "--shard", "0/2", "-q")[0] == 0
+    code, _, err = cli("--batch", path, "-m", "b", "--out", tmp_path / "sh", "--shard", "1/2")
+    assert code == 2 and "another configuration" in err, err
+    assert not (tmp_path / "sh" / "results-1of2.jsonl").exists()
