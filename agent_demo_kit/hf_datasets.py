@@ -51,6 +51,11 @@ def dataset_rows(batch: str) -> RowLines:
     folder_split = _folder_and_split(batch)
     if not batch.startswith(PREFIX):  # before the library is imported: it never sees such a folder
         check_dataset_folder(folder_split[0] if folder_split else batch, batch)
+    else:
+        name = batch[len(PREFIX):].split(":")[0]
+        if name.startswith(("/", ".", "~")) or name and os.path.exists(name):  # the library would read a folder
+            raise ConfigError(f"--batch {batch}: {name!r} is a path, not a dataset's name in the cache; give the"
+                              " folder itself: --batch FOLDER")
     datasets = offline_datasets(batch)
     split: Optional[str] = None
     try:
@@ -60,9 +65,6 @@ def dataset_rows(batch: str) -> RowLines:
                 raise ConfigError(f"--batch {batch}: give hf:NAME, hf:NAME:SPLIT or hf:NAME:CONFIG:SPLIT")
             name, config, split = parts[0], parts[1] if len(parts) == 3 else None, parts[-1] if len(parts) > 1 \
                 else None
-            if name.startswith(("/", ".", "~")) or os.path.exists(name):  # the library would read it as a folder
-                raise ConfigError(f"--batch {batch}: {name!r} is a path, not a dataset's name in the cache; give the"
-                                  " folder itself: --batch FOLDER")
             loaded = cached(datasets, name, config, batch)
         else:
             folder, split = folder_split if folder_split else (batch, None)

@@ -129,7 +129,11 @@ def test_a_dataset_without_the_library_says_what_to_install(tmp_path, cli, serve
                " 'agent-demo[datasets]'" in err
 
 
-def test_a_dataset_folder_with_a_loading_script_is_refused_and_nothing_of_it_runs(tmp_path, cli, server):
+@pytest.mark.parametrize("library", ["there", "missing"])
+def test_a_dataset_folder_with_a_loading_script_is_refused_and_nothing_of_it_runs(tmp_path, cli, server, monkeypatch,
+                                                                                   library):
+    if library == "missing":  # refused before the library is imported, or found missing
+        monkeypatch.setitem(sys.modules, "datasets", None)
     evil = tmp_path / "evil"
     evil.mkdir()
     marker = tmp_path / "ran"
