@@ -337,7 +337,7 @@ def test_a_long_argument_cannot_push_the_tool_or_the_command_off_an_80x24_screen
                                if name.isidentifier())
         script.write_text(f"cd {shlex.quote(str(tmp_path))}; env -i {environment} {shlex.quote(sys.executable)}"
                           f" {shlex.quote(os.path.join(ROOT, 'agent_demo.py'))} --tools-file shell_tool.py 'tidy up';"
-                          f" echo $? > exit_code; sleep 30\n")
+                          f" echo $? > exit_code.part; mv exit_code.part exit_code; sleep 30\n")
         tmux = ["tmux", "-L", socket_name, "-f", os.devnull]
         subprocess.run([*tmux, "new-session", "-d", "-x", "80", "-y", "24", f"sh {shlex.quote(str(script))}"],
                        check=True)
