@@ -3,12 +3,13 @@ the paired test on the tasks both ran: worse, better, or within noise; the tasks
 results that lack a baseline task, or hold another task under its id, are refused: a pass would say
 nothing.
 
-It imports comparison.
+It imports comparison and result_tables.
 """
 from typing import List
 
 from agent_demo_kit.comparison import (DIFFERENCES_SHOWN, SIGNIFICANCE, Column, columns_of, compare, pass_rates,
-                                       as_markdown, rate, render_comparison, table_cell)
+                                       rate)
+from agent_demo_kit.result_tables import as_markdown, render_comparison, table_cell
 from agent_demo_kit.endings import ConfigError
 
 

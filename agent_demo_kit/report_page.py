@@ -5,7 +5,7 @@ file as text, never as markup or code: the data rides in a JSON block escaped fo
 own script writes it with textContent, and a content security policy lets only that script (by its
 hash) run.
 
-It imports trace_file, run_log, terminal, redaction, comparison, metrics, scoring and trend.
+It imports trace_file, run_log, terminal, redaction, comparison, result_tables, metrics, scoring and trend.
 """
 import base64
 import hashlib
@@ -18,7 +18,7 @@ from array import array
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tuple
 
-from agent_demo_kit import comparison, metrics, run_log, scoring, trace_file, trend
+from agent_demo_kit import comparison, metrics, result_tables, run_log, scoring, trace_file, trend
 from agent_demo_kit.private_files import write_private
 from agent_demo_kit.endings import ConfigError
 from agent_demo_kit.records import number
@@ -112,7 +112,7 @@ def batch_data(names: List[str]) -> Dict[str, Any]:
         tasks.append(task_entry(key, lines, [[column.where.get(key, "")] for column in columns], differs))
     tasks.sort(key=lambda task: not task["differs"])  # a comparison's differences first (a stable sort)
     left = columns.left_out[0]
-    verdicts = comparison.test_lines(comparison.compare(columns)["tests"]) if len(columns) > 1 else []
+    verdicts = result_tables.test_lines(comparison.compare(columns)["tests"]) if len(columns) > 1 else []
     return {"verdicts": verdicts, "title": "agent-demo report" + (f" ({len(columns)} configurations shown; {left} more left out: give fewer"
                                             " folders)" if left else ""), "made": time.strftime("%Y-%m-%d %H:%M"),
             "configurations": [{"label": column.label, "folders": column.folders, "summary": column.summary(),
@@ -208,7 +208,7 @@ def pieces(title: str, tasks: Iterator[Dict[str, Any]], configurations: Callable
         yield (b", " if number_ else b"") + _inert_json(task, redactor)
     configs = configurations()
     counted = [config for config in configs if config.get("summary")]
-    figures = comparison.figure_rows(configs) if counted and len(counted) == len(configs) else []
+    figures = result_tables.figure_rows(configs) if counted and len(counted) == len(configs) else []
     repeats = [f"{config['label']}: {metrics.repeats_words(config['summary']['repeats'])}" for config in counted
                if config["summary"].get("repeats")]
     yield b'], "configurations": ' + _inert_json(configs, redactor) + b', "figures": ' \

@@ -103,7 +103,7 @@ def each_model(args: argparse.Namespace, environment: Dict[str, str], answer: Sa
     """--batch FILE -m a -m b: the batch with each model in turn (one at a time: one endpoint, one limit
     on requests in flight), a folder each (under --out when given), then the models side by side. A
     batch stopped by Ctrl-C or an endpoint that fails everything stops the rest."""
-    from agent_demo_kit import comparison
+    from agent_demo_kit import comparison, result_tables
     from agent_demo_kit.batch_folder import default_out, model_folder
     folders, worst = [], 0
     for model in args.models:
@@ -118,7 +118,7 @@ def each_model(args: argparse.Namespace, environment: Dict[str, str], answer: Sa
     if args.json:
         answer.write_json(compared)
     else:
-        print(inert("\n".join([*([] if args.quiet else [""]), *comparison.render_comparison(compared)])), file=answer)
+        print(inert("\n".join([*([] if args.quiet else [""]), *result_tables.render_comparison(compared)])), file=answer)
     return worst
 
 
@@ -209,7 +209,7 @@ def show_summary(args: argparse.Namespace, environment: Dict[str, str], answer: 
     """--summary [DIR...]: the figures of batch result folders (shards merged; configurations side by
     side), or of the run log folder; what failed, and how to run it again."""
     from agent_demo_kit import run_log  # the run log layer
-    from agent_demo_kit import comparison
+    from agent_demo_kit import comparison, result_tables
     from agent_demo_kit.batch import summarize_runs
     from agent_demo_kit.metrics import render
     if args.baseline is not None:
@@ -225,17 +225,17 @@ def show_summary(args: argparse.Namespace, environment: Dict[str, str], answer: 
         answer.write_json(summary)
         return 0
     if "configurations" in summary:
-        shown = comparison.render_comparison(summary, args.markdown)
+        shown = result_tables.render_comparison(summary, args.markdown)
     else:
-        shown = comparison.render_single(summary, args.markdown) if args.markdown else render(summary)
+        shown = result_tables.render_single(summary, args.markdown) if args.markdown else render(summary)
         if summary.get("not_sealed_by_you"):
-            shown.append(comparison.seal_note({"label": summary["folders"][0], **summary}))
+            shown.append(result_tables.seal_note({"label": summary["folders"][0], **summary}))
         shown += comparison.render_failures(summary.get("failures") or [])
-        shown = comparison.as_markdown(shown) if args.markdown else shown
+        shown = result_tables.as_markdown(shown) if args.markdown else shown
     # For people, piped or not: answers, ids and model names from results files are shown escaped.
     print(inert("\n".join(shown)), file=answer)
     if "configurations" not in summary and summary.get("failures") and summary.get("folders"):
-        print(f"agent-demo: to run them again: {comparison.rerun_command(summary)}", file=sys.stderr)
+        print(f"agent-demo: to run them again: {result_tables.rerun_command(summary)}", file=sys.stderr)
         if (summary.get("config") or {}).get("check") and (not summary.get("yours", True)
                                                           or summary.get("not_sealed_by_you")):
             print("agent-demo: (without the folder's --check: it is not yours, and a check is a command;"

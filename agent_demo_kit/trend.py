@@ -4,7 +4,7 @@ model, tasks, accuracy and its interval, tokens and cost, counted as --summary c
 Folders that do not hold the same tasks are shown, and said to be: accuracy over different tasks is
 not a trend. (The run log keeps single runs, with nothing expected of them, not batches.)
 
-It imports comparison, metrics and endings.
+It imports comparison, result_tables, metrics and endings.
 """
 import json
 import os
@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
 from agent_demo_kit import metrics
-from agent_demo_kit.comparison import Column, ended_key, folders_of, is_yours, read_results, seal_note, table
+from agent_demo_kit.comparison import Column, ended_key, folders_of, is_yours, read_results
+from agent_demo_kit.result_tables import seal_note, table
 from agent_demo_kit.endings import ConfigError
 
 LATEST_TIME = 1e11  # seconds since 1970 (the year 5138): a later ended_at is no time a batch ran

@@ -88,7 +88,7 @@ def two_repeated(tmp_path_factory):
 
 
 def test_the_pages_figures_are_the_words_and_numbers_of_summary(two_repeated, cli, tmp_path):
-    from agent_demo_kit.comparison import figure_rows
+    from agent_demo_kit.result_tables import figure_rows
     _, out, _ = cli("--summary", *two_repeated, "--json")
     compared = json.loads(out)
     _, table, _ = cli("--summary", *two_repeated)
@@ -108,7 +108,7 @@ def test_the_pages_figures_are_the_words_and_numbers_of_summary(two_repeated, cl
 
 
 def test_a_batchs_own_page_shows_the_figures_summary_shows_for_its_folder(two_repeated, cli):
-    from agent_demo_kit.comparison import figure_rows
+    from agent_demo_kit.result_tables import figure_rows
     _, out, _ = cli("--summary", two_repeated[1], "--json")
     alone = json.loads(out)
     data = page_data(two_repeated[1] / "report.html")
