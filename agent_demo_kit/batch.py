@@ -25,8 +25,9 @@ from agent_demo_kit.setup import prepare
 from agent_demo_kit import metrics, scoring
 from agent_demo_kit.batch_view import Saying
 from agent_demo_kit.batch_folder import (check_output_folder, check_output_parents, configuration, default_out,
-                                         open_plain, put_results_in_order, results_name)
-from agent_demo_kit.comparison import OUTPUT_FILES, FAILURES_SHOWN, config_differences, failures, read_results, success
+                                         another_configuration, put_results_in_order, refuse_another_configuration,
+                                         refuse_another_task_file, results_name)
+from agent_demo_kit.comparison import OUTPUT_FILES, FAILURES_SHOWN, failures, read_results, success
 from agent_demo_kit.endings import ENDED, ConfigError, EndpointError, Interrupted, RunResult, SigTerm, Terminated
 from agent_demo_kit.private_files import in_use, lock, only_yours_again, open_private, readable_by_group
 from agent_demo_kit.records import number
@@ -74,37 +75,6 @@ class Planned(NamedTuple):
     fresh: bool
     traced: bool = False  # its trace holds a run's start
     busy: int = 0  # times its trace was found locked when its turn came
-
-
-def refuse_another_configuration(out: Path, known: Dict[Any, dict], config: dict) -> None:
-    """ConfigError when the folder's lines (the ones this user's batches wrote) are another configuration's:
-    a batch (or its --plan) into it would mix them."""
-    for line in known.values():
-        if isinstance(line.get("config"), dict) and line["config"] != config:
-            raise another_configuration(out, config_differences(line["config"], config))
-
-
-def refuse_another_task_file(out: Path, source: str) -> None:
-    """ConfigError when the folder's summaries say its results are another task file's: this batch would
-    leave their lines out of results.jsonl (a task the file does not have is not kept)."""
-    if source == "-":  # stdin names no file to compare
-        return
-    this = source if source.startswith("hf:") else os.path.abspath(source)
-    for path in sorted(out.glob("summary*.json")) if out.is_dir() else []:
-        try:
-            with open_plain(path) as file:
-                other = json.load(file).get("tasks_file")
-        except (OSError, ValueError, AttributeError, RecursionError):
-            continue
-        if isinstance(other, str) and other != this:
-            raise ConfigError(f"{out} holds the results of another task file ({other}); these would replace them."
-                              " Give another --out, or move it away to start over")
-
-
-def another_configuration(out: Path, differences: List[str]) -> ConfigError:
-    return ConfigError(f"{out} holds results of another configuration ({'; '.join(differences)}); these would be"
-                       " mixed with them. Give another --out (without --out each model has a folder of its own), or"
-                       f" move {out} away to start over")
 
 
 class Batch(Saying):

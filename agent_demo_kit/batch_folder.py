@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 from agent_demo_kit import prompts
-from agent_demo_kit.comparison import OUTPUT_FILES, Key, result_key
+from agent_demo_kit.comparison import OUTPUT_FILES, Key, config_differences, result_key
 from agent_demo_kit.endings import ConfigError
 from agent_demo_kit.private_files import check_parents, require_ours, resolve, write_private
 from agent_demo_kit.seals import is_sealed
@@ -172,3 +172,35 @@ def put_results_in_order(path: Path, tasks: List[BatchTask]) -> int:
                 yield results.readline().rstrip(b"\n") + b"\n"
         write_private(path, lines())
     return extra
+
+
+def refuse_another_configuration(out: Path, known: Dict[Any, dict], config: dict) -> None:
+    """ConfigError when the folder's lines (the ones this user's batches wrote) are another configuration's:
+    a batch (or its --plan) into it would mix them."""
+    for line in known.values():
+        if isinstance(line.get("config"), dict) and line["config"] != config:
+            raise another_configuration(out, config_differences(line["config"], config))
+
+
+def refuse_another_task_file(out: Path, source: str) -> None:
+    """ConfigError when the folder's summaries say its results are another task file's: this batch would
+    leave their lines out of results.jsonl (a task the file does not have is not kept)."""
+    if source == "-":  # stdin names no file to compare
+        return
+    this = source if source.startswith("hf:") else os.path.abspath(source)
+    for path in sorted(out.glob("summary*.json")) if out.is_dir() else []:
+        try:
+            with open_plain(path) as file:
+                other = json.load(file).get("tasks_file")
+        except (OSError, ValueError, AttributeError, RecursionError):
+            continue
+        if isinstance(other, str) and other != this:
+            raise ConfigError(f"{out} holds the results of another task file ({other}); these would replace them."
+                              " Give another --out, or move it away to start over")
+
+
+def another_configuration(out: Path, differences: List[str]) -> ConfigError:
+    """The refusal of a folder whose results came from another configuration, naming what differs."""
+    return ConfigError(f"{out} holds results of another configuration ({'; '.join(differences)}); these would be"
+                       " mixed with them. Give another --out (without --out each model has a folder of its own), or"
+                       f" move {out} away to start over")

@@ -185,8 +185,8 @@ def planned(args: argparse.Namespace, environment: Dict[str, str], tasks: List[A
     """The figures of what one batch would take, from its folder's earlier results if any; and whether
     a price was given."""
     from agent_demo_kit import comparison
-    from agent_demo_kit.batch import refuse_another_configuration, refuse_another_task_file
-    from agent_demo_kit.batch_folder import check_output_folder, check_output_parents, configuration, default_out
+    from agent_demo_kit.batch_folder import (check_output_folder, check_output_parents, configuration, default_out,
+                                             refuse_another_configuration, refuse_another_task_file)
     from agent_demo_kit.planning import plan
     settings = load_settings(given_settings(args), environment, named=flag_name, check_endpoint=False)  # no key yet
     sliced = tasks if args.shard is None else tasks[args.shard[0]::args.shard[1]]
